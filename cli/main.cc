@@ -1,0 +1,70 @@
+// parasol: the one command-line program. Subcommands start a role or talk to a running job.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <climits>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "common/wire.hpp"
+
+namespace {
+
+std::string SelfPath(const char* argv0) {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
+}
+
+void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w) {
+  cmd->add_option("--steps", w->steps, "push/pull rounds")->capture_default_str();
+  cmd->add_option("--batch-keys", w->batch_keys, "sparse keys per round")->capture_default_str();
+  cmd->add_option("--key-space", w->key_space, "distinct keys drawn from")->capture_default_str();
+  cmd->add_option("--zipf", w->zipf_s, "Zipf exponent of the key draws")->capture_default_str();
+  cmd->add_option("--seed", w->seed, "random seed")->capture_default_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
+  CLI::App app{"Parasol: a parameter server for recommendation models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "parasol 0.1.0 (wire protocol " +
+                                        std::to_string(parasol::kProtocolVersion) + ")");
+
+  std::string manifest;
+  uint32_t rank = 0;
+  uint32_t worker = 0;
+  parasol::WorkloadOptions workload;
+
+  auto* server = app.add_subcommand("server", "run one server shard");
+  server->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  server->add_option("--rank,-r", rank, "this shard's index in cluster.servers")->required();
+
+  auto* loadgen = app.add_subcommand("loadgen", "push and pull a generated workload, checked");
+  loadgen->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  loadgen->add_option("--worker,-w", worker, "worker id")->capture_default_str();
+  AddWorkloadOptions(loadgen, &workload);
+
+  auto* launch = app.add_subcommand("launch", "run every server and worker on this machine");
+  launch->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  AddWorkloadOptions(launch, &workload);
+
+  auto* stats = app.add_subcommand("stats", "print every shard's counters");
+  stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+
+  auto* shutdown = app.add_subcommand("shutdown", "stop every shard of a running job");
+  shutdown->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*server) return parasol::cli::RunServer(manifest, rank);
+  if (*loadgen) return parasol::cli::RunLoadgen(manifest, worker, workload);
+  if (*launch) return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload);
+  if (*stats) return parasol::cli::RunStats(manifest);
+  if (*shutdown) return parasol::cli::RunShutdown(manifest);
+  return 2;
+}

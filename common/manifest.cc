@@ -1,0 +1,446 @@
+#include "common/manifest.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "common/hash.hpp"
+
+namespace parasol {
+namespace {
+
+// Reads one YAML mapping strictly: every key must be consumed, or Finish() names the first
+// unknown one. All errors carry "file:line:col: key 'a.b.c'".
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path, const std::string& file)
+      : node_(node), path_(std::move(path)), file_(file) {}
+
+  Status CheckIsMap() const {
+    if (!node_.IsMap()) return ErrorAt(node_, path_, "expected a mapping");
+    return Status::Ok();
+  }
+
+  bool Has(const std::string& key) const { return node_.IsMap() && node_[key].IsDefined(); }
+  YAML::Node Child(const std::string& key) {
+    seen_.insert(key);
+    return node_[key];
+  }
+  std::string PathOf(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+
+  Status String(const std::string& key, std::string* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    if (!n.IsScalar()) return ErrorAt(n, PathOf(key), "expected a string");
+    *out = n.Scalar();
+    return Status::Ok();
+  }
+
+  Status Int(const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    return ParseInt(n, PathOf(key), lo, hi, out);
+  }
+
+  template <typename T>
+  Status Unsigned(const std::string& key, int64_t lo, int64_t hi, T* out) {
+    int64_t v = static_cast<int64_t>(*out);
+    PARASOL_RETURN_IF_ERROR(Int(key, lo, hi, &v));
+    *out = static_cast<T>(v);
+    return Status::Ok();
+  }
+
+  Status Double(const std::string& key, double lo, double hi, double* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    if (!n.IsScalar()) return ErrorAt(n, PathOf(key), "expected a number");
+    const std::string& s = n.Scalar();
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !std::isfinite(v)) {
+      return ErrorAt(n, PathOf(key), "expected a number, got '" + s + "'");
+    }
+    if (v < lo || v > hi) {
+      std::ostringstream msg;
+      msg << "value " << s << " is out of range [" << lo << ", " << hi << "]";
+      return ErrorAt(n, PathOf(key), msg.str());
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status DurationMs(const std::string& key, int64_t* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    if (!n.IsScalar()) return ErrorAt(n, PathOf(key), "expected a duration such as 30s");
+    Result<int64_t> v = ParseDurationMs(n.Scalar());
+    if (!v.ok()) return ErrorAt(n, PathOf(key), v.status().message());
+    *out = *v;
+    return Status::Ok();
+  }
+
+  Status Bytes(const std::string& key, uint64_t lo, uint64_t* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    if (!n.IsScalar()) return ErrorAt(n, PathOf(key), "expected a size such as 4MiB");
+    Result<uint64_t> v = ParseBytes(n.Scalar());
+    if (!v.ok()) return ErrorAt(n, PathOf(key), v.status().message());
+    if (*v < lo) return ErrorAt(n, PathOf(key), "must be at least " + std::to_string(lo));
+    *out = *v;
+    return Status::Ok();
+  }
+
+  // One of `choices`; returns its index in *out.
+  Status Choice(const std::string& key, const std::vector<std::string>& choices, int* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    std::string all;
+    for (const auto& c : choices) all += (all.empty() ? "" : "|") + c;
+    if (!n.IsScalar()) return ErrorAt(n, PathOf(key), "expected one of " + all);
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (n.Scalar() == choices[i]) {
+        *out = static_cast<int>(i);
+        return Status::Ok();
+      }
+    }
+    return ErrorAt(n, PathOf(key), "expected one of " + all + ", got '" + n.Scalar() + "'");
+  }
+
+  // Rejects keys that no reader asked for.
+  Status Finish() const {
+    if (!node_.IsMap()) return Status::Ok();
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      if (!seen_.count(key)) return ErrorAt(it->first, PathOf(key), "unknown key");
+    }
+    return Status::Ok();
+  }
+
+  Status ParseInt(const YAML::Node& n, const std::string& path, int64_t lo, int64_t hi,
+                  int64_t* out) const {
+    if (!n.IsScalar()) return ErrorAt(n, path, "expected an integer");
+    const std::string& s = n.Scalar();
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || end != s.c_str() + s.size() || errno != 0) {
+      return ErrorAt(n, path, "expected an integer, got '" + s + "'");
+    }
+    if (v < lo || v > hi) {
+      return ErrorAt(n, path,
+                     "value " + s + " is out of range [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status ErrorAt(const YAML::Node& n, const std::string& path, const std::string& what) const {
+    const YAML::Mark m = n.Mark();
+    std::string where = file_;
+    if (m.line >= 0) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+    return InvalidArgument(where + ": key '" + path + "': " + what);
+  }
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  const std::string& file_;
+  std::set<std::string> seen_;
+};
+
+Result<ServerAddress> ParseAddress(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    return InvalidArgument("expected host:port, got '" + text + "'");
+  }
+  ServerAddress addr;
+  addr.host = text.substr(0, colon);
+  const std::string port = text.substr(colon + 1);
+  char* end = nullptr;
+  long v = std::strtol(port.c_str(), &end, 10);
+  if (end != port.c_str() + port.size() || v < 1 || v > 65535) {
+    return InvalidArgument("port must be 1..65535 in '" + text + "'");
+  }
+  addr.port = static_cast<uint16_t>(v);
+  return addr;
+}
+
+Status ParseJob(MapReader& root, JobOptions* job, const std::string& file) {
+  if (!root.Has("job")) return Status::Ok();
+  MapReader r(root.Child("job"), "job", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.String("name", &job->name));
+  PARASOL_RETURN_IF_ERROR(
+      r.Unsigned("seed", 0, std::numeric_limits<int64_t>::max(), &job->seed));
+  return r.Finish();
+}
+
+Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file) {
+  if (!root.Has("cluster")) {
+    return InvalidArgument(file + ": key 'cluster': missing (cluster.servers is required)");
+  }
+  YAML::Node node = root.Child("cluster");
+  MapReader r(node, "cluster", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  if (!r.Has("servers")) {
+    return r.ErrorAt(node, "cluster.servers", "missing: list the shards as host:port");
+  }
+  YAML::Node servers = r.Child("servers");
+  if (!servers.IsSequence() || servers.size() == 0) {
+    return r.ErrorAt(servers, "cluster.servers", "expected a non-empty list of host:port");
+  }
+  std::set<std::string> distinct;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    const std::string path = "cluster.servers[" + std::to_string(i) + "]";
+    if (!servers[i].IsScalar()) return r.ErrorAt(servers[i], path, "expected host:port");
+    Result<ServerAddress> addr = ParseAddress(servers[i].Scalar());
+    if (!addr.ok()) return r.ErrorAt(servers[i], path, addr.status().message());
+    if (!distinct.insert(addr->ToString()).second) {
+      return r.ErrorAt(servers[i], path, "duplicate server address " + addr->ToString());
+    }
+    c->servers.push_back(*addr);
+  }
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("workers", 1, 1 << 20, &c->workers));
+  PARASOL_RETURN_IF_ERROR(r.String("bind", &c->bind));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("connect_timeout", &c->connect_timeout_ms));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("request_timeout", &c->request_timeout_ms));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("request_retries", 0, 1000, &c->request_retries));
+  return r.Finish();
+}
+
+Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
+  if (!root.Has("server")) return Status::Ok();
+  MapReader r(root.Child("server"), "server", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("engine_threads", 1, 256, &s->engine_threads));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("max_request_bytes", 1024, &s->max_request_bytes));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("frame_bytes", 4096, &s->frame_bytes));
+  return r.Finish();
+}
+
+Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
+                 const std::string& file) {
+  if (!table.Has("init")) return Status::Ok();
+  MapReader r(table.Child("init"), path + ".init", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int kind = static_cast<int>(init->kind);
+  PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"zeros", "constant", "uniform", "normal"}, &kind));
+  init->kind = static_cast<InitOptions::Kind>(kind);
+  const double big = 1e30;
+  PARASOL_RETURN_IF_ERROR(r.Double("value", -big, big, &init->value));
+  PARASOL_RETURN_IF_ERROR(r.Double("scale", 0.0, big, &init->scale));
+  PARASOL_RETURN_IF_ERROR(r.Double("mean", -big, big, &init->mean));
+  PARASOL_RETURN_IF_ERROR(r.Double("stddev", 0.0, big, &init->stddev));
+  return r.Finish();
+}
+
+Status ParseOptimizer(MapReader& table, const std::string& path, OptimizerOptions* opt,
+                      const std::string& file) {
+  if (!table.Has("optimizer")) return Status::Ok();
+  MapReader r(table.Child("optimizer"), path + ".optimizer", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int kind = static_cast<int>(opt->kind);
+  PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"sgd"}, &kind));
+  opt->kind = static_cast<OptimizerOptions::Kind>(kind);
+  PARASOL_RETURN_IF_ERROR(r.Double("lr", 0.0, 1e6, &opt->lr));
+  PARASOL_RETURN_IF_ERROR(r.Double("weight_decay", 0.0, 1e6, &opt->weight_decay));
+  return r.Finish();
+}
+
+Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, TableOptions* t,
+                  const std::string& file) {
+  const std::string path = "tables[" + std::to_string(index) + "]";
+  MapReader r(node, path, file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  if (!r.Has("name")) return r.ErrorAt(node, path + ".name", "missing: every table needs a name");
+  PARASOL_RETURN_IF_ERROR(r.String("name", &t->name));
+  if (t->name.empty()) return r.ErrorAt(node["name"], path + ".name", "must not be empty");
+  int kind = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"sparse", "dense"}, &kind));
+  t->kind = kind == 0 ? TableKind::kSparse : TableKind::kDense;
+  int dtype = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("dtype", {"f32"}, &dtype));
+  t->dtype = DType::kF32;
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("dim", 1, 1 << 16, &t->dim));
+  if (t->kind == TableKind::kDense) {
+    if (r.Has("dim")) return r.ErrorAt(node["dim"], path + ".dim", "dense tables take 'shape'");
+    if (!r.Has("shape")) {
+      return r.ErrorAt(node, path + ".shape", "missing: dense tables need a shape");
+    }
+    YAML::Node shape = r.Child("shape");
+    if (!shape.IsSequence() || shape.size() == 0) {
+      return r.ErrorAt(shape, path + ".shape", "expected a non-empty list of sizes");
+    }
+    uint64_t elements = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t v = 0;
+      PARASOL_RETURN_IF_ERROR(r.ParseInt(shape[i], path + ".shape[" + std::to_string(i) + "]",
+                                         1, int64_t{1} << 34, &v));
+      t->shape.push_back(static_cast<uint64_t>(v));
+      elements *= static_cast<uint64_t>(v);
+      if (elements > (uint64_t{1} << 34)) {
+        return r.ErrorAt(shape, path + ".shape", "tensor has more than 2^34 elements");
+      }
+    }
+  } else if (r.Has("shape")) {
+    return r.ErrorAt(node["shape"], path + ".shape", "sparse tables take 'dim'");
+  }
+  t->seed = job.seed ^ HashBytes(t->name);
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("seed", 0, std::numeric_limits<int64_t>::max(), &t->seed));
+  PARASOL_RETURN_IF_ERROR(ParseInit(r, path, &t->init, file));
+  PARASOL_RETURN_IF_ERROR(ParseOptimizer(r, path, &t->optimizer, file));
+  return r.Finish();
+}
+
+Status ParseTables(MapReader& root, std::vector<TableOptions>* tables, const JobOptions& job,
+                   const std::string& file) {
+  if (!root.Has("tables")) return Status::Ok();
+  YAML::Node node = root.Child("tables");
+  if (!node.IsSequence()) return root.ErrorAt(node, "tables", "expected a list of tables");
+  std::set<std::string> names;
+  for (size_t i = 0; i < node.size(); ++i) {
+    TableOptions t;
+    PARASOL_RETURN_IF_ERROR(ParseTable(node[i], i, job, &t, file));
+    if (!names.insert(t.name).second) {
+      return root.ErrorAt(node[i]["name"], "tables[" + std::to_string(i) + "].name",
+                          "duplicate table name '" + t.name + "'");
+    }
+    tables->push_back(std::move(t));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t TableOptions::NumElements() const {
+  if (kind == TableKind::kSparse) return dim;
+  uint64_t n = 1;
+  for (uint64_t s : shape) n *= s;
+  return n;
+}
+
+int Manifest::FindTable(const std::string& name) const {
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+uint64_t Manifest::Fingerprint() const {
+  std::ostringstream s;
+  s << "servers=";
+  for (const auto& a : cluster.servers) s << a.ToString() << ",";
+  s << ";workers=" << cluster.workers << ";";
+  for (const auto& t : tables) {
+    s << "table=" << t.name << "|" << static_cast<int>(t.kind) << "|" << t.dim << "|";
+    for (uint64_t d : t.shape) s << d << "x";
+    s << "|" << static_cast<int>(t.dtype) << "|" << t.seed << "|" << static_cast<int>(t.init.kind)
+      << "," << t.init.value << "," << t.init.scale << "," << t.init.mean << ","
+      << t.init.stddev << "|" << static_cast<int>(t.optimizer.kind) << "," << t.optimizer.lr
+      << "," << t.optimizer.weight_decay << ";";
+  }
+  return HashBytes(s.str());
+}
+
+Result<Manifest> ParseManifest(const std::string& text, const std::string& source) {
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ":" +
+                           std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  Manifest m;
+  m.source = source;
+  if (!doc.IsMap()) {
+    return InvalidArgument(source + ": expected a mapping at the top level of the manifest");
+  }
+  try {
+    MapReader root(doc, "", m.source);
+    PARASOL_RETURN_IF_ERROR(ParseJob(root, &m.job, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseCluster(root, &m.cluster, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseServer(root, &m.server, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
+    PARASOL_RETURN_IF_ERROR(root.Finish());
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  return m;
+}
+
+Result<Manifest> LoadManifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return NotFound("cannot read manifest '" + path + "': " + std::strerror(errno));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseManifest(buf.str(), path);
+}
+
+Result<int64_t> ParseDurationMs(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+    ++i;
+  }
+  const std::string number = text.substr(0, i);
+  const std::string unit = text.substr(i);
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size()) {
+    return InvalidArgument("expected a duration such as 30s or 250ms, got '" + text + "'");
+  }
+  double ms = 0;
+  if (unit.empty() || unit == "s") {
+    ms = v * 1000.0;
+  } else if (unit == "ms") {
+    ms = v;
+  } else if (unit == "m") {
+    ms = v * 60000.0;
+  } else if (unit == "h") {
+    ms = v * 3600000.0;
+  } else {
+    return InvalidArgument("unknown duration unit '" + unit + "' in '" + text +
+                           "' (use ms, s, m or h)");
+  }
+  if (ms > 1e12) return InvalidArgument("duration '" + text + "' is too long");
+  return static_cast<int64_t>(std::llround(ms));
+}
+
+Result<uint64_t> ParseBytes(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string number = text.substr(0, i);
+  const std::string unit = text.substr(i);
+  if (number.empty() || number.size() > 15) {
+    return InvalidArgument("expected a size such as 4MiB, got '" + text + "'");
+  }
+  const uint64_t v = std::stoull(number);
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "B") {
+    mult = 1;
+  } else if (unit == "KiB") {
+    mult = 1ull << 10;
+  } else if (unit == "MiB") {
+    mult = 1ull << 20;
+  } else if (unit == "GiB") {
+    mult = 1ull << 30;
+  } else {
+    return InvalidArgument("unknown size unit '" + unit + "' in '" + text +
+                           "' (use B, KiB, MiB or GiB)");
+  }
+  if (v > (uint64_t{1} << 50) / mult) return InvalidArgument("size '" + text + "' is too large");
+  return v * mult;
+}
+
+}  // namespace parasol

@@ -1,0 +1,98 @@
+// The job manifest: one YAML file that describes a whole job.
+//
+// LoadManifest() parses it into typed option structs once; everything downstream takes these
+// structs, never YAML. Every field has a default (README.md, "Manifest reference"). An unknown
+// key, a wrong type or a bad value is an error naming the file, line, column and key path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+enum class TableKind { kSparse, kDense };
+enum class DType { kF32 };
+
+struct InitOptions {
+  enum class Kind { kZeros, kConstant, kUniform, kNormal };
+  Kind kind = Kind::kUniform;
+  double value = 0.0;    // constant: the value
+  double scale = 0.01;   // uniform: values in [-scale, scale)
+  double mean = 0.0;     // normal: mean
+  double stddev = 0.01;  // normal: standard deviation
+};
+
+struct OptimizerOptions {
+  enum class Kind { kSgd };
+  Kind kind = Kind::kSgd;
+  double lr = 0.01;            // learning rate
+  double weight_decay = 0.0;   // L2 coefficient added to the gradient: g + wd * w
+};
+
+struct TableOptions {
+  std::string name;                 // required, unique
+  TableKind kind = TableKind::kSparse;
+  uint32_t dim = 8;                 // sparse: floats per row
+  std::vector<uint64_t> shape;      // dense: tensor shape (required for dense tables)
+  DType dtype = DType::kF32;
+  InitOptions init;
+  OptimizerOptions optimizer;
+  uint64_t seed = 0;                // default: derived from job.seed and the table name
+
+  // Dense: product of shape. Sparse: dim.
+  uint64_t NumElements() const;
+};
+
+struct ServerAddress {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+};
+
+struct ClusterOptions {
+  std::vector<ServerAddress> servers;  // required: one entry per shard, "host:port"
+  uint32_t workers = 1;                // number of worker processes
+  std::string bind;                    // servers bind this host instead of their own (e.g. 0.0.0.0)
+  int64_t connect_timeout_ms = 30000;  // how long a worker waits for its servers to answer
+  int64_t request_timeout_ms = 30000;  // a request with no reply by then is resent
+  uint32_t request_retries = 2;        // resends before a request fails
+};
+
+struct ServerOptions {
+  uint32_t engine_threads = 2;               // threads per shard that own disjoint key sets
+  uint64_t max_request_bytes = 1ull << 30;   // payload bytes one request may carry
+  uint64_t frame_bytes = 4ull << 20;         // values travel in frames of at most this size
+};
+
+struct JobOptions {
+  std::string name = "parasol";
+  uint64_t seed = 2026;
+};
+
+struct Manifest {
+  std::string source;  // file path, or a name for in-memory text
+  JobOptions job;
+  ClusterOptions cluster;
+  ServerOptions server;
+  std::vector<TableOptions> tables;
+
+  // Index of the table called `name`, or -1.
+  int FindTable(const std::string& name) const;
+
+  // Hash of the job-defining fields (cluster layout and tables; not bind or timeouts). A
+  // worker and a shard talk only when their fingerprints agree.
+  uint64_t Fingerprint() const;
+};
+
+Result<Manifest> LoadManifest(const std::string& path);
+Result<Manifest> ParseManifest(const std::string& text, const std::string& source);
+
+// "30s", "250ms", "2m", "1h" or a bare number of seconds. Returns milliseconds.
+Result<int64_t> ParseDurationMs(const std::string& text);
+// "4MiB", "1GiB", "512KiB", "1000" (bytes). Returns bytes.
+Result<uint64_t> ParseBytes(const std::string& text);
+
+}  // namespace parasol

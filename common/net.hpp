@@ -1,0 +1,15 @@
+// Small networking helpers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+// A TCP port on `host` that was free a moment ago (the kernel picked it for a socket bound to
+// port 0, which is then closed). For tests and local launches; another process may take it.
+Result<uint16_t> PickFreePort(const std::string& host = "127.0.0.1");
+
+}  // namespace parasol

@@ -1,0 +1,94 @@
+#include "common/subprocess.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace parasol {
+
+Subprocess::Subprocess(Subprocess&& other) noexcept
+    : pid_(other.pid_), exit_status_(other.exit_status_) {
+  other.pid_ = -1;
+  other.exit_status_.reset();
+}
+
+Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
+  if (this != &other) {
+    this->~Subprocess();
+    pid_ = other.pid_;
+    exit_status_ = other.exit_status_;
+    other.pid_ = -1;
+    other.exit_status_.reset();
+  }
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (running()) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  pid_ = -1;
+}
+
+Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                     const std::string& log_path) {
+  if (argv.empty()) return InvalidArgument("Subprocess::Spawn: empty argv");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return IoError("cannot start " + argv[0] + ": " + std::strerror(rc));
+  Subprocess p;
+  p.pid_ = pid;
+  return p;
+}
+
+void Subprocess::Signal(int signal) {
+  if (running()) ::kill(pid_, signal);
+}
+
+std::optional<int> Subprocess::Poll() {
+  if (exit_status_ || pid_ <= 0) return exit_status_;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) exit_status_ = status;
+  return exit_status_;
+}
+
+std::optional<int> Subprocess::Wait(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (auto s = Poll()) return s;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "stopped (status " + std::to_string(status) + ")";
+}
+
+}  // namespace parasol

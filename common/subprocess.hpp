@@ -1,0 +1,53 @@
+// Subprocess: a child process owned by an RAII handle.
+//
+// The destructor kills (SIGKILL) and reaps a child that is still running, so a failing test
+// or launcher never leaves processes behind. Thread-safety: one owner at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+class Subprocess {
+ public:
+  Subprocess() = default;
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+  ~Subprocess();
+
+  // Starts argv[0] (a path) with `argv`. When `log_path` is not empty, the child's stdout and
+  // stderr are appended to that file.
+  static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
+                                  const std::string& log_path = "");
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exit_status_; }
+
+  // Sends `signal` if the child still runs.
+  void Signal(int signal);
+
+  // Waits up to `timeout` for the child to exit. Returns its wait status (as from waitpid), or
+  // an empty optional on time-out.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+
+  // Non-blocking: the wait status if the child has exited.
+  std::optional<int> Poll();
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_status_;
+};
+
+// "exited with code 3", "killed by signal 9".
+std::string DescribeWaitStatus(int status);
+
+}  // namespace parasol

@@ -1,0 +1,72 @@
+// ZeroMQ plumbing shared by shards and workers: zero-copy payload messages, socket set-up,
+// and multipart send/receive that report failures as Status instead of throwing.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+// A heap buffer whose ownership can be handed to a ZeroMQ message, which frees it once the
+// bytes have left the process. The contents start uninitialised.
+class OwnedBuffer {
+ public:
+  OwnedBuffer() = default;
+  static OwnedBuffer Allocate(size_t bytes);
+
+  std::byte* data() { return data_.get(); }
+  size_t size() const { return size_; }
+  float* floats() { return reinterpret_cast<float*>(data_.get()); }
+
+  // Transfers ownership into a message; this buffer becomes empty. No copy is made.
+  zmq::message_t ToMessage() &&;
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  size_t size_ = 0;
+};
+
+// Counts frames that still reference caller-owned memory. ZeroMQ's I/O thread calls Release()
+// when it has finished with a frame; WaitReleased() blocks until none remain.
+class BorrowTracker {
+ public:
+  void Acquire();
+  void Release();
+  void WaitReleased();
+
+ private:
+  std::atomic<int64_t> outstanding_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// A message that points at caller memory instead of copying it. The caller must keep `data`
+// alive until `tracker->WaitReleased()` returns; `tracker` must outlive that wait.
+zmq::message_t BorrowedMessage(const void* data, size_t size, BorrowTracker* tracker);
+
+// Options for every data socket: unbounded queues (back-pressure comes from the protocol's
+// request/reply pairing, and a dropped frame would lose an update) and a bounded linger.
+void ConfigureDataSocket(zmq::socket_t& socket);
+
+// Sends every frame in order; the frames are consumed. Never throws.
+Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames);
+
+// Receives one whole multipart message; an empty optional means nothing was waiting (with
+// dontwait) or the wait was interrupted. Never throws.
+Result<std::optional<std::vector<zmq::message_t>>> RecvFrames(zmq::socket_t& socket,
+                                                              bool dontwait);
+
+// "tcp://host:port".
+std::string TcpEndpoint(const std::string& host, uint16_t port);
+
+}  // namespace parasol

@@ -1,0 +1,210 @@
+#include "common/wire.hpp"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <algorithm>
+
+namespace parasol {
+
+const char* OpName(Op op) {
+  const char* name = wire::EnumNameOp(op);
+  return (name && *name) ? name : "UnknownOp";
+}
+
+zmq::message_t EncodeHeader(const Header& h) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto message = h.message.empty() ? 0 : fbb.CreateString(h.message);
+  wire::HeaderBuilder b(fbb);
+  b.add_version(h.version);
+  b.add_op(h.op);
+  b.add_is_reply(h.is_reply);
+  b.add_request_id(h.request_id);
+  b.add_worker_id(h.worker_id);
+  b.add_seq(h.seq);
+  b.add_incarnation(h.incarnation);
+  b.add_table_id(h.table_id);
+  b.add_clock(h.clock);
+  b.add_key_count(h.key_count);
+  b.add_value_dim(h.value_dim);
+  b.add_offset(h.offset);
+  b.add_dtype(h.dtype);
+  b.add_value_frames(h.value_frames);
+  b.add_rows_per_frame(h.rows_per_frame);
+  b.add_status(static_cast<wire::Code>(h.status));
+  if (!h.message.empty()) b.add_message(message);
+  b.add_manifest_hash(h.manifest_hash);
+  b.add_duplicate(h.duplicate);
+  b.add_shard_rank(h.shard_rank);
+  b.add_shard_count(h.shard_count);
+  // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
+  wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
+  return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
+}
+
+Result<Header> DecodeHeader(const void* data, size_t size) {
+  if (size < 8) return BadMessage("header frame of " + std::to_string(size) + " bytes is truncated");
+  if (size > kMaxHeaderBytes) {
+    return BadMessage("header frame of " + std::to_string(size) + " bytes exceeds " +
+                      std::to_string(kMaxHeaderBytes));
+  }
+  // The verifier reads scalars in place; give it an aligned copy of the (small) frame.
+  alignas(8) std::byte local[512];
+  std::vector<std::byte> heap;
+  std::byte* buf = local;
+  if (size > sizeof(local)) {
+    heap.resize(size);
+    buf = heap.data();
+  }
+  std::memcpy(buf, data, size);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(buf);
+  if (!wire::SizePrefixedHeaderBufferHasIdentifier(bytes)) {
+    return BadMessage("header frame lacks the PSOL identifier (not a Parasol message)");
+  }
+  const size_t prefixed = flatbuffers::GetPrefixedSize(bytes);
+  if (prefixed != size - sizeof(flatbuffers::uoffset_t)) {
+    return BadMessage("header frame is " + std::to_string(size) + " bytes but its size prefix says " +
+                      std::to_string(prefixed + sizeof(flatbuffers::uoffset_t)) +
+                      " (truncated or padded)");
+  }
+  flatbuffers::Verifier verifier(bytes, size, /*max_depth=*/8, /*max_tables=*/16);
+  if (!wire::VerifySizePrefixedHeaderBuffer(verifier)) {
+    return BadMessage("header frame failed FlatBuffers verification");
+  }
+  const wire::Header* fb = wire::GetSizePrefixedHeader(bytes);
+  if (fb->version() != kProtocolVersion) {
+    return Status(StatusCode::kVersionMismatch,
+                  "protocol version " + std::to_string(fb->version()) + " is not supported (this " +
+                      "build speaks version " + std::to_string(kProtocolVersion) + ")");
+  }
+  if (fb->op() > wire::Op::MAX) {
+    return BadMessage("unknown op " + std::to_string(static_cast<int>(fb->op())));
+  }
+  if (static_cast<uint8_t>(fb->status()) > static_cast<uint8_t>(wire::Code::MAX)) {
+    return BadMessage("unknown status code " + std::to_string(static_cast<int>(fb->status())));
+  }
+  Header h;
+  h.version = fb->version();
+  h.op = fb->op();
+  h.is_reply = fb->is_reply();
+  h.request_id = fb->request_id();
+  h.worker_id = fb->worker_id();
+  h.seq = fb->seq();
+  h.incarnation = fb->incarnation();
+  h.table_id = fb->table_id();
+  h.clock = fb->clock();
+  h.key_count = fb->key_count();
+  h.value_dim = fb->value_dim();
+  h.offset = fb->offset();
+  h.dtype = fb->dtype();
+  h.value_frames = fb->value_frames();
+  h.rows_per_frame = fb->rows_per_frame();
+  h.status = static_cast<StatusCode>(fb->status());
+  if (fb->message()) h.message = fb->message()->str();
+  h.manifest_hash = fb->manifest_hash();
+  h.duplicate = fb->duplicate();
+  h.shard_rank = fb->shard_rank();
+  h.shard_count = fb->shard_count();
+  return h;
+}
+
+Header ReplyTo(const Header& request, const Status& status) {
+  Header r;
+  r.op = request.op;
+  r.is_reply = true;
+  r.request_id = request.request_id;
+  r.worker_id = request.worker_id;
+  r.seq = request.seq;
+  r.incarnation = request.incarnation;
+  r.table_id = request.table_id;
+  r.clock = request.clock;
+  r.status = status.code();
+  r.message = status.message();
+  return r;
+}
+
+PayloadLayout PayloadLayoutOf(Op op, bool is_reply, StatusCode status) {
+  if (status != StatusCode::kOk) return {};
+  switch (op) {
+    case Op::PullSparse: return is_reply ? PayloadLayout{false, true} : PayloadLayout{true, false};
+    case Op::PushSparse: return is_reply ? PayloadLayout{} : PayloadLayout{true, true};
+    case Op::PullDense: return is_reply ? PayloadLayout{false, true} : PayloadLayout{};
+    case Op::PushDense: return is_reply ? PayloadLayout{} : PayloadLayout{false, true};
+    default: return {};
+  }
+}
+
+FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
+  FramePlan plan;
+  const uint64_t row_bytes = uint64_t{dim} * sizeof(float);
+  plan.rows_per_frame = std::max<uint64_t>(1, frame_bytes / std::max<uint64_t>(1, row_bytes));
+  plan.frames = static_cast<uint32_t>((rows + plan.rows_per_frame - 1) / plan.rows_per_frame);
+  return plan;
+}
+
+Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t> frames,
+                                       uint64_t max_bytes) {
+  const PayloadLayout layout = PayloadLayoutOf(h.op, h.is_reply, h.status);
+  const std::string what = std::string(OpName(h.op)) + (h.is_reply ? " reply" : " request");
+  PayloadView view;
+  view.rows_ = h.key_count;
+  view.dim_ = h.value_dim;
+  size_t expected = 0;
+  if (layout.keys) ++expected;
+  if (layout.values) {
+    if (h.dtype != wire::DType::F32) {
+      return BadMessage(what + ": dtype " + wire::EnumNameDType(h.dtype) +
+                        " is not supported (values must be f32)");
+    }
+    if (h.value_dim == 0) return BadMessage(what + ": value_dim is 0");
+    const uint64_t row_bytes = uint64_t{h.value_dim} * sizeof(float);
+    if (h.key_count > max_bytes / row_bytes) {
+      return ResourceExhausted(what + ": " + std::to_string(h.key_count) + " rows of " +
+                               std::to_string(row_bytes) + " bytes exceed the limit of " +
+                               std::to_string(max_bytes) + " bytes");
+    }
+    if (h.key_count > 0 && h.rows_per_frame == 0) return BadMessage(what + ": rows_per_frame is 0");
+    const uint64_t rpf = std::max<uint64_t>(1, h.rows_per_frame);
+    const uint64_t need_frames = (h.key_count + rpf - 1) / rpf;
+    if (h.value_frames != need_frames) {
+      return BadMessage(what + ": header says " + std::to_string(h.value_frames) +
+                        " value frames, but " + std::to_string(h.key_count) + " rows at " +
+                        std::to_string(rpf) + " per frame need " + std::to_string(need_frames));
+    }
+    view.rows_per_frame_ = rpf;
+    expected += h.value_frames;
+  } else if (layout.keys && h.key_count > max_bytes / sizeof(uint64_t)) {
+    return ResourceExhausted(what + ": " + std::to_string(h.key_count) +
+                             " keys exceed the limit of " + std::to_string(max_bytes) + " bytes");
+  }
+  if (frames.size() != expected) {
+    return BadMessage(what + ": expected " + std::to_string(expected) + " payload frames, got " +
+                      std::to_string(frames.size()));
+  }
+  size_t next = 0;
+  if (layout.keys) {
+    const uint64_t want = h.key_count * sizeof(uint64_t);
+    if (frames[next].size() != want) {
+      return BadMessage(what + ": keys frame has " + std::to_string(frames[next].size()) +
+                        " bytes, header's key_count " + std::to_string(h.key_count) + " needs " +
+                        std::to_string(want));
+    }
+    view.keys_ = static_cast<const std::byte*>(frames[next].data());
+    ++next;
+  }
+  if (layout.values) {
+    const uint64_t row_bytes = uint64_t{h.value_dim} * sizeof(float);
+    view.value_frames_.reserve(h.value_frames);
+    for (uint32_t f = 0; f < h.value_frames; ++f, ++next) {
+      const uint64_t rows = std::min(view.rows_per_frame_, h.key_count - f * view.rows_per_frame_);
+      if (frames[next].size() != rows * row_bytes) {
+        return BadMessage(what + ": value frame " + std::to_string(f) + " has " +
+                          std::to_string(frames[next].size()) + " bytes, expected " +
+                          std::to_string(rows * row_bytes));
+      }
+      view.value_frames_.push_back(static_cast<const std::byte*>(frames[next].data()));
+    }
+  }
+  return view;
+}
+
+}  // namespace parasol

@@ -1,0 +1,126 @@
+// Wire codec: the FlatBuffers header frame and the raw payload frames that follow it.
+//
+// A message is [header][keys]?[values...]? (a ROUTER socket sees the peer identity first).
+// Which payload frames an op carries is fixed by PayloadLayoutOf(); their sizes are fixed by the
+// header's counts, and PayloadView::Parse() refuses any message whose frames disagree.
+// Keys are little-endian uint64; values are little-endian f32 rows of value_dim floats, split
+// into frames of rows_per_frame rows (the last frame may be shorter) so that no single frame is
+// large enough for the allocator to serve it with a fresh memory mapping.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/status.hpp"
+#include "protocols/message_generated.h"
+
+namespace parasol {
+
+static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
+
+using wire::Op;
+
+const char* OpName(Op op);
+
+// The decoded header: plain values, no pointers into the frame.
+struct Header {
+  uint16_t version = kProtocolVersion;
+  Op op = Op::Hello;
+  bool is_reply = false;
+  uint64_t request_id = 0;
+  uint32_t worker_id = 0;
+  uint64_t seq = 0;
+  uint64_t incarnation = 0;
+  uint32_t table_id = 0;
+  int64_t clock = 0;
+  uint64_t key_count = 0;
+  uint32_t value_dim = 0;
+  uint64_t offset = 0;
+  wire::DType dtype = wire::DType::F32;
+  uint32_t value_frames = 0;
+  uint64_t rows_per_frame = 0;
+  StatusCode status = StatusCode::kOk;
+  std::string message;
+  uint64_t manifest_hash = 0;
+  bool duplicate = false;
+  uint32_t shard_rank = 0;
+  uint32_t shard_count = 0;
+};
+
+zmq::message_t EncodeHeader(const Header& h);
+
+// Verifies the frame with the FlatBuffers verifier, its file identifier and its protocol
+// version. Never reads outside [data, data + size).
+Result<Header> DecodeHeader(const void* data, size_t size);
+
+// A reply header for `request` carrying `status` (the message names the problem).
+Header ReplyTo(const Header& request, const Status& status);
+
+struct PayloadLayout {
+  bool keys = false;
+  bool values = false;
+};
+PayloadLayout PayloadLayoutOf(Op op, bool is_reply, StatusCode status);
+
+// How `rows` rows of `dim` floats are cut into frames of at most `frame_bytes` bytes.
+struct FramePlan {
+  uint64_t rows_per_frame = 0;
+  uint32_t frames = 0;
+  uint64_t RowsInFrame(uint32_t i, uint64_t rows) const {
+    const uint64_t first = i * rows_per_frame;
+    return std::min(rows_per_frame, rows - first);
+  }
+};
+FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes);
+
+// A checked view of a message's payload frames. Holds pointers into the frames: it must not
+// outlive them.
+class PayloadView {
+ public:
+  // Checks `frames` (everything after the header) against `h` and the op's layout: frame count,
+  // each frame's size, dtype, and the total against `max_bytes`.
+  static Result<PayloadView> Parse(const Header& h, std::span<zmq::message_t> frames,
+                                   uint64_t max_bytes);
+
+  uint64_t rows() const { return rows_; }
+  uint32_t dim() const { return dim_; }
+  bool has_keys() const { return keys_ != nullptr; }
+
+  uint64_t Key(uint64_t i) const {
+    uint64_t k;
+    std::memcpy(&k, keys_ + i * sizeof(uint64_t), sizeof(k));
+    return k;
+  }
+  // The row's dim floats; may be unaligned, so read it through std::memcpy.
+  const std::byte* Row(uint64_t i) const {
+    const uint64_t f = i / rows_per_frame_;
+    return value_frames_[f] + (i - f * rows_per_frame_) * dim_ * sizeof(float);
+  }
+  // Calls fn(first_row, bytes, row_count) for each value frame in order.
+  template <typename Fn>
+  void ForEachValueFrame(Fn&& fn) const {
+    for (size_t f = 0; f < value_frames_.size(); ++f) {
+      const uint64_t first = f * rows_per_frame_;
+      fn(first, value_frames_[f], std::min(rows_per_frame_, rows_ - first));
+    }
+  }
+
+ private:
+  const std::byte* keys_ = nullptr;
+  std::vector<const std::byte*> value_frames_;
+  uint64_t rows_ = 0;
+  uint64_t rows_per_frame_ = 1;
+  uint32_t dim_ = 0;
+};
+
+}  // namespace parasol

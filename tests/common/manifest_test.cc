@@ -1,0 +1,171 @@
+#include "common/manifest.hpp"
+
+#include <gtest/gtest.h>
+
+namespace parasol {
+namespace {
+
+constexpr const char* kGood = R"(job:
+  name: ctr
+  seed: 11
+cluster:
+  servers: [10.0.0.1:7000, "10.0.0.2:7001"]
+  workers: 4
+  connect_timeout: 45s
+  request_timeout: 1500ms
+  request_retries: 5
+server:
+  engine_threads: 3
+  frame_bytes: 2MiB
+tables:
+  - name: emb
+    kind: sparse
+    dim: 16
+    init: {kind: normal, stddev: 0.05}
+    optimizer: {kind: sgd, lr: 0.1, weight_decay: 0.001}
+  - name: mlp
+    kind: dense
+    shape: [64, 13]
+    seed: 99
+    init: {kind: zeros}
+)";
+
+// Parses `text` and returns the error message, or "" if it parsed.
+std::string ErrorOf(const std::string& text) {
+  Result<Manifest> m = ParseManifest(text, "job.yaml");
+  return m.ok() ? "" : m.status().message();
+}
+
+TEST(ManifestTest, ParsesEveryFieldOfAGoodFile) {
+  Result<Manifest> r = ParseManifest(kGood, "job.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Manifest& m = *r;
+  EXPECT_EQ(m.job.name, "ctr");
+  ASSERT_EQ(m.cluster.servers.size(), 2u);
+  EXPECT_EQ(m.cluster.servers[1].host, "10.0.0.2");
+  EXPECT_EQ(m.cluster.servers[1].port, 7001);
+  EXPECT_EQ(m.cluster.workers, 4u);
+  EXPECT_EQ(m.cluster.connect_timeout_ms, 45000);
+  EXPECT_EQ(m.cluster.request_timeout_ms, 1500);
+  EXPECT_EQ(m.cluster.request_retries, 5u);
+  EXPECT_EQ(m.server.engine_threads, 3u);
+  EXPECT_EQ(m.server.frame_bytes, 2u << 20);
+  ASSERT_EQ(m.tables.size(), 2u);
+  EXPECT_EQ(m.tables[0].kind, TableKind::kSparse);
+  EXPECT_EQ(m.tables[0].dim, 16u);
+  EXPECT_EQ(m.tables[0].init.kind, InitOptions::Kind::kNormal);
+  EXPECT_DOUBLE_EQ(m.tables[0].init.stddev, 0.05);
+  EXPECT_DOUBLE_EQ(m.tables[0].optimizer.lr, 0.1);
+  EXPECT_DOUBLE_EQ(m.tables[0].optimizer.weight_decay, 0.001);
+  EXPECT_EQ(m.tables[1].kind, TableKind::kDense);
+  EXPECT_EQ(m.tables[1].NumElements(), 64u * 13u);
+  EXPECT_EQ(m.tables[1].seed, 99u);
+  EXPECT_EQ(m.FindTable("mlp"), 1);
+  EXPECT_EQ(m.FindTable("nope"), -1);
+}
+
+TEST(ManifestTest, MinimalFileGetsDocumentedDefaults) {
+  Result<Manifest> r = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n", "min.yaml");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->cluster.workers, 1u);
+  EXPECT_EQ(r->cluster.connect_timeout_ms, 30000);
+  EXPECT_EQ(r->cluster.request_timeout_ms, 30000);
+  EXPECT_EQ(r->cluster.request_retries, 2u);
+  EXPECT_EQ(r->server.engine_threads, 2u);
+  EXPECT_EQ(r->server.frame_bytes, 4u << 20);
+  EXPECT_EQ(r->server.max_request_bytes, 1u << 30);
+  EXPECT_EQ(r->job.seed, 2026u);
+  EXPECT_TRUE(r->tables.empty());
+}
+
+TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),
+            "job.yaml:3:3: key 'cluster.wrokers': unknown key");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\nsecurity2: {}\n"),
+            "job.yaml:3:1: key 'security2': unknown key");
+}
+
+TEST(ManifestTest, UnknownKeyInsideATableNamesTheTable) {
+  const std::string e = ErrorOf(
+      "cluster:\n  servers: [127.0.0.1:9000]\ntables:\n  - name: a\n    dimm: 4\n");
+  EXPECT_EQ(e, "job.yaml:5:5: key 'tables[0].dimm': unknown key");
+}
+
+TEST(ManifestTest, WrongTypeNamesTheLine) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: many\n"),
+            "job.yaml:3:12: key 'cluster.workers': expected an integer, got 'many'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: [1]\n"),
+            "job.yaml:3:12: key 'cluster.workers': expected an integer");
+}
+
+TEST(ManifestTest, BadValuesAreRefused) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 0\n"),
+            "job.yaml:3:12: key 'cluster.workers': value 0 is out of range [1, 1048576]");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [nohost]\n"),
+            "job.yaml:2:13: key 'cluster.servers[0]': expected host:port, got 'nohost'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:70000]\n"),
+            "job.yaml:2:13: key 'cluster.servers[0]': port must be 1..65535 in 'a:70000'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1, a:1]\n"),
+            "job.yaml:2:18: key 'cluster.servers[1]': duplicate server address a:1");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\n  connect_timeout: 3 days\n"),
+            "job.yaml:3:20: key 'cluster.connect_timeout': unknown duration unit ' days' in "
+            "'3 days' (use ms, s, m or h)");
+  EXPECT_EQ(
+      ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: tree\n"),
+      "job.yaml:5:11: key 'tables[0].kind': expected one of sparse|dense, got 'tree'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    optimizer: {lr: -1}\n"),
+            "job.yaml:5:21: key 'tables[0].optimizer.lr': value -1 is out of range [0, 1e+06]");
+}
+
+TEST(ManifestTest, MissingRequiredFieldsAreNamed) {
+  EXPECT_EQ(ErrorOf("job: {name: x}\n"),
+            "job.yaml: key 'cluster': missing (cluster.servers is required)");
+  EXPECT_EQ(ErrorOf("cluster:\n  workers: 2\n"),
+            "job.yaml:2:3: key 'cluster.servers': missing: list the shards as host:port");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"),
+            "job.yaml:4:5: key 'tables[0].shape': missing: dense tables need a shape");
+}
+
+TEST(ManifestTest, DuplicateTableNamesAreRefused) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n  - name: t\n"),
+            "job.yaml:5:11: key 'tables[1].name': duplicate table name 't'");
+}
+
+TEST(ManifestTest, YamlSyntaxErrorNamesTheLine) {
+  const std::string e = ErrorOf("cluster:\n  servers: [a:1\n  workers: 2\n");
+  EXPECT_NE(e.find("job.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+}
+
+TEST(ManifestTest, MissingFileIsNotFound) {
+  Result<Manifest> r = LoadManifest("/nonexistent/parasol/job.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/parasol/job.yaml"), std::string::npos);
+}
+
+TEST(ManifestTest, FingerprintFollowsJobDefiningFieldsOnly) {
+  Result<Manifest> a = ParseManifest(kGood, "a.yaml");
+  ASSERT_TRUE(a.ok());
+  Manifest b = *a;
+  b.cluster.request_timeout_ms = 1;  // not job-defining
+  b.cluster.bind = "0.0.0.0";
+  EXPECT_EQ(a->Fingerprint(), b.Fingerprint());
+  b.tables[0].dim = 8;
+  EXPECT_NE(a->Fingerprint(), b.Fingerprint());
+}
+
+TEST(ManifestTest, DurationsAndSizes) {
+  EXPECT_EQ(*ParseDurationMs("250ms"), 250);
+  EXPECT_EQ(*ParseDurationMs("2"), 2000);
+  EXPECT_EQ(*ParseDurationMs("1.5s"), 1500);
+  EXPECT_EQ(*ParseDurationMs("2m"), 120000);
+  EXPECT_FALSE(ParseDurationMs("fast").ok());
+  EXPECT_EQ(*ParseBytes("4MiB"), 4u << 20);
+  EXPECT_EQ(*ParseBytes("123"), 123u);
+  EXPECT_FALSE(ParseBytes("4MB").ok());
+  EXPECT_FALSE(ParseBytes("-1").ok());
+}
+
+}  // namespace
+}  // namespace parasol

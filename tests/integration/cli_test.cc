@@ -1,0 +1,117 @@
+// The `parasol` program as a user runs it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "common/net.hpp"
+#include "common/subprocess.hpp"
+#include "tests/support/test_cluster.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::MakeTempDir;
+using testing::ReadFile;
+using testing::RemoveTree;
+using testing::WriteFile;
+
+struct ProcessRun {
+  int status = -1;
+  std::string output;
+};
+
+ProcessRun RunParasol(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> argv = {PARASOL_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log = dir + "/out.log";
+  RemoveTree(log);
+  auto p = Subprocess::Spawn(argv, log);
+  ProcessRun r;
+  if (!p.ok()) return r;
+  auto st = p->Wait(std::chrono::seconds(120));
+  r.status = st ? *st : -1;
+  r.output = ReadFile(log);
+  return r;
+}
+
+std::string PortsManifest(int servers, int workers) {
+  std::string y = "cluster:\n  servers:\n";
+  for (int s = 0; s < servers; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  y += "  workers: " + std::to_string(workers) + "\n  connect_timeout: 20s\n";
+  y += "tables:\n  - {name: emb, kind: sparse, dim: 8}\n  - {name: w, kind: dense, shape: [1000]}\n";
+  return y;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir(); }
+  void TearDown() override { RemoveTree(dir_); }
+  std::string dir_;
+};
+
+TEST_F(CliTest, ServerRefusesABadManifestNamingTheLine) {
+  WriteFile(dir_ + "/bad.yaml", "cluster:\n  servers: [127.0.0.1:1]\n  worker: 3\n");
+  ProcessRun r = RunParasol({"server", "--manifest", dir_ + "/bad.yaml", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("bad.yaml:3:3: key 'cluster.worker': unknown key"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(CliTest, ServerRefusesARankOutsideTheCluster) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(2, 1));
+  ProcessRun r = RunParasol({"server", "--manifest", dir_ + "/m.yaml", "--rank", "2"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("--rank 2 is out of range"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, SigtermStopsAServerCleanly) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1));
+  auto p = Subprocess::Spawn(
+      {PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_ + "/s.log");
+  ASSERT_TRUE(p.ok());
+  // Wait until it serves: a stats call answers.
+  ProcessRun stats = RunParasol({"stats", "--manifest", dir_ + "/m.yaml"}, dir_);
+  ASSERT_TRUE(WIFEXITED(stats.status) && WEXITSTATUS(stats.status) == 0) << stats.output;
+  EXPECT_NE(stats.output.find("\"shard\":0"), std::string::npos) << stats.output;
+  p->Signal(SIGTERM);
+  auto st = p->Wait(std::chrono::seconds(20));
+  ASSERT_TRUE(st.has_value()) << "server did not stop on SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
+  EXPECT_NE(ReadFile(dir_ + "/s.log").find("stopped by signal 15"), std::string::npos);
+}
+
+TEST_F(CliTest, LaunchRunsAWholeCheckedJob) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(2, 2));
+  ProcessRun r = RunParasol({"launch", "--manifest", dir_ + "/m.yaml", "--steps", "5", "--batch-keys",
+                      "2000", "--key-space", "50000"},
+                     dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.output;
+  EXPECT_NE(r.output.find("worker 0: OK"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("worker 1: OK"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every worker's check passed"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, ShutdownStopsEveryShard) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(2, 1));
+  std::vector<Subprocess> servers;
+  for (int r = 0; r < 2; ++r) {
+    auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank",
+                                std::to_string(r)},
+                               dir_ + "/s" + std::to_string(r) + ".log");
+    ASSERT_TRUE(p.ok());
+    servers.push_back(std::move(*p));
+  }
+  ProcessRun r = RunParasol({"shutdown", "--manifest", dir_ + "/m.yaml"}, dir_);
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+  for (auto& s : servers) {
+    auto st = s.Wait(std::chrono::seconds(20));
+    ASSERT_TRUE(st.has_value());
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
+  }
+}
+
+}  // namespace
+}  // namespace parasol

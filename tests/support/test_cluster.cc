@@ -1,0 +1,97 @@
+#include "tests/support/test_cluster.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/net.hpp"
+
+namespace parasol::testing {
+
+std::string MakeTempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "parasol-test-XXXXXX").string();
+  char* made = ::mkdtemp(tmpl.data());
+  return made ? std::string(made) : std::string();
+}
+
+void RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml,
+                         const std::string& extra_yaml)
+    : shards_(shards), dir_(MakeTempDir()) {
+  std::ostringstream y;
+  y << "job:\n  name: test\n  seed: 7\ncluster:\n  servers:\n";
+  for (int s = 0; s < shards; ++s) {
+    Result<uint16_t> port = PickFreePort();
+    y << "    - 127.0.0.1:" << (port.ok() ? *port : 0) << "\n";
+  }
+  y << "  workers: " << workers << "\n  connect_timeout: 20s\n  request_timeout: 20s\n";
+  y << "tables:\n" << tables_yaml << extra_yaml;
+  manifest_path_ = dir_ + "/manifest.yaml";
+  WriteFile(manifest_path_, y.str());
+  Result<Manifest> m = LoadManifest(manifest_path_);
+  if (!m.ok()) {
+    ADD_FAILURE() << "test manifest does not load: " << m.status().ToString() << "\n" << y.str();
+    return;
+  }
+  manifest_ = *m;
+}
+
+bool TestCluster::Start() {
+  for (int r = 0; r < shards_; ++r) {
+    auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", manifest_path_, "--rank",
+                                std::to_string(r)},
+                               dir_ + "/server" + std::to_string(r) + ".log");
+    if (!p.ok()) {
+      ADD_FAILURE() << p.status().ToString();
+      return false;
+    }
+    servers_.push_back(std::move(*p));
+  }
+  return true;
+}
+
+std::unique_ptr<PsClient> TestCluster::Connect(uint32_t worker) {
+  auto c = PsClient::Connect(manifest_, worker);
+  if (!c.ok()) {
+    ADD_FAILURE() << "worker " << worker << " cannot connect: " << c.status().ToString();
+    return nullptr;
+  }
+  return std::move(*c);
+}
+
+std::string TestCluster::ServerLog(int rank) const {
+  return ReadFile(dir_ + "/server" + std::to_string(rank) + ".log");
+}
+
+TestCluster::~TestCluster() {
+  bool any_running = false;
+  for (auto& s : servers_) any_running |= s.running();
+  if (any_running) {
+    for (auto& s : servers_) s.Signal(SIGTERM);
+    for (auto& s : servers_) s.Wait(std::chrono::seconds(10));
+  }
+  servers_.clear();  // kills whatever still runs
+  if (!dir_.empty()) RemoveTree(dir_);
+}
+
+}  // namespace parasol::testing

@@ -1,0 +1,593 @@
+#include "worker/ps_client.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+#include <random>
+
+#include "common/sharding.hpp"
+
+namespace parasol {
+
+using Clock = std::chrono::steady_clock;
+
+struct PsClient::ShardRequest {
+  Ticket ticket = 0;
+  uint64_t request_id = 0;
+  uint32_t shard = 0;
+  Op op = Op::Hello;
+  std::vector<zmq::message_t> kept;  // copies of the sent frames, for a resend
+  std::chrono::milliseconds timeout{0};
+  Clock::time_point deadline;
+  uint32_t attempts = 1;
+  uint32_t max_attempts = 1;
+  uint64_t expect_rows = 0;
+  uint32_t expect_dim = 0;
+  uint64_t expect_offset = 0;
+};
+
+struct PsClient::Pending {
+  Op op = Op::Hello;
+  uint32_t table = 0;
+  uint32_t dim = 0;
+  uint32_t outstanding = 0;
+  Status status;
+  // Replies, by shard: frames and a checked view of them (the view points into the frames).
+  std::vector<std::vector<zmq::message_t>> replies;
+  std::vector<std::optional<PayloadView>> views;
+  std::vector<std::string> messages;
+  // Sparse pulls: out[i] is row unique_local[u] of shard unique_shard[u], u = inverse[i].
+  float* out = nullptr;
+  std::vector<uint32_t> inverse;
+  std::vector<uint32_t> unique_shard;
+  std::vector<uint32_t> unique_local;
+  // Dense pushes: the caller's memory travels in frames counted here.
+  std::unique_ptr<BorrowTracker> borrows;
+};
+
+namespace {
+
+// How a batch of keys splits across shards after deduplication.
+struct KeySplit {
+  std::vector<uint32_t> inverse;       // position -> unique id
+  std::vector<uint32_t> unique_shard;  // unique id -> shard
+  std::vector<uint32_t> unique_local;  // unique id -> row within that shard's request
+  std::vector<uint64_t> counts;        // shard -> unique keys sent to it
+};
+
+KeySplit SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index) {
+  KeySplit split;
+  if (index.capacity() * 7 >= keys.size() * 10) {
+    index.Clear();
+  } else {
+    index.Reset(keys.size());
+  }
+  split.inverse.resize(keys.size());
+  split.counts.assign(shards, 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    bool inserted = false;
+    const uint32_t u = index.FindOrInsert(
+        keys[i], static_cast<uint32_t>(split.unique_shard.size()), &inserted);
+    if (inserted) {
+      const uint32_t s = ShardOfKey(keys[i], shards);
+      split.unique_shard.push_back(s);
+      split.unique_local.push_back(static_cast<uint32_t>(split.counts[s]++));
+    }
+    split.inverse[i] = u;
+  }
+  return split;
+}
+
+zmq::message_t CopyMessage(zmq::message_t& m) {
+  zmq::message_t c;
+  c.copy(m);
+  return c;
+}
+
+}  // namespace
+
+PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
+    : manifest_(manifest),
+      worker_id_(worker_id),
+      incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
+      context_(1) {
+  for (size_t s = 0; s < manifest_.cluster.servers.size(); ++s) {
+    shards_.emplace_back(context_, zmq::socket_type::dealer);
+  }
+}
+
+PsClient::~PsClient() {
+  // Frames may still borrow memory of callers that never waited; drop them now.
+  for (auto& s : shards_) {
+    s.set(zmq::sockopt::linger, 0);
+    s.close();
+  }
+}
+
+Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
+                                                    uint32_t worker_id) {
+  std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id));
+  for (size_t s = 0; s < c->shards_.size(); ++s) {
+    const ServerAddress& a = manifest.cluster.servers[s];
+    try {
+      ConfigureDataSocket(c->shards_[s]);
+      c->shards_[s].connect(TcpEndpoint(a.host, a.port));
+    } catch (const zmq::error_t& e) {
+      return Unavailable("worker " + std::to_string(worker_id) + ": cannot connect to shard " +
+                         std::to_string(s) + " at " + a.ToString() + ": " + e.what());
+    }
+  }
+  PARASOL_RETURN_IF_ERROR(c->Handshake());
+  return c;
+}
+
+Status PsClient::Handshake() {
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, all));
+  // One long attempt: a shard that is still starting will get the queued Hello when it binds.
+  const auto timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
+  for (auto& [id, r] : in_flight_) {
+    r->timeout = timeout;
+    r->deadline = Clock::now() + timeout;
+    r->max_attempts = 1;
+  }
+  auto next_note = Clock::now() + std::chrono::seconds(2);
+  while (pending_.at(t)->outstanding > 0) {
+    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(200)));
+    if (Clock::now() >= next_note && pending_.at(t)->outstanding > 0) {
+      for (const auto& [id, r] : in_flight_) {
+        if (r->ticket != t) continue;
+        spdlog::info("worker {}: waiting for shard {} at {}", worker_id_, r->shard,
+                     manifest_.cluster.servers[r->shard].ToString());
+      }
+      next_note = Clock::now() + std::chrono::seconds(5);
+    }
+  }
+  Pending& p = *pending_.at(t);
+  for (uint32_t s = 0; s < p.replies.size() && p.status.ok(); ++s) {
+    Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+    if (h.ok() && (h->shard_rank != s || h->shard_count != shards_.size())) {
+      p.status = FailedPrecondition(
+          "shard at " + manifest_.cluster.servers[s].ToString() + " says it is rank " +
+          std::to_string(h->shard_rank) + " of " + std::to_string(h->shard_count) +
+          ", but the manifest lists it as rank " + std::to_string(s) + " of " +
+          std::to_string(shards_.size()));
+    }
+  }
+  return Wait(t);
+}
+
+Result<uint32_t> PsClient::TableId(const std::string& name) const {
+  const int id = manifest_.FindTable(name);
+  if (id < 0) return NotFound("no table named '" + name + "' in " + manifest_.source);
+  return static_cast<uint32_t>(id);
+}
+
+Result<const TableOptions*> PsClient::CheckTable(uint32_t table, TableKind kind) const {
+  if (table >= manifest_.tables.size()) {
+    return NotFound("no table with id " + std::to_string(table));
+  }
+  const TableOptions& t = manifest_.tables[table];
+  if (t.kind != kind) {
+    return InvalidArgument("table '" + t.name + "' is " +
+                           (t.kind == TableKind::kSparse ? "sparse" : "dense"));
+  }
+  return &t;
+}
+
+PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
+  auto p = std::make_unique<Pending>();
+  p->op = op;
+  p->table = table;
+  p->replies.resize(shards_.size());
+  p->views.resize(shards_.size());
+  p->messages.resize(shards_.size());
+  const Ticket t = next_ticket_++;
+  pending_.emplace(t, std::move(p));
+  return t;
+}
+
+Header PsClient::NewRequest(Op op, uint32_t table) {
+  Header h;
+  h.op = op;
+  h.request_id = next_request_id_++;
+  h.worker_id = worker_id_;
+  h.seq = next_seq_++;
+  h.incarnation = incarnation_;
+  h.table_id = table;
+  h.manifest_hash = manifest_.Fingerprint();
+  return h;
+}
+
+void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
+                    std::vector<zmq::message_t> payload) {
+  auto r = std::make_unique<ShardRequest>();
+  r->ticket = ticket;
+  r->request_id = header.request_id;
+  r->shard = shard;
+  r->op = header.op;
+  r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  r->deadline = Clock::now() + r->timeout;
+  r->max_attempts = 1 + manifest_.cluster.request_retries;
+  std::vector<zmq::message_t> frames;
+  frames.reserve(1 + payload.size());
+  frames.push_back(EncodeHeader(header));
+  for (auto& m : payload) frames.push_back(std::move(m));
+  r->kept.reserve(frames.size());
+  for (auto& f : frames) r->kept.push_back(CopyMessage(f));
+  Pending& p = *pending_.at(ticket);
+  ++p.outstanding;
+  const uint64_t id = header.request_id;
+  Status st = SendFrames(shards_[shard], frames);
+  in_flight_.emplace(id, std::move(r));
+  if (!st.ok()) FailRequest(*in_flight_.at(id), st);
+}
+
+Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<const uint64_t> keys,
+                                                   float* out) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kSparse));
+  const Ticket ticket = NewTicket(Op::PullSparse, table);
+  Pending& p = *pending_.at(ticket);
+  p.dim = t->dim;
+  p.out = out;
+  if (keys.empty()) return ticket;
+  KeySplit split = SplitKeys(keys, num_shards(), dedup_);
+  std::vector<OwnedBuffer> key_bufs(num_shards());
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t u = split.inverse[i];
+    std::memcpy(key_bufs[split.unique_shard[u]].data() + split.unique_local[u] * sizeof(uint64_t),
+                &keys[i], sizeof(uint64_t));
+  }
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    if (split.counts[s] == 0) continue;
+    Header h = NewRequest(Op::PullSparse, table);
+    h.key_count = split.counts[s];
+    h.value_dim = t->dim;
+    std::vector<zmq::message_t> payload;
+    payload.push_back(std::move(key_bufs[s]).ToMessage());
+    const uint64_t id = h.request_id;
+    Send(ticket, s, std::move(h), std::move(payload));
+    if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+      it->second->expect_rows = split.counts[s];
+      it->second->expect_dim = t->dim;
+    }
+  }
+  p.inverse = std::move(split.inverse);
+  p.unique_shard = std::move(split.unique_shard);
+  p.unique_local = std::move(split.unique_local);
+  return ticket;
+}
+
+Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<const uint64_t> keys,
+                                                   std::span<const float> grads) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kSparse));
+  const uint32_t dim = t->dim;
+  if (grads.size() != keys.size() * dim) {
+    return InvalidArgument("PushSparse on '" + t->name + "': " + std::to_string(keys.size()) +
+                           " keys of dim " + std::to_string(dim) + " need " +
+                           std::to_string(keys.size() * dim) + " gradient floats, got " +
+                           std::to_string(grads.size()));
+  }
+  const Ticket ticket = NewTicket(Op::PushSparse, table);
+  if (keys.empty()) return ticket;
+  KeySplit split = SplitKeys(keys, num_shards(), dedup_);
+  const size_t row_bytes = size_t{dim} * sizeof(float);
+  std::vector<OwnedBuffer> key_bufs(num_shards());
+  std::vector<FramePlan> plans(num_shards());
+  std::vector<std::vector<OwnedBuffer>> value_bufs(num_shards());
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
+    plans[s] = PlanValueFrames(split.counts[s], dim, manifest_.server.frame_bytes);
+    for (uint32_t f = 0; f < plans[s].frames; ++f) {
+      value_bufs[s].push_back(
+          OwnedBuffer::Allocate(plans[s].RowsInFrame(f, split.counts[s]) * row_bytes));
+    }
+  }
+  std::vector<bool> written(split.unique_shard.size(), false);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t u = split.inverse[i];
+    const uint32_t s = split.unique_shard[u];
+    const uint64_t local = split.unique_local[u];
+    const uint64_t f = local / plans[s].rows_per_frame;
+    float* dst = reinterpret_cast<float*>(value_bufs[s][f].data() +
+                                          (local - f * plans[s].rows_per_frame) * row_bytes);
+    const float* src = grads.data() + i * dim;
+    if (!written[u]) {
+      written[u] = true;
+      std::memcpy(key_bufs[s].data() + local * sizeof(uint64_t), &keys[i], sizeof(uint64_t));
+      std::memcpy(dst, src, row_bytes);
+    } else {
+      for (uint32_t d = 0; d < dim; ++d) dst[d] += src[d];
+    }
+  }
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    if (split.counts[s] == 0) continue;
+    Header h = NewRequest(Op::PushSparse, table);
+    h.key_count = split.counts[s];
+    h.value_dim = dim;
+    h.value_frames = plans[s].frames;
+    h.rows_per_frame = plans[s].rows_per_frame;
+    std::vector<zmq::message_t> payload;
+    payload.push_back(std::move(key_bufs[s]).ToMessage());
+    for (auto& b : value_bufs[s]) payload.push_back(std::move(b).ToMessage());
+    Send(ticket, s, std::move(h), std::move(payload));
+  }
+  return ticket;
+}
+
+Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
+  const Ticket ticket = NewTicket(Op::PullDense, table);
+  pending_.at(ticket)->out = out;
+  pending_.at(ticket)->dim = 1;
+  const std::vector<SliceRange> slices = DenseSlices(t->NumElements(), num_shards());
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    if (slices[s].size() == 0) continue;
+    Header h = NewRequest(Op::PullDense, table);
+    h.key_count = slices[s].size();
+    h.value_dim = 1;
+    h.offset = slices[s].begin;
+    const uint64_t id = h.request_id;
+    Send(ticket, s, std::move(h), {});
+    if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+      it->second->expect_rows = slices[s].size();
+      it->second->expect_dim = 1;
+      it->second->expect_offset = slices[s].begin;
+    }
+  }
+  return ticket;
+}
+
+Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<const float> grads) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
+  if (grads.size() != t->NumElements()) {
+    return InvalidArgument("PushDense on '" + t->name + "': the tensor has " +
+                           std::to_string(t->NumElements()) + " elements, got " +
+                           std::to_string(grads.size()));
+  }
+  const Ticket ticket = NewTicket(Op::PushDense, table);
+  Pending& p = *pending_.at(ticket);
+  p.borrows = std::make_unique<BorrowTracker>();
+  const std::vector<SliceRange> slices = DenseSlices(t->NumElements(), num_shards());
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    if (slices[s].size() == 0) continue;
+    const FramePlan plan = PlanValueFrames(slices[s].size(), 1, manifest_.server.frame_bytes);
+    Header h = NewRequest(Op::PushDense, table);
+    h.key_count = slices[s].size();
+    h.value_dim = 1;
+    h.offset = slices[s].begin;
+    h.value_frames = plan.frames;
+    h.rows_per_frame = plan.rows_per_frame;
+    std::vector<zmq::message_t> payload;
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      const float* first = grads.data() + slices[s].begin + uint64_t{f} * plan.rows_per_frame;
+      payload.push_back(BorrowedMessage(
+          first, plan.RowsInFrame(f, slices[s].size()) * sizeof(float), p.borrows.get()));
+    }
+    Send(ticket, s, std::move(h), std::move(payload));
+  }
+  return ticket;
+}
+
+Result<PsClient::Ticket> PsClient::Broadcast(Op op, int64_t clock,
+                                             const std::vector<uint32_t>& shards) {
+  const Ticket ticket = NewTicket(op, 0);
+  for (uint32_t s : shards) {
+    Header h = NewRequest(op, 0);
+    h.clock = clock;
+    Send(ticket, s, std::move(h), {});
+  }
+  return ticket;
+}
+
+Status PsClient::Pump(std::chrono::milliseconds timeout) {
+  auto wait = timeout;
+  const auto now = Clock::now();
+  for (const auto& [id, r] : in_flight_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r->deadline - now);
+    wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
+  }
+  std::vector<zmq::pollitem_t> items;
+  items.reserve(shards_.size());
+  for (auto& s : shards_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+  try {
+    zmq::poll(items.data(), items.size(), wait);
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) return Unavailable(std::string("poll failed: ") + e.what());
+  }
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    if (!(items[s].revents & ZMQ_POLLIN)) continue;
+    while (true) {
+      auto frames = RecvFrames(shards_[s], /*dontwait=*/true);
+      if (!frames.ok()) return frames.status();
+      if (!frames->has_value()) break;
+      OnReply(s, **frames);
+    }
+  }
+  // Resend or fail what is overdue.
+  const auto later = Clock::now();
+  std::vector<uint64_t> overdue;
+  for (const auto& [id, r] : in_flight_) {
+    if (r->deadline <= later) overdue.push_back(id);
+  }
+  for (uint64_t id : overdue) {
+    ShardRequest& r = *in_flight_.at(id);
+    const std::string where = "shard " + std::to_string(r.shard) + " at " +
+                              manifest_.cluster.servers[r.shard].ToString();
+    if (r.attempts >= r.max_attempts) {
+      FailRequest(r, Timeout(where + " did not answer " + OpName(r.op) + " within " +
+                             std::to_string(r.timeout.count()) + " ms (" +
+                             std::to_string(r.attempts) + " attempts)"));
+      continue;
+    }
+    ++r.attempts;
+    r.deadline = later + r.timeout;
+    spdlog::warn("worker {}: no reply from {} to {}; resending (attempt {} of {})", worker_id_,
+                 where, OpName(r.op), r.attempts, r.max_attempts);
+    std::vector<zmq::message_t> frames;
+    for (auto& k : r.kept) frames.push_back(CopyMessage(k));
+    Status st = SendFrames(shards_[r.shard], frames);
+    if (!st.ok()) FailRequest(r, st.WithContext(where));
+  }
+  return Status::Ok();
+}
+
+void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
+  if (frames.empty()) return;
+  Result<Header> h = DecodeHeader(frames[0].data(), frames[0].size());
+  if (!h.ok()) {
+    spdlog::warn("worker {}: dropped an unreadable reply from shard {}: {}", worker_id_, shard,
+                 h.status().ToString());
+    return;
+  }
+  auto it = in_flight_.find(h->request_id);
+  if (it == in_flight_.end() || it->second->shard != shard) {
+    if (h->op == Op::Error) {
+      spdlog::warn("worker {}: shard {} rejected a message: {}", worker_id_, shard, h->message);
+    }
+    return;  // a late reply to a request that was resent and already answered
+  }
+  ShardRequest& r = *it->second;
+  if (h->status != StatusCode::kOk) {
+    FailRequest(r, Status(h->status, h->message));
+    return;
+  }
+  Pending& p = *pending_.at(r.ticket);
+  p.replies[shard] = std::move(frames);
+  std::vector<zmq::message_t>& stored = p.replies[shard];
+  Result<PayloadView> view = PayloadView::Parse(
+      *h, std::span<zmq::message_t>(stored).subspan(1), manifest_.server.max_request_bytes);
+  const std::string where = "shard " + std::to_string(shard) + " reply to " + OpName(r.op);
+  if (!view.ok()) {
+    FailRequest(r, view.status().WithContext(where));
+    return;
+  }
+  if ((r.op == Op::PullSparse || r.op == Op::PullDense) &&
+      (view->rows() != r.expect_rows || view->dim() != r.expect_dim ||
+       h->offset != r.expect_offset)) {
+    FailRequest(r, BadMessage(where + ": " + std::to_string(view->rows()) + " rows of dim " +
+                              std::to_string(view->dim()) + ", expected " +
+                              std::to_string(r.expect_rows) + " of dim " +
+                              std::to_string(r.expect_dim)));
+    return;
+  }
+  if (r.op == Op::PullDense) {
+    // Copy now so that the other shards' replies overlap with it; then release the frames.
+    view->ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
+      std::memcpy(p.out + h->offset + first, data, rows * sizeof(float));
+    });
+    stored.clear();
+  } else {
+    p.views[shard] = std::move(*view);
+  }
+  p.messages[shard] = h->message;
+  --p.outstanding;
+  in_flight_.erase(it);
+}
+
+void PsClient::FailRequest(ShardRequest& r, Status status) {
+  Pending& p = *pending_.at(r.ticket);
+  if (p.status.ok()) p.status = std::move(status);
+  --p.outstanding;
+  if (p.borrows) {
+    // Frames of a failed request may sit in the socket's queue with a dead peer. Reopen the
+    // socket so that they are dropped and the caller's memory is released.
+    const uint32_t s = r.shard;
+    shards_[s].set(zmq::sockopt::linger, 0);
+    shards_[s].close();
+    shards_[s] = zmq::socket_t(context_, zmq::socket_type::dealer);
+    ConfigureDataSocket(shards_[s]);
+    const ServerAddress& a = manifest_.cluster.servers[s];
+    shards_[s].connect(TcpEndpoint(a.host, a.port));
+  }
+  in_flight_.erase(r.request_id);  // `r` is gone from here on
+}
+
+void PsClient::Finish(Pending& p) {
+  if (!p.status.ok() || p.op != Op::PullSparse) return;
+  const size_t row_bytes = size_t{p.dim} * sizeof(float);
+  for (size_t i = 0; i < p.inverse.size(); ++i) {
+    const uint32_t u = p.inverse[i];
+    std::memcpy(p.out + i * p.dim, p.views[p.unique_shard[u]]->Row(p.unique_local[u]), row_bytes);
+  }
+}
+
+Status PsClient::Wait(Ticket ticket) {
+  auto it = pending_.find(ticket);
+  if (it == pending_.end()) return InvalidArgument("unknown ticket " + std::to_string(ticket));
+  while (it->second->outstanding > 0) {
+    Status st = Pump(std::chrono::milliseconds(1000));
+    if (!st.ok()) return st;
+  }
+  Pending& p = *it->second;
+  Finish(p);
+  Status result = p.status;
+  p.replies.clear();
+  if (p.borrows) {
+    // The reply proves the shard has the bytes; wait until ZeroMQ has let go of them too.
+    p.borrows->WaitReleased();
+  }
+  pending_.erase(it);
+  return result;
+}
+
+Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out));
+  return Wait(t);
+}
+
+Status PsClient::PushSparse(uint32_t table, std::span<const uint64_t> keys,
+                            std::span<const float> grads) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PushSparseAsync(table, keys, grads));
+  return Wait(t);
+}
+
+Status PsClient::PullDense(uint32_t table, float* out) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PullDenseAsync(table, out));
+  return Wait(t);
+}
+
+Status PsClient::PushDense(uint32_t table, std::span<const float> grads) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PushDenseAsync(table, grads));
+  return Wait(t);
+}
+
+Status PsClient::Clock(int64_t clock) {
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, clock, all));
+  return Wait(t);
+}
+
+Status PsClient::Barrier(int64_t id) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, id, {0}));
+  return Wait(t);
+}
+
+Result<std::vector<std::string>> PsClient::Stats() {
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Stats, 0, all));
+  std::vector<std::string> out;
+  auto it = pending_.find(t);
+  while (it->second->outstanding > 0) {
+    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(1000)));
+  }
+  out = it->second->messages;
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  return out;
+}
+
+Status PsClient::Shutdown() {
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Shutdown, 0, all));
+  return Wait(t);
+}
+
+}  // namespace parasol

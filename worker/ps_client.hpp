@@ -1,0 +1,113 @@
+// PsClient: a worker's connection to every server shard.
+//
+// Holds one DEALER socket per shard. Sparse requests are deduplicated (a key asked for twice is
+// fetched once; gradients of a repeated key are summed), split by shard, sent to all shards at
+// once, and reassembled in the caller's key order. Dense tensors are cut into the shards'
+// slices. Every request carries (worker id, incarnation, sequence number); a request with no
+// reply within cluster.request_timeout is resent with the same numbers, and the shard applies a
+// resent push only once.
+//
+// Asynchronous calls return a Ticket; Wait(ticket) completes it. Several tickets may be
+// outstanding; waiting on any ticket also processes replies for the others.
+//
+// Thread-safety: none. Use one PsClient per thread (each with its own worker id).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/key_index.hpp"
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "common/transport.hpp"
+#include "common/wire.hpp"
+
+namespace parasol {
+
+class PsClient {
+ public:
+  using Ticket = uint64_t;
+
+  // Connects to every shard and completes the Hello handshake (protocol version and manifest
+  // fingerprint must match), waiting up to cluster.connect_timeout for shards to come up.
+  static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id);
+
+  ~PsClient();
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  uint32_t worker_id() const { return worker_id_; }
+  uint32_t num_shards() const { return static_cast<uint32_t>(shards_.size()); }
+  // Table id by name, or NotFound.
+  Result<uint32_t> TableId(const std::string& name) const;
+
+  // Rows of `keys` into out[i * dim .. (i + 1) * dim).
+  // REQUIRES: `out` holds keys.size() * dim floats and stays valid until Wait() returns.
+  Result<Ticket> PullSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // Gradient rows for `keys` (keys.size() * dim floats). Copied before the call returns.
+  Result<Ticket> PushSparseAsync(uint32_t table, std::span<const uint64_t> keys,
+                                 std::span<const float> grads);
+  // The whole tensor into `out` (NumElements() floats).
+  // REQUIRES: `out` stays valid until Wait() returns.
+  Result<Ticket> PullDenseAsync(uint32_t table, float* out);
+  // A gradient for the whole tensor. Sent without a copy.
+  // REQUIRES: `grads` stays valid and unchanged until Wait() returns.
+  Result<Ticket> PushDenseAsync(uint32_t table, std::span<const float> grads);
+
+  // Completes `ticket`: its result, or the first error of any shard, naming the shard.
+  Status Wait(Ticket ticket);
+
+  Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
+  Status PushSparse(uint32_t table, std::span<const uint64_t> keys, std::span<const float> grads);
+  Status PullDense(uint32_t table, float* out);
+  Status PushDense(uint32_t table, std::span<const float> grads);
+
+  // Tells every shard this worker's clock.
+  Status Clock(int64_t clock);
+  // Waits until every worker of the job has entered barrier `id` (coordinated by shard 0).
+  Status Barrier(int64_t id);
+  // Each shard's stats as JSON, in rank order.
+  Result<std::vector<std::string>> Stats();
+  // Asks every shard to stop.
+  Status Shutdown();
+
+ private:
+  struct ShardRequest;
+  struct Pending;
+
+  PsClient(const Manifest& manifest, uint32_t worker_id);
+  Status Handshake();
+  Result<Ticket> Broadcast(Op op, int64_t clock, const std::vector<uint32_t>& shards);
+  Result<const TableOptions*> CheckTable(uint32_t table, TableKind kind) const;
+
+  Ticket NewTicket(Op op, uint32_t table);
+  Header NewRequest(Op op, uint32_t table);
+  void Send(Ticket ticket, uint32_t shard, Header header, std::vector<zmq::message_t> payload);
+  // Receives what is waiting (up to `timeout`) and resends overdue requests.
+  Status Pump(std::chrono::milliseconds timeout);
+  void OnReply(uint32_t shard, std::vector<zmq::message_t>& frames);
+  void Finish(Pending& p);
+  void FailRequest(ShardRequest& r, Status status);
+
+  const Manifest manifest_;
+  const uint32_t worker_id_;
+  const uint64_t incarnation_;
+  zmq::context_t context_;
+  std::vector<zmq::socket_t> shards_;
+  uint64_t next_seq_ = 1;
+  uint64_t next_request_id_ = 1;
+  Ticket next_ticket_ = 1;
+  std::map<Ticket, std::unique_ptr<Pending>> pending_;
+  std::map<uint64_t, std::unique_ptr<ShardRequest>> in_flight_;  // by request id
+  KeyIndex dedup_;
+};
+
+}  // namespace parasol
