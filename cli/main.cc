@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "common/transport.hpp"
 #include "common/wire.hpp"
 
 namespace {
@@ -29,6 +30,7 @@ void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  parasol::TuneAllocatorForLargeMessages();
   spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
   CLI::App app{"Parasol: a parameter server for recommendation models"};
   app.require_subcommand(1);

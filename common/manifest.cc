@@ -147,8 +147,17 @@ class MapReader {
   Status ErrorAt(const YAML::Node& n, const std::string& path, const std::string& what) const {
     const YAML::Mark m = n.Mark();
     std::string where = file_;
-    if (m.line >= 0) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
-    return InvalidArgument(where + ": key '" + path + "': " + what);
+    if (m.line >= 0) {
+      where += ':';
+      where += std::to_string(m.line + 1);
+      where += ':';
+      where += std::to_string(m.column + 1);
+    }
+    where += ": key '";
+    where += path;
+    where += "': ";
+    where += what;
+    return InvalidArgument(std::move(where));
   }
 
  private:

@@ -64,7 +64,7 @@ struct ClusterOptions {
 struct ServerOptions {
   uint32_t engine_threads = 2;               // threads per shard that own disjoint key sets
   uint64_t max_request_bytes = 1ull << 30;   // payload bytes one request may carry
-  uint64_t frame_bytes = 4ull << 20;         // values travel in frames of at most this size
+  uint64_t frame_bytes = 1ull << 20;         // values travel in frames (and dense requests in chunks) of at most this size
 };
 
 struct JobOptions {

@@ -1,11 +1,17 @@
 #include "common/transport.hpp"
 
+#include <malloc.h>
+
 #include <zmq_addon.hpp>
 
 namespace parasol {
 namespace {
 
 void FreeOwned(void* data, void* /*hint*/) { delete[] static_cast<std::byte*>(data); }
+
+void ReleaseShared(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
 
 void ReleaseBorrowed(void* /*data*/, void* hint) { static_cast<BorrowTracker*>(hint)->Release(); }
 
@@ -52,6 +58,12 @@ zmq::message_t BorrowedMessage(const void* data, size_t size, BorrowTracker* tra
   return zmq::message_t(const_cast<void*>(data), size, &ReleaseBorrowed, tracker);
 }
 
+zmq::message_t SharedMessage(std::shared_ptr<const void> owner, const void* data, size_t size) {
+  if (size == 0) return zmq::message_t();
+  auto* hint = new std::shared_ptr<const void>(std::move(owner));
+  return zmq::message_t(const_cast<void*>(data), size, &ReleaseShared, hint);
+}
+
 void ConfigureDataSocket(zmq::socket_t& socket) {
   socket.set(zmq::sockopt::sndhwm, 0);
   socket.set(zmq::sockopt::rcvhwm, 0);
@@ -82,6 +94,11 @@ Result<std::optional<std::vector<zmq::message_t>>> RecvFrames(zmq::socket_t& soc
     return Unavailable(std::string("zmq receive failed: ") + e.what());
   }
   return std::optional<std::vector<zmq::message_t>>(std::move(frames));
+}
+
+void TuneAllocatorForLargeMessages() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
 std::string TcpEndpoint(const std::string& host, uint16_t port) {

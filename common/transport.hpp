@@ -54,6 +54,10 @@ class BorrowTracker {
 // alive until `tracker->WaitReleased()` returns; `tracker` must outlive that wait.
 zmq::message_t BorrowedMessage(const void* data, size_t size, BorrowTracker* tracker);
 
+// A message that points into memory kept alive by `owner`; the message holds a share of it
+// until ZeroMQ has sent the bytes. No copy is made.
+zmq::message_t SharedMessage(std::shared_ptr<const void> owner, const void* data, size_t size);
+
 // Options for every data socket: unbounded queues (back-pressure comes from the protocol's
 // request/reply pairing, and a dropped frame would lose an update) and a bounded linger.
 void ConfigureDataSocket(zmq::socket_t& socket);
@@ -65,6 +69,12 @@ Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames);
 // dontwait) or the wait was interrupted. Never throws.
 Result<std::optional<std::vector<zmq::message_t>>> RecvFrames(zmq::socket_t& socket,
                                                               bool dontwait);
+
+// Makes glibc serve large message buffers from the heap and keep freed memory for reuse. By
+// default each received frame above the (dynamic, at most 32 MiB) mmap threshold gets a fresh
+// mapping, and the page faults of filling it cost more than the bytes' trip over loopback.
+// Call once at process start, before other threads exist.
+void TuneAllocatorForLargeMessages();
 
 // "tcp://host:port".
 std::string TcpEndpoint(const std::string& host, uint16_t port);

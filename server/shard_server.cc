@@ -205,6 +205,15 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
   return Status::Ok();
 }
 
+void ShardServer::SplitByEngine(const PayloadView& p) {
+  engine_positions_.resize(engines_.size());
+  for (auto& v : engine_positions_) v.clear();
+  const uint32_t engines = engines_.size();
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    engine_positions_[EngineOfKey(p.Key(i), engines)].push_back(static_cast<uint32_t>(i));
+  }
+}
+
 Result<SparseTable*> ShardServer::SparseTableFor(const Header& req) {
   if (req.table_id >= sparse_.size()) {
     return NotFound(std::string(OpName(req.op)) + ": no table with id " +
@@ -257,18 +266,16 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   for (uint32_t f = 0; f < plan.frames; ++f) {
     buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * row_bytes));
   }
-  const uint32_t engines = engines_.size();
+  SplitByEngine(p);
   engines_.RunOnAll(
       [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        for (uint64_t i = 0; i < n; ++i) {
-          const uint64_t key = p.Key(i);
-          if (EngineOfKey(key, engines) != e) continue;
-          const float* row = part.FindOrCreate(key);
-          const uint64_t f = i / plan.rows_per_frame;
-          std::memcpy(buffers[f].data() + (i - f * plan.rows_per_frame) * row_bytes, row,
-                      row_bytes);
-        }
+        table->partition(e).ForEachRow(
+            engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+            [&](uint32_t i, const float* row) {
+              const uint64_t f = i / plan.rows_per_frame;
+              std::memcpy(buffers[f].data() + (i - f * plan.rows_per_frame) * row_bytes, row,
+                          row_bytes);
+            });
       },
       n * dim < kInlineFloats);
   reply->key_count = n;
@@ -284,16 +291,13 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
   PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
   const uint64_t n = p.rows();
   const uint32_t dim = table->dim();
-  const uint32_t engines = engines_.size();
   const OptimizerOptions& opt = table->options().optimizer;
+  SplitByEngine(p);
   engines_.RunOnAll(
       [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        for (uint64_t i = 0; i < n; ++i) {
-          const uint64_t key = p.Key(i);
-          if (EngineOfKey(key, engines) != e) continue;
-          ApplyUpdate(opt, part.FindOrCreate(key), p.Row(i), dim);
-        }
+        table->partition(e).ForEachRow(
+            engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+            [&](uint32_t i, float* row) { ApplyUpdate(opt, row, p.Row(i), dim); });
       },
       n * dim < kInlineFloats);
   counters_.rows_pushed += n;
@@ -305,26 +309,18 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, req.key_count));
   const uint64_t n = req.key_count;
   const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
-  std::vector<OwnedBuffer> buffers;
-  buffers.reserve(plan.frames);
+  // Zero-copy: every frame shares the table's current buffer until it has been sent.
+  std::shared_ptr<const float[]> values = table->Share();
+  const float* first = values.get() + (req.offset - table->slice().begin);
   for (uint32_t f = 0; f < plan.frames; ++f) {
-    buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * sizeof(float)));
+    payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
+                                     plan.RowsInFrame(f, n) * sizeof(float)));
   }
-  const uint32_t engines = engines_.size();
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        for (uint32_t f = e; f < plan.frames; f += engines) {
-          const uint64_t first = req.offset + uint64_t{f} * plan.rows_per_frame;
-          std::memcpy(buffers[f].data(), table->At(first), buffers[f].size());
-        }
-      },
-      n < kInlineFloats || plan.frames < 2);
   reply->key_count = n;
   reply->value_dim = 1;
   reply->offset = req.offset;
   reply->value_frames = plan.frames;
   reply->rows_per_frame = plan.rows_per_frame;
-  for (auto& b : buffers) payload->push_back(std::move(b).ToMessage());
   counters_.dense_elements_pulled += n;
   return Status::Ok();
 }
@@ -336,6 +332,7 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
   const OptimizerOptions& opt = table->options().optimizer;
   const uint32_t engines = engines_.size();
+  float* base = table->PrepareWrite() + (req.offset - table->slice().begin);
   struct FrameRef {
     uint64_t first;
     const std::byte* data;
@@ -345,11 +342,11 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
     frames.push_back({first, data, rows});
   });
+  // Engines take frames round-robin: disjoint element ranges, no locks.
   engines_.RunOnAll(
       [&](uint32_t e) {
         for (size_t f = e; f < frames.size(); f += engines) {
-          ApplyUpdate(opt, table->At(req.offset + frames[f].first), frames[f].data,
-                      frames[f].rows);
+          ApplyUpdate(opt, base + frames[f].first, frames[f].data, frames[f].rows);
         }
       },
       p.rows() < kInlineFloats || frames.size() < 2);
@@ -426,7 +423,8 @@ std::string ShardServer::StatsJson() const {
         << ",\"bytes\":" << sparse_[t]->MemoryBytes();
     } else {
       s << ",\"kind\":\"dense\",\"slice_begin\":" << dense_[t]->slice().begin
-        << ",\"slice_end\":" << dense_[t]->slice().end << ",\"bytes\":" << dense_[t]->MemoryBytes();
+        << ",\"slice_end\":" << dense_[t]->slice().end << ",\"bytes\":" << dense_[t]->MemoryBytes()
+        << ",\"copies_on_write\":" << dense_[t]->copies_on_write();
     }
     s << "}";
   }

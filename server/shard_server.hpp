@@ -73,6 +73,9 @@ class ShardServer {
   Status HandleClock(const Header& req);
   Status HandleBarrier(const Header& req, const zmq::message_t& identity);
 
+  // Positions of the request's keys owned by each engine, in request order; reused buffers.
+  void SplitByEngine(const PayloadView& p);
+
   Result<SparseTable*> SparseTableFor(const Header& req);
   Result<DenseTable*> DenseTableFor(const Header& req, uint64_t count);
   void SendReply(const zmq::message_t& identity, const Header& reply,
@@ -90,6 +93,7 @@ class ShardServer {
 
   std::vector<std::unique_ptr<SparseTable>> sparse_;  // by table id; null for dense tables
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
+  std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
   PushDedup dedup_;
   std::vector<int64_t> worker_clocks_;
   std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id

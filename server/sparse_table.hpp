@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,30 @@ class SparseTable {
     float* FindOrCreate(uint64_t key);
     // The row of `key`, or nullptr.
     const float* Find(uint64_t key) const;
+
+    // Lookahead for batched access: PrefetchIndex() a key some iterations ahead, PrefetchRow()
+    // it a few iterations later (its bucket is cached by then), then FindOrCreate() it.
+    void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
+    void PrefetchRow(uint64_t key) const {
+      const uint32_t slot = index_.Find(key);
+      if (slot != KeyIndex::kAbsent) __builtin_prefetch(RowAt(slot));
+    }
+
+    // Calls fn(i, row) for each position i in `positions`, with row = FindOrCreate(key_of(i)),
+    // prefetching ahead so that the cache misses of many keys overlap.
+    template <typename KeyOf, typename Fn>
+    void ForEachRow(const std::vector<uint32_t>& positions, KeyOf&& key_of, Fn&& fn) {
+      constexpr size_t kIndexAhead = 16, kRowAhead = 8;
+      const size_t n = positions.size();
+      for (size_t j = 0; j < std::min(n, kIndexAhead); ++j) PrefetchIndex(key_of(positions[j]));
+      for (size_t j = 0; j < std::min(n, kRowAhead); ++j) PrefetchRow(key_of(positions[j]));
+      for (size_t j = 0; j < n; ++j) {
+        if (j + kIndexAhead < n) PrefetchIndex(key_of(positions[j + kIndexAhead]));
+        if (j + kRowAhead < n) PrefetchRow(key_of(positions[j + kRowAhead]));
+        const uint32_t i = positions[j];
+        fn(i, FindOrCreate(key_of(i)));
+      }
+    }
 
     uint64_t rows() const { return index_.size(); }
     uint64_t MemoryBytes() const;

@@ -320,24 +320,36 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   return ticket;
 }
 
+std::vector<SliceRange> PsClient::DenseChunks(uint64_t total, uint32_t shard) const {
+  // Each shard's slice travels as several requests of one frame each, so that the transfer of
+  // one chunk overlaps the update (push) or the copy-out (pull) of the previous one.
+  const SliceRange slice = DenseSlice(total, shard, num_shards());
+  const uint64_t chunk = std::max<uint64_t>(1, manifest_.server.frame_bytes / sizeof(float));
+  std::vector<SliceRange> chunks;
+  for (uint64_t b = slice.begin; b < slice.end; b += chunk) {
+    chunks.push_back({b, std::min(slice.end, b + chunk)});
+  }
+  return chunks;
+}
+
 Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   const Ticket ticket = NewTicket(Op::PullDense, table);
   pending_.at(ticket)->out = out;
   pending_.at(ticket)->dim = 1;
-  const std::vector<SliceRange> slices = DenseSlices(t->NumElements(), num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    if (slices[s].size() == 0) continue;
-    Header h = NewRequest(Op::PullDense, table);
-    h.key_count = slices[s].size();
-    h.value_dim = 1;
-    h.offset = slices[s].begin;
-    const uint64_t id = h.request_id;
-    Send(ticket, s, std::move(h), {});
-    if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-      it->second->expect_rows = slices[s].size();
-      it->second->expect_dim = 1;
-      it->second->expect_offset = slices[s].begin;
+    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
+      Header h = NewRequest(Op::PullDense, table);
+      h.key_count = c.size();
+      h.value_dim = 1;
+      h.offset = c.begin;
+      const uint64_t id = h.request_id;
+      Send(ticket, s, std::move(h), {});
+      if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+        it->second->expect_rows = c.size();
+        it->second->expect_dim = 1;
+        it->second->expect_offset = c.begin;
+      }
     }
   }
   return ticket;
@@ -353,23 +365,19 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   const Ticket ticket = NewTicket(Op::PushDense, table);
   Pending& p = *pending_.at(ticket);
   p.borrows = std::make_unique<BorrowTracker>();
-  const std::vector<SliceRange> slices = DenseSlices(t->NumElements(), num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    if (slices[s].size() == 0) continue;
-    const FramePlan plan = PlanValueFrames(slices[s].size(), 1, manifest_.server.frame_bytes);
-    Header h = NewRequest(Op::PushDense, table);
-    h.key_count = slices[s].size();
-    h.value_dim = 1;
-    h.offset = slices[s].begin;
-    h.value_frames = plan.frames;
-    h.rows_per_frame = plan.rows_per_frame;
-    std::vector<zmq::message_t> payload;
-    for (uint32_t f = 0; f < plan.frames; ++f) {
-      const float* first = grads.data() + slices[s].begin + uint64_t{f} * plan.rows_per_frame;
-      payload.push_back(BorrowedMessage(
-          first, plan.RowsInFrame(f, slices[s].size()) * sizeof(float), p.borrows.get()));
+    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
+      Header h = NewRequest(Op::PushDense, table);
+      h.key_count = c.size();
+      h.value_dim = 1;
+      h.offset = c.begin;
+      h.value_frames = 1;
+      h.rows_per_frame = c.size();
+      std::vector<zmq::message_t> payload;
+      payload.push_back(
+          BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float), p.borrows.get()));
+      Send(ticket, s, std::move(h), std::move(payload));
     }
-    Send(ticket, s, std::move(h), std::move(payload));
   }
   return ticket;
 }

@@ -25,6 +25,7 @@
 
 #include "common/key_index.hpp"
 #include "common/manifest.hpp"
+#include "common/sharding.hpp"
 #include "common/status.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
@@ -86,6 +87,7 @@ class PsClient {
   PsClient(const Manifest& manifest, uint32_t worker_id);
   Status Handshake();
   Result<Ticket> Broadcast(Op op, int64_t clock, const std::vector<uint32_t>& shards);
+  std::vector<SliceRange> DenseChunks(uint64_t total, uint32_t shard) const;
   Result<const TableOptions*> CheckTable(uint32_t table, TableKind kind) const;
 
   Ticket NewTicket(Op op, uint32_t table);

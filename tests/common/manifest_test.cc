@@ -72,7 +72,7 @@ TEST(ManifestTest, MinimalFileGetsDocumentedDefaults) {
   EXPECT_EQ(r->cluster.request_timeout_ms, 30000);
   EXPECT_EQ(r->cluster.request_retries, 2u);
   EXPECT_EQ(r->server.engine_threads, 2u);
-  EXPECT_EQ(r->server.frame_bytes, 4u << 20);
+  EXPECT_EQ(r->server.frame_bytes, 1u << 20);
   EXPECT_EQ(r->server.max_request_bytes, 1u << 30);
   EXPECT_EQ(r->job.seed, 2026u);
   EXPECT_TRUE(r->tables.empty());

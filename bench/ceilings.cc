@@ -1,0 +1,98 @@
+#include "bench/ceilings.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "common/net.hpp"
+#include "common/transport.hpp"
+
+namespace parasol::bench {
+namespace {
+
+constexpr uint64_t kFrameBytes = 4 << 20;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+[[noreturn]] void EchoLoop(uint16_t port) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  ConfigureDataSocket(router);
+  router.bind(TcpEndpoint("127.0.0.1", port));
+  // Bounded: the parent kills this process when done; a lost parent ends it after an idle hour.
+  router.set(zmq::sockopt::rcvtimeo, 3600 * 1000);
+  while (true) {
+    auto frames = RecvFrames(router, false);
+    if (!frames.ok() || !frames->has_value()) _exit(0);
+    if (!SendFrames(router, **frames).ok()) _exit(1);
+  }
+}
+
+}  // namespace
+
+double MemcpyBandwidth(uint64_t bytes, int iters) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  std::vector<double> t;
+  for (int i = 0; i < iters + 1; ++i) {
+    const auto s = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    if (i > 0) t.push_back(d);  // the first pass faults the pages in
+    a[i % bytes] = b[(i * 7) % bytes];
+  }
+  return bytes / Median(t) / 1e9;
+}
+
+Result<std::unique_ptr<RawEcho>> RawEcho::Start() {
+  PARASOL_ASSIGN_OR_RETURN(uint16_t port, PickFreePort());
+  const pid_t pid = ::fork();
+  if (pid < 0) return IoError("fork failed");
+  if (pid == 0) EchoLoop(port);
+  std::unique_ptr<RawEcho> e(new RawEcho());
+  e->child_ = pid;
+  ConfigureDataSocket(e->socket_);
+  e->socket_.connect(TcpEndpoint("127.0.0.1", port));
+  return e;
+}
+
+RawEcho::~RawEcho() {
+  if (child_ > 0) {
+    ::kill(child_, SIGKILL);
+    ::waitpid(child_, nullptr, 0);
+  }
+}
+
+double RawEcho::RoundTrip(uint64_t bytes, int warmup, int iters) {
+  std::vector<zmq::message_t> originals;
+  for (uint64_t off = 0; off < bytes; off += kFrameBytes) {
+    OwnedBuffer b = OwnedBuffer::Allocate(std::min(kFrameBytes, bytes - off));
+    std::memset(b.data(), 1, b.size());
+    originals.push_back(std::move(b).ToMessage());
+  }
+  std::vector<double> t;
+  for (int i = 0; i < warmup + iters; ++i) {
+    std::vector<zmq::message_t> frames;
+    for (auto& o : originals) {
+      zmq::message_t c;
+      c.copy(o);  // shares the buffer: nothing is copied
+      frames.push_back(std::move(c));
+    }
+    const auto s = std::chrono::steady_clock::now();
+    if (!SendFrames(socket_, frames).ok()) return -1;
+    auto back = RecvFrames(socket_, false);
+    const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    if (!back.ok() || !back->has_value()) return -1;
+    if (i >= warmup) t.push_back(d);
+  }
+  return Median(t);
+}
+
+}  // namespace parasol::bench

@@ -1,0 +1,37 @@
+// The machine's ceilings, measured in the same run as the figures they bound.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+
+#include <zmq.hpp>
+
+#include "common/status.hpp"
+
+namespace parasol::bench {
+
+// memcpy bandwidth in GB/s (bytes copied per second) over a buffer of `bytes`.
+double MemcpyBandwidth(uint64_t bytes, int iters);
+
+// A plain child process that sends every message straight back (zero-copy on both sides):
+// the best a request/reply over ZeroMQ on loopback can do.
+class RawEcho {
+ public:
+  static Result<std::unique_ptr<RawEcho>> Start();
+  ~RawEcho();
+
+  // Median seconds for sending `bytes` (in frames of at most 4 MiB, like Parasol's values)
+  // and receiving them back.
+  double RoundTrip(uint64_t bytes, int warmup, int iters);
+
+ private:
+  RawEcho() = default;
+
+  pid_t child_ = -1;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_{context_, zmq::socket_type::dealer};
+};
+
+}  // namespace parasol::bench
