@@ -169,3 +169,16 @@ TEST(ManifestTest, DurationsAndSizes) {
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+TEST(ManifestExamplesTest, EveryExampleManifestLoads) {
+  for (const char* name : {"demo.yaml", "manifest.yaml"}) {
+    Result<Manifest> m = LoadManifest(std::string(PARASOL_SOURCE_DIR) + "/examples/" + name);
+    EXPECT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace parasol

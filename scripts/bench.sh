@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds and runs the benchmarks, printing one table: each figure beside the ceilings measured
+# in the same run (memcpy bandwidth, raw ZeroMQ round trip of the same bytes).
+#   scripts/bench.sh [--only ceilings|dense|sparse] [--json FILE] [--quick]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+parasol_install_deps
+parasol_build Release >/dev/null
+exec "$PARASOL_BUILD/parasol_bench" "$@"

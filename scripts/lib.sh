@@ -1,0 +1,47 @@
+# Shared by the project's scripts: install what the build needs, then configure and build.
+# Source it; it defines functions and sets PARASOL_ROOT and PARASOL_BUILD.
+
+PARASOL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PARASOL_BUILD="${PARASOL_BUILD:-$PARASOL_ROOT/build}"
+
+# Debian packages the build, the tests and the benchmarks need.
+PARASOL_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libzmq3-dev cppzmq-dev
+  libflatbuffers-dev flatbuffers-compiler
+  libboost-dev libyaml-cpp-dev libopenblas-dev
+  libgtest-dev libbenchmark-dev libcli11-dev libspdlog-dev libfmt-dev
+  iproute2
+)
+
+parasol_install_deps() {
+  local missing=()
+  local p
+  for p in "${PARASOL_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
+    return 0
+  fi
+  echo "parasol: installing Debian packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "parasol: missing packages (${missing[*]}) and not root; install them first" >&2
+      return 1
+    fi
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${missing[@]}"
+}
+
+parasol_build() {
+  local build_type="${1:-Release}"
+  cmake -S "$PARASOL_ROOT" -B "$PARASOL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE="$build_type"
+  cmake --build "$PARASOL_BUILD" -j "$(nproc)"
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test through ctest.
+# Tests labelled `gpu` skip themselves when no CUDA device is present.
+#   scripts/test.sh [extra ctest arguments, e.g. -L unit or -R Cluster]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+parasol_install_deps
+parasol_build Release
+cd "$PARASOL_BUILD"
+ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
