@@ -11,7 +11,7 @@ namespace {
 
 TableOptions Tensor(uint64_t n) {
   TableOptions t;
-  t.name = "w";
+  t.name = std::string("tensor");
   t.kind = TableKind::kDense;
   t.shape = {n};
   t.seed = 4;
