@@ -76,6 +76,52 @@ class KeyIndex {
     }
   }
 
+  // Sets the slot of a present key. Returns false when the key is absent.
+  bool Update(uint64_t key, uint32_t slot) {
+    for (size_t i = Bucket(key);; i = (i + 1) & mask_) {
+      if (slots_[i] == kAbsent) return false;
+      if (keys_[i] == key) {
+        slots_[i] = slot;
+        return true;
+      }
+    }
+  }
+
+  // Removes `key` (backward-shift deletion: no tombstones, lookups stay short). Returns its
+  // slot, or kAbsent.
+  uint32_t Erase(uint64_t key) {
+    size_t i = Bucket(key);
+    while (true) {
+      if (slots_[i] == kAbsent) return kAbsent;
+      if (keys_[i] == key) break;
+      i = (i + 1) & mask_;
+    }
+    const uint32_t slot = slots_[i];
+    EraseBucket(i);
+    return slot;
+  }
+
+  // Bucket-level access for sweeps: a bucket is empty or holds (key, slot).
+  size_t buckets() const { return keys_.size(); }
+  bool BucketFull(size_t b) const { return slots_[b] != kAbsent; }
+  uint64_t BucketKey(size_t b) const { return keys_[b]; }
+  uint32_t BucketSlot(size_t b) const { return slots_[b]; }
+  // Empties bucket b; a later entry may move into b, so a sweep looks at b again.
+  void EraseBucket(size_t i) {
+    slots_[i] = kAbsent;
+    --size_;
+    for (size_t j = (i + 1) & mask_; slots_[j] != kAbsent; j = (j + 1) & mask_) {
+      const size_t home = Bucket(keys_[j]);
+      // Move j back to i unless its home lies cyclically in (i, j].
+      const bool home_between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      if (home_between) continue;
+      keys_[i] = keys_[j];
+      slots_[i] = slots_[j];
+      slots_[j] = kAbsent;
+      i = j;
+    }
+  }
+
   // Calls fn(key, slot) for every entry, in bucket order.
   template <typename Fn>
   void ForEach(Fn&& fn) const {

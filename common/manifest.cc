@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -14,6 +16,11 @@
 
 namespace parasol {
 namespace {
+
+// Every field any optimizer reads.
+const char* const kOptimizerKeys[] = {"lr",    "weight_decay", "eps",   "initial_accumulator",
+                                      "beta1", "beta2",        "bias_correction", "alpha",
+                                      "beta",  "l1",           "l2"};
 
 // Reads one YAML mapping strictly: every key must be consumed, or Finish() names the first
 // unknown one. All errors carry "file:line:col: key 'a.b.c'".
@@ -76,6 +83,16 @@ class MapReader {
     }
     *out = v;
     return Status::Ok();
+  }
+
+  Status Bool(const std::string& key, bool* out) {
+    if (!Has(key)) return Status::Ok();
+    YAML::Node n = Child(key);
+    if (n.IsScalar() && (n.Scalar() == "true" || n.Scalar() == "false")) {
+      *out = n.Scalar() == "true";
+      return Status::Ok();
+    }
+    return ErrorAt(n, PathOf(key), "expected true or false");
   }
 
   Status DurationMs(const std::string& key, int64_t* out) {
@@ -253,16 +270,69 @@ Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
   return r.Finish();
 }
 
-Status ParseOptimizer(MapReader& table, const std::string& path, OptimizerOptions* opt,
-                      const std::string& file) {
+Status ParseOptimizer(MapReader& table, const std::string& path, TableKind table_kind,
+                      OptimizerOptions* opt, const std::string& file) {
   if (!table.Has("optimizer")) return Status::Ok();
-  MapReader r(table.Child("optimizer"), path + ".optimizer", file);
+  YAML::Node node = table.Child("optimizer");
+  MapReader r(node, path + ".optimizer", file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  static const std::vector<std::string> kKinds = {"sgd", "adagrad", "adagrad_rowwise", "adam",
+                                                  "ftrl"};
   int kind = static_cast<int>(opt->kind);
-  PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"sgd"}, &kind));
+  PARASOL_RETURN_IF_ERROR(r.Choice("kind", kKinds, &kind));
   opt->kind = static_cast<OptimizerOptions::Kind>(kind);
+  // The fields each optimizer reads; any other is a mistake worth naming.
+  using K = OptimizerOptions::Kind;
+  static const std::map<K, std::set<std::string>> kFields = {
+      {K::kSgd, {"lr", "weight_decay"}},
+      {K::kAdagrad, {"lr", "weight_decay", "eps", "initial_accumulator"}},
+      {K::kAdagradRowwise, {"lr", "weight_decay", "eps", "initial_accumulator"}},
+      {K::kAdam, {"lr", "weight_decay", "eps", "beta1", "beta2", "bias_correction"}},
+      {K::kFtrl, {"weight_decay", "alpha", "beta", "l1", "l2"}},
+  };
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    if (key != "kind" && !kFields.at(opt->kind).count(key) &&
+        std::find(std::begin(kOptimizerKeys), std::end(kOptimizerKeys), key) !=
+            std::end(kOptimizerKeys)) {
+      return r.ErrorAt(it->first, r.PathOf(key),
+                       "does not apply to optimizer '" + kKinds[kind] + "'");
+    }
+  }
+  if (opt->kind == K::kAdagradRowwise && table_kind == TableKind::kDense) {
+    return r.ErrorAt(node, r.PathOf("kind"),
+                     "adagrad_rowwise keeps one accumulator per row: use it on sparse tables");
+  }
   PARASOL_RETURN_IF_ERROR(r.Double("lr", 0.0, 1e6, &opt->lr));
   PARASOL_RETURN_IF_ERROR(r.Double("weight_decay", 0.0, 1e6, &opt->weight_decay));
+  PARASOL_RETURN_IF_ERROR(r.Double("eps", 1e-30, 1.0, &opt->eps));
+  PARASOL_RETURN_IF_ERROR(r.Double("initial_accumulator", 0.0, 1e6, &opt->initial_accumulator));
+  PARASOL_RETURN_IF_ERROR(r.Double("beta1", 0.0, 0.999999, &opt->beta1));
+  PARASOL_RETURN_IF_ERROR(r.Double("beta2", 0.0, 0.999999999, &opt->beta2));
+  PARASOL_RETURN_IF_ERROR(r.Bool("bias_correction", &opt->bias_correction));
+  PARASOL_RETURN_IF_ERROR(r.Double("alpha", 1e-12, 1e6, &opt->alpha));
+  PARASOL_RETURN_IF_ERROR(r.Double("beta", 0.0, 1e6, &opt->beta));
+  PARASOL_RETURN_IF_ERROR(r.Double("l1", 0.0, 1e6, &opt->l1));
+  PARASOL_RETURN_IF_ERROR(r.Double("l2", 0.0, 1e6, &opt->l2));
+  return r.Finish();
+}
+
+Status ParseAdmission(MapReader& table, const std::string& path, AdmissionOptions* a,
+                      const std::string& file) {
+  if (!table.Has("admission")) return Status::Ok();
+  MapReader r(table.Child("admission"), path + ".admission", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("min_count", 1, 65535, &a->min_count));
+  return r.Finish();
+}
+
+Status ParseEviction(MapReader& table, const std::string& path, EvictionOptions* e,
+                     const std::string& file) {
+  if (!table.Has("eviction")) return Status::Ok();
+  MapReader r(table.Child("eviction"), path + ".eviction", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("ttl_clocks", 0, int64_t{1} << 40, &e->ttl_clocks));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("max_rows", 0, int64_t{1} << 40, &e->max_rows));
   return r.Finish();
 }
 
@@ -307,7 +377,16 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   t->seed = job.seed ^ HashBytes(t->name);
   PARASOL_RETURN_IF_ERROR(r.Unsigned("seed", 0, std::numeric_limits<int64_t>::max(), &t->seed));
   PARASOL_RETURN_IF_ERROR(ParseInit(r, path, &t->init, file));
-  PARASOL_RETURN_IF_ERROR(ParseOptimizer(r, path, &t->optimizer, file));
+  PARASOL_RETURN_IF_ERROR(ParseOptimizer(r, path, t->kind, &t->optimizer, file));
+  if (t->kind == TableKind::kDense) {
+    for (const char* key : {"admission", "eviction"}) {
+      if (r.Has(key)) {
+        return r.ErrorAt(node[key], path + "." + key, "applies to sparse tables only");
+      }
+    }
+  }
+  PARASOL_RETURN_IF_ERROR(ParseAdmission(r, path, &t->admission, file));
+  PARASOL_RETURN_IF_ERROR(ParseEviction(r, path, &t->eviction, file));
   return r.Finish();
 }
 
@@ -356,7 +435,11 @@ uint64_t Manifest::Fingerprint() const {
     s << "|" << static_cast<int>(t.dtype) << "|" << t.seed << "|" << static_cast<int>(t.init.kind)
       << "," << t.init.value << "," << t.init.scale << "," << t.init.mean << ","
       << t.init.stddev << "|" << static_cast<int>(t.optimizer.kind) << "," << t.optimizer.lr
-      << "," << t.optimizer.weight_decay << ";";
+      << "," << t.optimizer.weight_decay << "," << t.optimizer.eps << ","
+      << t.optimizer.initial_accumulator << "," << t.optimizer.beta1 << "," << t.optimizer.beta2
+      << "," << t.optimizer.bias_correction << "," << t.optimizer.alpha << "," << t.optimizer.beta
+      << "," << t.optimizer.l1 << "," << t.optimizer.l2 << "|" << t.admission.min_count << ","
+      << t.eviction.ttl_clocks << "," << t.eviction.max_rows << ";";
   }
   return HashBytes(s.str());
 }

@@ -26,10 +26,28 @@ struct InitOptions {
 };
 
 struct OptimizerOptions {
-  enum class Kind { kSgd };
+  enum class Kind { kSgd, kAdagrad, kAdagradRowwise, kAdam, kFtrl };
   Kind kind = Kind::kSgd;
-  double lr = 0.01;            // learning rate
-  double weight_decay = 0.0;   // L2 coefficient added to the gradient: g + wd * w
+  double lr = 0.01;                   // sgd, adagrad, adagrad_rowwise, adam: learning rate
+  double weight_decay = 0.0;          // all: L2 coefficient added to the gradient, g + wd * w
+  double eps = 1e-8;                  // adagrad, adagrad_rowwise, adam
+  double initial_accumulator = 0.0;   // adagrad, adagrad_rowwise
+  double beta1 = 0.9;                 // adam
+  double beta2 = 0.999;               // adam
+  bool bias_correction = true;        // adam
+  double alpha = 0.05;                // ftrl: learning rate
+  double beta = 1.0;                  // ftrl
+  double l1 = 0.0;                    // ftrl
+  double l2 = 0.0;                    // ftrl
+};
+
+struct AdmissionOptions {
+  uint32_t min_count = 1;  // a key's row is created at its min_count-th push (1: at once)
+};
+
+struct EvictionOptions {
+  uint64_t ttl_clocks = 0;  // remove rows not updated in the last ttl_clocks clocks (0: never)
+  uint64_t max_rows = 0;    // per shard; least recently updated rows go first (0: no limit)
 };
 
 struct TableOptions {
@@ -40,6 +58,8 @@ struct TableOptions {
   DType dtype = DType::kF32;
   InitOptions init;
   OptimizerOptions optimizer;
+  AdmissionOptions admission;       // sparse tables only
+  EvictionOptions eviction;         // sparse tables only
   uint64_t seed = 0;                // default: derived from job.seed and the table name
 
   // Dense: product of shape. Sparse: dim.

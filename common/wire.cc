@@ -36,6 +36,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_duplicate(h.duplicate);
   b.add_shard_rank(h.shard_rank);
   b.add_shard_count(h.shard_count);
+  b.add_with_state(h.with_state);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -104,6 +105,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.duplicate = fb->duplicate();
   h.shard_rank = fb->shard_rank();
   h.shard_count = fb->shard_count();
+  h.with_state = fb->with_state();
   return h;
 }
 
@@ -117,6 +119,7 @@ Header ReplyTo(const Header& request, const Status& status) {
   r.incarnation = request.incarnation;
   r.table_id = request.table_id;
   r.clock = request.clock;
+  r.with_state = request.with_state;
   r.status = status.code();
   r.message = status.message();
   return r;

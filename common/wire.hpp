@@ -55,6 +55,7 @@ struct Header {
   bool duplicate = false;
   uint32_t shard_rank = 0;
   uint32_t shard_count = 0;
+  bool with_state = false;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

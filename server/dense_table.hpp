@@ -1,5 +1,5 @@
 // DenseTable: one shard's contiguous slice of a dense tensor, initialised from
-// (table seed, global element index).
+// (table seed, global element index), with its optimizer state in arrays beside the values.
 //
 // Pull replies send the values without copying them: each reply frame holds a share of the
 // buffer until ZeroMQ has sent it. A push that finds shares outstanding first moves the values
@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/manifest.hpp"
 #include "common/sharding.hpp"
+#include "server/optimizer.hpp"
 
 namespace parasol {
 
@@ -22,6 +24,7 @@ class DenseTable {
   DenseTable(const TableOptions& options, SliceRange slice);
 
   const TableOptions& options() const { return options_; }
+  const Optimizer& optimizer() const { return optimizer_; }
   SliceRange slice() const { return slice_; }
   uint64_t total_elements() const { return options_.NumElements(); }
 
@@ -32,13 +35,20 @@ class DenseTable {
   // [global - slice().begin]. Copies the values first when replies still hold shares.
   float* PrepareWrite();
 
-  uint64_t MemoryBytes() const { return slice_.size() * sizeof(float); }
+  // The optimizer's state arrays (DenseStateArrays() of them), indexed like the values.
+  float* const* state_arrays() { return state_ptrs_.data(); }
+  uint32_t state_array_count() const { return static_cast<uint32_t>(state_.size()); }
+
+  uint64_t MemoryBytes() const { return slice_.size() * sizeof(float) * (1 + state_.size()); }
   uint64_t copies_on_write() const { return copies_on_write_; }
 
  private:
   TableOptions options_;
+  Optimizer optimizer_;
   SliceRange slice_;
   std::shared_ptr<float[]> data_;
+  std::vector<std::unique_ptr<float[]>> state_;
+  std::vector<float*> state_ptrs_;
   uint64_t copies_on_write_ = 0;
 };
 

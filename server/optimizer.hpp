@@ -1,11 +1,22 @@
-// Optimizer updates applied by the server to weights it owns.
+// Optimizer: the update rules the server applies, and where their state lives.
 //
-// Gradients arrive as raw little-endian f32 bytes straight from the received frame (which may
-// be unaligned), so they are read through std::memcpy. Thread-safety: pure functions over the
-// memory they are given; callers guarantee exclusive access to `weights`.
+// Sparse rows keep their state right after their values, in the same allocation, so one row
+// update touches one contiguous block:
+//   sgd              [w x dim]
+//   adagrad          [w x dim][acc x dim]
+//   adagrad_rowwise  [w x dim][acc]                (one accumulator per row, as in DLRM)
+//   adam             [w x dim][m x dim][v x dim][step]
+//   ftrl             [w x dim][z x dim][n x dim]
+// Dense slices keep each state as an array beside the values (adam's step per element, since a
+// dense push may arrive in chunks). Arithmetic is done in double and stored as float.
+//
+// Gradients arrive as raw little-endian f32 bytes straight from a received frame (possibly
+// unaligned) and are read through std::memcpy. Thread-safety: const methods, no shared state;
+// callers guarantee exclusive access to the memory they pass.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "common/manifest.hpp"
@@ -18,23 +29,40 @@ inline float LoadF32(const std::byte* p) {
   return v;
 }
 
-// weights[i] -= lr * (grad[i] + weight_decay * weights[i]) for i in [0, n).
-inline void ApplySgd(const OptimizerOptions& opt, float* weights, const std::byte* grad, size_t n) {
-  const float lr = static_cast<float>(opt.lr);
-  const float wd = static_cast<float>(opt.weight_decay);
-  for (size_t i = 0; i < n; ++i) {
-    const float g = LoadF32(grad + i * sizeof(float));
-    weights[i] -= lr * (g + wd * weights[i]);
-  }
-}
+// Where the state of a run of n elements is. Unused members are null.
+struct OptimizerState {
+  float* a = nullptr;          // adagrad: acc; adam: m; ftrl: z (n each)
+  float* b = nullptr;          // adam: v; ftrl: n (n each)
+  float* row_acc = nullptr;    // adagrad_rowwise: the row's accumulator
+  uint32_t* step = nullptr;    // adam: the row's step (sparse) or each element's (dense)
+  bool step_per_element = false;
+};
 
-inline void ApplyUpdate(const OptimizerOptions& opt, float* weights, const std::byte* grad,
-                        size_t n) {
-  switch (opt.kind) {
-    case OptimizerOptions::Kind::kSgd:
-      ApplySgd(opt, weights, grad, n);
-      return;
-  }
-}
+class Optimizer {
+ public:
+  explicit Optimizer(const OptimizerOptions& options) : o_(options) {}
+
+  const OptimizerOptions& options() const { return o_; }
+
+  // Floats of state after the dim values of a sparse row.
+  uint32_t SparseStateFloats(uint32_t dim) const;
+  // The state inside a sparse row whose values start at `w`.
+  OptimizerState SparseState(float* w, uint32_t dim) const;
+
+  // Number of n-element float arrays a dense slice of n elements keeps (adam's step array is
+  // counted as one: uint32 has the size of float).
+  uint32_t DenseStateArrays() const;
+  // The state of dense elements [i, i + ...) given the state arrays' bases.
+  OptimizerState DenseState(float* const* arrays, uint64_t i) const;
+
+  // Sets the state of n fresh elements whose initial values are `w`.
+  void InitState(const float* w, OptimizerState s, uint32_t n) const;
+
+  // One update of n elements with gradient `grad` (raw f32) times `scale`.
+  void Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n, double scale) const;
+
+ private:
+  OptimizerOptions o_;
+};
 
 }  // namespace parasol

@@ -9,6 +9,7 @@
 
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
+#include "common/initializer.hpp"
 #include "server/optimizer.hpp"
 
 namespace parasol {
@@ -78,6 +79,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;
       return Unavailable(std::string("poll failed: ") + e.what());
     }
+    MaybeSweep();
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -205,6 +207,30 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
   return Status::Ok();
 }
 
+uint32_t ShardServer::ShardClock() const {
+  int64_t c = 0;
+  for (int64_t w : worker_clocks_) c = std::max(c, w);
+  return static_cast<uint32_t>(std::clamp<int64_t>(c, 0, UINT32_MAX));
+}
+
+void ShardServer::MaybeSweep() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_sweep_ < std::chrono::milliseconds(10)) return;
+  last_sweep_ = now;
+  bool any = false;
+  for (const auto& t : sparse_) any |= t && t->evicts();
+  if (!any) return;
+  // A bounded slice of every evicting table per call, on the engines that own the rows, so
+  // eviction never races an update and never holds requests up for long.
+  constexpr size_t kBucketsPerSweep = 1 << 15;
+  const uint32_t clock = ShardClock();
+  engines_.RunOnAll([&](uint32_t e) {
+    for (const auto& t : sparse_) {
+      if (t && t->evicts()) t->partition(e).Sweep(kBucketsPerSweep, clock);
+    }
+  });
+}
+
 void ShardServer::SplitByEngine(const PayloadView& p) {
   engine_positions_.resize(engines_.size());
   for (auto& v : engine_positions_) v.clear();
@@ -225,10 +251,15 @@ Result<SparseTable*> ShardServer::SparseTableFor(const Header& req) {
     return InvalidArgument(std::string(OpName(req.op)) + ": table '" +
                            manifest_.tables[req.table_id].name + "' is dense, not sparse");
   }
-  if (req.value_dim != t->dim()) {
+  if (req.with_state && req.op != Op::PullSparse) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": with_state applies to pulls only");
+  }
+  const uint32_t want = req.with_state ? t->row_floats() : t->dim();
+  if (req.value_dim != want) {
     return InvalidArgument(std::string(OpName(req.op)) + ": table '" + t->options().name +
-                           "' has dim " + std::to_string(t->dim()) + ", request says " +
-                           std::to_string(req.value_dim));
+                           "' has dim " + std::to_string(t->dim()) +
+                           (req.with_state ? " (" + std::to_string(want) + " with state)" : "") +
+                           ", request says " + std::to_string(req.value_dim));
   }
   return t;
 }
@@ -259,27 +290,40 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
   const uint64_t n = p.rows();
   const uint32_t dim = table->dim();
-  const size_t row_bytes = size_t{dim} * sizeof(float);
-  const FramePlan plan = PlanValueFrames(n, dim, manifest_.server.frame_bytes);
+  const uint32_t out_floats = req.value_dim;  // dim, or dim + state with_state
+  const size_t out_bytes = size_t{out_floats} * sizeof(float);
+  const FramePlan plan = PlanValueFrames(n, out_floats, manifest_.server.frame_bytes);
   std::vector<OwnedBuffer> buffers;
   buffers.reserve(plan.frames);
   for (uint32_t f = 0; f < plan.frames; ++f) {
-    buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * row_bytes));
+    buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * out_bytes));
   }
+  const uint32_t clock = ShardClock();
+  const bool create = table->admits_on_pull();
+  const TableOptions& options = table->options();
+  const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
   engines_.RunOnAll(
       [&](uint32_t e) {
-        table->partition(e).ForEachRow(
-            engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-            [&](uint32_t i, const float* row) {
-              const uint64_t f = i / plan.rows_per_frame;
-              std::memcpy(buffers[f].data() + (i - f * plan.rows_per_frame) * row_bytes, row,
-                          row_bytes);
-            });
+        SparseTable::Partition& part = table->partition(e);
+        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+                        [&](uint32_t i, uint64_t key) {
+                          const uint64_t f = i / plan.rows_per_frame;
+                          float* dst = reinterpret_cast<float*>(
+                              buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
+                          const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
+                          if (row) {
+                            std::memcpy(dst, row, out_bytes);
+                            return;
+                          }
+                          // Not admitted yet: the initial value, and no row is created.
+                          InitSparseRow(options.init, options.seed, key, std::span<float>(dst, dim));
+                          if (req.with_state) opt.InitState(dst, opt.SparseState(dst, dim), dim);
+                        });
       },
-      n * dim < kInlineFloats);
+      n * out_floats < kInlineFloats);
   reply->key_count = n;
-  reply->value_dim = dim;
+  reply->value_dim = out_floats;
   reply->value_frames = plan.frames;
   reply->rows_per_frame = plan.rows_per_frame;
   for (auto& b : buffers) payload->push_back(std::move(b).ToMessage());
@@ -291,13 +335,20 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
   PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
   const uint64_t n = p.rows();
   const uint32_t dim = table->dim();
-  const OptimizerOptions& opt = table->options().optimizer;
+  const uint32_t clock = ShardClock();
+  const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
   engines_.RunOnAll(
       [&](uint32_t e) {
-        table->partition(e).ForEachRow(
-            engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-            [&](uint32_t i, float* row) { ApplyUpdate(opt, row, p.Row(i), dim); });
+        SparseTable::Partition& part = table->partition(e);
+        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+                        [&](uint32_t i, uint64_t key) {
+                          float* row = part.Find(key);
+                          if (!row) row = part.CountPush(key, clock);
+                          if (!row) return;  // counted towards admission only
+                          opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
+                          SparseTable::Partition::LastClock(row) = clock;
+                        });
       },
       n * dim < kInlineFloats);
   counters_.rows_pushed += n;
@@ -308,20 +359,44 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
                                     std::vector<zmq::message_t>* payload) {
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, req.key_count));
   const uint64_t n = req.key_count;
+  const uint64_t local = req.offset - table->slice().begin;
+  reply->key_count = n;
+  reply->offset = req.offset;
+  counters_.dense_elements_pulled += n;
+  if (req.with_state) {
+    // Rows of [value, state 0, state 1, ...] per element: a copy, for checks and exports.
+    const uint32_t k = table->state_array_count();
+    const uint32_t row = 1 + k;
+    const FramePlan plan = PlanValueFrames(n, row, manifest_.server.frame_bytes);
+    std::shared_ptr<const float[]> values = table->Share();
+    float* const* state = table->state_arrays();
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      const uint64_t rows = plan.RowsInFrame(f, n);
+      OwnedBuffer b = OwnedBuffer::Allocate(rows * row * sizeof(float));
+      float* out = b.floats();
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t i = local + uint64_t{f} * plan.rows_per_frame + r;
+        out[r * row] = values[i];
+        for (uint32_t a = 0; a < k; ++a) out[r * row + 1 + a] = state[a][i];
+      }
+      payload->push_back(std::move(b).ToMessage());
+    }
+    reply->value_dim = row;
+    reply->value_frames = plan.frames;
+    reply->rows_per_frame = plan.rows_per_frame;
+    return Status::Ok();
+  }
   const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
   // Zero-copy: every frame shares the table's current buffer until it has been sent.
   std::shared_ptr<const float[]> values = table->Share();
-  const float* first = values.get() + (req.offset - table->slice().begin);
+  const float* first = values.get() + local;
   for (uint32_t f = 0; f < plan.frames; ++f) {
     payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
                                      plan.RowsInFrame(f, n) * sizeof(float)));
   }
-  reply->key_count = n;
   reply->value_dim = 1;
-  reply->offset = req.offset;
   reply->value_frames = plan.frames;
   reply->rows_per_frame = plan.rows_per_frame;
-  counters_.dense_elements_pulled += n;
   return Status::Ok();
 }
 
@@ -329,10 +404,13 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   if (req.value_dim != 1) {
     return InvalidArgument("PushDense: value_dim must be 1, got " + std::to_string(req.value_dim));
   }
+  if (req.with_state) return InvalidArgument("PushDense: with_state applies to pulls only");
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
-  const OptimizerOptions& opt = table->options().optimizer;
+  const Optimizer& opt = table->optimizer();
   const uint32_t engines = engines_.size();
-  float* base = table->PrepareWrite() + (req.offset - table->slice().begin);
+  const uint64_t local = req.offset - table->slice().begin;
+  float* values = table->PrepareWrite();
+  float* const* state = table->state_arrays();
   struct FrameRef {
     uint64_t first;
     const std::byte* data;
@@ -346,7 +424,8 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   engines_.RunOnAll(
       [&](uint32_t e) {
         for (size_t f = e; f < frames.size(); f += engines) {
-          ApplyUpdate(opt, base + frames[f].first, frames[f].data, frames[f].rows);
+          const uint64_t i = local + frames[f].first;
+          opt.Apply(values + i, opt.DenseState(state, i), frames[f].data, frames[f].rows, 1.0);
         }
       },
       p.rows() < kInlineFloats || frames.size() < 2);
@@ -412,15 +491,21 @@ std::string ShardServer::StatsJson() const {
     first = false;
     s << "\"" << OpName(static_cast<Op>(op)) << "\":" << op_counts_[op];
   }
-  s << "},\"worker_clocks\":[";
+  s << "},\"clock\":" << ShardClock() << ",\"worker_clocks\":[";
   for (size_t w = 0; w < worker_clocks_.size(); ++w) s << (w ? "," : "") << worker_clocks_[w];
   s << "],\"tables\":[";
   for (size_t t = 0; t < manifest_.tables.size(); ++t) {
     if (t) s << ",";
     s << "{\"name\":\"" << manifest_.tables[t].name << "\"";
     if (sparse_[t]) {
-      s << ",\"kind\":\"sparse\",\"rows\":" << sparse_[t]->TotalRows()
-        << ",\"bytes\":" << sparse_[t]->MemoryBytes();
+      const SparseTable& st = *sparse_[t];
+      const SparseTable::Counters c = st.TotalCounters();
+      const uint64_t rows = st.TotalRows();
+      s << ",\"kind\":\"sparse\",\"rows\":" << rows << ",\"bytes\":" << st.MemoryBytes()
+        << ",\"bytes_per_row\":" << (rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0)
+        << ",\"row_floats\":" << st.row_floats() << ",\"pending_keys\":" << st.PendingKeys()
+        << ",\"admitted\":" << c.admitted << ",\"pushes_counted\":" << c.pushes_counted
+        << ",\"evicted_ttl\":" << c.evicted_ttl << ",\"evicted_max_rows\":" << c.evicted_max_rows;
     } else {
       s << ",\"kind\":\"dense\",\"slice_begin\":" << dense_[t]->slice().begin
         << ",\"slice_end\":" << dense_[t]->slice().end << ",\"bytes\":" << dense_[t]->MemoryBytes()

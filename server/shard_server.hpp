@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -73,6 +74,11 @@ class ShardServer {
   Status HandleClock(const Header& req);
   Status HandleBarrier(const Header& req, const zmq::message_t& identity);
 
+  // The shard's clock: the newest clock any worker has reported.
+  uint32_t ShardClock() const;
+  // Runs a bounded eviction sweep when one is due.
+  void MaybeSweep();
+
   // Positions of the request's keys owned by each engine, in request order; reused buffers.
   void SplitByEngine(const PayloadView& p);
 
@@ -100,6 +106,7 @@ class ShardServer {
   Counters counters_;
   uint64_t op_counts_[16] = {};
   bool shutdown_requested_ = false;
+  std::chrono::steady_clock::time_point last_sweep_{};
 };
 
 }  // namespace parasol

@@ -12,7 +12,7 @@ namespace {
 
 TableOptions Table(uint32_t dim) {
   TableOptions t;
-  t.name = "emb";
+  t.name = std::string("emb");
   t.dim = dim;
   t.seed = 99;
   t.init.kind = InitOptions::Kind::kUniform;
@@ -25,24 +25,85 @@ TEST(SparseTableTest, ARowIsCreatedOnFirstTouchWithItsInitialValue) {
   const uint64_t key = 777;
   SparseTable::Partition& p = table.partition(EngineOfKey(key, 2));
   EXPECT_EQ(p.Find(key), nullptr);
-  float* row = p.FindOrCreate(key);
+  float* row = p.FindOrCreate(key, 3);
   std::vector<float> want(8);
   InitSparseRow(table.options().init, 99, key, want);
   EXPECT_EQ(std::vector<float>(row, row + 8), want);
   EXPECT_EQ(p.Find(key), row);
+  EXPECT_EQ(SparseTable::Partition::LastClock(row), 3u);
   EXPECT_EQ(table.TotalRows(), 1u);
 }
 
 TEST(SparseTableTest, RowsStayPutAsTheTableGrows) {
   SparseTable table(Table(4), 1);
   SparseTable::Partition& p = table.partition(0);
-  float* first = p.FindOrCreate(1);
+  float* first = p.FindOrCreate(1, 0);
   first[0] = 42.0f;
-  for (uint64_t k = 2; k < 100000; ++k) p.FindOrCreate(k);
+  for (uint64_t k = 2; k < 100000; ++k) p.FindOrCreate(k, 0);
   EXPECT_EQ(p.Find(1), first);
   EXPECT_EQ(first[0], 42.0f);
   EXPECT_EQ(table.TotalRows(), 99999u);
   EXPECT_GE(table.MemoryBytes(), 99999u * 4 * sizeof(float));
+}
+
+TEST(SparseTableTest, AdmissionCreatesTheRowAtTheNthPush) {
+  TableOptions t = Table(4);
+  t.admission.min_count = 3;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  EXPECT_EQ(p.CountPush(5, 0), nullptr);
+  EXPECT_EQ(p.CountPush(5, 0), nullptr);
+  EXPECT_EQ(p.Find(5), nullptr);
+  EXPECT_EQ(p.pending_keys(), 1u);
+  float* row = p.CountPush(5, 0);
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(p.Find(5), row);
+  EXPECT_EQ(p.pending_keys(), 0u);
+  EXPECT_EQ(p.counters().pushes_counted, 2u);
+  EXPECT_EQ(p.counters().admitted, 1u);
+}
+
+TEST(SparseTableTest, TtlSweepEvictsOnlyIdleRowsAndReusesTheirSlots) {
+  TableOptions t = Table(4);
+  t.eviction.ttl_clocks = 2;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  for (uint64_t k = 0; k < 1000; ++k) p.FindOrCreate(k, /*clock=*/k < 500 ? 1 : 3);
+  p.Sweep(1 << 20, /*now=*/4);  // rows of clock 1 are 3 clocks old; rows of clock 3 only 1
+  EXPECT_EQ(p.rows(), 500u);
+  EXPECT_EQ(p.counters().evicted_ttl, 500u);
+  for (uint64_t k = 0; k < 1000; ++k) EXPECT_EQ(p.Find(k) != nullptr, k >= 500) << k;
+  const uint64_t bytes = p.MemoryBytes();
+  for (uint64_t k = 2000; k < 2500; ++k) p.FindOrCreate(k, 4);  // reuses the freed slots
+  EXPECT_EQ(p.MemoryBytes(), bytes);
+}
+
+TEST(SparseTableTest, AnEvictedRowComesBackWithItsInitialValue) {
+  TableOptions t = Table(4);
+  t.eviction.ttl_clocks = 1;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  float* row = p.FindOrCreate(9, 0);
+  std::vector<float> init(row, row + 4);
+  row[0] += 1.0f;
+  p.Sweep(1 << 20, 5);
+  ASSERT_EQ(p.Find(9), nullptr);
+  row = p.FindOrCreate(9, 5);
+  EXPECT_EQ(std::vector<float>(row, row + 4), init);
+}
+
+TEST(SparseTableTest, MaxRowsEvictsTheLeastRecentlyUpdatedFirst) {
+  TableOptions t = Table(4);
+  t.eviction.max_rows = 300;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  for (uint64_t k = 0; k < 900; ++k) p.FindOrCreate(k, static_cast<uint32_t>(k / 300));
+  // One pass measures the clocks, the next evicts the oldest.
+  for (int i = 0; i < 4; ++i) p.Sweep(1 << 20, 3);
+  EXPECT_LE(p.rows(), 300u + 1);
+  EXPECT_GE(p.rows(), 300u);
+  for (uint64_t k = 600; k < 900; ++k) EXPECT_NE(p.Find(k), nullptr) << k;
+  EXPECT_EQ(p.counters().evicted_max_rows, 900u - p.rows());
 }
 
 }  // namespace

@@ -1,0 +1,148 @@
+#include "server/optimizer.hpp"
+
+#include <cmath>
+
+#include "common/optimizer_layout.hpp"
+
+namespace parasol {
+
+using Kind = OptimizerOptions::Kind;
+
+uint32_t Optimizer::SparseStateFloats(uint32_t dim) const { return parasol::SparseStateFloats(o_, dim); }
+
+OptimizerState Optimizer::SparseState(float* w, uint32_t dim) const {
+  OptimizerState s;
+  float* state = w + dim;
+  switch (o_.kind) {
+    case Kind::kSgd: break;
+    case Kind::kAdagrad: s.a = state; break;
+    case Kind::kAdagradRowwise: s.row_acc = state; break;
+    case Kind::kAdam:
+      s.a = state;
+      s.b = state + dim;
+      s.step = reinterpret_cast<uint32_t*>(state + 2 * dim);
+      break;
+    case Kind::kFtrl:
+      s.a = state;
+      s.b = state + dim;
+      break;
+  }
+  return s;
+}
+
+uint32_t Optimizer::DenseStateArrays() const { return parasol::DenseStateArrays(o_); }
+
+OptimizerState Optimizer::DenseState(float* const* arrays, uint64_t i) const {
+  OptimizerState s;
+  const uint32_t k = DenseStateArrays();
+  if (k >= 1) s.a = arrays[0] + i;
+  if (k >= 2) s.b = arrays[1] + i;
+  if (o_.kind == Kind::kAdam) {
+    s.step = reinterpret_cast<uint32_t*>(arrays[2] + i);
+    s.step_per_element = true;
+  }
+  return s;
+}
+
+void Optimizer::InitState(const float* w, OptimizerState s, uint32_t n) const {
+  switch (o_.kind) {
+    case Kind::kSgd:
+      return;
+    case Kind::kAdagrad:
+      for (uint32_t i = 0; i < n; ++i) s.a[i] = static_cast<float>(o_.initial_accumulator);
+      return;
+    case Kind::kAdagradRowwise:
+      *s.row_acc = static_cast<float>(o_.initial_accumulator);
+      return;
+    case Kind::kAdam:
+      for (uint32_t i = 0; i < n; ++i) s.a[i] = s.b[i] = 0.0f;
+      if (s.step_per_element) {
+        for (uint32_t i = 0; i < n; ++i) s.step[i] = 0;
+      } else {
+        *s.step = 0;
+      }
+      return;
+    case Kind::kFtrl: {
+      // Choose z so that the FTRL weight formula gives back the initial value at n = 0.
+      const double d = o_.beta / o_.alpha + o_.l2;
+      for (uint32_t i = 0; i < n; ++i) {
+        const double w0 = w[i];
+        s.a[i] = w0 == 0.0 ? 0.0f : static_cast<float>(-(w0 * d + std::copysign(o_.l1, w0)));
+        s.b[i] = 0.0f;
+      }
+      return;
+    }
+  }
+}
+
+void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
+                      double scale) const {
+  const double wd = o_.weight_decay;
+  auto g_at = [&](uint64_t i) { return LoadF32(grad + i * sizeof(float)) * scale + wd * w[i]; };
+  switch (o_.kind) {
+    case Kind::kSgd:
+      for (uint64_t i = 0; i < n; ++i) w[i] = static_cast<float>(w[i] - o_.lr * g_at(i));
+      return;
+    case Kind::kAdagrad:
+      for (uint64_t i = 0; i < n; ++i) {
+        const double g = g_at(i);
+        const double acc = s.a[i] + g * g;
+        s.a[i] = static_cast<float>(acc);
+        w[i] = static_cast<float>(w[i] - o_.lr * g / (std::sqrt(acc) + o_.eps));
+      }
+      return;
+    case Kind::kAdagradRowwise: {
+      double sum_sq = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        const double g = g_at(i);
+        sum_sq += g * g;
+      }
+      const double acc = *s.row_acc + sum_sq / static_cast<double>(n);
+      *s.row_acc = static_cast<float>(acc);
+      const double step = o_.lr / (std::sqrt(acc) + o_.eps);
+      for (uint64_t i = 0; i < n; ++i) w[i] = static_cast<float>(w[i] - step * g_at(i));
+      return;
+    }
+    case Kind::kAdam: {
+      auto update = [&](uint64_t i, uint32_t t) {
+        const double g = g_at(i);
+        const double m = o_.beta1 * s.a[i] + (1 - o_.beta1) * g;
+        const double v = o_.beta2 * s.b[i] + (1 - o_.beta2) * g * g;
+        s.a[i] = static_cast<float>(m);
+        s.b[i] = static_cast<float>(v);
+        double mhat = m, vhat = v;
+        if (o_.bias_correction) {
+          mhat = m / (1 - std::pow(o_.beta1, t));
+          vhat = v / (1 - std::pow(o_.beta2, t));
+        }
+        w[i] = static_cast<float>(w[i] - o_.lr * mhat / (std::sqrt(vhat) + o_.eps));
+      };
+      if (s.step_per_element) {
+        for (uint64_t i = 0; i < n; ++i) update(i, ++s.step[i]);
+      } else {
+        const uint32_t t = ++*s.step;
+        for (uint64_t i = 0; i < n; ++i) update(i, t);
+      }
+      return;
+    }
+    case Kind::kFtrl:
+      for (uint64_t i = 0; i < n; ++i) {
+        const double g = g_at(i);
+        const double n_old = s.b[i];
+        const double n_new = n_old + g * g;
+        const double sigma = (std::sqrt(n_new) - std::sqrt(n_old)) / o_.alpha;
+        const double z = s.a[i] + g - sigma * w[i];
+        s.a[i] = static_cast<float>(z);
+        s.b[i] = static_cast<float>(n_new);
+        if (std::abs(z) <= o_.l1) {
+          w[i] = 0.0f;
+        } else {
+          w[i] = static_cast<float>(-(z - std::copysign(o_.l1, z)) /
+                                    ((o_.beta + std::sqrt(n_new)) / o_.alpha + o_.l2));
+        }
+      }
+      return;
+  }
+}
+
+}  // namespace parasol
