@@ -27,6 +27,7 @@
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
+#include "common/zipf.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol::bench {
@@ -45,6 +46,7 @@ struct Options {
   std::string only;
   std::string json;
   bool quick = false;
+  bool capacity = false;
 };
 
 // Real `parasol server` processes for one benchmark configuration.
@@ -170,6 +172,95 @@ void SparseRows(const Options& opt, RawEcho& echo, double memcpy_gbs, std::vecto
   }
 }
 
+double StatField(const std::string& json, const std::string& field) {
+  const size_t p = json.find("\"" + field + "\":");
+  return p == std::string::npos ? 0.0 : std::stod(json.substr(p + field.size() + 3));
+}
+
+// Creates rows [first, first + count) of table 0 through pulls of `batch` keys; rows/s.
+double Fill(PsClient& client, uint64_t first, uint64_t count, uint32_t dim, uint64_t batch) {
+  std::vector<uint64_t> keys(batch);
+  std::vector<float> out(batch * dim);
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t base = first; base < first + count; base += batch) {
+    const uint64_t n = std::min(batch, first + count - base);
+    keys.resize(n);
+    for (uint64_t i = 0; i < n; ++i) keys[i] = base + i;
+    if (!client.PullSparse(0, keys, out.data()).ok()) return -1;
+  }
+  return count / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows) {
+  const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
+  constexpr uint32_t kDim = 16;
+  constexpr uint64_t kBatch = 100000;
+  const std::string size = opt.quick ? "1e6" : "1e7";
+  for (const char* kind : {"adagrad_rowwise", "adam"}) {
+    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: " +
+                             std::string(kind) + "}}\n",
+                         1);
+    auto client = PsClient::Connect(cluster.manifest(), 0);
+    if (!client.ok()) {
+      spdlog::error("optimizer bench: {}", client.status().ToString());
+      continue;
+    }
+    if (Fill(**client, 0, table_rows, kDim, kBatch) < 0) continue;
+    auto stats = (*client)->Stats();
+    if (!stats.ok()) continue;
+    const double bytes_per_row = StatField((*stats)[0], "bytes_per_row");
+    const double row_floats = StatField((*stats)[0], "row_floats");
+    const double raw = 8 + row_floats * 4;  // key + values + state
+    // Pushes of Zipf-distributed keys over the whole table.
+    std::mt19937_64 rng(7);
+    const ZipfSampler zipf(table_rows, 1.05);
+    std::vector<uint64_t> keys(kBatch);
+    std::vector<float> grad(kBatch * kDim, 0.01f);
+    const int iters = opt.quick ? 5 : 15;
+    const double s = TimeIt(2, iters, [&] {
+      for (auto& k : keys) k = zipf(rng) - 1;
+      return (*client)->PushSparse(0, keys, grad).ok();
+    });
+    // An update reads and writes its row (values and state) once: a memcpy of the row.
+    const double bound = memcpy_gbs * 1e9 / (row_floats * 4);
+    rows->push_back({std::string("sparse_updates_") + kind + "_" + size + "x16_1shard",
+                     kBatch / s, "rows/s", bound, "memcpy_bound_rows", std::nullopt});
+    rows->push_back({std::string("bytes_per_row_") + kind + "_" + size + "x16", bytes_per_row,
+                     "B/row", raw, "raw_key_value_state", std::nullopt});
+  }
+}
+
+void CapacityRows(std::vector<Row>* rows) {
+  constexpr uint64_t kRows = 100000000;
+  constexpr uint32_t kDim = 16;
+  BenchCluster cluster(
+      "  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n", 2);
+  auto client = PsClient::Connect(cluster.manifest(), 0);
+  if (!client.ok()) {
+    spdlog::error("capacity bench: {}", client.status().ToString());
+    return;
+  }
+  const uint64_t step = kRows / 10;
+  for (uint64_t first = 0; first < kRows; first += step) {
+    const double rate = Fill(**client, first, step, kDim, 100000);
+    std::fprintf(stderr, "capacity: %llu rows, %.3g rows/s while filling\n",
+                 static_cast<unsigned long long>(first + step), rate);
+    if (first + step == kRows) {
+      rows->push_back({"capacity_fill_1e8x16_2shard", rate, "rows/s", std::nullopt, "",
+                       std::nullopt});
+    }
+  }
+  auto stats = (*client)->Stats();
+  if (!stats.ok()) return;
+  double bytes = 0, n = 0;
+  for (const std::string& s : *stats) {
+    bytes += StatField(s, "bytes");
+    n += StatField(s, "rows");
+  }
+  rows->push_back({"capacity_bytes_per_row_1e8x16", bytes / n, "B/row", 8 + 17 * 4,
+                   "raw_key_value_state", std::nullopt});
+}
+
 std::string Num(double v) {
   char buf[64];
   if (v >= 1e6) {
@@ -216,14 +307,18 @@ int Main(int argc, char** argv) {
       opt.json = argv[++i];
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--capacity") {
+      opt.capacity = true;
     } else {
-      std::fprintf(stderr, "usage: parasol_bench [--only ceilings|dense|sparse] [--json FILE] "
-                           "[--quick]\n");
+      std::fprintf(stderr, "usage: parasol_bench [--only ceilings|dense|sparse|optimizer] "
+                           "[--json FILE] [--quick] [--capacity]\n");
       return 2;
     }
   }
-  if (!opt.only.empty() && opt.only != "ceilings" && opt.only != "dense" && opt.only != "sparse") {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse)\n", opt.only.c_str());
+  static const std::vector<std::string> kGroups = {"ceilings", "dense", "sparse", "optimizer"};
+  if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer)\n",
+                 opt.only.c_str());
     return 2;
   }
   spdlog::set_level(spdlog::level::warn);
@@ -246,6 +341,8 @@ int Main(int argc, char** argv) {
   }
   if (opt.only.empty() || opt.only == "dense") DenseRows(opt, **echo, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "sparse") SparseRows(opt, **echo, memcpy_gbs, &rows);
+  if (opt.only.empty() || opt.only == "optimizer") OptimizerRows(opt, memcpy_gbs, &rows);
+  if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);
   return 0;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <random>
 
+#include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 
 namespace parasol {
@@ -226,11 +227,12 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
 }
 
 Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<const uint64_t> keys,
-                                                   float* out) {
+                                                   float* out, bool with_state) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kSparse));
   const Ticket ticket = NewTicket(Op::PullSparse, table);
   Pending& p = *pending_.at(ticket);
-  p.dim = t->dim;
+  const uint32_t dim = with_state ? RowFloats(table) : t->dim;
+  p.dim = dim;
   p.out = out;
   if (keys.empty()) return ticket;
   KeySplit split = SplitKeys(keys, num_shards(), dedup_);
@@ -247,14 +249,15 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     if (split.counts[s] == 0) continue;
     Header h = NewRequest(Op::PullSparse, table);
     h.key_count = split.counts[s];
-    h.value_dim = t->dim;
+    h.value_dim = dim;
+    h.with_state = with_state;
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     const uint64_t id = h.request_id;
     Send(ticket, s, std::move(h), std::move(payload));
     if (auto it = in_flight_.find(id); it != in_flight_.end()) {
       it->second->expect_rows = split.counts[s];
-      it->second->expect_dim = t->dim;
+      it->second->expect_dim = dim;
     }
   }
   p.inverse = std::move(split.inverse);
@@ -332,22 +335,24 @@ std::vector<SliceRange> PsClient::DenseChunks(uint64_t total, uint32_t shard) co
   return chunks;
 }
 
-Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out) {
+Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bool with_state) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   const Ticket ticket = NewTicket(Op::PullDense, table);
+  const uint32_t dim = with_state ? RowFloats(table) : 1;
   pending_.at(ticket)->out = out;
-  pending_.at(ticket)->dim = 1;
+  pending_.at(ticket)->dim = dim;
   for (uint32_t s = 0; s < num_shards(); ++s) {
     for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
       Header h = NewRequest(Op::PullDense, table);
       h.key_count = c.size();
-      h.value_dim = 1;
+      h.value_dim = dim;
       h.offset = c.begin;
+      h.with_state = with_state;
       const uint64_t id = h.request_id;
       Send(ticket, s, std::move(h), {});
       if (auto it = in_flight_.find(id); it != in_flight_.end()) {
         it->second->expect_rows = c.size();
-        it->second->expect_dim = 1;
+        it->second->expect_dim = dim;
         it->second->expect_offset = c.begin;
       }
     }
@@ -486,8 +491,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   if (r.op == Op::PullDense) {
     // Copy now so that the other shards' replies overlap with it; then release the frames.
+    const uint64_t row_floats = view->dim();
     view->ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
-      std::memcpy(p.out + h->offset + first, data, rows * sizeof(float));
+      std::memcpy(p.out + (h->offset + first) * row_floats, data, rows * row_floats * sizeof(float));
     });
     stored.clear();
   } else {
@@ -547,6 +553,24 @@ Status PsClient::Wait(Ticket ticket) {
 Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out) {
   PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out));
   return Wait(t);
+}
+
+Status PsClient::PullSparseWithState(uint32_t table, std::span<const uint64_t> keys,
+                                     float* out) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out, /*with_state=*/true));
+  return Wait(t);
+}
+
+Status PsClient::PullDenseWithState(uint32_t table, float* out) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PullDenseAsync(table, out, /*with_state=*/true));
+  return Wait(t);
+}
+
+uint32_t PsClient::RowFloats(uint32_t table) const {
+  if (table >= manifest_.tables.size()) return 0;
+  const TableOptions& t = manifest_.tables[table];
+  if (t.kind == TableKind::kSparse) return t.dim + SparseStateFloats(t.optimizer, t.dim);
+  return 1 + DenseStateArrays(t.optimizer);
 }
 
 Status PsClient::PushSparse(uint32_t table, std::span<const uint64_t> keys,

@@ -52,13 +52,14 @@ class PsClient {
 
   // Rows of `keys` into out[i * dim .. (i + 1) * dim).
   // REQUIRES: `out` holds keys.size() * dim floats and stays valid until Wait() returns.
-  Result<Ticket> PullSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out);
+  Result<Ticket> PullSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out,
+                                 bool with_state = false);
   // Gradient rows for `keys` (keys.size() * dim floats). Copied before the call returns.
   Result<Ticket> PushSparseAsync(uint32_t table, std::span<const uint64_t> keys,
                                  std::span<const float> grads);
   // The whole tensor into `out` (NumElements() floats).
   // REQUIRES: `out` stays valid until Wait() returns.
-  Result<Ticket> PullDenseAsync(uint32_t table, float* out);
+  Result<Ticket> PullDenseAsync(uint32_t table, float* out, bool with_state = false);
   // A gradient for the whole tensor. Sent without a copy.
   // REQUIRES: `grads` stays valid and unchanged until Wait() returns.
   Result<Ticket> PushDenseAsync(uint32_t table, std::span<const float> grads);
@@ -67,6 +68,13 @@ class PsClient {
   Status Wait(Ticket ticket);
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // Rows with their optimizer state: RowFloats(table) floats per key (values, then state as
+  // laid out in server/optimizer.hpp). For checks and exports.
+  Status PullSparseWithState(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // Each element as [value, state arrays...]: RowFloats(table) floats per element.
+  Status PullDenseWithState(uint32_t table, float* out);
+  // Floats per key (sparse) or element (dense) of a pull with state.
+  uint32_t RowFloats(uint32_t table) const;
   Status PushSparse(uint32_t table, std::span<const uint64_t> keys, std::span<const float> grads);
   Status PullDense(uint32_t table, float* out);
   Status PushDense(uint32_t table, std::span<const float> grads);
