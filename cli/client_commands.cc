@@ -46,7 +46,7 @@ int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOption
 }
 
 int RunStats(const std::string& manifest_path) {
-  auto client = ConnectTo(manifest_path, 0);
+  auto client = ConnectTo(manifest_path, PsClient::kObserver);
   if (!client.ok()) {
     spdlog::error("{}", client.status().ToString());
     return 1;
@@ -61,7 +61,7 @@ int RunStats(const std::string& manifest_path) {
 }
 
 int RunShutdown(const std::string& manifest_path) {
-  auto client = ConnectTo(manifest_path, 0);
+  auto client = ConnectTo(manifest_path, PsClient::kObserver);
   if (!client.ok()) {
     spdlog::error("{}", client.status().ToString());
     return 1;

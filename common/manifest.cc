@@ -254,6 +254,28 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   return r.Finish();
 }
 
+Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& file) {
+  if (!root.Has("training")) return Status::Ok();
+  YAML::Node node = root.Child("training");
+  MapReader r(node, "training", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int mode = static_cast<int>(t->consistency);
+  PARASOL_RETURN_IF_ERROR(r.Choice("consistency", {"bsp", "ssp", "asp"}, &mode));
+  t->consistency = static_cast<TrainingOptions::Consistency>(mode);
+  if (r.Has("staleness") && t->consistency != TrainingOptions::Consistency::kSsp) {
+    return r.ErrorAt(node["staleness"], "training.staleness", "applies to consistency: ssp only");
+  }
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("staleness", 0, 1 << 20, &t->staleness));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("worker_timeout", &t->worker_timeout_ms));
+  if (t->worker_timeout_ms <= 0) {
+    return r.ErrorAt(node["worker_timeout"], "training.worker_timeout", "must be positive");
+  }
+  int loss = static_cast<int>(t->on_worker_loss);
+  PARASOL_RETURN_IF_ERROR(r.Choice("on_worker_loss", {"fail", "continue"}, &loss));
+  t->on_worker_loss = static_cast<TrainingOptions::OnWorkerLoss>(loss);
+  return r.Finish();
+}
+
 Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
                  const std::string& file) {
   if (!table.Has("init")) return Status::Ok();
@@ -428,7 +450,8 @@ uint64_t Manifest::Fingerprint() const {
   std::ostringstream s;
   s << "servers=";
   for (const auto& a : cluster.servers) s << a.ToString() << ",";
-  s << ";workers=" << cluster.workers << ";";
+  s << ";workers=" << cluster.workers << ";consistency="
+    << static_cast<int>(training.consistency) << "," << training.staleness << ";";
   for (const auto& t : tables) {
     s << "table=" << t.name << "|" << static_cast<int>(t.kind) << "|" << t.dim << "|";
     for (uint64_t d : t.shape) s << d << "x";
@@ -462,6 +485,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseJob(root, &m.job, m.source));
     PARASOL_RETURN_IF_ERROR(ParseCluster(root, &m.cluster, m.source));
     PARASOL_RETURN_IF_ERROR(ParseServer(root, &m.server, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseTraining(root, &m.training, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
   } catch (const YAML::Exception& e) {

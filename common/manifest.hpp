@@ -87,6 +87,15 @@ struct ServerOptions {
   uint64_t frame_bytes = 1ull << 20;         // values travel in frames (and dense requests in chunks) of at most this size
 };
 
+struct TrainingOptions {
+  enum class Consistency { kBsp, kSsp, kAsp };
+  enum class OnWorkerLoss { kFail, kContinue };
+  Consistency consistency = Consistency::kBsp;
+  uint32_t staleness = 0;                 // ssp: a worker at clock c reads once every worker is at >= c - staleness
+  int64_t worker_timeout_ms = 120000;     // a worker silent this long (and not waiting on the servers) is lost
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kFail;
+};
+
 struct JobOptions {
   std::string name = "parasol";
   uint64_t seed = 2026;
@@ -97,6 +106,7 @@ struct Manifest {
   JobOptions job;
   ClusterOptions cluster;
   ServerOptions server;
+  TrainingOptions training;
   std::vector<TableOptions> tables;
 
   // Index of the table called `name`, or -1.

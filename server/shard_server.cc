@@ -15,10 +15,6 @@
 namespace parasol {
 namespace {
 
-// Below this many floats a request is handled on the request thread: waking the engines
-// would cost more than the work.
-constexpr uint64_t kInlineFloats = 32 * 1024;
-
 std::string Hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
@@ -35,7 +31,7 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       context_(1),
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
-      worker_clocks_(manifest.cluster.workers, 0) {
+      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()) {
   for (const TableOptions& t : manifest_.tables) {
     if (t.kind == TableKind::kSparse) {
       sparse_.push_back(std::make_unique<SparseTable>(t, engines_.size()));
@@ -80,6 +76,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       return Unavailable(std::string("poll failed: ") + e.what());
     }
     MaybeSweep();
+    CheckWorkers();
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -123,9 +120,8 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   Header reply = ReplyTo(req, Status::Ok());
   std::vector<zmq::message_t> payload;
   bool held = false;
-  Status st = Dispatch(req, std::span<zmq::message_t>(frames).subspan(2), identity, &reply,
-                       &payload, &held);
-  if (held) return;
+  Status st = Dispatch(req, frames, &reply, &payload, &held);
+  if (held) return;  // `frames` now belong to a held request
   if (!st.ok()) {
     if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
       ++counters_.bad_messages;
@@ -139,46 +135,71 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   SendReply(identity, reply, std::move(payload));
 }
 
-Status ShardServer::Dispatch(const Header& req, std::span<zmq::message_t> payload_frames,
-                             const zmq::message_t& identity, Header* reply,
-                             std::vector<zmq::message_t>* payload, bool* held) {
+namespace {
+
+// Ops that take part in the job (and are refused once it has failed).
+bool IsJobOp(Op op) {
+  return op == Op::PullSparse || op == Op::PushSparse || op == Op::PullDense ||
+         op == Op::PushDense || op == Op::Clock || op == Op::Barrier;
+}
+
+}  // namespace
+
+Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
+                             Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
   if (req.is_reply) return BadMessage(std::string(OpName(req.op)) + ": expected a request");
   if (req.status != StatusCode::kOk) {
     return BadMessage(std::string(OpName(req.op)) + ": a request must not carry a status");
   }
-  Result<PayloadView> view =
-      PayloadView::Parse(req, payload_frames, manifest_.server.max_request_bytes);
+  Result<PayloadView> view = PayloadView::Parse(req, std::span<zmq::message_t>(frames).subspan(2),
+                                                manifest_.server.max_request_bytes);
   if (!view.ok()) return view.status();
   op_counts_[static_cast<int>(req.op) & 15]++;
+  const bool in_job = controller_.InJob(req.worker_id);
+  if (in_job) controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
+  if (IsJobOp(req.op)) {
+    if (controller_.IsLost(req.worker_id)) {
+      return FailedPrecondition("worker " + std::to_string(req.worker_id) +
+                                " was dropped from the job after going silent longer than "
+                                "training.worker_timeout (training.on_worker_loss: continue)");
+    }
+    if (!job_failure_.ok()) return job_failure_;
+  }
   switch (req.op) {
     case Op::Hello:
       return HandleHello(req, reply);
     case Op::PullSparse:
-      return HandlePullSparse(req, *view, reply, payload);
-    case Op::PushSparse:
-      if (dedup_.Seen(req.worker_id, req.incarnation, req.seq)) {
-        ++counters_.duplicate_pushes;
-        reply->duplicate = true;
-        return Status::Ok();
-      }
-      PARASOL_RETURN_IF_ERROR(HandlePushSparse(req, *view));
-      dedup_.Mark(req.worker_id, req.incarnation, req.seq);
-      return Status::Ok();
     case Op::PullDense:
-      return HandlePullDense(req, reply, payload);
+      // Workers outside the job (observers) read without a bound.
+      if (in_job && !controller_.PullAllowed(req.clock)) {
+        held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now()});
+        controller_.AddHeld(req.worker_id, +1);
+        ++counters_.pulls_held;
+        *held = true;
+        return Status::Ok();
+      }
+      return HandlePull(req, *view, reply, payload);
+    case Op::PushSparse:
     case Op::PushDense:
+      if (!in_job) {
+        return InvalidArgument(std::string(OpName(req.op)) + ": worker " +
+                               std::to_string(req.worker_id) + " is not in this job (cluster." +
+                               "workers = " + std::to_string(manifest_.cluster.workers) + ")");
+      }
       if (dedup_.Seen(req.worker_id, req.incarnation, req.seq)) {
         ++counters_.duplicate_pushes;
         reply->duplicate = true;
         return Status::Ok();
       }
-      PARASOL_RETURN_IF_ERROR(HandlePushDense(req, *view));
+      PARASOL_RETURN_IF_ERROR(HandlePush(req, *view, reply));
       dedup_.Mark(req.worker_id, req.incarnation, req.seq);
       return Status::Ok();
     case Op::Clock:
-      return HandleClock(req);
+      PARASOL_RETURN_IF_ERROR(HandleClock(req));
+      AfterClockChange();
+      return Status::Ok();
     case Op::Barrier: {
-      PARASOL_RETURN_IF_ERROR(HandleBarrier(req, identity));
+      PARASOL_RETURN_IF_ERROR(HandleBarrier(req, frames[0]));
       *held = true;
       return Status::Ok();
     }
@@ -195,6 +216,100 @@ Status ShardServer::Dispatch(const Header& req, std::span<zmq::message_t> payloa
   return BadMessage("unknown op " + std::to_string(static_cast<int>(req.op)));
 }
 
+Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* reply,
+                               std::vector<zmq::message_t>* payload) {
+  if (req.op == Op::PullSparse) return HandlePullSparse(req, p, reply, payload);
+  return HandlePullDense(req, reply, payload);
+}
+
+Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* /*reply*/) {
+  if (manifest_.training.consistency != TrainingOptions::Consistency::kBsp) {
+    return req.op == Op::PushSparse ? HandlePushSparse(req, p) : HandlePushDense(req, p);
+  }
+  // BSP: sum into the clock's aggregate; applied once every live worker has passed it.
+  if (req.clock < controller_.MinClock()) {
+    return FailedPrecondition(std::string(OpName(req.op)) + " for clock " +
+                              std::to_string(req.clock) + " arrived after every worker had " +
+                              "moved past it (shard clock " +
+                              std::to_string(controller_.MinClock()) + ")");
+  }
+  auto& agg = aggregates_[req.clock];
+  if (!agg) {
+    agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
+                                           engines_.size());
+  }
+  return req.op == Op::PushSparse ? AggregatePushSparse(req, p, *agg)
+                                  : AggregatePushDense(req, p, *agg);
+}
+
+void ShardServer::AfterClockChange() {
+  while (!aggregates_.empty() && aggregates_.begin()->first < controller_.MinClock()) {
+    ApplyAggregate(aggregates_.begin()->first, *aggregates_.begin()->second);
+    aggregates_.erase(aggregates_.begin());
+  }
+  ReleaseHeldPulls();
+  ReleaseBarriers();
+}
+
+void ShardServer::ReleaseHeldPulls() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<HeldPull> still;
+  std::vector<HeldPull> ready;
+  for (HeldPull& h : held_pulls_) {
+    const bool go = !job_failure_.ok() || controller_.IsLost(h.request.worker_id) ||
+                    controller_.PullAllowed(h.request.clock);
+    (go ? ready : still).push_back(std::move(h));
+  }
+  held_pulls_ = std::move(still);
+  for (HeldPull& h : ready) {
+    controller_.AddHeld(h.request.worker_id, -1);
+    counters_.pull_wait_ms += std::chrono::duration<double, std::milli>(now - h.since).count();
+    Header reply = ReplyTo(h.request, Status::Ok());
+    std::vector<zmq::message_t> payload;
+    Status st = job_failure_;
+    if (st.ok() && controller_.IsLost(h.request.worker_id)) {
+      st = FailedPrecondition("worker " + std::to_string(h.request.worker_id) +
+                              " was dropped from the job (training.on_worker_loss: continue)");
+    }
+    if (st.ok()) {
+      Result<PayloadView> view =
+          PayloadView::Parse(h.request, std::span<zmq::message_t>(h.frames).subspan(2),
+                             manifest_.server.max_request_bytes);
+      st = view.ok() ? HandlePull(h.request, *view, &reply, &payload) : view.status();
+    }
+    if (!st.ok()) {
+      ++counters_.errors;
+      reply = ReplyTo(h.request, st.WithContext("shard " + std::to_string(rank_)));
+      payload.clear();
+    }
+    SendReply(h.frames[0], reply, std::move(payload));
+  }
+}
+
+void ShardServer::CheckWorkers() {
+  const auto now = std::chrono::steady_clock::now();
+  const std::vector<uint32_t> lost = controller_.DetectLost(now);
+  if (lost.empty()) return;
+  for (uint32_t w : lost) {
+    ++counters_.lost_workers;
+    const std::string what =
+        "worker " + std::to_string(w) + " lost: nothing heard from it for " +
+        std::to_string(static_cast<int64_t>(controller_.SilentSeconds(w, now))) +
+        " s (training.worker_timeout = " +
+        std::to_string(manifest_.training.worker_timeout_ms) + " ms)";
+    if (manifest_.training.on_worker_loss == TrainingOptions::OnWorkerLoss::kFail) {
+      spdlog::error("shard {}: {}; the job stops (training.on_worker_loss: fail)", rank_, what);
+      if (job_failure_.ok()) {
+        job_failure_ = FailedPrecondition(what + "; the job stops (training.on_worker_loss: fail)");
+      }
+    } else {
+      spdlog::warn("shard {}: {}; the job goes on without it (training.on_worker_loss: continue)",
+                   rank_, what);
+    }
+  }
+  AfterClockChange();
+}
+
 Status ShardServer::HandleHello(const Header& req, Header* reply) {
   reply->shard_rank = rank_;
   reply->shard_count = num_shards_;
@@ -208,258 +323,58 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
 }
 
 uint32_t ShardServer::ShardClock() const {
-  int64_t c = 0;
-  for (int64_t w : worker_clocks_) c = std::max(c, w);
-  return static_cast<uint32_t>(std::clamp<int64_t>(c, 0, UINT32_MAX));
-}
-
-void ShardServer::MaybeSweep() {
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_sweep_ < std::chrono::milliseconds(10)) return;
-  last_sweep_ = now;
-  bool any = false;
-  for (const auto& t : sparse_) any |= t && t->evicts();
-  if (!any) return;
-  // A bounded slice of every evicting table per call, on the engines that own the rows, so
-  // eviction never races an update and never holds requests up for long.
-  constexpr size_t kBucketsPerSweep = 1 << 15;
-  const uint32_t clock = ShardClock();
-  engines_.RunOnAll([&](uint32_t e) {
-    for (const auto& t : sparse_) {
-      if (t && t->evicts()) t->partition(e).Sweep(kBucketsPerSweep, clock);
-    }
-  });
-}
-
-void ShardServer::SplitByEngine(const PayloadView& p) {
-  engine_positions_.resize(engines_.size());
-  for (auto& v : engine_positions_) v.clear();
-  const uint32_t engines = engines_.size();
-  for (uint64_t i = 0; i < p.rows(); ++i) {
-    engine_positions_[EngineOfKey(p.Key(i), engines)].push_back(static_cast<uint32_t>(i));
-  }
-}
-
-Result<SparseTable*> ShardServer::SparseTableFor(const Header& req) {
-  if (req.table_id >= sparse_.size()) {
-    return NotFound(std::string(OpName(req.op)) + ": no table with id " +
-                    std::to_string(req.table_id) + " (the manifest has " +
-                    std::to_string(sparse_.size()) + ")");
-  }
-  SparseTable* t = sparse_[req.table_id].get();
-  if (!t) {
-    return InvalidArgument(std::string(OpName(req.op)) + ": table '" +
-                           manifest_.tables[req.table_id].name + "' is dense, not sparse");
-  }
-  if (req.with_state && req.op != Op::PullSparse) {
-    return InvalidArgument(std::string(OpName(req.op)) + ": with_state applies to pulls only");
-  }
-  const uint32_t want = req.with_state ? t->row_floats() : t->dim();
-  if (req.value_dim != want) {
-    return InvalidArgument(std::string(OpName(req.op)) + ": table '" + t->options().name +
-                           "' has dim " + std::to_string(t->dim()) +
-                           (req.with_state ? " (" + std::to_string(want) + " with state)" : "") +
-                           ", request says " + std::to_string(req.value_dim));
-  }
-  return t;
-}
-
-Result<DenseTable*> ShardServer::DenseTableFor(const Header& req, uint64_t count) {
-  if (req.table_id >= dense_.size()) {
-    return NotFound(std::string(OpName(req.op)) + ": no table with id " +
-                    std::to_string(req.table_id));
-  }
-  DenseTable* t = dense_[req.table_id].get();
-  if (!t) {
-    return InvalidArgument(std::string(OpName(req.op)) + ": table '" +
-                           manifest_.tables[req.table_id].name + "' is sparse, not dense");
-  }
-  const SliceRange s = t->slice();
-  if (req.offset > s.end || count > s.end - req.offset || req.offset < s.begin) {
-    return InvalidArgument(std::string(OpName(req.op)) + ": elements [" +
-                           std::to_string(req.offset) + ", +" + std::to_string(count) +
-                           ") of table '" + t->options().name + "' are outside this shard's " +
-                           "slice [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
-                           ")");
-  }
-  return t;
-}
-
-Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
-                                     std::vector<zmq::message_t>* payload) {
-  PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
-  const uint64_t n = p.rows();
-  const uint32_t dim = table->dim();
-  const uint32_t out_floats = req.value_dim;  // dim, or dim + state with_state
-  const size_t out_bytes = size_t{out_floats} * sizeof(float);
-  const FramePlan plan = PlanValueFrames(n, out_floats, manifest_.server.frame_bytes);
-  std::vector<OwnedBuffer> buffers;
-  buffers.reserve(plan.frames);
-  for (uint32_t f = 0; f < plan.frames; ++f) {
-    buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * out_bytes));
-  }
-  const uint32_t clock = ShardClock();
-  const bool create = table->admits_on_pull();
-  const TableOptions& options = table->options();
-  const Optimizer& opt = table->optimizer();
-  SplitByEngine(p);
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-                        [&](uint32_t i, uint64_t key) {
-                          const uint64_t f = i / plan.rows_per_frame;
-                          float* dst = reinterpret_cast<float*>(
-                              buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
-                          const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
-                          if (row) {
-                            std::memcpy(dst, row, out_bytes);
-                            return;
-                          }
-                          // Not admitted yet: the initial value, and no row is created.
-                          InitSparseRow(options.init, options.seed, key, std::span<float>(dst, dim));
-                          if (req.with_state) opt.InitState(dst, opt.SparseState(dst, dim), dim);
-                        });
-      },
-      n * out_floats < kInlineFloats);
-  reply->key_count = n;
-  reply->value_dim = out_floats;
-  reply->value_frames = plan.frames;
-  reply->rows_per_frame = plan.rows_per_frame;
-  for (auto& b : buffers) payload->push_back(std::move(b).ToMessage());
-  counters_.rows_pulled += n;
-  return Status::Ok();
-}
-
-Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
-  PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
-  const uint64_t n = p.rows();
-  const uint32_t dim = table->dim();
-  const uint32_t clock = ShardClock();
-  const Optimizer& opt = table->optimizer();
-  SplitByEngine(p);
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-                        [&](uint32_t i, uint64_t key) {
-                          float* row = part.Find(key);
-                          if (!row) row = part.CountPush(key, clock);
-                          if (!row) return;  // counted towards admission only
-                          opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
-                          SparseTable::Partition::LastClock(row) = clock;
-                        });
-      },
-      n * dim < kInlineFloats);
-  counters_.rows_pushed += n;
-  return Status::Ok();
-}
-
-Status ShardServer::HandlePullDense(const Header& req, Header* reply,
-                                    std::vector<zmq::message_t>* payload) {
-  PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, req.key_count));
-  const uint64_t n = req.key_count;
-  const uint64_t local = req.offset - table->slice().begin;
-  reply->key_count = n;
-  reply->offset = req.offset;
-  counters_.dense_elements_pulled += n;
-  if (req.with_state) {
-    // Rows of [value, state 0, state 1, ...] per element: a copy, for checks and exports.
-    const uint32_t k = table->state_array_count();
-    const uint32_t row = 1 + k;
-    const FramePlan plan = PlanValueFrames(n, row, manifest_.server.frame_bytes);
-    std::shared_ptr<const float[]> values = table->Share();
-    float* const* state = table->state_arrays();
-    for (uint32_t f = 0; f < plan.frames; ++f) {
-      const uint64_t rows = plan.RowsInFrame(f, n);
-      OwnedBuffer b = OwnedBuffer::Allocate(rows * row * sizeof(float));
-      float* out = b.floats();
-      for (uint64_t r = 0; r < rows; ++r) {
-        const uint64_t i = local + uint64_t{f} * plan.rows_per_frame + r;
-        out[r * row] = values[i];
-        for (uint32_t a = 0; a < k; ++a) out[r * row + 1 + a] = state[a][i];
-      }
-      payload->push_back(std::move(b).ToMessage());
-    }
-    reply->value_dim = row;
-    reply->value_frames = plan.frames;
-    reply->rows_per_frame = plan.rows_per_frame;
-    return Status::Ok();
-  }
-  const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
-  // Zero-copy: every frame shares the table's current buffer until it has been sent.
-  std::shared_ptr<const float[]> values = table->Share();
-  const float* first = values.get() + local;
-  for (uint32_t f = 0; f < plan.frames; ++f) {
-    payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
-                                     plan.RowsInFrame(f, n) * sizeof(float)));
-  }
-  reply->value_dim = 1;
-  reply->value_frames = plan.frames;
-  reply->rows_per_frame = plan.rows_per_frame;
-  return Status::Ok();
-}
-
-Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
-  if (req.value_dim != 1) {
-    return InvalidArgument("PushDense: value_dim must be 1, got " + std::to_string(req.value_dim));
-  }
-  if (req.with_state) return InvalidArgument("PushDense: with_state applies to pulls only");
-  PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
-  const Optimizer& opt = table->optimizer();
-  const uint32_t engines = engines_.size();
-  const uint64_t local = req.offset - table->slice().begin;
-  float* values = table->PrepareWrite();
-  float* const* state = table->state_arrays();
-  struct FrameRef {
-    uint64_t first;
-    const std::byte* data;
-    uint64_t rows;
-  };
-  std::vector<FrameRef> frames;
-  p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
-    frames.push_back({first, data, rows});
-  });
-  // Engines take frames round-robin: disjoint element ranges, no locks.
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        for (size_t f = e; f < frames.size(); f += engines) {
-          const uint64_t i = local + frames[f].first;
-          opt.Apply(values + i, opt.DenseState(state, i), frames[f].data, frames[f].rows, 1.0);
-        }
-      },
-      p.rows() < kInlineFloats || frames.size() < 2);
-  counters_.dense_elements_pushed += p.rows();
-  return Status::Ok();
+  return static_cast<uint32_t>(std::clamp<int64_t>(controller_.MaxClock(), 0, UINT32_MAX));
 }
 
 Status ShardServer::HandleClock(const Header& req) {
-  if (req.worker_id >= worker_clocks_.size()) {
+  if (!controller_.InJob(req.worker_id)) {
     return InvalidArgument("Clock: worker " + std::to_string(req.worker_id) +
                            " is not in this job (cluster.workers = " +
-                           std::to_string(worker_clocks_.size()) + ")");
+                           std::to_string(manifest_.cluster.workers) + ")");
   }
-  worker_clocks_[req.worker_id] = std::max(worker_clocks_[req.worker_id], req.clock);
+  controller_.SetClock(req.worker_id, req.clock);
   return Status::Ok();
 }
 
 Status ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
-  if (req.worker_id >= manifest_.cluster.workers) {
+  if (!controller_.InJob(req.worker_id)) {
     return InvalidArgument("Barrier: worker " + std::to_string(req.worker_id) +
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  std::vector<HeldReply>& waiting = barriers_[req.clock];
   HeldReply held;
   held.identity.copy(const_cast<zmq::message_t&>(identity));
   held.request = req;
-  waiting.push_back(std::move(held));
-  std::set<uint32_t> arrived;
-  for (const HeldReply& h : waiting) arrived.insert(h.request.worker_id);
-  if (arrived.size() < manifest_.cluster.workers) return Status::Ok();
-  for (HeldReply& h : waiting) SendReply(h.identity, ReplyTo(h.request, Status::Ok()), {});
-  barriers_.erase(req.clock);
+  barriers_[static_cast<int64_t>(req.offset)].push_back(std::move(held));
+  controller_.AddHeld(req.worker_id, +1);
+  ReleaseBarriers();
   return Status::Ok();
+}
+
+void ShardServer::ReleaseBarriers() {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    std::set<uint32_t> arrived;
+    for (const HeldReply& h : it->second) arrived.insert(h.request.worker_id);
+    bool all = true;
+    for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
+      if (!controller_.IsLost(w) && !arrived.count(w)) all = false;
+    }
+    if (!all && job_failure_.ok()) {
+      ++it;
+      continue;
+    }
+    for (HeldReply& h : it->second) {
+      controller_.AddHeld(h.request.worker_id, -1);
+      Status st = job_failure_;
+      if (st.ok() && controller_.IsLost(h.request.worker_id)) {
+        st = FailedPrecondition("worker " + std::to_string(h.request.worker_id) +
+                                " was dropped from the job (training.on_worker_loss: continue)");
+      }
+      SendReply(h.identity, ReplyTo(h.request, st.WithContext("shard " + std::to_string(rank_))),
+                {});
+    }
+    it = barriers_.erase(it);
+  }
 }
 
 void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
@@ -491,8 +406,25 @@ std::string ShardServer::StatsJson() const {
     first = false;
     s << "\"" << OpName(static_cast<Op>(op)) << "\":" << op_counts_[op];
   }
-  s << "},\"clock\":" << ShardClock() << ",\"worker_clocks\":[";
-  for (size_t w = 0; w < worker_clocks_.size(); ++w) s << (w ? "," : "") << worker_clocks_[w];
+  static const char* kModes[] = {"bsp", "ssp", "asp"};
+  const int64_t min_clock = controller_.live_workers() ? controller_.MinClock() : -1;
+  s << "},\"consistency\":\"" << kModes[static_cast<int>(manifest_.training.consistency)]
+    << "\",\"clock\":" << ShardClock() << ",\"min_clock\":" << min_clock
+    << ",\"max_clock\":" << controller_.MaxClock() << ",\"held_pulls\":" << held_pulls_.size()
+    << ",\"pulls_held_total\":" << counters_.pulls_held
+    << ",\"pull_wait_ms_total\":" << counters_.pull_wait_ms
+    << ",\"bsp_clocks_applied\":" << counters_.bsp_clocks_applied
+    << ",\"pending_clocks\":" << aggregates_.size() << ",\"lost_workers\":[";
+  bool first_lost = true;
+  for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
+    if (!controller_.IsLost(w)) continue;
+    s << (first_lost ? "" : ",") << w;
+    first_lost = false;
+  }
+  s << "],\"job_failure\":\"" << (job_failure_.ok() ? "" : job_failure_.message())
+    << "\",\"worker_clocks\":[";
+  const auto& clocks = controller_.clocks();
+  for (size_t w = 0; w < clocks.size(); ++w) s << (w ? "," : "") << clocks[w];
   s << "],\"tables\":[";
   for (size_t t = 0; t < manifest_.tables.size(); ++t) {
     if (t) s << ",";

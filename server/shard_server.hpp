@@ -1,6 +1,11 @@
 // ShardServer: one server shard. Holds its part of every table in host memory and answers
 // requests from workers on a single ZeroMQ ROUTER socket.
 //
+// The job's consistency mode is enforced here: a pull whose read bound is not met is held and
+// answered once the workers' clocks allow it; under BSP, pushes of a clock are summed and
+// their average applied once every live worker has moved past that clock. Workers silent past
+// training.worker_timeout are reported and either fail the job or are dropped from it.
+//
 // The request thread (the one that calls Serve()) receives, verifies and dispatches every
 // message; table work is split across the EnginePool. Any malformed message gets an error
 // reply naming the problem and the shard keeps serving. Pushes carry (worker, incarnation,
@@ -21,6 +26,8 @@
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 #include "common/wire.hpp"
+#include "server/clock_aggregate.hpp"
+#include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
 #include "server/engine_pool.hpp"
 #include "server/push_dedup.hpp"
@@ -54,21 +61,43 @@ class ShardServer {
     uint64_t rows_pushed = 0;
     uint64_t dense_elements_pulled = 0;
     uint64_t dense_elements_pushed = 0;
+    uint64_t pulls_held = 0;
+    double pull_wait_ms = 0;
+    uint64_t lost_workers = 0;
+    uint64_t bsp_clocks_applied = 0;
   };
   struct HeldReply {
     zmq::message_t identity;
     Header request;
   };
+  // A pull waiting for the read bound: its frames, kept until it is answered.
+  struct HeldPull {
+    std::vector<zmq::message_t> frames;
+    Header request;
+    std::chrono::steady_clock::time_point since;
+  };
 
   void HandleMessage(std::vector<zmq::message_t>& frames);
-  Status Dispatch(const Header& req, std::span<zmq::message_t> payload_frames,
-                  const zmq::message_t& identity, Header* reply,
+  Status Dispatch(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
                   std::vector<zmq::message_t>* payload, bool* held);
+  Status HandlePull(const Header& req, const PayloadView& p, Header* reply,
+                    std::vector<zmq::message_t>* payload);
+  Status HandlePush(const Header& req, const PayloadView& p, Header* reply);
+
+  // After any change of clocks or live workers: applies finished BSP clocks, then answers the
+  // held pulls and barriers the bound now allows.
+  void AfterClockChange();
+  void ReleaseHeldPulls();
+  void ReleaseBarriers();
+  void ApplyAggregate(int64_t clock, ClockAggregate& aggregate);
+  void CheckWorkers();
 
   Status HandleHello(const Header& req, Header* reply);
   Status HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
                           std::vector<zmq::message_t>* payload);
   Status HandlePushSparse(const Header& req, const PayloadView& p);
+  Status AggregatePushSparse(const Header& req, const PayloadView& p, ClockAggregate& agg);
+  Status AggregatePushDense(const Header& req, const PayloadView& p, ClockAggregate& agg);
   Status HandlePullDense(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
   Status HandlePushDense(const Header& req, const PayloadView& p);
   Status HandleClock(const Header& req);
@@ -101,7 +130,10 @@ class ShardServer {
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
   PushDedup dedup_;
-  std::vector<int64_t> worker_clocks_;
+  ConsistencyController controller_;
+  std::map<int64_t, std::unique_ptr<ClockAggregate>> aggregates_;  // BSP: by clock
+  std::vector<HeldPull> held_pulls_;
+  Status job_failure_;  // set when a worker is lost under on_worker_loss: fail
   std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id
   Counters counters_;
   uint64_t op_counts_[16] = {};

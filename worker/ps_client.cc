@@ -198,6 +198,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.seq = next_seq_++;
   h.incarnation = incarnation_;
   h.table_id = table;
+  h.clock = clock_;
   h.manifest_hash = manifest_.Fingerprint();
   return h;
 }
@@ -210,6 +211,13 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   r->shard = shard;
   r->op = header.op;
   r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  const bool may_be_held = header.op == Op::PullSparse || header.op == Op::PullDense ||
+                           header.op == Op::Barrier;
+  if (may_be_held && worker_id_ < manifest_.cluster.workers) {
+    // A shard holds such a request until the other workers catch up, or until it gives up on
+    // a silent one after training.worker_timeout.
+    r->timeout += std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
+  }
   r->deadline = Clock::now() + r->timeout;
   r->max_attempts = 1 + manifest_.cluster.request_retries;
   std::vector<zmq::message_t> frames;
@@ -387,12 +395,12 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   return ticket;
 }
 
-Result<PsClient::Ticket> PsClient::Broadcast(Op op, int64_t clock,
+Result<PsClient::Ticket> PsClient::Broadcast(Op op, uint64_t offset,
                                              const std::vector<uint32_t>& shards) {
   const Ticket ticket = NewTicket(op, 0);
   for (uint32_t s : shards) {
     Header h = NewRequest(op, 0);
-    h.clock = clock;
+    h.offset = offset;
     Send(ticket, s, std::move(h), {});
   }
   return ticket;
@@ -589,15 +597,16 @@ Status PsClient::PushDense(uint32_t table, std::span<const float> grads) {
   return Wait(t);
 }
 
-Status PsClient::Clock(int64_t clock) {
+Status PsClient::Tick() {
+  ++clock_;
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, clock, all));
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, 0, all));
   return Wait(t);
 }
 
 Status PsClient::Barrier(int64_t id) {
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, id, {0}));
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), {0}));
   return Wait(t);
 }
 

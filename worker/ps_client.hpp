@@ -36,6 +36,10 @@ class PsClient {
  public:
   using Ticket = uint64_t;
 
+  // The worker id of tools that only read (stats, shutdown, exports): outside the job, so its
+  // pulls are not bound by the consistency mode and it may not push.
+  static constexpr uint32_t kObserver = 0xffffffffu;
+
   // Connects to every shard and completes the Hello handshake (protocol version and manifest
   // fingerprint must match), waiting up to cluster.connect_timeout for shards to come up.
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id);
@@ -79,9 +83,13 @@ class PsClient {
   Status PullDense(uint32_t table, float* out);
   Status PushDense(uint32_t table, std::span<const float> grads);
 
-  // Tells every shard this worker's clock.
-  Status Clock(int64_t clock);
-  // Waits until every worker of the job has entered barrier `id` (coordinated by shard 0).
+  // This worker's clock: the step it is on. Every request carries it; a pull at clock c is
+  // answered when the job's consistency mode allows (bsp: every worker at >= c).
+  int64_t clock() const { return clock_; }
+  // Ends this worker's step: advances its clock and tells every shard (also those its pushes
+  // did not touch). Call after the step's pushes have been acknowledged.
+  Status Tick();
+  // Waits until every live worker of the job has entered barrier `id` (coordinated by shard 0).
   Status Barrier(int64_t id);
   // Each shard's stats as JSON, in rank order.
   Result<std::vector<std::string>> Stats();
@@ -94,7 +102,8 @@ class PsClient {
 
   PsClient(const Manifest& manifest, uint32_t worker_id);
   Status Handshake();
-  Result<Ticket> Broadcast(Op op, int64_t clock, const std::vector<uint32_t>& shards);
+  // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
+  Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
   std::vector<SliceRange> DenseChunks(uint64_t total, uint32_t shard) const;
   Result<const TableOptions*> CheckTable(uint32_t table, TableKind kind) const;
 
@@ -112,6 +121,7 @@ class PsClient {
   const uint64_t incarnation_;
   zmq::context_t context_;
   std::vector<zmq::socket_t> shards_;
+  int64_t clock_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;

@@ -13,11 +13,13 @@
 namespace parasol {
 namespace {
 
-// The update the server applies, in the same float arithmetic.
-void ReferenceSgd(const OptimizerOptions& opt, float* w, const float* g, uint32_t n) {
-  const float lr = static_cast<float>(opt.lr);
-  const float wd = static_cast<float>(opt.weight_decay);
-  for (uint32_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+// The SGD update the server applies (in double, stored as float), with the gradient scaled
+// by `scale` (1/workers under BSP, which averages the workers' pushes of a clock).
+void ReferenceSgd(const OptimizerOptions& opt, float* w, const float* g, uint32_t n,
+                  double scale) {
+  for (uint32_t i = 0; i < n; ++i) {
+    w[i] = static_cast<float>(w[i] - opt.lr * (g[i] * scale + opt.weight_decay * w[i]));
+  }
 }
 
 double Compare(const float* got, const float* want, size_t n) {
@@ -73,6 +75,15 @@ Result<WorkloadReport> RunWorkload(PsClient& client, const WorkloadOptions& opti
       dense.push_back(std::move(d));
     }
   }
+  for (const TableOptions& t : m.tables) {
+    if (options.verify && t.optimizer.kind != OptimizerOptions::Kind::kSgd) {
+      return InvalidArgument("the checked workload computes SGD updates; table '" + t.name +
+                             "' uses another optimizer");
+    }
+  }
+  const double scale = m.training.consistency == TrainingOptions::Consistency::kBsp
+                           ? 1.0 / m.cluster.workers
+                           : 1.0;
   std::mt19937_64 rng(options.seed);
   const ZipfSampler zipf(options.key_space, options.zipf_s);
   std::normal_distribution<float> grad(0.0f, 1.0f);
@@ -111,8 +122,9 @@ Result<WorkloadReport> RunWorkload(PsClient& client, const WorkloadOptions& opti
             for (uint32_t d = 0; d < dim; ++d) it->second[d] += grads[i * dim + d];
           }
         }
-        for (uint64_t k : order) ReferenceSgd(ref.options->optimizer, ref.Row(k).data(),
-                                               sums[k].data(), dim);
+        for (uint64_t k : order) {
+          ReferenceSgd(ref.options->optimizer, ref.Row(k).data(), sums[k].data(), dim, scale);
+        }
       }
       report.rows_pulled += keys.size();
       report.rows_pushed += keys.size();
@@ -129,9 +141,11 @@ Result<WorkloadReport> RunWorkload(PsClient& client, const WorkloadOptions& opti
       for (auto& g : grads) g = grad(rng);
       PARASOL_RETURN_IF_ERROR(client.PushDense(ref.table, grads));
       ReferenceSgd(ref.options->optimizer, ref.values.data(), grads.data(),
-                   static_cast<uint32_t>(grads.size()));
+                   static_cast<uint32_t>(grads.size()), scale);
       report.dense_elements += 2 * ref.values.size();
     }
+    // End of the step: under BSP the next pull waits for every worker's pushes of this one.
+    PARASOL_RETURN_IF_ERROR(client.Tick());
     ++report.rounds;
   }
   // Final check: every key touched and every dense table, after the last push.

@@ -267,10 +267,10 @@ TEST(EvictionTest, RowsIdleForTtlClocksAreEvictedAndComeBackFresh) {
   for (uint64_t k = 100; k < 150; ++k) new_keys.push_back(k);
   std::vector<float> g(100 * 2, 0.5f);
   ASSERT_TRUE(client->PushSparse(0, old_keys, g).ok());  // at clock 0
-  ASSERT_TRUE(client->Clock(1).ok());
+  ASSERT_TRUE(client->Tick().ok());  // clock 1
   g.resize(50 * 2);
   ASSERT_TRUE(client->PushSparse(0, new_keys, g).ok());  // at clock 1
-  ASSERT_TRUE(client->Clock(2).ok());  // old rows: 2 clocks idle; new rows: 1
+  ASSERT_TRUE(client->Tick().ok());  // clock 2: old rows 2 clocks idle, new rows 1
   std::string last;
   EXPECT_TRUE(WaitForStats(*client, [](const std::string& s) {
     return s.find("\"evicted_ttl\":100") != std::string::npos;

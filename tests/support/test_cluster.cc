@@ -45,6 +45,10 @@ TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml
     y << "    - 127.0.0.1:" << (port.ok() ? *port : 0) << "\n";
   }
   y << "  workers: " << workers << "\n  connect_timeout: 20s\n  request_timeout: 20s\n";
+  // Tests of the tables themselves see pushes applied on arrival; consistency tests say so.
+  if (extra_yaml.find("training:") == std::string::npos) {
+    y << "training:\n  consistency: asp\n";
+  }
   y << "tables:\n" << tables_yaml << extra_yaml;
   manifest_path_ = dir_ + "/manifest.yaml";
   WriteFile(manifest_path_, y.str());

@@ -18,7 +18,8 @@ namespace parasol::testing {
 class TestCluster {
  public:
   // `tables_yaml` is the manifest's `tables:` list (YAML text, indented by two spaces);
-  // `extra_yaml` is appended at the top level.
+  // `extra_yaml` is appended at the top level. Without a `training:` section in it, the job
+  // runs under ASP (pushes apply on arrival).
   TestCluster(int shards, int workers, const std::string& tables_yaml,
               const std::string& extra_yaml = "");
   ~TestCluster();

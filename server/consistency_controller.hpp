@@ -1,0 +1,63 @@
+// ConsistencyController: one shard's view of the workers' clocks and liveness, and the read
+// bound of the job's consistency mode.
+//
+//   bsp  a pull by a worker at clock c is answered once every live worker is at clock >= c
+//        (so every push of clocks < c has been aggregated and applied)
+//   ssp  ... once every live worker is at clock >= c - staleness; pushes apply on arrival
+//   asp  never waits
+//
+// A worker is lost when the shard has heard nothing from it for training.worker_timeout while
+// it had no request held here (a worker waiting on the bound is not silent by choice). Lost
+// workers no longer count towards the bound, the barrier or the BSP average.
+// Thread-safety: none; the shard's request thread owns it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/manifest.hpp"
+
+namespace parasol {
+
+class ConsistencyController {
+ public:
+  using SteadyClock = std::chrono::steady_clock;
+
+  ConsistencyController(const TrainingOptions& options, uint32_t workers,
+                        SteadyClock::time_point start);
+
+  const TrainingOptions& options() const { return options_; }
+  bool InJob(uint32_t worker) const { return worker < clocks_.size(); }
+  bool IsLost(uint32_t worker) const { return InJob(worker) && lost_[worker]; }
+  uint32_t live_workers() const { return live_; }
+
+  void Heard(uint32_t worker, SteadyClock::time_point now);
+  // Raises `worker`'s clock to `clock` (clocks never go back).
+  void SetClock(uint32_t worker, int64_t clock);
+  // Requests of `worker` held by the shard (+1 when held, -1 when answered).
+  void AddHeld(uint32_t worker, int delta);
+
+  // Over live workers; INT64_MAX when none is live.
+  int64_t MinClock() const;
+  int64_t MaxClock() const;
+  const std::vector<int64_t>& clocks() const { return clocks_; }
+
+  // Whether a pull by a worker at clock `c` may be answered now.
+  bool PullAllowed(int64_t c) const;
+
+  // Marks and returns the workers found silent past worker_timeout at `now`.
+  std::vector<uint32_t> DetectLost(SteadyClock::time_point now);
+  // Seconds since `worker` was last heard from.
+  double SilentSeconds(uint32_t worker, SteadyClock::time_point now) const;
+
+ private:
+  TrainingOptions options_;
+  std::vector<int64_t> clocks_;
+  std::vector<SteadyClock::time_point> last_heard_;
+  std::vector<int> held_;
+  std::vector<bool> lost_;
+  uint32_t live_;
+};
+
+}  // namespace parasol

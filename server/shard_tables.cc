@@ -1,0 +1,320 @@
+// The table side of ShardServer: pulls, pushes (applied at once or summed per clock under
+// BSP), BSP application and eviction sweeps. Split from shard_server.cc, which holds the
+// request loop, dispatch and the consistency glue.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/initializer.hpp"
+#include "common/sharding.hpp"
+#include "common/transport.hpp"
+#include "server/optimizer.hpp"
+#include "server/shard_server.hpp"
+
+namespace parasol {
+namespace {
+
+// Below this many floats a request is handled on the request thread: waking the engines
+// would cost more than the work.
+constexpr uint64_t kInlineFloats = 32 * 1024;
+
+}  // namespace
+
+void ShardServer::MaybeSweep() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_sweep_ < std::chrono::milliseconds(10)) return;
+  last_sweep_ = now;
+  bool any = false;
+  for (const auto& t : sparse_) any |= t && t->evicts();
+  if (!any) return;
+  // A bounded slice of every evicting table per call, on the engines that own the rows, so
+  // eviction never races an update and never holds requests up for long.
+  constexpr size_t kBucketsPerSweep = 1 << 15;
+  const uint32_t clock = ShardClock();
+  engines_.RunOnAll([&](uint32_t e) {
+    for (const auto& t : sparse_) {
+      if (t && t->evicts()) t->partition(e).Sweep(kBucketsPerSweep, clock);
+    }
+  });
+}
+
+void ShardServer::SplitByEngine(const PayloadView& p) {
+  engine_positions_.resize(engines_.size());
+  for (auto& v : engine_positions_) v.clear();
+  const uint32_t engines = engines_.size();
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    engine_positions_[EngineOfKey(p.Key(i), engines)].push_back(static_cast<uint32_t>(i));
+  }
+}
+
+Result<SparseTable*> ShardServer::SparseTableFor(const Header& req) {
+  if (req.table_id >= sparse_.size()) {
+    return NotFound(std::string(OpName(req.op)) + ": no table with id " +
+                    std::to_string(req.table_id) + " (the manifest has " +
+                    std::to_string(sparse_.size()) + ")");
+  }
+  SparseTable* t = sparse_[req.table_id].get();
+  if (!t) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": table '" +
+                           manifest_.tables[req.table_id].name + "' is dense, not sparse");
+  }
+  if (req.with_state && req.op != Op::PullSparse) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": with_state applies to pulls only");
+  }
+  const uint32_t want = req.with_state ? t->row_floats() : t->dim();
+  if (req.value_dim != want) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": table '" + t->options().name +
+                           "' has dim " + std::to_string(t->dim()) +
+                           (req.with_state ? " (" + std::to_string(want) + " with state)" : "") +
+                           ", request says " + std::to_string(req.value_dim));
+  }
+  return t;
+}
+
+Result<DenseTable*> ShardServer::DenseTableFor(const Header& req, uint64_t count) {
+  if (req.table_id >= dense_.size()) {
+    return NotFound(std::string(OpName(req.op)) + ": no table with id " +
+                    std::to_string(req.table_id));
+  }
+  DenseTable* t = dense_[req.table_id].get();
+  if (!t) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": table '" +
+                           manifest_.tables[req.table_id].name + "' is sparse, not dense");
+  }
+  const SliceRange s = t->slice();
+  if (req.offset > s.end || count > s.end - req.offset || req.offset < s.begin) {
+    return InvalidArgument(std::string(OpName(req.op)) + ": elements [" +
+                           std::to_string(req.offset) + ", +" + std::to_string(count) +
+                           ") of table '" + t->options().name + "' are outside this shard's " +
+                           "slice [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                           ")");
+  }
+  return t;
+}
+
+Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
+                                     std::vector<zmq::message_t>* payload) {
+  PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
+  const uint64_t n = p.rows();
+  const uint32_t dim = table->dim();
+  const uint32_t out_floats = req.value_dim;  // dim, or dim + state with_state
+  const size_t out_bytes = size_t{out_floats} * sizeof(float);
+  const FramePlan plan = PlanValueFrames(n, out_floats, manifest_.server.frame_bytes);
+  std::vector<OwnedBuffer> buffers;
+  buffers.reserve(plan.frames);
+  for (uint32_t f = 0; f < plan.frames; ++f) {
+    buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * out_bytes));
+  }
+  const uint32_t clock = ShardClock();
+  const bool create = table->admits_on_pull();
+  const TableOptions& options = table->options();
+  const Optimizer& opt = table->optimizer();
+  SplitByEngine(p);
+  engines_.RunOnAll(
+      [&](uint32_t e) {
+        SparseTable::Partition& part = table->partition(e);
+        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+                        [&](uint32_t i, uint64_t key) {
+                          const uint64_t f = i / plan.rows_per_frame;
+                          float* dst = reinterpret_cast<float*>(
+                              buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
+                          const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
+                          if (row) {
+                            std::memcpy(dst, row, out_bytes);
+                            return;
+                          }
+                          // Not admitted yet: the initial value, and no row is created.
+                          InitSparseRow(options.init, options.seed, key, std::span<float>(dst, dim));
+                          if (req.with_state) opt.InitState(dst, opt.SparseState(dst, dim), dim);
+                        });
+      },
+      n * out_floats < kInlineFloats);
+  reply->key_count = n;
+  reply->value_dim = out_floats;
+  reply->value_frames = plan.frames;
+  reply->rows_per_frame = plan.rows_per_frame;
+  for (auto& b : buffers) payload->push_back(std::move(b).ToMessage());
+  counters_.rows_pulled += n;
+  return Status::Ok();
+}
+
+Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
+  PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
+  const uint64_t n = p.rows();
+  const uint32_t dim = table->dim();
+  const uint32_t clock = ShardClock();
+  const Optimizer& opt = table->optimizer();
+  SplitByEngine(p);
+  engines_.RunOnAll(
+      [&](uint32_t e) {
+        SparseTable::Partition& part = table->partition(e);
+        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
+                        [&](uint32_t i, uint64_t key) {
+                          float* row = part.Find(key);
+                          if (!row) row = part.CountPush(key, clock);
+                          if (!row) return;  // counted towards admission only
+                          opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
+                          SparseTable::Partition::LastClock(row) = clock;
+                        });
+      },
+      n * dim < kInlineFloats);
+  counters_.rows_pushed += n;
+  return Status::Ok();
+}
+
+Status ShardServer::HandlePullDense(const Header& req, Header* reply,
+                                    std::vector<zmq::message_t>* payload) {
+  PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, req.key_count));
+  const uint64_t n = req.key_count;
+  const uint64_t local = req.offset - table->slice().begin;
+  reply->key_count = n;
+  reply->offset = req.offset;
+  counters_.dense_elements_pulled += n;
+  if (req.with_state) {
+    // Rows of [value, state 0, state 1, ...] per element: a copy, for checks and exports.
+    const uint32_t k = table->state_array_count();
+    const uint32_t row = 1 + k;
+    const FramePlan plan = PlanValueFrames(n, row, manifest_.server.frame_bytes);
+    std::shared_ptr<const float[]> values = table->Share();
+    float* const* state = table->state_arrays();
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      const uint64_t rows = plan.RowsInFrame(f, n);
+      OwnedBuffer b = OwnedBuffer::Allocate(rows * row * sizeof(float));
+      float* out = b.floats();
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t i = local + uint64_t{f} * plan.rows_per_frame + r;
+        out[r * row] = values[i];
+        for (uint32_t a = 0; a < k; ++a) out[r * row + 1 + a] = state[a][i];
+      }
+      payload->push_back(std::move(b).ToMessage());
+    }
+    reply->value_dim = row;
+    reply->value_frames = plan.frames;
+    reply->rows_per_frame = plan.rows_per_frame;
+    return Status::Ok();
+  }
+  const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
+  // Zero-copy: every frame shares the table's current buffer until it has been sent.
+  std::shared_ptr<const float[]> values = table->Share();
+  const float* first = values.get() + local;
+  for (uint32_t f = 0; f < plan.frames; ++f) {
+    payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
+                                     plan.RowsInFrame(f, n) * sizeof(float)));
+  }
+  reply->value_dim = 1;
+  reply->value_frames = plan.frames;
+  reply->rows_per_frame = plan.rows_per_frame;
+  return Status::Ok();
+}
+
+Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
+  if (req.value_dim != 1) {
+    return InvalidArgument("PushDense: value_dim must be 1, got " + std::to_string(req.value_dim));
+  }
+  if (req.with_state) return InvalidArgument("PushDense: with_state applies to pulls only");
+  PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
+  const Optimizer& opt = table->optimizer();
+  const uint32_t engines = engines_.size();
+  const uint64_t local = req.offset - table->slice().begin;
+  float* values = table->PrepareWrite();
+  float* const* state = table->state_arrays();
+  struct FrameRef {
+    uint64_t first;
+    const std::byte* data;
+    uint64_t rows;
+  };
+  std::vector<FrameRef> frames;
+  p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
+    frames.push_back({first, data, rows});
+  });
+  // Engines take frames round-robin: disjoint element ranges, no locks.
+  engines_.RunOnAll(
+      [&](uint32_t e) {
+        for (size_t f = e; f < frames.size(); f += engines) {
+          const uint64_t i = local + frames[f].first;
+          opt.Apply(values + i, opt.DenseState(state, i), frames[f].data, frames[f].rows, 1.0);
+        }
+      },
+      p.rows() < kInlineFloats || frames.size() < 2);
+  counters_.dense_elements_pushed += p.rows();
+  return Status::Ok();
+}
+
+Status ShardServer::AggregatePushSparse(const Header& req, const PayloadView& p,
+                                        ClockAggregate& agg) {
+  PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
+  const uint32_t dim = table->dim();
+  SplitByEngine(p);
+  engines_.RunOnAll(
+      [&](uint32_t e) {
+        for (uint32_t i : engine_positions_[e]) {
+          float* sum = agg.SparseSum(req.table_id, e, p.Key(i), dim);
+          const std::byte* g = p.Row(i);
+          for (uint32_t d = 0; d < dim; ++d) sum[d] += LoadF32(g + d * sizeof(float));
+        }
+      },
+      p.rows() * dim < kInlineFloats);
+  counters_.rows_pushed += p.rows();
+  return Status::Ok();
+}
+
+Status ShardServer::AggregatePushDense(const Header& req, const PayloadView& p,
+                                       ClockAggregate& agg) {
+  if (req.value_dim != 1) {
+    return InvalidArgument("PushDense: value_dim must be 1, got " + std::to_string(req.value_dim));
+  }
+  PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
+  float* sums = agg.DenseSum(req.table_id, table->slice().size()) +
+                (req.offset - table->slice().begin);
+  p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
+    for (uint64_t i = 0; i < rows; ++i) sums[first + i] += LoadF32(data + i * sizeof(float));
+  });
+  counters_.dense_elements_pushed += p.rows();
+  return Status::Ok();
+}
+
+void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
+  // The average over the workers that are still in the job.
+  const double scale = 1.0 / std::max<uint32_t>(1, controller_.live_workers());
+  const uint32_t now = ShardClock();
+  std::vector<float*> dense_values(dense_.size(), nullptr);
+  for (size_t t = 0; t < dense_.size(); ++t) {
+    if (dense_[t] && agg.DenseSumIfAny(static_cast<uint32_t>(t))) {
+      dense_values[t] = dense_[t]->PrepareWrite();
+    }
+  }
+  const uint32_t engines = engines_.size();
+  engines_.RunOnAll([&](uint32_t e) {
+    for (size_t t = 0; t < sparse_.size(); ++t) {
+      if (!sparse_[t]) continue;
+      SparseTable& table = *sparse_[t];
+      SparseTable::Partition& part = table.partition(e);
+      const uint32_t dim = table.dim();
+      const Optimizer& opt = table.optimizer();
+      agg.ForEachSparse(static_cast<uint32_t>(t), e, dim, [&](uint64_t key, const float* sum) {
+        float* row = part.Find(key);
+        if (!row) row = part.CountPush(key, now);
+        if (!row) return;
+        opt.Apply(row, opt.SparseState(row, dim), reinterpret_cast<const std::byte*>(sum), dim,
+                  scale);
+        SparseTable::Partition::LastClock(row) = now;
+      });
+    }
+    for (size_t t = 0; t < dense_.size(); ++t) {
+      if (!dense_values[t]) continue;
+      // Engine e updates its contiguous share of the slice.
+      DenseTable& table = *dense_[t];
+      const uint64_t n = table.slice().size();
+      const uint64_t b = n * e / engines, end = n * (e + 1) / engines;
+      const float* sums = agg.DenseSumIfAny(static_cast<uint32_t>(t));
+      table.optimizer().Apply(dense_values[t] + b,
+                              table.optimizer().DenseState(table.state_arrays(), b),
+                              reinterpret_cast<const std::byte*>(sums + b), end - b, scale);
+    }
+  });
+  ++counters_.bsp_clocks_applied;
+  spdlog::debug("shard {}: applied the pushes of clock {}", rank_, clock);
+}
+
+}  // namespace parasol
