@@ -57,8 +57,13 @@ bool ConsistencyController::PullAllowed(int64_t c) const {
 std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point now) {
   std::vector<uint32_t> lost;
   const auto timeout = std::chrono::milliseconds(options_.worker_timeout_ms);
+  const int64_t min_clock = MinClock();
+  const bool bounded = options_.consistency != TrainingOptions::Consistency::kAsp;
   for (uint32_t w = 0; w < clocks_.size(); ++w) {
     if (lost_[w] || held_[w] > 0) continue;
+    // Under a bound, a worker ahead of the slowest may be waiting on another shard; only a
+    // worker at the slowest clock can be the one holding the job up.
+    if (bounded && clocks_[w] > min_clock) continue;
     if (now - last_heard_[w] > timeout) {
       lost_[w] = true;
       --live_;

@@ -7,8 +7,9 @@
 //   asp  never waits
 //
 // A worker is lost when the shard has heard nothing from it for training.worker_timeout while
-// it had no request held here (a worker waiting on the bound is not silent by choice). Lost
-// workers no longer count towards the bound, the barrier or the BSP average.
+// it had no request held here and (under bsp/ssp) was at the slowest clock: a worker ahead of
+// the slowest may be waiting on another shard, which this shard cannot see. Lost workers no
+// longer count towards the bound, the barrier or the BSP average.
 // Thread-safety: none; the shard's request thread owns it.
 #pragma once
 

@@ -262,7 +262,9 @@ void ShardServer::ReleaseHeldPulls() {
   }
   held_pulls_ = std::move(still);
   for (HeldPull& h : ready) {
+    // Waiting on the shard was not silence: the worker's timer starts again now.
     controller_.AddHeld(h.request.worker_id, -1);
+    controller_.Heard(h.request.worker_id, now);
     counters_.pull_wait_ms += std::chrono::duration<double, std::milli>(now - h.since).count();
     Header reply = ReplyTo(h.request, Status::Ok());
     std::vector<zmq::message_t> payload;
@@ -365,6 +367,7 @@ void ShardServer::ReleaseBarriers() {
     }
     for (HeldReply& h : it->second) {
       controller_.AddHeld(h.request.worker_id, -1);
+      controller_.Heard(h.request.worker_id, std::chrono::steady_clock::now());
       Status st = job_failure_;
       if (st.ok() && controller_.IsLost(h.request.worker_id)) {
         st = FailedPrecondition("worker " + std::to_string(h.request.worker_id) +

@@ -606,7 +606,10 @@ Status PsClient::Tick() {
 }
 
 Status PsClient::Barrier(int64_t id) {
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), {0}));
+  // Every shard holds the barrier, so every shard knows this worker is waiting, not lost.
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), all));
   return Wait(t);
 }
 

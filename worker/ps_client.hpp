@@ -89,7 +89,7 @@ class PsClient {
   // Ends this worker's step: advances its clock and tells every shard (also those its pushes
   // did not touch). Call after the step's pushes have been acknowledged.
   Status Tick();
-  // Waits until every live worker of the job has entered barrier `id` (coordinated by shard 0).
+  // Waits until every live worker of the job has entered barrier `id` (on every shard).
   Status Barrier(int64_t id);
   // Each shard's stats as JSON, in rank order.
   Result<std::vector<std::string>> Stats();

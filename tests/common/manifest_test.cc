@@ -167,6 +167,59 @@ TEST(ManifestTest, DurationsAndSizes) {
   EXPECT_FALSE(ParseBytes("-1").ok());
 }
 
+TEST(ManifestTrainingTest, ConsistencyFieldsAndDefaults) {
+  Result<Manifest> d = ParseManifest("cluster:\n  servers: [a:1]\n", "t.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->training.consistency, TrainingOptions::Consistency::kBsp);
+  EXPECT_EQ(d->training.worker_timeout_ms, 120000);
+  EXPECT_EQ(d->training.on_worker_loss, TrainingOptions::OnWorkerLoss::kFail);
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [a:1]\ntraining:\n  consistency: ssp\n  staleness: 3\n"
+      "  worker_timeout: 10s\n  on_worker_loss: continue\n",
+      "t.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->training.consistency, TrainingOptions::Consistency::kSsp);
+  EXPECT_EQ(m->training.staleness, 3u);
+  EXPECT_EQ(m->training.worker_timeout_ms, 10000);
+  EXPECT_EQ(m->training.on_worker_loss, TrainingOptions::OnWorkerLoss::kContinue);
+}
+
+TEST(ManifestTrainingTest, BadConsistencyFieldsAreRefused) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: eventual\n"),
+            "job.yaml:4:16: key 'training.consistency': expected one of bsp|ssp|asp, got "
+            "'eventual'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  staleness: 2\n"),
+            "job.yaml:4:14: key 'training.staleness': applies to consistency: ssp only");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: ssp\n  staleness: -1\n"),
+            "job.yaml:5:14: key 'training.staleness': value -1 is out of range [0, 1048576]");
+}
+
+TEST(ManifestOptimizerTest, FieldsOfAnotherOptimizerAreRefused) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n"
+                    "    optimizer: {kind: sgd, beta1: 0.9}\n"),
+            "job.yaml:5:28: key 'tables[0].optimizer.beta1': does not apply to optimizer 'sgd'");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
+                    "    shape: [4]\n    optimizer: {kind: adagrad_rowwise}\n"),
+            "job.yaml:7:16: key 'tables[0].optimizer.kind': adagrad_rowwise keeps one "
+            "accumulator per row: use it on sparse tables");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
+                    "    shape: [4]\n    eviction: {ttl_clocks: 3}\n"),
+            "job.yaml:7:15: key 'tables[0].eviction': applies to sparse tables only");
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    optimizer: {kind: adam, lr: 0.1, "
+      "beta1: 0.8, bias_correction: false}\n    admission: {min_count: 4}\n"
+      "    eviction: {ttl_clocks: 10, max_rows: 1000}\n",
+      "t.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->tables[0].optimizer.kind, OptimizerOptions::Kind::kAdam);
+  EXPECT_DOUBLE_EQ(m->tables[0].optimizer.beta1, 0.8);
+  EXPECT_FALSE(m->tables[0].optimizer.bias_correction);
+  EXPECT_EQ(m->tables[0].admission.min_count, 4u);
+  EXPECT_EQ(m->tables[0].eviction.ttl_clocks, 10u);
+  EXPECT_EQ(m->tables[0].eviction.max_rows, 1000u);
+}
+
+
 }  // namespace
 }  // namespace parasol
 
