@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/ceilings.hpp"
@@ -52,14 +54,17 @@ struct Options {
 // Real `parasol server` processes for one benchmark configuration.
 class BenchCluster {
  public:
-  BenchCluster(const std::string& tables_yaml, int shards) {
+  BenchCluster(const std::string& tables_yaml, int shards, const std::string& extra_yaml = "",
+               int workers = 1) {
     char tmpl[] = "/tmp/parasol-bench-XXXXXX";
     dir_ = ::mkdtemp(tmpl) ? tmpl : "/tmp";
     std::string y = "cluster:\n  servers:\n";
     for (int s = 0; s < shards; ++s) {
       y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
     }
-    y += "  workers: 1\n  connect_timeout: 30s\n  request_timeout: 60s\n";
+    y += "  workers: " + std::to_string(workers) + "\n  connect_timeout: 30s\n";
+    y += "  request_timeout: 60s\n";
+    y += extra_yaml.empty() ? "training:\n  consistency: asp\n" : extra_yaml;
     y += "tables:\n" + tables_yaml;
     path_ = dir_ + "/manifest.yaml";
     std::ofstream(path_) << y;
@@ -230,6 +235,76 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
   }
 }
 
+void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
+  constexpr int kWorkers = 4;
+  const int steps = opt.quick ? 15 : 40;
+  constexpr double kStepMs = 10.0, kSlowStepMs = 12.0;  // one worker 20% slower
+  constexpr uint32_t kKeys = 2000;
+  // With no waiting at all, each worker would run at its own pace.
+  const double ideal = (kWorkers - 1) * 1000.0 / kStepMs + 1000.0 / kSlowStepMs;
+  const std::vector<std::pair<std::string, std::string>> modes = {
+      {"bsp", "  consistency: bsp\n"},
+      {"ssp1", "  consistency: ssp\n  staleness: 1\n"},
+      {"ssp4", "  consistency: ssp\n  staleness: 4\n"},
+      {"asp", "  consistency: asp\n"}};
+  for (const auto& [name, training] : modes) {
+    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16}\n", 2, "training:\n" + training,
+                         kWorkers);
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    const auto start = std::chrono::steady_clock::now();
+    for (int w = 0; w < kWorkers; ++w) {
+      threads.emplace_back([&, w] {
+        auto client = PsClient::Connect(cluster.manifest(), w);
+        if (!client.ok()) {
+          ++failures;
+          return;
+        }
+        std::mt19937_64 rng(w);
+        const ZipfSampler zipf(1000000, 1.05);
+        std::vector<uint64_t> keys(kKeys);
+        std::vector<float> rows(kKeys * 16), grads(kKeys * 16, 0.001f);
+        const double step_ms = w == kWorkers - 1 ? kSlowStepMs : kStepMs;
+        for (int t = 0; t < steps; ++t) {
+          for (auto& k : keys) k = zipf(rng);
+          if (!(*client)->PullSparse(0, keys, rows.data()).ok()) {
+            ++failures;
+            return;
+          }
+          // The step's computation, as time spent off the servers.
+          std::this_thread::sleep_for(std::chrono::microseconds(int64_t(step_ms * 1000)));
+          if (!(*client)->PushSparse(0, keys, grads).ok() || !(*client)->Tick().ok()) {
+            ++failures;
+            return;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (failures > 0) {
+      spdlog::error("consistency bench {}: {} workers failed", name, failures.load());
+      continue;
+    }
+    auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+    double wait_ms = 0, pulls = 0;
+    if (observer.ok()) {
+      auto stats = (*observer)->Stats();
+      if (stats.ok()) {
+        for (const std::string& st : *stats) {
+          wait_ms += StatField(st, "pull_wait_ms_total");
+          pulls += StatField(st, "PullSparse");
+        }
+      }
+    }
+    rows->push_back({"steps_per_s_4workers_1slow_" + name, kWorkers * steps / wall, "steps/s",
+                     ideal, "no_wait_steps", std::nullopt});
+    rows->push_back({"mean_pull_wait_" + name, pulls > 0 ? wait_ms / pulls : 0.0, "ms",
+                     std::nullopt, "", std::nullopt});
+  }
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -310,14 +385,15 @@ int Main(int argc, char** argv) {
     } else if (a == "--capacity") {
       opt.capacity = true;
     } else {
-      std::fprintf(stderr, "usage: parasol_bench [--only ceilings|dense|sparse|optimizer] "
+      std::fprintf(stderr, "usage: parasol_bench [--only ceilings|dense|sparse|optimizer|consistency] "
                            "[--json FILE] [--quick] [--capacity]\n");
       return 2;
     }
   }
-  static const std::vector<std::string> kGroups = {"ceilings", "dense", "sparse", "optimizer"};
+  static const std::vector<std::string> kGroups = {"ceilings", "dense", "sparse", "optimizer",
+                                                   "consistency"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -342,6 +418,7 @@ int Main(int argc, char** argv) {
   if (opt.only.empty() || opt.only == "dense") DenseRows(opt, **echo, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "sparse") SparseRows(opt, **echo, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "optimizer") OptimizerRows(opt, memcpy_gbs, &rows);
+  if (opt.only.empty() || opt.only == "consistency") ConsistencyRows(opt, &rows);
   if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);
