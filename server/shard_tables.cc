@@ -19,6 +19,21 @@ namespace {
 // would cost more than the work.
 constexpr uint64_t kInlineFloats = 32 * 1024;
 
+// Calls fn(partition, i, key) for every key of the request, on the engine that owns the key,
+// with the lookahead of Partition::ForEachKey.
+template <typename Fn>
+void ForEachOwnedKey(EnginePool& engines, SparseTable& table,
+                     const std::vector<std::vector<uint32_t>>& positions, const PayloadView& p,
+                     bool run_inline, Fn&& fn) {
+  engines.RunOnAll(
+      [&](uint32_t e) {
+        SparseTable::Partition& part = table.partition(e);
+        part.ForEachKey(positions[e], [&](uint32_t i) { return p.Key(i); },
+                        [&](uint32_t i, uint64_t key) { fn(part, i, key); });
+      },
+      run_inline);
+}
+
 }  // namespace
 
 void ShardServer::MaybeSweep() {
@@ -111,25 +126,20 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-                        [&](uint32_t i, uint64_t key) {
-                          const uint64_t f = i / plan.rows_per_frame;
-                          float* dst = reinterpret_cast<float*>(
-                              buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
-                          const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
-                          if (row) {
-                            std::memcpy(dst, row, out_bytes);
-                            return;
-                          }
-                          // Not admitted yet: the initial value, and no row is created.
-                          InitSparseRow(options.init, options.seed, key, std::span<float>(dst, dim));
-                          if (req.with_state) opt.InitState(dst, opt.SparseState(dst, dim), dim);
-                        });
-      },
-      n * out_floats < kInlineFloats);
+  ForEachOwnedKey(engines_, *table, engine_positions_, p, n * out_floats < kInlineFloats,
+                  [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
+                    const uint64_t f = i / plan.rows_per_frame;
+                    float* dst = reinterpret_cast<float*>(
+                        buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
+                    const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
+                    if (row) {
+                      std::memcpy(dst, row, out_bytes);
+                      return;
+                    }
+                    // Not admitted yet: the initial value, and no row is created.
+                    InitSparseRow(options.init, options.seed, key, std::span<float>(dst, dim));
+                    if (req.with_state) opt.InitState(dst, opt.SparseState(dst, dim), dim);
+                  });
   reply->key_count = n;
   reply->value_dim = out_floats;
   reply->value_frames = plan.frames;
@@ -146,19 +156,14 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
   const uint32_t clock = ShardClock();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
-  engines_.RunOnAll(
-      [&](uint32_t e) {
-        SparseTable::Partition& part = table->partition(e);
-        part.ForEachKey(engine_positions_[e], [&](uint32_t i) { return p.Key(i); },
-                        [&](uint32_t i, uint64_t key) {
-                          float* row = part.Find(key);
-                          if (!row) row = part.CountPush(key, clock);
-                          if (!row) return;  // counted towards admission only
-                          opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
-                          SparseTable::Partition::LastClock(row) = clock;
-                        });
-      },
-      n * dim < kInlineFloats);
+  ForEachOwnedKey(engines_, *table, engine_positions_, p, n * dim < kInlineFloats,
+                  [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
+                    float* row = part.Find(key);
+                    if (!row) row = part.CountPush(key, clock);
+                    if (!row) return;  // counted towards admission only
+                    opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
+                    SparseTable::Partition::LastClock(row) = clock;
+                  });
   counters_.rows_pushed += n;
   return Status::Ok();
 }
