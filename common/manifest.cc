@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/hash.hpp"
+#include "common/model_tables.hpp"
 
 namespace parasol {
 namespace {
@@ -184,6 +185,16 @@ class MapReader {
   std::set<std::string> seen_;
 };
 
+std::string BaseDir(const std::string& file) {
+  const size_t slash = file.rfind('/');
+  return slash == std::string::npos ? std::string(".") : file.substr(0, slash);
+}
+
+std::string Resolve(const std::string& base, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  return base + "/" + path;
+}
+
 Result<ServerAddress> ParseAddress(const std::string& text) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
@@ -270,9 +281,100 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   if (t->worker_timeout_ms <= 0) {
     return r.ErrorAt(node["worker_timeout"], "training.worker_timeout", "must be positive");
   }
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("batch_size", 1, 1 << 24, &t->batch_size));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("epochs", 1, 1 << 20, &t->epochs));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("max_steps", 0, int64_t{1} << 50, &t->max_steps));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("eval_every", 0, int64_t{1} << 50, &t->eval_every));
+  PARASOL_RETURN_IF_ERROR(r.Bool("prefetch", &t->prefetch));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("progress_every", &t->progress_ms));
   int loss = static_cast<int>(t->on_worker_loss);
   PARASOL_RETURN_IF_ERROR(r.Choice("on_worker_loss", {"fail", "continue"}, &loss));
   t->on_worker_loss = static_cast<TrainingOptions::OnWorkerLoss>(loss);
+  return r.Finish();
+}
+
+Status ParseOptimizerAt(MapReader& parent, const std::string& key, TableKind table_kind,
+                        OptimizerOptions* opt, const std::string& file);
+
+Status ParseWidths(MapReader& r, const YAML::Node& parent, const std::string& key,
+                   std::vector<uint32_t>* out) {
+  if (!r.Has(key)) return Status::Ok();
+  YAML::Node n = r.Child(key);
+  if (!n.IsSequence() || n.size() == 0) {
+    return r.ErrorAt(n, r.PathOf(key), "expected a non-empty list of layer widths");
+  }
+  out->clear();
+  for (size_t i = 0; i < n.size(); ++i) {
+    int64_t v = 0;
+    PARASOL_RETURN_IF_ERROR(
+        r.ParseInt(n[i], r.PathOf(key) + "[" + std::to_string(i) + "]", 1, 1 << 16, &v));
+    out->push_back(static_cast<uint32_t>(v));
+  }
+  (void)parent;
+  return Status::Ok();
+}
+
+Status ParseModel(MapReader& root, ModelOptions* m, const std::string& file) {
+  if (!root.Has("model")) return Status::Ok();
+  YAML::Node node = root.Child("model");
+  MapReader r(node, "model", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int kind = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"none", "lr", "dlrm"}, &kind));
+  m->kind = static_cast<ModelOptions::Kind>(kind);
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("embedding_dim", 1, 4096, &m->embedding_dim));
+  PARASOL_RETURN_IF_ERROR(ParseWidths(r, node, "bottom", &m->bottom));
+  PARASOL_RETURN_IF_ERROR(ParseWidths(r, node, "top", &m->top));
+  PARASOL_RETURN_IF_ERROR(r.Double("embedding_init_scale", 0.0, 1e3, &m->embedding_init_scale));
+  PARASOL_RETURN_IF_ERROR(
+      ParseOptimizerAt(r, "sparse_optimizer", TableKind::kSparse, &m->sparse_optimizer, file));
+  PARASOL_RETURN_IF_ERROR(
+      ParseOptimizerAt(r, "dense_optimizer", TableKind::kDense, &m->dense_optimizer, file));
+  if (m->kind == ModelOptions::Kind::kDlrm) {
+    if (m->bottom.back() != m->embedding_dim) {
+      return r.ErrorAt(node, "model.bottom", "the last bottom width (" +
+                                                 std::to_string(m->bottom.back()) +
+                                                 ") must equal embedding_dim (" +
+                                                 std::to_string(m->embedding_dim) + ")");
+    }
+    if (m->top.back() != 1) {
+      return r.ErrorAt(node, "model.top", "the last top width must be 1 (the logit)");
+    }
+  }
+  return r.Finish();
+}
+
+Status ParseData(MapReader& root, DataOptions* d, const std::string& file) {
+  if (!root.Has("data")) return Status::Ok();
+  YAML::Node node = root.Child("data");
+  MapReader r(node, "data", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int format = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("format", {"criteo", "libsvm"}, &format));
+  d->format = static_cast<DataOptions::Format>(format);
+  const std::string base = BaseDir(file);
+  if (r.Has("train")) {
+    YAML::Node t = r.Child("train");
+    if (t.IsScalar()) {
+      d->train.push_back(Resolve(base, t.Scalar()));
+    } else if (t.IsSequence() && t.size() > 0) {
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (!t[i].IsScalar()) {
+          return r.ErrorAt(t[i], "data.train[" + std::to_string(i) + "]", "expected a path");
+        }
+        d->train.push_back(Resolve(base, t[i].Scalar()));
+      }
+    } else {
+      return r.ErrorAt(t, "data.train", "expected a path or a list of paths");
+    }
+  }
+  std::string eval;
+  PARASOL_RETURN_IF_ERROR(r.String("eval", &eval));
+  if (!eval.empty()) d->eval = Resolve(base, eval);
+  int bad = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("on_bad_row", {"skip", "fail"}, &bad));
+  d->on_bad_row = static_cast<DataOptions::OnBadRow>(bad);
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("queue_batches", 1, 1024, &d->queue_batches));
   return r.Finish();
 }
 
@@ -292,11 +394,11 @@ Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
   return r.Finish();
 }
 
-Status ParseOptimizer(MapReader& table, const std::string& path, TableKind table_kind,
-                      OptimizerOptions* opt, const std::string& file) {
-  if (!table.Has("optimizer")) return Status::Ok();
-  YAML::Node node = table.Child("optimizer");
-  MapReader r(node, path + ".optimizer", file);
+Status ParseOptimizerAt(MapReader& parent, const std::string& key, TableKind table_kind,
+                        OptimizerOptions* opt, const std::string& file) {
+  if (!parent.Has(key)) return Status::Ok();
+  YAML::Node node = parent.Child(key);
+  MapReader r(node, parent.PathOf(key), file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
   static const std::vector<std::string> kKinds = {"sgd", "adagrad", "adagrad_rowwise", "adam",
                                                   "ftrl"};
@@ -399,7 +501,7 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   t->seed = job.seed ^ HashBytes(t->name);
   PARASOL_RETURN_IF_ERROR(r.Unsigned("seed", 0, std::numeric_limits<int64_t>::max(), &t->seed));
   PARASOL_RETURN_IF_ERROR(ParseInit(r, path, &t->init, file));
-  PARASOL_RETURN_IF_ERROR(ParseOptimizer(r, path, t->kind, &t->optimizer, file));
+  PARASOL_RETURN_IF_ERROR(ParseOptimizerAt(r, "optimizer", t->kind, &t->optimizer, file));
   if (t->kind == TableKind::kDense) {
     for (const char* key : {"admission", "eviction"}) {
       if (r.Has(key)) {
@@ -486,8 +588,11 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseCluster(root, &m.cluster, m.source));
     PARASOL_RETURN_IF_ERROR(ParseServer(root, &m.server, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTraining(root, &m.training, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseModel(root, &m.model, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseData(root, &m.data, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
+    PARASOL_RETURN_IF_ERROR(AddModelTables(&m));
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }

@@ -94,6 +94,39 @@ struct TrainingOptions {
   uint32_t staleness = 0;                 // ssp: a worker at clock c reads once every worker is at >= c - staleness
   int64_t worker_timeout_ms = 120000;     // a worker silent this long (and not waiting on the servers) is lost
   OnWorkerLoss on_worker_loss = OnWorkerLoss::kFail;
+  uint32_t batch_size = 256;              // samples per worker per step
+  uint32_t epochs = 1;                    // passes over data.train
+  uint64_t max_steps = 0;                 // stop after this many steps per worker (0: no limit)
+  uint64_t eval_every = 0;                // evaluate every this many steps (0: only at the end)
+  bool prefetch = true;                   // ssp/asp: pull the next batch's rows during compute
+  int64_t progress_ms = 5000;             // a progress line this often
+};
+
+struct ModelOptions {
+  enum class Kind { kNone, kLr, kDlrm };
+  Kind kind = Kind::kNone;                // none: the job serves tables for external workers
+  uint32_t embedding_dim = 16;            // dlrm: d
+  std::vector<uint32_t> bottom = {64, 16};  // dlrm: widths after the 13 inputs; last == d
+  std::vector<uint32_t> top = {64, 1};      // dlrm: widths after the interaction; last == 1
+  double embedding_init_scale = 0.05;     // embeddings start uniform in [-scale, scale)
+  OptimizerOptions sparse_optimizer;      // of the embedding (dlrm) or weight (lr) table
+  OptimizerOptions dense_optimizer;       // of every dense layer
+  ModelOptions() {
+    sparse_optimizer.kind = OptimizerOptions::Kind::kAdagrad;
+    sparse_optimizer.lr = 0.05;
+    dense_optimizer.kind = OptimizerOptions::Kind::kAdam;
+    dense_optimizer.lr = 0.001;
+  }
+};
+
+struct DataOptions {
+  enum class Format { kCriteo, kLibsvm };
+  enum class OnBadRow { kSkip, kFail };
+  Format format = Format::kCriteo;
+  std::vector<std::string> train;         // files; relative paths are from the manifest's folder
+  std::string eval;                       // one file; empty: no evaluation
+  OnBadRow on_bad_row = OnBadRow::kSkip;  // skip (and count) malformed rows, or stop on the first
+  uint32_t queue_batches = 8;             // batches the reader thread prepares ahead
 };
 
 struct JobOptions {
@@ -107,6 +140,9 @@ struct Manifest {
   ClusterOptions cluster;
   ServerOptions server;
   TrainingOptions training;
+  ModelOptions model;
+  DataOptions data;
+  // The tables listed in the manifest, then those the model needs (named "model.*").
   std::vector<TableOptions> tables;
 
   // Index of the table called `name`, or -1.
