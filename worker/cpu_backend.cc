@@ -1,0 +1,162 @@
+// The CPU backend: OpenBLAS for matrix products, plain loops for the rest. It is also the
+// reference the CUDA backend is tested against.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "worker/backend.hpp"
+
+namespace parasol {
+namespace {
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+  const char* name() const override { return "cpu"; }
+
+  DeviceBuffer Allocate(size_t floats) override {
+    float* p = new float[floats == 0 ? 1 : floats]();
+    return DeviceBuffer(p, floats, [](float* q) { delete[] q; });
+  }
+  void ToDevice(float* dst, const float* host, size_t n) override {
+    if (n) std::memcpy(dst, host, n * sizeof(float));
+  }
+  void ToHost(float* host, const float* src, size_t n) override {
+    if (n) std::memcpy(host, src, n * sizeof(float));
+  }
+  void Fill(float* dst, float value, size_t n) override { std::fill(dst, dst + n, value); }
+
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) override {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
+                trans_b ? k : n, beta, c, n);
+  }
+
+  void AddBias(float* y, const float* bias, int rows, int cols) override {
+    for (int r = 0; r < rows; ++r) {
+      float* row = y + size_t(r) * cols;
+      for (int c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  }
+
+  void BiasGrad(float* db, const float* dy, int rows, int cols) override {
+    std::fill(db, db + cols, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = dy + size_t(r) * cols;
+      for (int c = 0; c < cols; ++c) db[c] += row[c];
+    }
+  }
+
+  void Relu(float* y, const float* x, size_t n) override {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+  }
+
+  void ReluBackward(float* dx, const float* dy, const float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
+  }
+
+  void EmbeddingPool(float* out, const float* rows, int dim, const uint32_t* indices,
+                     const float* values, const uint32_t* offsets, int batch) override {
+    for (int b = 0; b < batch; ++b) {
+      float* o = out + size_t(b) * dim;
+      std::fill(o, o + dim, 0.0f);
+      for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
+        const float* r = rows + size_t(indices[j]) * dim;
+        const float v = values ? values[j] : 1.0f;
+        for (int d = 0; d < dim; ++d) o[d] += v * r[d];
+      }
+    }
+  }
+
+  void EmbeddingPoolBackward(float* drows, const float* dout, int dim, const uint32_t* indices,
+                             const float* values, const uint32_t* offsets, int batch) override {
+    for (int b = 0; b < batch; ++b) {
+      const float* g = dout + size_t(b) * dim;
+      for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
+        float* r = drows + size_t(indices[j]) * dim;
+        const float v = values ? values[j] : 1.0f;
+        for (int d = 0; d < dim; ++d) r[d] += v * g[d];
+      }
+    }
+  }
+
+  void Interaction(float* out, const float* z, const float* e, int batch, int fields,
+                   int dim) override {
+    const int vectors = fields + 1;
+    const int width = dim + vectors * fields / 2;
+    for (int b = 0; b < batch; ++b) {
+      const float* zb = z + size_t(b) * dim;
+      const float* eb = e + size_t(b) * fields * dim;
+      auto vec = [&](int i) { return i == 0 ? zb : eb + size_t(i - 1) * dim; };
+      float* o = out + size_t(b) * width;
+      std::memcpy(o, zb, sizeof(float) * dim);
+      int k = dim;
+      for (int i = 1; i < vectors; ++i) {
+        const float* vi = vec(i);
+        for (int j = 0; j < i; ++j) {
+          const float* vj = vec(j);
+          float s = 0;
+          for (int d = 0; d < dim; ++d) s += vi[d] * vj[d];
+          o[k++] = s;
+        }
+      }
+    }
+  }
+
+  void InteractionBackward(float* dz, float* de, const float* dout, const float* z,
+                           const float* e, int batch, int fields, int dim) override {
+    const int vectors = fields + 1;
+    const int width = dim + vectors * fields / 2;
+    for (int b = 0; b < batch; ++b) {
+      const float* zb = z + size_t(b) * dim;
+      const float* eb = e + size_t(b) * fields * dim;
+      float* dzb = dz + size_t(b) * dim;
+      float* deb = de + size_t(b) * fields * dim;
+      auto vec = [&](int i) { return i == 0 ? zb : eb + size_t(i - 1) * dim; };
+      auto grad = [&](int i) { return i == 0 ? dzb : deb + size_t(i - 1) * dim; };
+      const float* g = dout + size_t(b) * width;
+      std::memcpy(dzb, g, sizeof(float) * dim);
+      std::fill(deb, deb + size_t(fields) * dim, 0.0f);
+      int k = dim;
+      for (int i = 1; i < vectors; ++i) {
+        for (int j = 0; j < i; ++j) {
+          const float gk = g[k++];
+          const float* vi = vec(i);
+          const float* vj = vec(j);
+          float* gi = grad(i);
+          float* gj = grad(j);
+          for (int d = 0; d < dim; ++d) {
+            gi[d] += gk * vj[d];
+            gj[d] += gk * vi[d];
+          }
+        }
+      }
+    }
+  }
+
+  double SigmoidBce(float* probs, float* dlogits, const float* logits, const float* labels,
+                    int n) override {
+    double loss = 0;
+    for (int i = 0; i < n; ++i) {
+      const double x = logits[i];
+      const double p = 1.0 / (1.0 + std::exp(-x));
+      probs[i] = static_cast<float>(p);
+      dlogits[i] = static_cast<float>((p - labels[i]) / n);
+      // log(1 + e^x) - y x, computed without overflow.
+      loss += std::max(x, 0.0) - x * labels[i] + std::log1p(std::exp(-std::abs(x)));
+    }
+    return n ? loss / n : 0.0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace parasol

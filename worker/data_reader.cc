@@ -1,0 +1,273 @@
+#include "worker/data_reader.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "common/hash.hpp"
+#include "common/model_tables.hpp"
+
+namespace parasol {
+namespace {
+
+constexpr uint64_t kMissingSalt = 0x4d495353494e47ULL;  // "MISSING"
+constexpr uint64_t kLibsvmSalt = 0x4c4942535653ULL;     // "LIBSVS"
+
+bool ParseInt64(std::string_view s, int64_t* out) {
+  if (s.empty()) return false;
+  const char* b = s.data();
+  if (*b == '+') ++b;
+  auto [p, ec] = std::from_chars(b, s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool ParseFloat(std::string_view s, float* out) {
+  if (s.empty() || s.size() > 64) return false;
+  char buf[65];
+  std::memcpy(buf, s.data(), s.size());
+  buf[s.size()] = '\0';
+  char* end = nullptr;
+  errno = 0;
+  const float v = std::strtof(buf, &end);
+  if (end != buf + s.size() || errno != 0 || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// Calls fn(field) for each tab-separated field; never collapses repeated tabs.
+template <typename Fn>
+size_t SplitTabs(std::string_view line, Fn&& fn) {
+  size_t count = 0, start = 0;
+  while (true) {
+    const size_t tab = line.find('\t', start);
+    fn(count, line.substr(start, tab == std::string_view::npos ? std::string_view::npos
+                                                               : tab - start));
+    ++count;
+    if (tab == std::string_view::npos) return count;
+    start = tab + 1;
+  }
+}
+
+}  // namespace
+
+uint64_t CriteoKey(uint32_t field, std::string_view value) {
+  if (value.empty()) return HashKey(field, kMissingSalt);
+  return HashBytes(value, SplitMix64(field + 1));
+}
+
+uint64_t LibsvmKey(uint64_t index) { return HashKey(index, kLibsvmSalt); }
+
+Status ParseCriteoRow(std::string_view line, bool has_label, Batch* batch) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  const size_t want = (has_label ? 1 : 0) + kCriteoDenseFeatures + kCriteoSparseFields;
+  std::string_view fields[48];
+  const size_t n = SplitTabs(line, [&](size_t i, std::string_view f) {
+    if (i < 48) fields[i] = f;
+  });
+  if (n != want) {
+    return InvalidArgument("expected " + std::to_string(want) + " tab-separated fields, found " +
+                           std::to_string(n));
+  }
+  size_t i = 0;
+  float label = 0;
+  if (has_label) {
+    if (fields[0] != "0" && fields[0] != "1") {
+      return InvalidArgument("label must be 0 or 1, found '" + std::string(fields[0]) + "'");
+    }
+    label = fields[0] == "1" ? 1.0f : 0.0f;
+    i = 1;
+  }
+  float dense[kCriteoDenseFeatures];
+  for (uint32_t d = 0; d < kCriteoDenseFeatures; ++d, ++i) {
+    if (fields[i].empty()) {
+      dense[d] = 0.0f;
+      continue;
+    }
+    int64_t x = 0;
+    if (!ParseInt64(fields[i], &x)) {
+      return InvalidArgument("integer feature I" + std::to_string(d + 1) + " is '" +
+                             std::string(fields[i]) + "', not an integer");
+    }
+    dense[d] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(x, 0))));
+  }
+  batch->labels.push_back(label);
+  batch->dense.insert(batch->dense.end(), dense, dense + kCriteoDenseFeatures);
+  for (uint32_t c = 0; c < kCriteoSparseFields; ++c, ++i) {
+    batch->keys.push_back(CriteoKey(c, fields[i]));
+    batch->values.push_back(1.0f);
+  }
+  batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+  ++batch->size;
+  return Status::Ok();
+}
+
+Status ParseLibsvmRow(std::string_view line, Batch* batch) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  std::vector<std::pair<uint64_t, float>> features;
+  float label = 0;
+  size_t pos = 0, token = 0;
+  while (pos < line.size()) {
+    while (pos < line.size() && (line[pos] == ' ' || line[pos] == '\t')) ++pos;
+    if (pos >= line.size()) break;
+    size_t end = pos;
+    while (end < line.size() && line[end] != ' ' && line[end] != '\t') ++end;
+    const std::string_view t = line.substr(pos, end - pos);
+    if (token == 0) {
+      int64_t l = 0;
+      if (!ParseInt64(t, &l) || (l != 0 && l != 1 && l != -1)) {
+        return InvalidArgument("label must be 0, 1, -1 or +1, found '" + std::string(t) + "'");
+      }
+      label = l == 1 ? 1.0f : 0.0f;
+    } else {
+      const size_t colon = t.find(':');
+      int64_t index = 0;
+      float value = 0;
+      if (colon == std::string_view::npos || !ParseInt64(t.substr(0, colon), &index) ||
+          index < 0 || !ParseFloat(t.substr(colon + 1), &value)) {
+        return InvalidArgument("feature '" + std::string(t) + "' is not index:value");
+      }
+      features.emplace_back(LibsvmKey(static_cast<uint64_t>(index)), value);
+    }
+    ++token;
+    pos = end;
+  }
+  if (token == 0) return InvalidArgument("empty row");
+  batch->labels.push_back(label);
+  batch->dense.insert(batch->dense.end(), kCriteoDenseFeatures, 0.0f);
+  for (const auto& [k, v] : features) {
+    batch->keys.push_back(k);
+    batch->values.push_back(v);
+  }
+  batch->offsets.push_back(static_cast<uint32_t>(batch->keys.size()));
+  ++batch->size;
+  return Status::Ok();
+}
+
+BatchReader::BatchReader(ReaderOptions options) : options_(std::move(options)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+BatchReader::~BatchReader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BatchReader::Emit(Batch batch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.queue_batches; });
+  if (stopping_) return;
+  queue_.push_back(std::move(batch));
+  cv_.notify_all();
+}
+
+void BatchReader::Finish(Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  status_ = std::move(status);
+  cv_.notify_all();
+}
+
+void BatchReader::Run() {
+  Batch batch;
+  batch.Clear();
+  std::string line;
+  for (uint32_t epoch = 0; epoch < options_.epochs; ++epoch) {
+    for (const std::string& file : options_.files) {
+      std::ifstream in(file);
+      if (!in) {
+        return Finish(NotFound("cannot read data file '" + file + "': " + std::strerror(errno)));
+      }
+      uint64_t line_no = 0;
+      while (std::getline(in, line)) {
+        ++line_no;
+        if ((line_no - 1) % options_.workers != options_.rank) continue;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return;
+        }
+        Status st = options_.format == DataOptions::Format::kCriteo
+                        ? ParseCriteoRow(line, options_.has_label, &batch)
+                        : ParseLibsvmRow(line, &batch);
+        if (!st.ok()) {
+          const std::string where = file + ":" + std::to_string(line_no) + ": " + st.message();
+          if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {
+            return Finish(InvalidArgument("malformed row at " + where +
+                                          " (data.on_bad_row: fail)"));
+          }
+          std::lock_guard<std::mutex> lock(mu_);
+          if (bad_rows_++ == 0) first_bad_ = where;
+          continue;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++rows_;
+        }
+        if (batch.size == options_.batch_size) {
+          Emit(std::move(batch));
+          batch = Batch();
+          batch.Clear();
+        }
+      }
+    }
+    if (batch.size > 0) {
+      Emit(std::move(batch));
+      batch = Batch();
+      batch.Clear();
+    }
+  }
+  Finish(Status::Ok());
+}
+
+Result<std::optional<Batch>> BatchReader::Next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+  if (!queue_.empty()) {
+    Batch b = std::move(queue_.front());
+    queue_.pop_front();
+    cv_.notify_all();
+    return std::optional<Batch>(std::move(b));
+  }
+  if (!status_.ok()) return status_;
+  return std::optional<Batch>();
+}
+
+uint64_t BatchReader::bad_rows() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bad_rows_;
+}
+
+uint64_t BatchReader::rows_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rows_;
+}
+
+std::string BatchReader::first_bad_row() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_bad_;
+}
+
+Result<std::vector<Batch>> ReadAll(DataOptions::Format format, const std::string& file,
+                                   uint32_t batch_size, bool has_label, uint64_t* bad_rows) {
+  ReaderOptions o;
+  o.format = format;
+  o.files = {file};
+  o.batch_size = batch_size;
+  o.has_label = has_label;
+  BatchReader reader(o);
+  std::vector<Batch> out;
+  while (true) {
+    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, reader.Next());
+    if (!b) break;
+    out.push_back(std::move(*b));
+  }
+  if (bad_rows) *bad_rows = reader.bad_rows();
+  return out;
+}
+
+}  // namespace parasol

@@ -1,0 +1,90 @@
+// Readers of Criteo TSV and libsvm data, and the thread that turns a worker's share of the
+// input into batches ahead of the trainer.
+//
+// Criteo: label, 13 integer and 26 categorical fields, tab separated, empty fields allowed, no
+// header. Categorical values become keys by hashing (field index, value string); an empty field
+// becomes that field's "missing" key. Integers x become log(1 + max(x, 0)); empty -> 0.
+// libsvm: `label index:value ...`; label 0/1 (or -1/+1); each index becomes a key with its value.
+// Worker r of W takes the rows whose 0-based line number is r modulo W, so together the workers
+// see every row once per epoch.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "worker/batch.hpp"
+
+namespace parasol {
+
+// The key of categorical value `value` in field `field` (0-based); empty -> the missing key.
+uint64_t CriteoKey(uint32_t field, std::string_view value);
+// The key of libsvm feature `index`.
+uint64_t LibsvmKey(uint64_t index);
+
+// Appends one parsed row to `batch`, or returns why the row is malformed (and leaves the batch
+// as it was). `has_label`: 40 fields (train) or 39 (Criteo's unlabeled test file, label 0).
+Status ParseCriteoRow(std::string_view line, bool has_label, Batch* batch);
+Status ParseLibsvmRow(std::string_view line, Batch* batch);
+
+struct ReaderOptions {
+  DataOptions::Format format = DataOptions::Format::kCriteo;
+  std::vector<std::string> files;
+  uint32_t batch_size = 256;
+  uint32_t epochs = 1;
+  uint32_t rank = 0;     // this worker's share ...
+  uint32_t workers = 1;  // ... of this many
+  DataOptions::OnBadRow on_bad_row = DataOptions::OnBadRow::kSkip;
+  uint32_t queue_batches = 8;
+  bool has_label = true;
+};
+
+// Reads on a thread of its own and hands out full batches (the last of an epoch may be short).
+// Thread-safety: Next() from one consumer thread.
+class BatchReader {
+ public:
+  explicit BatchReader(ReaderOptions options);
+  ~BatchReader();
+  BatchReader(const BatchReader&) = delete;
+  BatchReader& operator=(const BatchReader&) = delete;
+
+  // The next batch; an empty optional at the end of the last epoch; an error for a file that
+  // cannot be read, or a malformed row under on_bad_row: fail (naming file and line).
+  Result<std::optional<Batch>> Next();
+
+  uint64_t bad_rows() const;
+  uint64_t rows_read() const;
+  // "file:line: why" of the first malformed row, or "".
+  std::string first_bad_row() const;
+
+ private:
+  void Run();
+  void Emit(Batch batch);
+  void Finish(Status status);
+
+  const ReaderOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> queue_;      // guarded by mu_
+  bool done_ = false;            // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  Status status_;                // guarded by mu_
+  uint64_t bad_rows_ = 0;        // guarded by mu_
+  uint64_t rows_ = 0;            // guarded by mu_
+  std::string first_bad_;        // guarded by mu_
+  std::thread thread_;
+};
+
+// Reads every row of `file` (no sharding) into batches of `batch_size`: for evaluation.
+Result<std::vector<Batch>> ReadAll(DataOptions::Format format, const std::string& file,
+                                   uint32_t batch_size, bool has_label, uint64_t* bad_rows);
+
+}  // namespace parasol

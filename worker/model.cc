@@ -1,0 +1,26 @@
+#include "worker/model.hpp"
+
+namespace parasol {
+
+std::unique_ptr<Model> MakeDlrmModel(const Manifest& m, Backend* backend, uint32_t max_batch);
+std::unique_ptr<Model> MakeLrModel(const Manifest& m, Backend* backend, uint32_t max_batch);
+
+Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* backend,
+                                             uint32_t max_batch) {
+  switch (manifest.model.kind) {
+    case ModelOptions::Kind::kDlrm:
+      if (manifest.data.format != DataOptions::Format::kCriteo) {
+        return InvalidArgument(manifest.source +
+                               ": model dlrm reads Criteo data (one key per field); "
+                               "data.format is libsvm");
+      }
+      return MakeDlrmModel(manifest, backend, max_batch);
+    case ModelOptions::Kind::kLr:
+      return MakeLrModel(manifest, backend, max_batch);
+    case ModelOptions::Kind::kNone:
+      break;
+  }
+  return InvalidArgument(manifest.source + ": key 'model.kind': no model to train");
+}
+
+}  // namespace parasol
