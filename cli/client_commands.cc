@@ -1,4 +1,3 @@
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -7,7 +6,6 @@
 
 #include "cli/commands.hpp"
 #include "common/manifest.hpp"
-#include "common/subprocess.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol::cli {
@@ -71,63 +69,6 @@ int RunShutdown(const std::string& manifest_path) {
     return 1;
   }
   return 0;
-}
-
-int RunLaunch(const std::string& self_path, const std::string& manifest_path,
-              const WorkloadOptions& options) {
-  Result<Manifest> manifest = LoadManifest(manifest_path);
-  if (!manifest.ok()) {
-    spdlog::error("{}", manifest.status().message());
-    return 2;
-  }
-  std::vector<Subprocess> servers;
-  for (uint32_t r = 0; r < manifest->cluster.servers.size(); ++r) {
-    auto p = Subprocess::Spawn(
-        {self_path, "server", "--manifest", manifest_path, "--rank", std::to_string(r)});
-    if (!p.ok()) {
-      spdlog::error("{}", p.status().ToString());
-      return 1;
-    }
-    spdlog::info("launch: server {} (pid {}) on {}", r, p->pid(),
-                 manifest->cluster.servers[r].ToString());
-    servers.push_back(std::move(*p));
-  }
-  std::vector<Subprocess> workers;
-  for (uint32_t w = 0; w < manifest->cluster.workers; ++w) {
-    auto p = Subprocess::Spawn({self_path, "loadgen", "--manifest", manifest_path, "--worker",
-                                std::to_string(w), "--steps", std::to_string(options.steps),
-                                "--batch-keys", std::to_string(options.batch_keys),
-                                "--key-space", std::to_string(options.key_space), "--zipf",
-                                std::to_string(options.zipf_s), "--seed",
-                                std::to_string(options.seed)});
-    if (!p.ok()) {
-      spdlog::error("{}", p.status().ToString());
-      return 1;
-    }
-    spdlog::info("launch: worker {} (pid {})", w, p->pid());
-    workers.push_back(std::move(*p));
-  }
-  int failed = 0;
-  for (uint32_t w = 0; w < workers.size(); ++w) {
-    // Bounded: a worker that hangs past an hour is killed with the rest.
-    auto status = workers[w].Wait(std::chrono::hours(1));
-    if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      spdlog::error("launch: worker {} {}", w,
-                    status ? DescribeWaitStatus(*status) : std::string("did not finish"));
-      ++failed;
-    }
-  }
-  for (auto& s : servers) s.Signal(SIGTERM);
-  for (uint32_t r = 0; r < servers.size(); ++r) {
-    auto status = servers[r].Wait(std::chrono::seconds(30));
-    if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      spdlog::error("launch: server {} {}", r,
-                    status ? DescribeWaitStatus(*status) : std::string("did not stop"));
-      ++failed;
-    }
-  }
-  if (failed == 0) spdlog::info("launch: job finished; every worker's check passed");
-  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace parasol::cli

@@ -20,8 +20,15 @@ int RunStats(const std::string& manifest_path);
 // parasol shutdown --manifest M
 int RunShutdown(const std::string& manifest_path);
 
-// parasol launch --manifest M: every server and worker of the job on this machine.
+// parasol launch --manifest M: every server and worker of the job on this machine, their output
+// prefixed with their role; everything stops if one fails.
 int RunLaunch(const std::string& self_path, const std::string& manifest_path,
-              const WorkloadOptions& options);
+              const WorkloadOptions& options, const std::string& summary);
+
+// parasol worker --manifest M --rank J: trains the manifest's model.
+int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary);
+
+// parasol gen-data --rows N --out FILE
+int RunGenData(uint64_t rows, const std::string& out, uint64_t seed);
 
 }  // namespace parasol::cli

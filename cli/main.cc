@@ -51,9 +51,25 @@ int main(int argc, char** argv) {
   loadgen->add_option("--worker,-w", worker, "worker id")->capture_default_str();
   AddWorkloadOptions(loadgen, &workload);
 
+  std::string summary;
   auto* launch = app.add_subcommand("launch", "run every server and worker on this machine");
-  launch->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  launch->add_option("manifest,--manifest,-m", manifest, "job manifest (YAML)")->required();
+  launch->add_option("--summary", summary, "write the job's summary (JSON) here");
   AddWorkloadOptions(launch, &workload);
+
+  auto* worker_cmd = app.add_subcommand("worker", "train the manifest's model as one worker");
+  worker_cmd->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  worker_cmd->add_option("--rank,-r", rank, "this worker's id, 0 .. cluster.workers-1")
+      ->required();
+  worker_cmd->add_option("--summary", summary, "write this worker's summary (JSON) here");
+
+  uint64_t rows = 100000;
+  uint64_t seed = 1;
+  std::string out;
+  auto* gen = app.add_subcommand("gen-data", "write Criteo-format synthetic data");
+  gen->add_option("--rows,-n", rows, "rows to write")->capture_default_str();
+  gen->add_option("--out,-o", out, "output file")->required();
+  gen->add_option("--seed", seed, "random seed")->capture_default_str();
 
   auto* stats = app.add_subcommand("stats", "print every shard's counters");
   stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -65,7 +81,9 @@ int main(int argc, char** argv) {
 
   if (*server) return parasol::cli::RunServer(manifest, rank);
   if (*loadgen) return parasol::cli::RunLoadgen(manifest, worker, workload);
-  if (*launch) return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload);
+  if (*launch) return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload, summary);
+  if (*worker_cmd) return parasol::cli::RunWorker(manifest, rank, summary);
+  if (*gen) return parasol::cli::RunGenData(rows, out, seed);
   if (*stats) return parasol::cli::RunStats(manifest);
   if (*shutdown) return parasol::cli::RunShutdown(manifest);
   return 2;

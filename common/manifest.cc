@@ -378,6 +378,14 @@ Status ParseData(MapReader& root, DataOptions* d, const std::string& file) {
   return r.Finish();
 }
 
+Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
+  if (!root.Has("worker")) return Status::Ok();
+  MapReader r(root.Child("worker"), "worker", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("blas_threads", 1, 1024, &w->blas_threads));
+  return r.Finish();
+}
+
 Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
                  const std::string& file) {
   if (!table.Has("init")) return Status::Ok();
@@ -590,6 +598,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseTraining(root, &m.training, m.source));
     PARASOL_RETURN_IF_ERROR(ParseModel(root, &m.model, m.source));
     PARASOL_RETURN_IF_ERROR(ParseData(root, &m.data, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseWorker(root, &m.worker, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));

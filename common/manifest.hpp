@@ -119,6 +119,10 @@ struct ModelOptions {
   }
 };
 
+struct WorkerOptions {
+  uint32_t blas_threads = 1;  // OpenBLAS threads of a CPU worker
+};
+
 struct DataOptions {
   enum class Format { kCriteo, kLibsvm };
   enum class OnBadRow { kSkip, kFail };
@@ -142,6 +146,7 @@ struct Manifest {
   TrainingOptions training;
   ModelOptions model;
   DataOptions data;
+  WorkerOptions worker;
   // The tables listed in the manifest, then those the model needs (named "model.*").
   std::vector<TableOptions> tables;
 

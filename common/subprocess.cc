@@ -15,9 +15,10 @@ extern char** environ;
 namespace parasol {
 
 Subprocess::Subprocess(Subprocess&& other) noexcept
-    : pid_(other.pid_), exit_status_(other.exit_status_) {
+    : pid_(other.pid_), exit_status_(other.exit_status_), output_fd_(other.output_fd_) {
   other.pid_ = -1;
   other.exit_status_.reset();
+  other.output_fd_ = -1;
 }
 
 Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
@@ -25,8 +26,10 @@ Subprocess& Subprocess::operator=(Subprocess&& other) noexcept {
     this->~Subprocess();
     pid_ = other.pid_;
     exit_status_ = other.exit_status_;
+    output_fd_ = other.output_fd_;
     other.pid_ = -1;
     other.exit_status_.reset();
+    other.output_fd_ = -1;
   }
   return *this;
 }
@@ -39,6 +42,33 @@ Subprocess::~Subprocess() {
     }
   }
   pid_ = -1;
+  if (output_fd_ >= 0) ::close(output_fd_);
+  output_fd_ = -1;
+}
+
+Result<Subprocess> Subprocess::SpawnPiped(const std::vector<std::string>& argv) {
+  if (argv.empty()) return InvalidArgument("Subprocess::SpawnPiped: empty argv");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return IoError(std::string("pipe: ") + std::strerror(errno));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return IoError("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  Subprocess p;
+  p.pid_ = pid;
+  p.output_fd_ = fds[0];
+  return p;
 }
 
 Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,

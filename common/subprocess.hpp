@@ -28,6 +28,11 @@ class Subprocess {
   // stderr are appended to that file.
   static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
                                   const std::string& log_path = "");
+  // Starts argv[0] with its stdout and stderr going into a pipe; output_fd() reads it.
+  static Result<Subprocess> SpawnPiped(const std::vector<std::string>& argv);
+
+  // The read end of the output pipe (SpawnPiped), or -1. Owned by this object.
+  int output_fd() const { return output_fd_; }
 
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0 && !exit_status_; }
@@ -45,6 +50,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   std::optional<int> exit_status_;
+  int output_fd_ = -1;
 };
 
 // "exited with code 3", "killed by signal 9".

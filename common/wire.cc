@@ -37,6 +37,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_shard_rank(h.shard_rank);
   b.add_shard_count(h.shard_count);
   b.add_with_state(h.with_state);
+  b.add_done(h.done);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -106,6 +107,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.shard_rank = fb->shard_rank();
   h.shard_count = fb->shard_count();
   h.with_state = fb->with_state();
+  h.done = fb->done();
   return h;
 }
 

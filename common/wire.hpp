@@ -56,6 +56,7 @@ struct Header {
   uint32_t shard_rank = 0;
   uint32_t shard_count = 0;
   bool with_state = false;
+  bool done = false;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

@@ -12,7 +12,22 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       last_heard_(workers, start),
       held_(workers, 0),
       lost_(workers, false),
+      done_at_(workers, -1),
       live_(workers) {}
+
+void ConsistencyController::SetDone(uint32_t worker, int64_t clock) {
+  if (!InJob(worker) || done_at_[worker] >= 0) return;
+  done_at_[worker] = clock;
+  SetClock(worker, clock);
+}
+
+uint32_t ConsistencyController::ActiveAt(int64_t clock) const {
+  uint32_t n = 0;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (!lost_[w] && (done_at_[w] < 0 || done_at_[w] > clock)) ++n;
+  }
+  return n;
+}
 
 void ConsistencyController::Heard(uint32_t worker, SteadyClock::time_point now) {
   if (InJob(worker)) last_heard_[worker] = now;
@@ -29,7 +44,7 @@ void ConsistencyController::AddHeld(uint32_t worker, int delta) {
 int64_t ConsistencyController::MinClock() const {
   int64_t m = std::numeric_limits<int64_t>::max();
   for (size_t w = 0; w < clocks_.size(); ++w) {
-    if (!lost_[w]) m = std::min(m, clocks_[w]);
+    if (!lost_[w] && done_at_[w] < 0) m = std::min(m, clocks_[w]);
   }
   return m;
 }
@@ -60,7 +75,7 @@ std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point 
   const int64_t min_clock = MinClock();
   const bool bounded = options_.consistency != TrainingOptions::Consistency::kAsp;
   for (uint32_t w = 0; w < clocks_.size(); ++w) {
-    if (lost_[w] || held_[w] > 0) continue;
+    if (lost_[w] || held_[w] > 0 || done_at_[w] >= 0) continue;
     // Under a bound, a worker ahead of the slowest may be waiting on another shard; only a
     // worker at the slowest clock can be the one holding the job up.
     if (bounded && clocks_[w] > min_clock) continue;

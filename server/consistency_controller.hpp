@@ -36,10 +36,16 @@ class ConsistencyController {
   void Heard(uint32_t worker, SteadyClock::time_point now);
   // Raises `worker`'s clock to `clock` (clocks never go back).
   void SetClock(uint32_t worker, int64_t clock);
+  // `worker` has finished its steps at `clock`: it no longer bounds the others, and it is no
+  // longer expected to push for later clocks.
+  void SetDone(uint32_t worker, int64_t clock);
+  bool IsDone(uint32_t worker) const { return InJob(worker) && done_at_[worker] >= 0; }
+  // Workers expected to push for `clock`: live, and not done before it.
+  uint32_t ActiveAt(int64_t clock) const;
   // Requests of `worker` held by the shard (+1 when held, -1 when answered).
   void AddHeld(uint32_t worker, int delta);
 
-  // Over live workers; INT64_MAX when none is live.
+  // Over live workers that are not done; INT64_MAX when there are none.
   int64_t MinClock() const;
   int64_t MaxClock() const;
   const std::vector<int64_t>& clocks() const { return clocks_; }
@@ -58,6 +64,7 @@ class ConsistencyController {
   std::vector<SteadyClock::time_point> last_heard_;
   std::vector<int> held_;
   std::vector<bool> lost_;
+  std::vector<int64_t> done_at_;  // -1 while working
   uint32_t live_;
 };
 

@@ -334,7 +334,11 @@ Status ShardServer::HandleClock(const Header& req) {
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  controller_.SetClock(req.worker_id, req.clock);
+  if (req.done) {
+    controller_.SetDone(req.worker_id, req.clock);
+  } else {
+    controller_.SetClock(req.worker_id, req.clock);
+  }
   return Status::Ok();
 }
 

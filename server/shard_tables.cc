@@ -280,8 +280,8 @@ Status ShardServer::AggregatePushDense(const Header& req, const PayloadView& p,
 }
 
 void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
-  // The average over the workers that are still in the job.
-  const double scale = 1.0 / std::max<uint32_t>(1, controller_.live_workers());
+  // The average over the workers expected at this clock (live, and not finished before it).
+  const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
   std::vector<float*> dense_values(dense_.size(), nullptr);
   for (size_t t = 0; t < dense_.size(); ++t) {

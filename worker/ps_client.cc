@@ -605,6 +605,16 @@ Status PsClient::Tick() {
   return Wait(t);
 }
 
+Status PsClient::Leave() {
+  const Ticket t = NewTicket(Op::Clock, 0);
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    Header h = NewRequest(Op::Clock, 0);
+    h.done = true;
+    Send(t, s, std::move(h), {});
+  }
+  return Wait(t);
+}
+
 Status PsClient::Barrier(int64_t id) {
   // Every shard holds the barrier, so every shard knows this worker is waiting, not lost.
   std::vector<uint32_t> all(shards_.size());

@@ -89,6 +89,9 @@ class PsClient {
   // Ends this worker's step: advances its clock and tells every shard (also those its pushes
   // did not touch). Call after the step's pushes have been acknowledged.
   Status Tick();
+  // This worker has finished its steps: the shards stop waiting for its clock (and, under BSP,
+  // for its pushes). No more pushes may follow.
+  Status Leave();
   // Waits until every live worker of the job has entered barrier `id` (on every shard).
   Status Barrier(int64_t id);
   // Each shard's stats as JSON, in rank order.

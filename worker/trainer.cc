@@ -1,0 +1,298 @@
+#include "worker/trainer.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "common/key_index.hpp"
+#include "worker/data_reader.hpp"
+#include "worker/metrics.hpp"
+#include "worker/model.hpp"
+
+namespace parasol {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double Since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+// A batch's unique keys, and for each of its keys the index of its unique row.
+struct PreparedKeys {
+  std::vector<uint64_t> unique;
+  std::vector<uint32_t> indices;
+};
+
+void PrepareKeys(const Batch& batch, KeyIndex& index, PreparedKeys* p) {
+  if (index.capacity() * 7 >= batch.keys.size() * 10) {
+    index.Clear();
+  } else {
+    index.Reset(batch.keys.size());
+  }
+  p->unique.clear();
+  p->indices.resize(batch.keys.size());
+  for (size_t i = 0; i < batch.keys.size(); ++i) {
+    bool inserted = false;
+    const uint32_t u = index.FindOrInsert(batch.keys[i], static_cast<uint32_t>(p->unique.size()),
+                                          &inserted);
+    if (inserted) p->unique.push_back(batch.keys[i]);
+    p->indices[i] = u;
+  }
+}
+
+// Lines in the training files: for the progress line's estimate of the time left.
+uint64_t CountLines(const std::vector<std::string>& files) {
+  uint64_t n = 0;
+  std::vector<char> buf(1 << 20);
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    while (in) {
+      in.read(buf.data(), buf.size());
+      const std::streamsize got = in.gcount();
+      for (std::streamsize i = 0; i < got; ++i) n += buf[i] == '\n';
+    }
+  }
+  return n;
+}
+
+// Pulls every dense table of the model into its host copies.
+Status PullDense(PsClient& client, Model& model) {
+  std::vector<PsClient::Ticket> tickets;
+  for (size_t i = 0; i < model.dense_tables().size(); ++i) {
+    PARASOL_ASSIGN_OR_RETURN(
+        PsClient::Ticket t,
+        client.PullDenseAsync(model.dense_tables()[i], model.DenseParams()[i].data()));
+    tickets.push_back(t);
+  }
+  Status first;
+  for (PsClient::Ticket t : tickets) {
+    Status st = client.Wait(t);
+    if (first.ok()) first = st;
+  }
+  return first;
+}
+
+}  // namespace
+
+std::string TrainReport::ToJson() const {
+  std::ostringstream s;
+  s.precision(6);
+  s << "{\"worker\": " << worker << ", \"steps\": " << steps
+    << ", \"train_samples\": " << train_samples << ", \"train_seconds\": " << train_seconds
+    << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
+    << ", \"bad_rows\": " << bad_rows << ", \"evaluated\": " << (evaluated ? "true" : "false")
+    << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
+    << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
+    << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
+    << ", \"push\": " << push_seconds << ", \"wait\": " << wait_seconds << "}}";
+  return s.str();
+}
+
+std::string TrainReport::Summary() const {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "worker %u: %llu steps, %llu samples in %.1f s (%.0f samples/s), train loss "
+                "%.4f, %llu bad rows",
+                worker, static_cast<unsigned long long>(steps),
+                static_cast<unsigned long long>(train_samples), train_seconds,
+                samples_per_second, last_loss, static_cast<unsigned long long>(bad_rows));
+  std::string out = buf;
+  if (evaluated) {
+    std::snprintf(buf, sizeof(buf), "; eval over %llu samples: logloss %.4f, AUC %.4f",
+                  static_cast<unsigned long long>(eval_samples), eval_logloss, eval_auc);
+    out += buf;
+  }
+  return out;
+}
+
+Trainer::Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,
+                 std::function<void(const std::string&)> progress)
+    : manifest_(manifest),
+      rank_(rank),
+      client_(client),
+      backend_(backend),
+      progress_(std::move(progress)) {}
+
+Result<EvalResult> Trainer::Evaluate(const std::string& file) {
+  const uint32_t batch_size = manifest_.training.batch_size;
+  PARASOL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           Model::Create(manifest_, backend_, batch_size));
+  uint64_t bad = 0;
+  PARASOL_ASSIGN_OR_RETURN(std::vector<Batch> batches,
+                           ReadAll(manifest_.data.format, file, batch_size, true, &bad));
+  PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model));
+  std::vector<float> probs, labels, rows;
+  KeyIndex index;
+  PreparedKeys keys;
+  for (const Batch& b : batches) {
+    PrepareKeys(b, index, &keys);
+    rows.resize(keys.unique.size() * model->sparse_dim());
+    PARASOL_RETURN_IF_ERROR(client_->PullSparse(model->sparse_table(), keys.unique, rows.data()));
+    model->Forward(b, rows.data(), static_cast<uint32_t>(keys.unique.size()),
+                   keys.indices.data());
+    probs.insert(probs.end(), model->Probabilities().begin(), model->Probabilities().end());
+    labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+  }
+  EvalResult r;
+  r.samples = probs.size();
+  r.logloss = LogLoss(probs, labels);
+  r.auc = Auc(probs, labels);
+  return r;
+}
+
+Result<TrainReport> Trainer::Run() {
+  const TrainingOptions& t = manifest_.training;
+  const uint32_t workers = manifest_.cluster.workers;
+  if (manifest_.data.train.empty()) {
+    return InvalidArgument(manifest_.source + ": key 'data.train': no training data given");
+  }
+  PARASOL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           Model::Create(manifest_, backend_, t.batch_size));
+  ReaderOptions ro;
+  ro.format = manifest_.data.format;
+  ro.files = manifest_.data.train;
+  ro.batch_size = t.batch_size;
+  ro.epochs = t.epochs;
+  ro.rank = rank_;
+  ro.workers = workers;
+  ro.on_bad_row = manifest_.data.on_bad_row;
+  ro.queue_batches = manifest_.data.queue_batches;
+  const uint64_t expected_samples = CountLines(ro.files) * t.epochs / workers;
+  BatchReader reader(ro);
+
+  const bool prefetch =
+      t.prefetch && (t.consistency == TrainingOptions::Consistency::kAsp ||
+                     (t.consistency == TrainingOptions::Consistency::kSsp && t.staleness >= 1));
+  TrainReport report;
+  report.worker = rank_;
+  auto phase = SteadyClock::now();
+  PARASOL_RETURN_IF_ERROR(client_->Barrier(0));
+  report.wait_seconds += Since(phase);
+
+  const auto start = SteadyClock::now();
+  auto last_progress = start;
+  std::deque<double> recent_losses;
+  KeyIndex index;
+  PreparedKeys cur_keys, next_keys;
+  std::vector<float> rows, next_rows, row_grads;
+  std::optional<PsClient::Ticket> prefetched;
+
+  phase = SteadyClock::now();
+  PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, reader.Next());
+  report.data_seconds += Since(phase);
+  if (cur) PrepareKeys(*cur, index, &cur_keys);
+  const uint32_t dim = model->sparse_dim();
+
+  while (cur && (t.max_steps == 0 || report.steps < t.max_steps)) {
+    // Rows of this batch (already on their way when prefetched) and the dense weights.
+    phase = SteadyClock::now();
+    if (prefetched) {
+      PARASOL_RETURN_IF_ERROR(client_->Wait(*prefetched));
+      prefetched.reset();
+      std::swap(rows, next_rows);
+    } else {
+      rows.resize(cur_keys.unique.size() * dim);
+      PARASOL_RETURN_IF_ERROR(
+          client_->PullSparse(model->sparse_table(), cur_keys.unique, rows.data()));
+    }
+    PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model));
+    report.pull_seconds += Since(phase);
+
+    phase = SteadyClock::now();
+    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> next, reader.Next());
+    report.data_seconds += Since(phase);
+    if (next) PrepareKeys(*next, index, &next_keys);
+    if (prefetch && next && (t.max_steps == 0 || report.steps + 1 < t.max_steps)) {
+      next_rows.resize(next_keys.unique.size() * dim);
+      PARASOL_ASSIGN_OR_RETURN(
+          PsClient::Ticket ticket,
+          client_->PullSparseAsync(model->sparse_table(), next_keys.unique, next_rows.data()));
+      prefetched = ticket;
+    }
+
+    phase = SteadyClock::now();
+    const double loss = model->Forward(*cur, rows.data(),
+                                       static_cast<uint32_t>(cur_keys.unique.size()),
+                                       cur_keys.indices.data());
+    row_grads.resize(cur_keys.unique.size() * dim);
+    model->Backward(row_grads.data());
+    report.compute_seconds += Since(phase);
+
+    phase = SteadyClock::now();
+    std::vector<PsClient::Ticket> pushes;
+    PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket sparse_push,
+                             client_->PushSparseAsync(model->sparse_table(), cur_keys.unique,
+                                                      row_grads));
+    pushes.push_back(sparse_push);
+    for (size_t i = 0; i < model->dense_tables().size(); ++i) {
+      PARASOL_ASSIGN_OR_RETURN(
+          PsClient::Ticket tk,
+          client_->PushDenseAsync(model->dense_tables()[i], model->DenseGrads()[i]));
+      pushes.push_back(tk);
+    }
+    for (PsClient::Ticket tk : pushes) PARASOL_RETURN_IF_ERROR(client_->Wait(tk));
+    report.push_seconds += Since(phase);
+    phase = SteadyClock::now();
+    PARASOL_RETURN_IF_ERROR(client_->Tick());
+    report.wait_seconds += Since(phase);
+
+    ++report.steps;
+    report.train_samples += cur->size;
+    recent_losses.push_back(loss);
+    if (recent_losses.size() > 100) recent_losses.pop_front();
+    report.last_loss = std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
+                       recent_losses.size();
+
+    if (progress_ && Since(last_progress) * 1000 >= t.progress_ms) {
+      last_progress = SteadyClock::now();
+      const double rate = report.train_samples / Since(start);
+      const double left = expected_samples > report.train_samples
+                              ? (expected_samples - report.train_samples) / rate
+                              : 0.0;
+      char buf[256];
+      std::snprintf(buf, sizeof(buf),
+                    "worker %u: step %llu, %llu samples, %.0f samples/s, loss %.4f, ETA %.0f s",
+                    rank_, static_cast<unsigned long long>(report.steps),
+                    static_cast<unsigned long long>(report.train_samples), rate,
+                    report.last_loss, left);
+      progress_(buf);
+    }
+    if (t.eval_every > 0 && report.steps % t.eval_every == 0 && rank_ == 0 &&
+        !manifest_.data.eval.empty()) {
+      PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
+      if (progress_) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "worker 0: step %llu: eval logloss %.4f, AUC %.4f",
+                      static_cast<unsigned long long>(report.steps), e.logloss, e.auc);
+        progress_(buf);
+      }
+    }
+    cur = std::move(next);
+    std::swap(cur_keys, next_keys);
+  }
+  if (prefetched) PARASOL_RETURN_IF_ERROR(client_->Wait(*prefetched));
+  report.train_seconds = Since(start);
+  report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
+  report.bad_rows = reader.bad_rows();
+  report.first_bad_row = reader.first_bad_row();
+
+  // Done: the others stop waiting for this worker's clock; then all meet before evaluating.
+  phase = SteadyClock::now();
+  PARASOL_RETURN_IF_ERROR(client_->Leave());
+  PARASOL_RETURN_IF_ERROR(client_->Barrier(1));
+  report.wait_seconds += Since(phase);
+  if (rank_ == 0 && !manifest_.data.eval.empty()) {
+    PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
+    report.evaluated = true;
+    report.eval_samples = e.samples;
+    report.eval_logloss = e.logloss;
+    report.eval_auc = e.auc;
+  }
+  return report;
+}
+
+}  // namespace parasol

@@ -1,0 +1,68 @@
+// Trainer: a worker's training loop.
+//
+// Each step: take a batch from the reader thread, deduplicate its keys, pull their rows and the
+// model's dense tables, forward, backward, push the summed gradient of each unique row and the
+// dense gradients, tick the clock. Under SSP (staleness >= 1) and ASP the next batch's rows are
+// pulled while the current batch computes; under BSP they cannot be. At the end the worker
+// leaves (the others stop waiting for its clock) and meets the others at a barrier; worker 0
+// then evaluates the whole eval file. Thread-safety: one trainer per worker process.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "worker/backend.hpp"
+#include "worker/ps_client.hpp"
+
+namespace parasol {
+
+struct TrainReport {
+  uint32_t worker = 0;
+  uint64_t steps = 0;
+  uint64_t train_samples = 0;
+  double train_seconds = 0;
+  double samples_per_second = 0;
+  double last_loss = 0;       // mean log loss of the last 100 steps
+  uint64_t bad_rows = 0;
+  std::string first_bad_row;  // "file:line: why"
+  bool evaluated = false;
+  uint64_t eval_samples = 0;
+  double eval_logloss = 0;
+  double eval_auc = 0;
+  // Where the training time went (seconds).
+  double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
+         wait_seconds = 0;
+
+  std::string ToJson() const;
+  std::string Summary() const;
+};
+
+struct EvalResult {
+  uint64_t samples = 0;
+  double logloss = 0;
+  double auc = 0;
+};
+
+class Trainer {
+ public:
+  // `progress` receives one line per training.progress_every.
+  Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,
+          std::function<void(const std::string&)> progress);
+
+  Result<TrainReport> Run();
+
+  // Logloss and AUC of the current weights over every row of `file`.
+  Result<EvalResult> Evaluate(const std::string& file);
+
+ private:
+  const Manifest& manifest_;
+  uint32_t rank_;
+  PsClient* client_;
+  Backend* backend_;
+  std::function<void(const std::string&)> progress_;
+};
+
+}  // namespace parasol
