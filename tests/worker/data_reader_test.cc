@@ -1,0 +1,167 @@
+#include "worker/data_reader.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "tests/support/test_cluster.hpp"
+
+namespace parasol {
+namespace {
+
+// A real-looking row: empty I1 (start of the features), empty I12 and C19..C26 tail fields.
+const char* kRow =
+    "1\t\t-1\t5\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t68fd1e64\t80e26c9b\tfb936136\t7b4723c4"
+    "\t25c83c98\t7e0ccccf\tde7995b8\t1f89b562\ta73ee510\ta8cd5504\tb2cb9c98\t37c9c164\t2824a5f6"
+    "\t1adce6ef\t8ba8b39a\t891b62e7\te5ba7672\tf54016b9\t21ddcdc9\tb1252a9d\t07b5194c\t\t3a171ecb"
+    "\tc5c50484\te8b83407\t9727dd16";
+
+TEST(CriteoParseTest, ParsesEveryFieldOfARealLookingRow) {
+  Batch b;
+  b.Clear();
+  ASSERT_TRUE(ParseCriteoRow(kRow, true, &b).ok());
+  ASSERT_EQ(b.size, 1u);
+  EXPECT_EQ(b.labels[0], 1.0f);
+  ASSERT_EQ(b.dense.size(), 13u);
+  EXPECT_EQ(b.dense[0], 0.0f);                              // empty I1
+  EXPECT_EQ(b.dense[1], 0.0f);                              // I2 = -1: log(1 + max(x, 0))
+  EXPECT_FLOAT_EQ(b.dense[2], std::log1p(5.0f));
+  EXPECT_EQ(b.dense[3], 0.0f);                              // I4 = 0
+  EXPECT_FLOAT_EQ(b.dense[4], std::log1p(1382.0f));
+  EXPECT_EQ(b.dense[11], 0.0f);                             // empty I12
+  EXPECT_FLOAT_EQ(b.dense[12], std::log1p(2.0f));
+  ASSERT_EQ(b.keys.size(), 26u);
+  EXPECT_EQ(b.keys[0], CriteoKey(0, "68fd1e64"));
+  EXPECT_EQ(b.keys[21], CriteoKey(21, ""));                 // empty C22: the missing key
+  EXPECT_EQ(b.keys[25], CriteoKey(25, "9727dd16"));
+  EXPECT_EQ(b.offsets, (std::vector<uint32_t>{0, 26}));
+}
+
+TEST(CriteoParseTest, KeysDependOnFieldAndValue) {
+  EXPECT_NE(CriteoKey(0, "abc"), CriteoKey(1, "abc"));      // same value, other field
+  EXPECT_NE(CriteoKey(3, ""), CriteoKey(4, ""));            // each field its own missing key
+  EXPECT_NE(CriteoKey(3, ""), CriteoKey(3, "0"));
+  EXPECT_EQ(CriteoKey(7, "dead"), CriteoKey(7, "dead"));
+}
+
+TEST(CriteoParseTest, EmptyFieldsAtTheEndOfTheLineAreKept) {
+  std::string row = "0";
+  for (int i = 0; i < 13; ++i) row += "\t1";
+  for (int i = 0; i < 26; ++i) row += i < 20 ? "\tab" : "\t";
+  Batch b;
+  b.Clear();
+  ASSERT_TRUE(ParseCriteoRow(row, true, &b).ok());
+  EXPECT_EQ(b.keys[25], CriteoKey(25, ""));
+}
+
+TEST(CriteoParseTest, MalformedRowsSayWhy) {
+  Batch b;
+  b.Clear();
+  Status st = ParseCriteoRow("1\t2\t3", true, &b);
+  EXPECT_EQ(st.message(), "expected 40 tab-separated fields, found 3");
+  std::string bad_int = kRow;
+  bad_int.replace(bad_int.find("1382"), 4, "13x2");
+  st = ParseCriteoRow(bad_int, true, &b);
+  EXPECT_EQ(st.message(), "integer feature I5 is '13x2', not an integer");
+  std::string bad_label = kRow;
+  bad_label[0] = '7';
+  EXPECT_EQ(ParseCriteoRow(bad_label, true, &b).message(), "label must be 0 or 1, found '7'");
+  EXPECT_EQ(b.size, 0u);  // nothing was appended
+  // The unlabeled test-file layout: 39 fields.
+  EXPECT_TRUE(ParseCriteoRow(std::string(kRow).substr(2), false, &b).ok());
+}
+
+TEST(LibsvmParseTest, ParsesLabelsAndFeatures) {
+  Batch b;
+  b.Clear();
+  ASSERT_TRUE(ParseLibsvmRow("+1 3:0.5 17:2", &b).ok());
+  ASSERT_TRUE(ParseLibsvmRow("-1 4:1", &b).ok());
+  EXPECT_EQ(b.labels, (std::vector<float>{1, 0}));
+  EXPECT_EQ(b.keys, (std::vector<uint64_t>{LibsvmKey(3), LibsvmKey(17), LibsvmKey(4)}));
+  EXPECT_EQ(b.values, (std::vector<float>{0.5f, 2.0f, 1.0f}));
+  EXPECT_EQ(b.offsets, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_FALSE(ParseLibsvmRow("1 3-0.5", &b).ok());
+  EXPECT_FALSE(ParseLibsvmRow("2 3:1", &b).ok());
+}
+
+class BatchReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    std::ofstream out(dir_ + "/d.tsv");
+    for (int i = 0; i < 10; ++i) {
+      out << (i == 3 ? std::string("1\tnot-a-row") : std::string(kRow)) << "\n";
+    }
+  }
+  void TearDown() override { testing::RemoveTree(dir_); }
+  std::string dir_;
+};
+
+TEST_F(BatchReaderTest, MalformedRowsAreCountedAndSkipped) {
+  ReaderOptions o;
+  o.files = {dir_ + "/d.tsv"};
+  o.batch_size = 4;
+  BatchReader r(o);
+  uint32_t rows = 0, batches = 0;
+  while (true) {
+    auto b = r.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    rows += (*b)->size;
+    ++batches;
+  }
+  EXPECT_EQ(rows, 9u);
+  EXPECT_EQ(batches, 3u);  // 4 + 4 + 1
+  EXPECT_EQ(r.bad_rows(), 1u);
+  EXPECT_EQ(r.first_bad_row(),
+            dir_ + "/d.tsv:4: expected 40 tab-separated fields, found 2");
+}
+
+TEST_F(BatchReaderTest, FailPolicyStopsWithFileAndLine) {
+  ReaderOptions o;
+  o.files = {dir_ + "/d.tsv"};
+  o.batch_size = 2;
+  o.on_bad_row = DataOptions::OnBadRow::kFail;
+  BatchReader r(o);
+  Status failure;
+  for (int i = 0; i < 20 && failure.ok(); ++i) {
+    auto b = r.Next();
+    if (!b.ok()) failure = b.status();
+    else if (!*b) break;
+  }
+  ASSERT_FALSE(failure.ok());
+  EXPECT_NE(failure.message().find(dir_ + "/d.tsv:4: "), std::string::npos) << failure.message();
+  EXPECT_NE(failure.message().find("on_bad_row: fail"), std::string::npos);
+}
+
+TEST_F(BatchReaderTest, WorkersShareTheRowsByLineModulo) {
+  uint32_t total = 0;
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    ReaderOptions o;
+    o.files = {dir_ + "/d.tsv"};
+    o.rank = rank;
+    o.workers = 3;
+    o.epochs = 2;
+    BatchReader r(o);
+    while (true) {
+      auto b = r.Next();
+      ASSERT_TRUE(b.ok());
+      if (!*b) break;
+      total += (*b)->size;
+    }
+  }
+  EXPECT_EQ(total, 18u);  // 9 good rows, 2 epochs, each row seen once per epoch
+}
+
+TEST_F(BatchReaderTest, AMissingFileIsAnError) {
+  ReaderOptions o;
+  o.files = {dir_ + "/none.tsv"};
+  BatchReader r(o);
+  auto b = r.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("none.tsv"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace parasol
