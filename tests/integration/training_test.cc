@@ -1,0 +1,167 @@
+// Training end to end through `parasol launch`: real server and worker processes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/net.hpp"
+#include "common/subprocess.hpp"
+#include "tests/support/test_cluster.hpp"
+#include "worker/data_generator.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::MakeTempDir;
+using testing::ReadFile;
+using testing::RemoveTree;
+using testing::WriteFile;
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const size_t p = json.find("\"" + key + "\": ");
+  return p == std::string::npos ? -1.0 : std::atof(json.c_str() + p + key.size() + 4);
+}
+
+// The log loss of always predicting the eval file's positive rate.
+double ConstantLogLoss(const std::string& file) {
+  std::ifstream in(file);
+  std::string line;
+  double n = 0, pos = 0;
+  while (std::getline(in, line)) {
+    n += 1;
+    pos += line[0] == '1';
+  }
+  const double p = pos / n;
+  return -(p * std::log(p) + (1 - p) * std::log(1 - p));
+}
+
+struct Launch {
+  int status = -1;
+  std::string output;
+  std::string summary;
+};
+
+Launch RunLaunch(const std::string& dir, const std::string& manifest) {
+  WriteFile(dir + "/job.yaml", manifest);
+  auto p = Subprocess::Spawn({PARASOL_BINARY, "launch", dir + "/job.yaml", "--summary",
+                              dir + "/summary.json"},
+                             dir + "/launch.log");
+  Launch r;
+  if (!p.ok()) return r;
+  auto st = p->Wait(std::chrono::seconds(240));
+  r.status = st ? *st : -1;
+  r.output = ReadFile(dir + "/launch.log");
+  r.summary = ReadFile(dir + "/summary.json");
+  return r;
+}
+
+std::string Manifest(int workers, const std::string& model, const std::string& train,
+                     const std::string& eval, const std::string& training = "consistency: bsp") {
+  std::string y = "cluster:\n  servers:\n";
+  for (int s = 0; s < 2; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  y += "  workers: " + std::to_string(workers) + "\n";
+  y += "training: {" + training + ", batch_size: 256, epochs: 1}\n";
+  y += "model:\n" + model;
+  y += "data:\n  train: " + train + "\n  eval: " + eval + "\n";
+  return y;
+}
+
+constexpr const char* kDlrmSmall =
+    "  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
+    "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+    "  dense_optimizer: {kind: adam, lr: 0.001}\n";
+constexpr const char* kLr =
+    "  kind: lr\n  sparse_optimizer: {kind: adagrad, lr: 0.3}\n"
+    "  dense_optimizer: {kind: adam, lr: 0.05}\n";
+
+class TrainingTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  static void SetUpTestSuite() {
+    data_dir_ = new std::string(MakeTempDir());
+    GeneratorOptions train;
+    train.rows = 30000;
+    ASSERT_TRUE(GenerateCriteo(*data_dir_ + "/train.tsv", train).ok());
+    GeneratorOptions eval;
+    eval.rows = 6000;
+    eval.seed = 99;
+    ASSERT_TRUE(GenerateCriteo(*data_dir_ + "/eval.tsv", eval).ok());
+  }
+  static void TearDownTestSuite() {
+    RemoveTree(*data_dir_);
+    delete data_dir_;
+  }
+  void SetUp() override { dir_ = MakeTempDir(); }
+  void TearDown() override { RemoveTree(dir_); }
+
+  static std::string* data_dir_;
+  std::string dir_;
+};
+std::string* TrainingTest::data_dir_ = nullptr;
+
+TEST_P(TrainingTest, TheModelLearnsOnGeneratedData) {
+  const auto& [kind, workers] = GetParam();
+  const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
+  Launch r = RunLaunch(dir_, Manifest(workers, kind == "dlrm" ? kDlrmSmall : kLr, train, eval));
+  ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+  const double auc = JsonNumber(r.summary, "eval_auc");
+  const double logloss = JsonNumber(r.summary, "eval_logloss");
+  EXPECT_GT(auc, 0.70) << r.summary;
+  EXPECT_LT(logloss, ConstantLogLoss(eval) - 0.02) << r.summary;
+  EXPECT_EQ(JsonNumber(r.summary, "train_samples"), 30000) << r.summary;
+  EXPECT_EQ(JsonNumber(r.summary, "eval_samples"), 6000) << r.summary;
+  EXPECT_EQ(JsonNumber(r.summary, "bad_rows"), 0) << r.summary;
+  EXPECT_NE(r.output.find("[worker 0] worker 0: "), std::string::npos) << r.output;
+  if (workers == 2) {
+    EXPECT_NE(r.output.find("[worker 1] worker 1: "), std::string::npos) << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TrainingTest,
+    ::testing::Combine(::testing::Values("lr", "dlrm"), ::testing::Values(1, 2)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "workers";
+    });
+
+TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
+  const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
+  Launch r = RunLaunch(dir_, Manifest(2, kDlrmSmall, train, eval,
+                                      "consistency: ssp, staleness: 2, prefetch: true"));
+  ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+  EXPECT_GT(JsonNumber(r.summary, "eval_auc"), 0.70) << r.summary;
+}
+
+TEST_F(TrainingTest, LaunchStopsEverythingWhenAWorkerFailsAndSaysWhy) {
+  Launch r = RunLaunch(dir_, Manifest(2, kLr, dir_ + "/missing.tsv", *data_dir_ + "/eval.tsv"));
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 1) << r.output;
+  EXPECT_NE(r.output.find("missing.tsv"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the job failed: worker"), std::string::npos) << r.output;
+}
+
+// The real Criteo sample beside the checkout, when it is there.
+TEST(RealCriteoTest, DlrmSmallOnTheFirst10kRowsReachesTheReferenceFigures) {
+  const std::string base = std::string(PARASOL_SOURCE_DIR) + "/../shared/data/criteo/";
+  const std::string train = base + "criteo_kaggle_train_first10k.tsv";
+  const std::string eval = base + "criteo_kaggle_train_scattered4370.tsv";
+  if (!std::filesystem::exists(train) || !std::filesystem::exists(eval)) {
+    GTEST_SKIP() << "no real Criteo data at " << base;
+  }
+  const std::string dir = MakeTempDir();
+  std::string y = "cluster:\n  servers: [127.0.0.1:" + std::to_string(*PickFreePort()) + "]\n";
+  y += "  workers: 1\ntraining: {consistency: bsp, batch_size: 256, epochs: 1}\n";
+  y += std::string("model:\n") + kDlrmSmall;
+  y += "data:\n  train: " + train + "\n  eval: " + eval + "\n";
+  Launch r = RunLaunch(dir, y);
+  RemoveTree(dir);
+  ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+  EXPECT_LE(JsonNumber(r.summary, "eval_logloss"), 0.50) << r.summary;
+  EXPECT_GE(JsonNumber(r.summary, "eval_auc"), 0.73) << r.summary;
+  EXPECT_EQ(JsonNumber(r.summary, "train_samples"), 10000) << r.summary;
+}
+
+}  // namespace
+}  // namespace parasol
