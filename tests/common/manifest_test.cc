@@ -227,7 +227,7 @@ namespace parasol {
 namespace {
 
 TEST(ManifestExamplesTest, EveryExampleManifestLoads) {
-  for (const char* name : {"demo.yaml", "manifest.yaml"}) {
+  for (const char* name : {"pushpull.yaml", "manifest.yaml", "criteo-dlrm.yaml"}) {
     Result<Manifest> m = LoadManifest(std::string(PARASOL_SOURCE_DIR) + "/examples/" + name);
     EXPECT_TRUE(m.ok()) << name << ": " << m.status().ToString();
   }
