@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
 #include "common/zipf.hpp"
+#include "worker/data_generator.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol::bench {
@@ -305,6 +307,103 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
   }
 }
 
+// Trains dlrm-small through `parasol launch` (servers and workers as processes); the summary.
+std::string LaunchTraining(const std::string& data, int shards, int workers, int batch) {
+  char tmpl[] = "/tmp/parasol-bench-train-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  std::string y = "cluster:\n  servers:\n";
+  for (int s = 0; s < shards; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  y += "  workers: " + std::to_string(workers) + "\n";
+  y += "training: {consistency: bsp, batch_size: " + std::to_string(batch) +
+       ", epochs: 1, progress_every: 1h}\n";
+  y += "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
+       "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+       "  dense_optimizer: {kind: adam, lr: 0.001}\n";
+  y += "data:\n  train: " + data + "\n";
+  std::ofstream(dir + "/job.yaml") << y;
+  auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", dir + "/job.yaml",
+                              "--summary", dir + "/summary.json"},
+                             dir + "/launch.log");
+  std::string summary;
+  if (p.ok() && p->Wait(std::chrono::minutes(10))) {
+    std::ifstream in(dir + "/summary.json");
+    std::stringstream s;
+    s << in.rdbuf();
+    summary = s.str();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return summary;
+}
+
+double JsonField(const std::string& json, const std::string& key) {
+  const size_t p = json.find("\"" + key + "\": ");
+  return p == std::string::npos ? 0.0 : std::atof(json.c_str() + p + key.size() + 4);
+}
+
+std::string TrainingData(const Options& opt, const std::string& dir) {
+  GeneratorOptions g;
+  g.rows = opt.quick ? 50000 : 200000;
+  const std::string path = dir + "/train.tsv";
+  if (!GenerateCriteo(path, g).ok()) return "";
+  return path;
+}
+
+void TrainingRows(const std::string& data, std::vector<Row>* rows,
+                  std::optional<double> torch_rate) {
+  for (auto [shards, workers] : {std::pair{1, 1}, std::pair{2, 2}}) {
+    if (torch_rate && shards != 1) continue;
+    const std::string summary = LaunchTraining(data, shards, workers, 1024);
+    if (summary.empty()) {
+      spdlog::error("training bench: the job with {} servers and {} workers failed", shards,
+                    workers);
+      continue;
+    }
+    const std::string tag = std::to_string(shards) + "s" + std::to_string(workers) + "w";
+    const double rate = JsonField(summary, "samples_per_second");
+    if (torch_rate) {
+      rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", *torch_rate,
+                       "pytorch_1proc_2threads", std::nullopt});
+      continue;
+    }
+    rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", std::nullopt, "",
+                     std::nullopt});
+    // Worker 0's time, by phase, as a share of its training time.
+    const double total = JsonField(summary, "train_seconds");
+    for (const char* phase : {"data", "pull", "compute", "push", "wait"}) {
+      rows->push_back({"train_split_" + tag + "_" + phase,
+                       total > 0 ? 100.0 * JsonField(summary, phase) / total : 0.0, "%",
+                       std::nullopt, "", std::nullopt});
+    }
+  }
+}
+
+void TorchRows(const std::string& data, std::vector<Row>* rows) {
+  const std::string script = std::string(PARASOL_SOURCE_DIR) + "/bench/torch_dlrm.py";
+  char tmpl[] = "/tmp/parasol-bench-torch-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  auto p = Subprocess::Spawn({"/usr/bin/python3", script, data, "--batch", "1024", "--threads",
+                              "2"},
+                             dir + "/torch.log");
+  double torch_rate = 0;
+  if (p.ok() && p->Wait(std::chrono::minutes(20))) {
+    std::ifstream in(dir + "/torch.log");
+    std::string word;
+    while (in >> word) {
+      if (word == "samples_per_second") in >> torch_rate;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (torch_rate <= 0) {
+    spdlog::error("torch bench: no figure from {} (is python3-torch installed?)", script);
+    return;
+  }
+  rows->push_back({"pytorch_dlrm_small_b1024_1proc_2threads", torch_rate, "samples/s",
+                   std::nullopt, "", std::nullopt});
+  TrainingRows(data, rows, torch_rate);
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -385,15 +484,16 @@ int Main(int argc, char** argv) {
     } else if (a == "--capacity") {
       opt.capacity = true;
     } else {
-      std::fprintf(stderr, "usage: parasol_bench [--only ceilings|dense|sparse|optimizer|consistency] "
+      std::fprintf(stderr, "usage: parasol_bench [--only GROUP] "
                            "[--json FILE] [--quick] [--capacity]\n");
       return 2;
     }
   }
-  static const std::vector<std::string> kGroups = {"ceilings", "dense", "sparse", "optimizer",
-                                                   "consistency"};
+  static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
+                                                   "optimizer",   "consistency", "training",
+                                                   "torch"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -419,6 +519,18 @@ int Main(int argc, char** argv) {
   if (opt.only.empty() || opt.only == "sparse") SparseRows(opt, **echo, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "optimizer") OptimizerRows(opt, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "consistency") ConsistencyRows(opt, &rows);
+  if (opt.only.empty() || opt.only == "training" || opt.only == "torch") {
+    char tmpl[] = "/tmp/parasol-bench-data-XXXXXX";
+    const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+    const std::string data = TrainingData(opt, dir);
+    if (opt.only == "torch") {
+      TorchRows(data, &rows);  // opt-in: needs python3-torch
+    } else {
+      TrainingRows(data, &rows, std::nullopt);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
   if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);
