@@ -6,5 +6,10 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 parasol_install_deps
+# The PyTorch baseline (`--only torch`) runs Debian's python3-torch.
+if [[ " $* " == *" torch "* ]]; then
+  PARASOL_PACKAGES=(python3-torch)
+  parasol_install_deps
+fi
 parasol_build Release >/dev/null
 exec "$PARASOL_BUILD/parasol_bench" "$@"
