@@ -248,6 +248,21 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
     c->servers.push_back(*addr);
   }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("workers", 1, 1 << 20, &c->workers));
+  if (r.Has("worker_hosts")) {
+    YAML::Node hosts = r.Child("worker_hosts");
+    if (!hosts.IsSequence() || hosts.size() != c->workers) {
+      return r.ErrorAt(hosts, "cluster.worker_hosts",
+                       "expected a list of " + std::to_string(c->workers) +
+                           " hosts (one per worker)");
+    }
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      if (!hosts[i].IsScalar() || hosts[i].Scalar().empty()) {
+        return r.ErrorAt(hosts[i], "cluster.worker_hosts[" + std::to_string(i) + "]",
+                         "expected a host name or address");
+      }
+      c->worker_hosts.push_back(hosts[i].Scalar());
+    }
+  }
   PARASOL_RETURN_IF_ERROR(r.String("bind", &c->bind));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("connect_timeout", &c->connect_timeout_ms));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("request_timeout", &c->request_timeout_ms));

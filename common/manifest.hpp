@@ -75,6 +75,7 @@ struct ServerAddress {
 struct ClusterOptions {
   std::vector<ServerAddress> servers;  // required: one entry per shard, "host:port"
   uint32_t workers = 1;                // number of worker processes
+  std::vector<std::string> worker_hosts;  // optional: where each worker runs (informational)
   std::string bind;                    // servers bind this host instead of their own (e.g. 0.0.0.0)
   int64_t connect_timeout_ms = 30000;  // how long a worker waits for its servers to answer
   int64_t request_timeout_ms = 30000;  // a request with no reply by then is resent

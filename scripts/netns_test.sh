@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Multi-host test: a cluster of four hosts built from network namespaces (two server hosts,
+# two worker hosts, veth pairs on a bridge in a fifth "switch" namespace, addresses 10.77.0.0/24
+# that exist only inside the namespaces) trains dlrm-small on generated data with the same
+# manifest on every host, and checks the result. Needs root and a working `ip netns`; exits 77
+# (skipped) otherwise. Removes its namespaces and files however it ends.
+#   scripts/netns_test.sh [path/to/parasol]
+set -euo pipefail
+
+PARASOL="$(realpath "${1:-$(dirname "$0")/../build/parasol}")"
+SKIP=77
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIP: the multi-host test needs root (ip netns)"
+  exit $SKIP
+fi
+tag="pn$$"
+if ! ip netns add "$tag-probe" 2>/dev/null; then
+  echo "SKIP: ip netns does not work on this machine"
+  exit $SKIP
+fi
+ip netns del "$tag-probe"
+
+work="$(mktemp -d /tmp/parasol-netns-XXXXXX)"
+hosts=(s0 s1 w0 w1)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 0.2
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for h in "${hosts[@]}" sw; do ip netns del "$tag-$h" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The switch, and one host per role, each with its own address.
+ip netns add "$tag-sw"
+ip -n "$tag-sw" link add br0 type bridge
+ip -n "$tag-sw" link set br0 up
+i=1
+for h in "${hosts[@]}"; do
+  ip netns add "$tag-$h"
+  ip link add eth0 netns "$tag-$h" type veth peer name "$h" netns "$tag-sw"
+  ip -n "$tag-sw" link set "$h" master br0 up
+  ip -n "$tag-$h" addr add "10.77.0.$i/24" dev eth0
+  ip -n "$tag-$h" link set eth0 up
+  ip -n "$tag-$h" link set lo up
+  i=$((i + 1))
+done
+
+"$PARASOL" gen-data --rows 40000 --seed 1 --out "$work/train.tsv" >/dev/null
+"$PARASOL" gen-data --rows 8000 --seed 2 --out "$work/eval.tsv" >/dev/null
+cat > "$work/job.yaml" <<YAML
+job: {name: netns, seed: 7}
+cluster:
+  servers: [10.77.0.1:7100, 10.77.0.2:7100]
+  workers: 2
+  worker_hosts: [10.77.0.3, 10.77.0.4]
+  connect_timeout: 30s
+training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}
+model:
+  kind: dlrm
+  embedding_dim: 16
+  bottom: [64, 16]
+  top: [64, 1]
+  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
+  dense_optimizer: {kind: adam, lr: 0.001}
+data:
+  train: $work/train.tsv
+  eval: $work/eval.tsv
+YAML
+
+for r in 0 1; do
+  ip netns exec "$tag-s$r" "$PARASOL" server --manifest "$work/job.yaml" --rank "$r" \
+    > "$work/server$r.log" 2>&1 &
+  pids+=($!)
+done
+worker_pids=()
+for r in 0 1; do
+  ip netns exec "$tag-w$r" timeout 300 "$PARASOL" worker --manifest "$work/job.yaml" --rank "$r" \
+    --summary "$work/worker$r.json" > "$work/worker$r.log" 2>&1 &
+  worker_pids+=($!)
+  pids+=($!)
+done
+failed=0
+for r in 0 1; do
+  if ! wait "${worker_pids[$r]}"; then
+    echo "FAIL: worker $r (host 10.77.0.$((r + 3))) failed:"
+    tail -20 "$work/worker$r.log"
+    failed=1
+  fi
+done
+for r in 0 1; do
+  if ! grep -q "serving on tcp://10.77.0.$((r + 1)):7100" "$work/server$r.log"; then
+    echo "FAIL: server $r did not serve on its own host's address"
+    cat "$work/server$r.log"
+    failed=1
+  fi
+done
+[ "$failed" -eq 0 ] || exit 1
+
+auc="$(sed -n 's/.*"eval_auc": \([0-9.]*\).*/\1/p' "$work/worker0.json")"
+samples=0
+for r in 0 1; do
+  n="$(sed -n 's/.*"train_samples": \([0-9]*\).*/\1/p' "$work/worker$r.json")"
+  samples=$((samples + n))
+done
+echo "multi-host job: 2 server hosts, 2 worker hosts, $samples samples trained, eval AUC $auc"
+if [ "$samples" -ne 40000 ]; then
+  echo "FAIL: the workers trained $samples samples, expected 40000"
+  exit 1
+fi
+if ! awk -v a="$auc" 'BEGIN { exit !(a > 0.70) }'; then
+  echo "FAIL: eval AUC $auc is not above 0.70"
+  exit 1
+fi
+echo "PASS"
