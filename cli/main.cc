@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "common/cluster_render.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 
@@ -32,6 +33,7 @@ void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w) {
 int main(int argc, char** argv) {
   parasol::TuneAllocatorForLargeMessages();
   spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
+  spdlog::flush_on(spdlog::level::info);  // logs reach a pipe or file as they happen
   CLI::App app{"Parasol: a parameter server for recommendation models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "parasol 0.1.0 (wire protocol " +
@@ -77,6 +79,26 @@ int main(int argc, char** argv) {
   auto* shutdown = app.add_subcommand("shutdown", "stop every shard of a running job");
   shutdown->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
 
+  std::string target;
+  parasol::RenderOptions render_options;
+  auto* render = app.add_subcommand("render", "print Kubernetes objects or a Slurm script for a job");
+  render->add_option("target", target, "k8s or slurm")
+      ->required()
+      ->check(CLI::IsMember({"k8s", "slurm"}));
+  render->add_option("manifest", manifest, "job manifest (YAML)")->required();
+  render->add_option("--image", render_options.image, "container image (k8s)")
+      ->capture_default_str();
+  render->add_option("--namespace", render_options.k8s_namespace, "namespace (k8s)")
+      ->capture_default_str();
+  render->add_option("--binary", render_options.binary, "path of parasol in the image or on nodes")
+      ->capture_default_str();
+  render->add_option("--server-cpus", render_options.server_cpus)->capture_default_str();
+  render->add_option("--server-memory", render_options.server_memory)->capture_default_str();
+  render->add_option("--worker-cpus", render_options.worker_cpus)->capture_default_str();
+  render->add_option("--worker-memory", render_options.worker_memory)->capture_default_str();
+  render->add_option("--worker-gpus", render_options.worker_gpus, "GPUs per worker")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
 
   if (*server) return parasol::cli::RunServer(manifest, rank);
@@ -84,6 +106,16 @@ int main(int argc, char** argv) {
   if (*launch) return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload, summary);
   if (*worker_cmd) return parasol::cli::RunWorker(manifest, rank, summary);
   if (*gen) return parasol::cli::RunGenData(rows, out, seed);
+  if (*render) {
+    auto text = target == "k8s" ? parasol::RenderKubernetes(manifest, render_options)
+                                : parasol::RenderSlurm(manifest, render_options);
+    if (!text.ok()) {
+      spdlog::error("{}", text.status().message());
+      return 2;
+    }
+    std::fputs(text->c_str(), stdout);
+    return 0;
+  }
   if (*stats) return parasol::cli::RunStats(manifest);
   if (*shutdown) return parasol::cli::RunShutdown(manifest);
   return 2;

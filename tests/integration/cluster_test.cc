@@ -178,6 +178,13 @@ TEST(ClusterHandshakeTest, AWorkerWithADifferentManifestIsRefused) {
   EXPECT_EQ(client.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(client.status().message().find("manifest mismatch"), std::string::npos)
       << client.status().message();
+  // The shard says so too.
+  std::string log;
+  for (int i = 0; i < 100 && log.find("manifest mismatch") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log = cluster.ServerLog(0);
+  }
+  EXPECT_NE(log.find("manifest mismatch"), std::string::npos) << log;
 }
 
 TEST(ClusterHandshakeTest, AMissingShardIsReportedAfterTheConnectTimeout) {

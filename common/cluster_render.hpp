@@ -1,0 +1,32 @@
+// Renders a job for the cluster managers users already run: Kubernetes objects or a Slurm
+// batch script. Both carry the job's manifest, rewritten so that the servers' hosts are the
+// names the cluster gives them, and start each role with `parasol server|worker --rank`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+struct RenderOptions {
+  std::string image = "parasol:latest";   // k8s: the container image holding `parasol`
+  std::string k8s_namespace = "default";
+  std::string binary = "parasol";          // the program's path in the image / on the nodes
+  uint32_t server_cpus = 4;
+  std::string server_memory = "16Gi";
+  uint32_t worker_cpus = 4;
+  std::string worker_memory = "8Gi";
+  uint32_t worker_gpus = 0;                // GPUs requested per worker
+};
+
+// A ConfigMap with the manifest, a headless Service and a StatefulSet for the servers (stable
+// DNS names NAME-server-I.NAME-server used as their hosts), and an Indexed Job for the workers.
+Result<std::string> RenderKubernetes(const std::string& manifest_path, const RenderOptions& o);
+
+// An sbatch script for a heterogeneous job: component 0 runs the servers, component 1 the
+// workers; the manifest is written at run time with the nodes Slurm gave component 0.
+Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOptions& o);
+
+}  // namespace parasol

@@ -1,0 +1,113 @@
+#include "common/cluster_render.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+
+#include "common/manifest.hpp"
+#include "common/subprocess.hpp"
+#include "tests/support/test_cluster.hpp"
+
+namespace parasol {
+namespace {
+
+class ClusterRenderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    testing::WriteFile(dir_ + "/job.yaml",
+                       "job: {name: Ctr_Job}\n"
+                       "cluster:\n  servers: [10.0.0.1:7000, 10.0.0.2:7001, 10.0.0.3:7002]\n"
+                       "  workers: 4\n  worker_hosts: [a, b, c, d]\n"
+                       "model: {kind: dlrm}\n"
+                       "data: {train: data/train.tsv, eval: /abs/eval.tsv}\n");
+  }
+  void TearDown() override { testing::RemoveTree(dir_); }
+  std::string dir_;
+};
+
+TEST_F(ClusterRenderTest, KubernetesObjectsHaveTheExpectedStructure) {
+  RenderOptions o;
+  o.worker_gpus = 1;
+  o.image = "registry.example/parasol:1";
+  Result<std::string> text = RenderKubernetes(dir_ + "/job.yaml", o);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  std::vector<YAML::Node> docs = YAML::LoadAll(*text);
+  ASSERT_EQ(docs.size(), 4u);
+  EXPECT_EQ(docs[0]["kind"].as<std::string>(), "ConfigMap");
+  EXPECT_EQ(docs[1]["kind"].as<std::string>(), "Service");
+  EXPECT_EQ(docs[2]["kind"].as<std::string>(), "StatefulSet");
+  EXPECT_EQ(docs[3]["kind"].as<std::string>(), "Job");
+
+  // The manifest in the ConfigMap names the servers by their stable DNS names.
+  const std::string carried = docs[0]["data"]["manifest.yaml"].as<std::string>();
+  Result<Manifest> m = ParseManifest(carried, "configmap");
+  ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << carried;
+  ASSERT_EQ(m->cluster.servers.size(), 3u);
+  EXPECT_EQ(m->cluster.servers[2].host, "ctr-job-server-2.ctr-job-server");
+  EXPECT_EQ(m->cluster.bind, "0.0.0.0");
+  EXPECT_EQ(m->data.train[0], dir_ + "/data/train.tsv");  // made absolute
+
+  EXPECT_EQ(docs[1]["spec"]["clusterIP"].as<std::string>(), "None");
+  EXPECT_EQ(docs[1]["metadata"]["name"].as<std::string>(), "ctr-job-server");
+  const YAML::Node sts = docs[2]["spec"];
+  EXPECT_EQ(sts["replicas"].as<int>(), 3);
+  EXPECT_EQ(sts["serviceName"].as<std::string>(), "ctr-job-server");
+  const YAML::Node server = sts["template"]["spec"]["containers"][0];
+  EXPECT_EQ(server["image"].as<std::string>(), "registry.example/parasol:1");
+  EXPECT_NE(server["command"][2].as<std::string>().find("server --manifest"), std::string::npos);
+  EXPECT_TRUE(server["resources"]["requests"]["cpu"].IsDefined());
+  EXPECT_TRUE(server["resources"]["requests"]["memory"].IsDefined());
+  const YAML::Node job = docs[3]["spec"];
+  EXPECT_EQ(job["completionMode"].as<std::string>(), "Indexed");
+  EXPECT_EQ(job["completions"].as<int>(), 4);
+  EXPECT_EQ(job["parallelism"].as<int>(), 4);
+  const YAML::Node worker = job["template"]["spec"]["containers"][0];
+  EXPECT_NE(worker["command"][2].as<std::string>().find("--rank ${JOB_COMPLETION_INDEX}"),
+            std::string::npos);
+  EXPECT_EQ(worker["resources"]["requests"]["nvidia.com/gpu"].as<std::string>(), "1");
+  EXPECT_EQ(worker["resources"]["limits"]["nvidia.com/gpu"].as<std::string>(), "1");
+  EXPECT_EQ(job["template"]["spec"]["volumes"][0]["configMap"]["name"].as<std::string>(),
+            "ctr-job-manifest");
+}
+
+TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
+  Result<std::string> text = RenderSlurm(dir_ + "/job.yaml", RenderOptions());
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string& s = *text;
+  EXPECT_EQ(s.rfind("#!/bin/bash\n", 0), 0u);
+  EXPECT_NE(s.find("#SBATCH --nodes=3 --ntasks=3"), std::string::npos);
+  EXPECT_NE(s.find("#SBATCH hetjob\n#SBATCH --nodes=4 --ntasks=4"), std::string::npos);
+  EXPECT_NE(s.find("--mem=16G\n"), std::string::npos);
+  EXPECT_NE(s.find("srun --het-group=0"), std::string::npos);
+  EXPECT_NE(s.find("srun --het-group=1"), std::string::npos);
+  // Valid bash.
+  testing::WriteFile(dir_ + "/job.sbatch", s);
+  auto p = Subprocess::Spawn({"/bin/bash", "-n", dir_ + "/job.sbatch"}, dir_ + "/bash.log");
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << testing::ReadFile(dir_ + "/bash.log");
+  // The manifest it writes, with the nodes Slurm would give component 0.
+  const size_t begin = s.find("<<PARASOL_MANIFEST\n") + 19;
+  std::string manifest = s.substr(begin, s.find("PARASOL_MANIFEST\n", begin) - begin);
+  for (int i = 0; i < 3; ++i) {
+    const std::string ph = "${SERVER_HOSTS[" + std::to_string(i) + "]}";
+    manifest.replace(manifest.find(ph), ph.size(), "node" + std::to_string(i));
+  }
+  Result<Manifest> m = ParseManifest(manifest, "sbatch");
+  ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << manifest;
+  EXPECT_EQ(m->cluster.servers[1].ToString(), "node1:7001");
+  EXPECT_EQ(m->cluster.workers, 4u);
+}
+
+TEST_F(ClusterRenderTest, ABadManifestIsReported) {
+  testing::WriteFile(dir_ + "/bad.yaml", "cluster: {servers: []}\n");
+  Result<std::string> text = RenderKubernetes(dir_ + "/bad.yaml", RenderOptions());
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("cluster.servers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace parasol
