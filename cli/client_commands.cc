@@ -5,15 +5,17 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "common/curve_keys.hpp"
 #include "common/manifest.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol::cli {
 namespace {
 
-Result<std::unique_ptr<PsClient>> ConnectTo(const std::string& manifest_path, uint32_t worker) {
+Result<std::unique_ptr<PsClient>> ConnectTo(const std::string& manifest_path, uint32_t worker,
+                                            const std::string& key_path = "") {
   PARASOL_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(manifest_path));
-  return PsClient::Connect(manifest, worker);
+  return PsClient::Connect(manifest, worker, key_path);
 }
 
 }  // namespace
@@ -43,8 +45,8 @@ int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOption
   return 0;
 }
 
-int RunStats(const std::string& manifest_path) {
-  auto client = ConnectTo(manifest_path, PsClient::kObserver);
+int RunStats(const std::string& manifest_path, const std::string& key_path) {
+  auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
   if (!client.ok()) {
     spdlog::error("{}", client.status().ToString());
     return 1;
@@ -58,8 +60,8 @@ int RunStats(const std::string& manifest_path) {
   return 0;
 }
 
-int RunShutdown(const std::string& manifest_path) {
-  auto client = ConnectTo(manifest_path, PsClient::kObserver);
+int RunShutdown(const std::string& manifest_path, const std::string& key_path) {
+  auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
   if (!client.ok()) {
     spdlog::error("{}", client.status().ToString());
     return 1;
@@ -68,6 +70,21 @@ int RunShutdown(const std::string& manifest_path) {
     spdlog::error("{}", st.ToString());
     return 1;
   }
+  return 0;
+}
+
+int RunKeygen(const std::string& dir, const std::string& name) {
+  auto keys = GenerateCurveKeyPair();
+  if (!keys.ok()) {
+    spdlog::error("{}", keys.status().ToString());
+    return 1;
+  }
+  if (Status st = WriteCurveKeyPair(dir, name, *keys); !st.ok()) {
+    spdlog::error("{}", st.ToString());
+    return 1;
+  }
+  std::printf("wrote %s/%s.key (secret, mode 0600) and %s/%s.pub\n", dir.c_str(), name.c_str(),
+              dir.c_str(), name.c_str());
   return 0;
 }
 

@@ -15,18 +15,23 @@ int RunServer(const std::string& manifest_path, uint32_t rank);
 int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOptions options);
 
 // parasol stats --manifest M
-int RunStats(const std::string& manifest_path);
+int RunStats(const std::string& manifest_path, const std::string& key_path);
 
 // parasol shutdown --manifest M
-int RunShutdown(const std::string& manifest_path);
+int RunShutdown(const std::string& manifest_path, const std::string& key_path);
+
+// parasol keygen --out DIR [--name NAME]
+int RunKeygen(const std::string& dir, const std::string& name);
 
 // parasol launch --manifest M: every server and worker of the job on this machine, their output
 // prefixed with their role; everything stops if one fails.
 int RunLaunch(const std::string& self_path, const std::string& manifest_path,
-              const WorkloadOptions& options, const std::string& summary);
+              const WorkloadOptions& options, const std::string& summary,
+              const std::string& metrics_log);
 
 // parasol worker --manifest M --rank J: trains the manifest's model.
-int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary);
+int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
+              const std::string& key_path, const std::string& metrics_log);
 
 // parasol gen-data --rows N --out FILE
 int RunGenData(uint64_t rows, const std::string& out, uint64_t seed);

@@ -80,7 +80,8 @@ std::string CombineSummaries(const std::vector<std::string>& workers) {
 }  // namespace
 
 int RunLaunch(const std::string& self_path, const std::string& manifest_path,
-              const WorkloadOptions& options, const std::string& summary) {
+              const WorkloadOptions& options, const std::string& summary,
+              const std::string& metrics_log) {
   Result<Manifest> manifest = LoadManifest(manifest_path);
   if (!manifest.ok()) {
     spdlog::error("{}", manifest.status().message());
@@ -110,6 +111,10 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     if (training) {
       argv = {self_path, "worker", "--manifest", manifest_path, "--rank", std::to_string(w),
               "--summary", dir + "/worker" + std::to_string(w) + ".json"};
+      if (!metrics_log.empty()) {
+        argv.push_back("--metrics-log");
+        argv.push_back(metrics_log + ".worker" + std::to_string(w) + ".jsonl");
+      }
     } else {
       argv = {self_path, "loadgen", "--manifest", manifest_path, "--worker", std::to_string(w),
               "--steps", std::to_string(options.steps), "--batch-keys",

@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--rank,-r", rank, "this worker's id, 0 .. cluster.workers-1")
       ->required();
   worker_cmd->add_option("--summary", summary, "write this worker's summary (JSON) here");
+  std::string metrics_log;
+  worker_cmd->add_option("--metrics-log", metrics_log,
+                         "append progress and eval figures here, one JSON object a line");
+  launch->add_option("--metrics-log", metrics_log,
+                     "each worker appends its figures to PREFIX.workerJ.jsonl");
 
   uint64_t rows = 100000;
   uint64_t seed = 1;
@@ -99,12 +104,36 @@ int main(int argc, char** argv) {
   render->add_option("--worker-gpus", render_options.worker_gpus, "GPUs per worker")
       ->capture_default_str();
 
+  std::string keys_out, key_name = "parasol";
+  auto* keygen = app.add_subcommand("keygen", "write a CURVE key pair (NAME.key, NAME.pub)");
+  keygen->add_option("--out,-o", keys_out, "folder for the key files")->required();
+  keygen->add_option("--name", key_name, "key pair name")->capture_default_str();
+
+  std::string key_path;
+  for (auto* cmd : {worker_cmd, stats, shutdown}) {
+    cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
+  }
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  // Every line names the role and rank that wrote it.
+  if (*server) {
+    spdlog::set_pattern("[%H:%M:%S.%e] [%l] [server " + std::to_string(rank) + "] %v");
+  } else if (*worker_cmd) {
+    spdlog::set_pattern("[%H:%M:%S.%e] [%l] [worker " + std::to_string(rank) + "] %v");
+  }
+  if (*keygen) return parasol::cli::RunKeygen(keys_out, key_name);
 
   if (*server) return parasol::cli::RunServer(manifest, rank);
   if (*loadgen) return parasol::cli::RunLoadgen(manifest, worker, workload);
-  if (*launch) return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload, summary);
-  if (*worker_cmd) return parasol::cli::RunWorker(manifest, rank, summary);
+  if (*launch) {
+    return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload, summary, metrics_log);
+  }
+  if (*worker_cmd) return parasol::cli::RunWorker(manifest, rank, summary, key_path, metrics_log);
   if (*gen) return parasol::cli::RunGenData(rows, out, seed);
   if (*render) {
     auto text = target == "k8s" ? parasol::RenderKubernetes(manifest, render_options)
@@ -116,7 +145,7 @@ int main(int argc, char** argv) {
     std::fputs(text->c_str(), stdout);
     return 0;
   }
-  if (*stats) return parasol::cli::RunStats(manifest);
-  if (*shutdown) return parasol::cli::RunShutdown(manifest);
+  if (*stats) return parasol::cli::RunStats(manifest, key_path);
+  if (*shutdown) return parasol::cli::RunShutdown(manifest, key_path);
   return 2;
 }

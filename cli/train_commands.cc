@@ -5,14 +5,39 @@
 
 #include "cli/commands.hpp"
 #include "common/manifest.hpp"
+#include "common/metrics_server.hpp"
 #include "worker/backend.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/ps_client.hpp"
 #include "worker/trainer.hpp"
 
 namespace parasol::cli {
+namespace {
 
-int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary) {
+std::string WorkerMetricsText(const ProgressPoint& p) {
+  PrometheusText t;
+  const std::string w = "worker=\"" + std::to_string(p.worker) + "\"";
+  t.Type("parasol_worker_samples_total", "counter", "Training samples processed.");
+  t.Sample("parasol_worker_samples_total", static_cast<double>(p.samples), w);
+  t.Type("parasol_worker_steps_total", "counter", "Training steps done.");
+  t.Sample("parasol_worker_steps_total", static_cast<double>(p.steps), w);
+  t.Type("parasol_worker_samples_per_second", "gauge", "Training throughput since the start.");
+  t.Sample("parasol_worker_samples_per_second", p.samples_per_second, w);
+  t.Type("parasol_worker_loss", "gauge", "Mean log loss of the last 100 steps.");
+  t.Sample("parasol_worker_loss", p.loss, w);
+  if (p.has_eval) {
+    t.Type("parasol_worker_eval_auc", "gauge", "AUC of the last evaluation.");
+    t.Sample("parasol_worker_eval_auc", p.eval_auc, w);
+    t.Type("parasol_worker_eval_logloss", "gauge", "Log loss of the last evaluation.");
+    t.Sample("parasol_worker_eval_logloss", p.eval_logloss, w);
+  }
+  return t.str();
+}
+
+}  // namespace
+
+int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
+              const std::string& key_path, const std::string& metrics_log) {
   Result<Manifest> manifest = LoadManifest(manifest_path);
   if (!manifest.ok()) {
     spdlog::error("{}", manifest.status().message());
@@ -28,14 +53,39 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
                   manifest->cluster.workers);
     return 2;
   }
-  auto client = PsClient::Connect(*manifest, rank);
+  auto client = PsClient::Connect(*manifest, rank, key_path);
   if (!client.ok()) {
     spdlog::error("worker {}: {}", rank, client.status().ToString());
     return 1;
   }
   std::unique_ptr<Backend> backend = MakeCpuBackend(manifest->worker.blas_threads);
-  Trainer trainer(*manifest, rank, client->get(), backend.get(),
-                  [](const std::string& line) { std::printf("%s\n", line.c_str()); std::fflush(stdout); });
+  std::unique_ptr<MetricsServer> metrics;
+  if (manifest->metrics.enabled) {
+    metrics = std::make_unique<MetricsServer>(manifest->metrics.host,
+                                              manifest->metrics.worker_port + rank);
+    if (Status st = metrics->Start(); !st.ok()) {
+      spdlog::error("worker {}: {}", rank, st.ToString());
+      return 1;
+    }
+  }
+  std::ofstream log;
+  if (!metrics_log.empty()) {
+    log.open(metrics_log, std::ios::app);
+    if (!log) {
+      spdlog::error("worker {}: cannot write the metrics log '{}'", rank, metrics_log);
+      return 1;
+    }
+  }
+  TrainerHooks hooks;
+  hooks.line = [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  hooks.point = [&](const ProgressPoint& p) {
+    if (log.is_open()) log << p.ToJson() << "\n" << std::flush;
+    if (metrics) metrics->Publish(WorkerMetricsText(p));
+  };
+  Trainer trainer(*manifest, rank, client->get(), backend.get(), hooks);
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {
     spdlog::error("worker {}: {}", rank, report.status().ToString());

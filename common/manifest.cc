@@ -393,6 +393,62 @@ Status ParseData(MapReader& root, DataOptions* d, const std::string& file) {
   return r.Finish();
 }
 
+Status ParsePathList(MapReader& r, const YAML::Node& node, const std::string& key,
+                     const std::string& base, std::vector<std::string>* out) {
+  if (!r.Has(key)) return Status::Ok();
+  YAML::Node list = r.Child(key);
+  if (!list.IsSequence()) return r.ErrorAt(list, r.PathOf(key), "expected a list of paths");
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].IsScalar()) {
+      return r.ErrorAt(list[i], r.PathOf(key) + "[" + std::to_string(i) + "]", "expected a path");
+    }
+    out->push_back(Resolve(base, list[i].Scalar()));
+  }
+  (void)node;
+  return Status::Ok();
+}
+
+Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers,
+                     const std::string& file) {
+  if (!root.Has("security")) return Status::Ok();
+  YAML::Node node = root.Child("security");
+  MapReader r(node, "security", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  const std::string base = BaseDir(file);
+  PARASOL_RETURN_IF_ERROR(r.Bool("curve", &s->curve));
+  PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "server_keys", base, &s->server_keys));
+  PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "allowed_clients", base, &s->allowed_clients));
+  std::string client;
+  PARASOL_RETURN_IF_ERROR(r.String("client_key", &client));
+  if (!client.empty()) s->client_key = Resolve(base, client);
+  if (s->curve) {
+    if (s->server_keys.size() != servers) {
+      return r.ErrorAt(node, "security.server_keys",
+                       "curve needs one key pair per server (" + std::to_string(servers) +
+                           "), found " + std::to_string(s->server_keys.size()));
+    }
+    if (s->client_key.empty()) {
+      return r.ErrorAt(node, "security.client_key", "curve needs the workers' key pair");
+    }
+    if (s->allowed_clients.empty()) {
+      return r.ErrorAt(node, "security.allowed_clients",
+                       "curve needs the public keys the servers admit");
+    }
+  }
+  return r.Finish();
+}
+
+Status ParseMetrics(MapReader& root, MetricsOptions* m, const std::string& file) {
+  if (!root.Has("metrics")) return Status::Ok();
+  MapReader r(root.Child("metrics"), "metrics", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  PARASOL_RETURN_IF_ERROR(r.Bool("enabled", &m->enabled));
+  PARASOL_RETURN_IF_ERROR(r.String("host", &m->host));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("port", 1, 65535, &m->port));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("worker_port", 1, 65535, &m->worker_port));
+  return r.Finish();
+}
+
 Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   if (!root.Has("worker")) return Status::Ok();
   MapReader r(root.Child("worker"), "worker", file);
@@ -575,6 +631,7 @@ uint64_t Manifest::Fingerprint() const {
   std::ostringstream s;
   s << "servers=";
   for (const auto& a : cluster.servers) s << a.ToString() << ",";
+  s << ";curve=" << security.curve;
   s << ";workers=" << cluster.workers << ";consistency="
     << static_cast<int>(training.consistency) << "," << training.staleness << ";";
   for (const auto& t : tables) {
@@ -614,6 +671,9 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseModel(root, &m.model, m.source));
     PARASOL_RETURN_IF_ERROR(ParseData(root, &m.data, m.source));
     PARASOL_RETURN_IF_ERROR(ParseWorker(root, &m.worker, m.source));
+    PARASOL_RETURN_IF_ERROR(
+        ParseSecurity(root, &m.security, m.cluster.servers.size(), m.source));
+    PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));

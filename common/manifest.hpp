@@ -120,6 +120,20 @@ struct ModelOptions {
   }
 };
 
+struct SecurityOptions {
+  bool curve = false;                        // authenticate and encrypt with ZeroMQ CURVE
+  std::vector<std::string> server_keys;      // per server: key pair PATH (PATH.key, PATH.pub)
+  std::string client_key;                    // the workers' key pair PATH (and tools')
+  std::vector<std::string> allowed_clients;  // public key files the servers admit
+};
+
+struct MetricsOptions {
+  bool enabled = false;     // serve /metrics and /healthz over HTTP
+  std::string host = "127.0.0.1";
+  uint32_t port = 9400;         // servers: port + rank
+  uint32_t worker_port = 9500;  // workers: worker_port + rank
+};
+
 struct WorkerOptions {
   uint32_t blas_threads = 1;  // OpenBLAS threads of a CPU worker
 };
@@ -148,6 +162,8 @@ struct Manifest {
   ModelOptions model;
   DataOptions data;
   WorkerOptions worker;
+  SecurityOptions security;
+  MetricsOptions metrics;
   // The tables listed in the manifest, then those the model needs (named "model.*").
   std::vector<TableOptions> tables;
 

@@ -55,6 +55,7 @@ cluster:
   servers: [10.77.0.1:7100, 10.77.0.2:7100]
   workers: 2
   worker_hosts: [10.77.0.3, 10.77.0.4]
+  bind: listed            # each server binds the address listed for it
   connect_timeout: 30s
 training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}
 model:

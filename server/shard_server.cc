@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/curve_keys.hpp"
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
 #include "common/initializer.hpp"
@@ -48,9 +49,34 @@ ShardServer::~ShardServer() = default;
 
 Status ShardServer::Bind() {
   const ServerAddress& me = manifest_.cluster.servers[rank_];
-  const std::string host = manifest_.cluster.bind.empty() ? me.host : manifest_.cluster.bind;
+  const SecurityOptions& sec = manifest_.security;
+  std::string host = manifest_.cluster.bind;
+  if (host == "listed" || (host.empty() && sec.curve)) host = me.host;
+  if (host.empty()) {
+    host = "127.0.0.1";
+    if (me.host != "127.0.0.1" && me.host != "localhost") {
+      spdlog::warn("shard {}: security is off, so it binds loopback ({}) instead of {}; set "
+                   "cluster.bind (listed, or an address) to serve other hosts",
+                   rank_, host, me.host);
+    }
+  }
   endpoint_ = TcpEndpoint(host, me.port);
   try {
+    if (sec.curve) {
+      if (!CurveAvailable()) return FailedPrecondition("this libzmq has no CURVE support");
+      PARASOL_ASSIGN_OR_RETURN(CurveKeyPair keys, ReadCurveKeyPair(sec.server_keys[rank_]));
+      std::set<std::string> allowed;
+      for (const std::string& path : sec.allowed_clients) {
+        PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(path));
+        allowed.insert(key);
+      }
+      zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
+                                          "shard " + std::to_string(rank_));
+      PARASOL_RETURN_IF_ERROR(zap_->Start());
+      router_.set(zmq::sockopt::curve_server, true);
+      router_.set(zmq::sockopt::curve_secretkey, keys.secret_key);
+      router_.set(zmq::sockopt::zap_domain, "parasol");
+    }
     ConfigureDataSocket(router_);
     router_.set(zmq::sockopt::router_mandatory, true);
     router_.set(zmq::sockopt::maxmsgsize,
@@ -67,8 +93,19 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   spdlog::info("shard {}/{} serving on {} ({} tables, {} engine threads, manifest {})", rank_,
                num_shards_, endpoint_, manifest_.tables.size(), engines_.size(),
                Hex(fingerprint_));
+  if (manifest_.metrics.enabled) {
+    metrics_ = std::make_unique<MetricsServer>(manifest_.metrics.host,
+                                               manifest_.metrics.port + rank_);
+    PARASOL_RETURN_IF_ERROR(metrics_->Start());
+    metrics_->Publish(MetricsText());
+  }
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
   while (!stop.load() && !shutdown_requested_) {
+    if (metrics_ && std::chrono::steady_clock::now() - last_publish_ >
+                        std::chrono::milliseconds(250)) {
+      last_publish_ = std::chrono::steady_clock::now();
+      metrics_->Publish(MetricsText());
+    }
     try {
       zmq::poll(items, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
@@ -87,6 +124,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       if (shutdown_requested_) break;
     }
   }
+  if (metrics_) metrics_->SetHealthy(false);
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
   return Status::Ok();
 }
@@ -117,6 +155,9 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
     return;
   }
   const Header& req = *decoded;
+  uint64_t bytes = 0;
+  for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
+  op_bytes_[static_cast<int>(req.op) & 15] += bytes;
   Header reply = ReplyTo(req, Status::Ok());
   std::vector<zmq::message_t> payload;
   bool held = false;
@@ -178,6 +219,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
         *held = true;
         return Status::Ok();
       }
+      if (in_job) ObserveWait(0);
       return HandlePull(req, *view, reply, payload);
     case Op::PushSparse:
     case Op::PushDense:
@@ -265,7 +307,9 @@ void ShardServer::ReleaseHeldPulls() {
     // Waiting on the shard was not silence: the worker's timer starts again now.
     controller_.AddHeld(h.request.worker_id, -1);
     controller_.Heard(h.request.worker_id, now);
-    counters_.pull_wait_ms += std::chrono::duration<double, std::milli>(now - h.since).count();
+    const double waited = std::chrono::duration<double>(now - h.since).count();
+    counters_.pull_wait_ms += waited * 1000;
+    ObserveWait(waited);
     Header reply = ReplyTo(h.request, Status::Ok());
     std::vector<zmq::message_t> payload;
     Status st = job_failure_;
@@ -384,6 +428,74 @@ void ShardServer::ReleaseBarriers() {
   }
 }
 
+void ShardServer::ObserveWait(double seconds) {
+  size_t b = 0;
+  while (b < std::size(kWaitBuckets) && seconds > kWaitBuckets[b]) ++b;
+  ++wait_counts_[b];
+  wait_sum_ += seconds;
+}
+
+std::string ShardServer::MetricsText() const {
+  PrometheusText t;
+  const std::string shard = "shard=\"" + std::to_string(rank_) + "\"";
+  t.Type("parasol_requests_total", "counter", "Requests received, by op.");
+  for (int op = 0; op <= static_cast<int>(wire::Op::MAX); ++op) {
+    t.Sample("parasol_requests_total", static_cast<double>(op_counts_[op]),
+             shard + ",op=\"" + OpName(static_cast<Op>(op)) + "\"");
+  }
+  t.Type("parasol_request_bytes_total", "counter", "Request bytes received, by op.");
+  for (int op = 0; op <= static_cast<int>(wire::Op::MAX); ++op) {
+    t.Sample("parasol_request_bytes_total", static_cast<double>(op_bytes_[op]),
+             shard + ",op=\"" + OpName(static_cast<Op>(op)) + "\"");
+  }
+  t.Type("parasol_bad_messages_total", "counter", "Malformed messages refused.");
+  t.Sample("parasol_bad_messages_total", static_cast<double>(counters_.bad_messages), shard);
+  t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
+  t.Sample("parasol_curve_refusals_total", zap_ ? static_cast<double>(zap_->refusals()) : 0.0,
+           shard);
+  t.Type("parasol_pull_wait_seconds", "histogram", "Time a pull waited for the read bound.");
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b <= std::size(kWaitBuckets); ++b) {
+    cumulative += wait_counts_[b];
+    const std::string le = b < std::size(kWaitBuckets) ? std::to_string(kWaitBuckets[b]) : "+Inf";
+    t.Sample("parasol_pull_wait_seconds_bucket", static_cast<double>(cumulative),
+             shard + ",le=\"" + le + "\"");
+  }
+  t.Sample("parasol_pull_wait_seconds_sum", wait_sum_, shard);
+  t.Sample("parasol_pull_wait_seconds_count", static_cast<double>(cumulative), shard);
+  t.Type("parasol_held_pulls", "gauge", "Pulls held now.");
+  t.Sample("parasol_held_pulls", static_cast<double>(held_pulls_.size()), shard);
+  t.Type("parasol_clock_min", "gauge", "Slowest live worker's clock.");
+  t.Sample("parasol_clock_min",
+           controller_.live_workers() ? static_cast<double>(controller_.MinClock()) : -1.0, shard);
+  t.Type("parasol_clock_max", "gauge", "Fastest worker's clock.");
+  t.Sample("parasol_clock_max", static_cast<double>(controller_.MaxClock()), shard);
+  t.Type("parasol_lost_workers", "gauge", "Workers declared lost.");
+  t.Sample("parasol_lost_workers", static_cast<double>(counters_.lost_workers), shard);
+  t.Type("parasol_table_rows", "gauge", "Rows of each sparse table held by this shard.");
+  t.Type("parasol_table_bytes", "gauge", "Bytes of each table held by this shard.");
+  t.Type("parasol_evictions_total", "counter", "Rows evicted, by reason.");
+  t.Type("parasol_admission_counted_pushes_total", "counter",
+         "Pushes of keys not yet admitted (counted, not applied).");
+  for (size_t i = 0; i < manifest_.tables.size(); ++i) {
+    const std::string table = shard + ",table=\"" + manifest_.tables[i].name + "\"";
+    if (sparse_[i]) {
+      const SparseTable::Counters c = sparse_[i]->TotalCounters();
+      t.Sample("parasol_table_rows", static_cast<double>(sparse_[i]->TotalRows()), table);
+      t.Sample("parasol_table_bytes", static_cast<double>(sparse_[i]->MemoryBytes()), table);
+      t.Sample("parasol_evictions_total", static_cast<double>(c.evicted_ttl),
+               table + ",reason=\"ttl\"");
+      t.Sample("parasol_evictions_total", static_cast<double>(c.evicted_max_rows),
+               table + ",reason=\"max_rows\"");
+      t.Sample("parasol_admission_counted_pushes_total", static_cast<double>(c.pushes_counted),
+               table);
+    } else {
+      t.Sample("parasol_table_bytes", static_cast<double>(dense_[i]->MemoryBytes()), table);
+    }
+  }
+  return t.str();
+}
+
 void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
                             std::vector<zmq::message_t> payload) {
   std::vector<zmq::message_t> frames;
@@ -403,6 +515,7 @@ std::string ShardServer::StatsJson() const {
   s << "{\"shard\":" << rank_ << ",\"shards\":" << num_shards_
     << ",\"requests\":" << counters_.requests << ",\"bad_messages\":" << counters_.bad_messages
     << ",\"errors\":" << counters_.errors
+    << ",\"curve_refusals\":" << (zap_ ? zap_->refusals() : 0)
     << ",\"duplicate_pushes\":" << counters_.duplicate_pushes
     << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed
     << ",\"dense_elements_pulled\":" << counters_.dense_elements_pulled

@@ -26,12 +26,14 @@
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 #include "common/wire.hpp"
+#include "common/metrics_server.hpp"
 #include "server/clock_aggregate.hpp"
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
 #include "server/engine_pool.hpp"
 #include "server/push_dedup.hpp"
 #include "server/sparse_table.hpp"
+#include "server/zap_handler.hpp"
 
 namespace parasol {
 
@@ -41,7 +43,9 @@ class ShardServer {
   ShardServer(const Manifest& manifest, uint32_t rank);
   ~ShardServer();
 
-  // Binds the ROUTER socket to this shard's address (or cluster.bind's host).
+  // Binds the ROUTER socket: to cluster.bind when set ("listed": this shard's listed address);
+  // otherwise to the listed address with CURVE on, and to loopback with security off. With
+  // CURVE, starts the authenticator first.
   Status Bind();
   const std::string& endpoint() const { return endpoint_; }
 
@@ -50,6 +54,8 @@ class ShardServer {
 
   // Counters and table sizes as a JSON object (the Stats op's reply).
   std::string StatsJson() const;
+  // The same and more in Prometheus text format (GET /metrics with metrics.enabled).
+  std::string MetricsText() const;
 
  private:
   struct Counters {
@@ -123,6 +129,7 @@ class ShardServer {
   std::string endpoint_;
 
   zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;  // declared after context_: destroyed before it
   zmq::socket_t router_;
   EnginePool engines_;
 
@@ -137,6 +144,14 @@ class ShardServer {
   std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id
   Counters counters_;
   uint64_t op_counts_[16] = {};
+  uint64_t op_bytes_[16] = {};
+  // Pull wait in seconds: bucket upper bounds and counts (the last bucket is +Inf).
+  static constexpr double kWaitBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
+  uint64_t wait_counts_[10] = {};
+  double wait_sum_ = 0;
+  void ObserveWait(double seconds);
+  std::unique_ptr<MetricsServer> metrics_;
+  std::chrono::steady_clock::time_point last_publish_{};
   bool shutdown_requested_ = false;
   std::chrono::steady_clock::time_point last_sweep_{};
 };

@@ -107,20 +107,46 @@ PsClient::~PsClient() {
 }
 
 Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
-                                                    uint32_t worker_id) {
+                                                    uint32_t worker_id,
+                                                    const std::string& key_path) {
   std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id));
-  for (size_t s = 0; s < c->shards_.size(); ++s) {
-    const ServerAddress& a = manifest.cluster.servers[s];
-    try {
-      ConfigureDataSocket(c->shards_[s]);
-      c->shards_[s].connect(TcpEndpoint(a.host, a.port));
-    } catch (const zmq::error_t& e) {
-      return Unavailable("worker " + std::to_string(worker_id) + ": cannot connect to shard " +
-                         std::to_string(s) + " at " + a.ToString() + ": " + e.what());
-    }
-  }
+  if (manifest.security.curve) PARASOL_RETURN_IF_ERROR(c->LoadKeys(key_path));
+  for (uint32_t s = 0; s < c->shards_.size(); ++s) PARASOL_RETURN_IF_ERROR(c->OpenShard(s));
   PARASOL_RETURN_IF_ERROR(c->Handshake());
   return c;
+}
+
+Status PsClient::LoadKeys(const std::string& key_path) {
+  if (!CurveAvailable()) return FailedPrecondition("this libzmq has no CURVE support");
+  const std::string path = key_path.empty() ? manifest_.security.client_key : key_path;
+  PARASOL_ASSIGN_OR_RETURN(curve_keys_, ReadCurveKeyPair(path));
+  for (const std::string& server : manifest_.security.server_keys) {
+    PARASOL_ASSIGN_OR_RETURN(std::string pub, ReadCurvePublicKey(server + ".pub"));
+    server_public_keys_.push_back(pub);
+  }
+  return Status::Ok();
+}
+
+Status PsClient::OpenShard(uint32_t s) {
+  const ServerAddress& a = manifest_.cluster.servers[s];
+  try {
+    shards_[s] = zmq::socket_t(context_, zmq::socket_type::dealer);
+    ConfigureDataSocket(shards_[s]);
+    if (manifest_.security.curve) {
+      shards_[s].set(zmq::sockopt::curve_serverkey, server_public_keys_[s]);
+      shards_[s].set(zmq::sockopt::curve_publickey, curve_keys_.public_key);
+      shards_[s].set(zmq::sockopt::curve_secretkey, curve_keys_.secret_key);
+    }
+    shards_[s].connect(TcpEndpoint(a.host, a.port));
+  } catch (const zmq::error_t& e) {
+    return Unavailable("worker " + std::to_string(worker_id_) + ": cannot connect to shard " +
+                       std::to_string(s) + " at " + a.ToString() + ": " + e.what());
+  }
+  return Status::Ok();
+}
+
+int PsClient::Mechanism(uint32_t shard) const {
+  return const_cast<zmq::socket_t&>(shards_[shard]).get(zmq::sockopt::mechanism);
 }
 
 Status PsClient::Handshake() {
@@ -522,10 +548,7 @@ void PsClient::FailRequest(ShardRequest& r, Status status) {
     const uint32_t s = r.shard;
     shards_[s].set(zmq::sockopt::linger, 0);
     shards_[s].close();
-    shards_[s] = zmq::socket_t(context_, zmq::socket_type::dealer);
-    ConfigureDataSocket(shards_[s]);
-    const ServerAddress& a = manifest_.cluster.servers[s];
-    shards_[s].connect(TcpEndpoint(a.host, a.port));
+    (void)OpenShard(s);  // a failure here shows as a time-out of the next request
   }
   in_flight_.erase(r.request_id);  // `r` is gone from here on
 }

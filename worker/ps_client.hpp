@@ -23,6 +23,7 @@
 
 #include <zmq.hpp>
 
+#include "common/curve_keys.hpp"
 #include "common/key_index.hpp"
 #include "common/manifest.hpp"
 #include "common/sharding.hpp"
@@ -42,7 +43,13 @@ class PsClient {
 
   // Connects to every shard and completes the Hello handshake (protocol version and manifest
   // fingerprint must match), waiting up to cluster.connect_timeout for shards to come up.
-  static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id);
+  // With security.curve, the client authenticates with the key pair `key_path` (default:
+  // security.client_key) and checks each server's public key.
+  static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
+                                                   const std::string& key_path = "");
+
+  // The security mechanism of the connection to `shard` (ZMQ_NULL, ZMQ_CURVE, ...).
+  int Mechanism(uint32_t shard) const;
 
   ~PsClient();
   PsClient(const PsClient&) = delete;
@@ -104,6 +111,9 @@ class PsClient {
   struct Pending;
 
   PsClient(const Manifest& manifest, uint32_t worker_id);
+  Status LoadKeys(const std::string& key_path);
+  // Opens (or reopens) the socket of `shard` with its options, and connects it.
+  Status OpenShard(uint32_t shard);
   Status Handshake();
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
@@ -131,6 +141,8 @@ class PsClient {
   std::map<Ticket, std::unique_ptr<Pending>> pending_;
   std::map<uint64_t, std::unique_ptr<ShardRequest>> in_flight_;  // by request id
   KeyIndex dedup_;
+  CurveKeyPair curve_keys_;
+  std::vector<std::string> server_public_keys_;
 };
 
 }  // namespace parasol

@@ -109,13 +109,24 @@ std::string TrainReport::Summary() const {
   return out;
 }
 
+std::string ProgressPoint::ToJson() const {
+  std::ostringstream s;
+  s.precision(6);
+  s << "{\"worker\": " << worker << ", \"steps\": " << steps << ", \"samples\": " << samples
+    << ", \"seconds\": " << seconds << ", \"samples_per_second\": " << samples_per_second
+    << ", \"loss\": " << loss;
+  if (has_eval) s << ", \"eval_logloss\": " << eval_logloss << ", \"eval_auc\": " << eval_auc;
+  s << "}";
+  return s.str();
+}
+
 Trainer::Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,
-                 std::function<void(const std::string&)> progress)
+                 TrainerHooks hooks)
     : manifest_(manifest),
       rank_(rank),
       client_(client),
       backend_(backend),
-      progress_(std::move(progress)) {}
+      hooks_(std::move(hooks)) {}
 
 Result<EvalResult> Trainer::Evaluate(const std::string& file) {
   const uint32_t batch_size = manifest_.training.batch_size;
@@ -247,7 +258,24 @@ Result<TrainReport> Trainer::Run() {
     report.last_loss = std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
                        recent_losses.size();
 
-    if (progress_ && Since(last_progress) * 1000 >= t.progress_ms) {
+    auto point = [&](const EvalResult* e) {
+      if (!hooks_.point) return;
+      ProgressPoint p;
+      p.worker = rank_;
+      p.steps = report.steps;
+      p.samples = report.train_samples;
+      p.seconds = Since(start);
+      p.samples_per_second = report.train_samples / std::max(1e-9, p.seconds);
+      p.loss = report.last_loss;
+      if (e) {
+        p.has_eval = true;
+        p.eval_logloss = e->logloss;
+        p.eval_auc = e->auc;
+      }
+      hooks_.point(p);
+    };
+    if (report.steps % 10 == 0) point(nullptr);
+    if (hooks_.line && Since(last_progress) * 1000 >= t.progress_ms) {
       last_progress = SteadyClock::now();
       const double rate = report.train_samples / Since(start);
       const double left = expected_samples > report.train_samples
@@ -259,16 +287,17 @@ Result<TrainReport> Trainer::Run() {
                     rank_, static_cast<unsigned long long>(report.steps),
                     static_cast<unsigned long long>(report.train_samples), rate,
                     report.last_loss, left);
-      progress_(buf);
+      hooks_.line(buf);
     }
     if (t.eval_every > 0 && report.steps % t.eval_every == 0 && rank_ == 0 &&
         !manifest_.data.eval.empty()) {
       PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
-      if (progress_) {
+      point(&e);
+      if (hooks_.line) {
         char buf[160];
         std::snprintf(buf, sizeof(buf), "worker 0: step %llu: eval logloss %.4f, AUC %.4f",
                       static_cast<unsigned long long>(report.steps), e.logloss, e.auc);
-        progress_(buf);
+        hooks_.line(buf);
       }
     }
     cur = std::move(next);
@@ -291,6 +320,19 @@ Result<TrainReport> Trainer::Run() {
     report.eval_samples = e.samples;
     report.eval_logloss = e.logloss;
     report.eval_auc = e.auc;
+  }
+  if (hooks_.point) {
+    ProgressPoint p;
+    p.worker = rank_;
+    p.steps = report.steps;
+    p.samples = report.train_samples;
+    p.seconds = report.train_seconds;
+    p.samples_per_second = report.samples_per_second;
+    p.loss = report.last_loss;
+    p.has_eval = report.evaluated;
+    p.eval_logloss = report.eval_logloss;
+    p.eval_auc = report.eval_auc;
+    hooks_.point(p);
   }
   return report;
 }

@@ -40,6 +40,25 @@ struct TrainReport {
   std::string Summary() const;
 };
 
+// Where training stands, every few steps and after each evaluation (for metrics and plots).
+struct ProgressPoint {
+  uint32_t worker = 0;
+  uint64_t steps = 0;
+  uint64_t samples = 0;
+  double seconds = 0;
+  double samples_per_second = 0;
+  double loss = 0;  // mean of the last 100 steps
+  bool has_eval = false;
+  double eval_logloss = 0;
+  double eval_auc = 0;
+  std::string ToJson() const;
+};
+
+struct TrainerHooks {
+  std::function<void(const std::string&)> line;     // a progress line, every progress_every
+  std::function<void(const ProgressPoint&)> point;  // every 10 steps and after evaluations
+};
+
 struct EvalResult {
   uint64_t samples = 0;
   double logloss = 0;
@@ -48,9 +67,8 @@ struct EvalResult {
 
 class Trainer {
  public:
-  // `progress` receives one line per training.progress_every.
   Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,
-          std::function<void(const std::string&)> progress);
+          TrainerHooks hooks);
 
   Result<TrainReport> Run();
 
@@ -62,7 +80,7 @@ class Trainer {
   uint32_t rank_;
   PsClient* client_;
   Backend* backend_;
-  std::function<void(const std::string&)> progress_;
+  TrainerHooks hooks_;
 };
 
 }  // namespace parasol

@@ -1,0 +1,41 @@
+// ZapHandler: the ZeroMQ authentication (ZAP) handler of a shard running CURVE. It admits a
+// connection only when the client's public key is in the allowed set, and logs every refusal.
+// Runs on its own thread, on a REP socket at inproc://zeromq.zap.01 of the shard's context;
+// it must exist before the shard's socket binds.
+#pragma once
+
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+class ZapHandler {
+ public:
+  ZapHandler(zmq::context_t& context, std::set<std::string> allowed_z85, std::string label);
+  ~ZapHandler();
+  ZapHandler(const ZapHandler&) = delete;
+  ZapHandler& operator=(const ZapHandler&) = delete;
+
+  Status Start();
+  uint64_t refusals() const { return refusals_.load(); }
+  uint64_t admissions() const { return admissions_.load(); }
+
+ private:
+  void Loop();
+
+  zmq::socket_t socket_;
+  std::set<std::string> allowed_;
+  std::string label_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> refusals_{0};
+  std::atomic<uint64_t> admissions_{0};
+  std::thread thread_;
+};
+
+}  // namespace parasol
