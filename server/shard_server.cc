@@ -72,7 +72,7 @@ Status ShardServer::Bind() {
       }
       zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
                                           "shard " + std::to_string(rank_));
-      PARASOL_RETURN_IF_ERROR(zap_->Start());
+      PARASOL_RETURN_IF_ERROR(zap_->Start(router_));
       router_.set(zmq::sockopt::curve_server, true);
       router_.set(zmq::sockopt::curve_secretkey, keys.secret_key);
       router_.set(zmq::sockopt::zap_domain, "parasol");

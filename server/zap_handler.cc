@@ -4,6 +4,8 @@
 
 #include <zmq_addon.hpp>
 
+#include <cstring>
+
 #include "common/curve_keys.hpp"
 
 namespace parasol {
@@ -11,6 +13,7 @@ namespace parasol {
 ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> allowed_z85,
                        std::string label)
     : socket_(context, zmq::socket_type::rep),
+      monitor_(context, zmq::socket_type::pair),
       allowed_(std::move(allowed_z85)),
       label_(std::move(label)) {}
 
@@ -19,10 +22,17 @@ ZapHandler::~ZapHandler() {
   if (thread_.joinable()) thread_.join();
 }
 
-Status ZapHandler::Start() {
+Status ZapHandler::Start(zmq::socket_t& router) {
+  const std::string endpoint = "inproc://parasol-handshakes-" + label_;
   try {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.bind("inproc://zeromq.zap.01");
+    if (zmq_socket_monitor(router.handle(), endpoint.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
+      return Unavailable(std::string("cannot watch handshakes: ") + zmq_strerror(zmq_errno()));
+    }
+    monitor_.set(zmq::sockopt::linger, 0);
+    monitor_.connect(endpoint);
   } catch (const zmq::error_t& e) {
     return Unavailable(std::string("cannot start the CURVE authenticator: ") + e.what());
   }
@@ -30,14 +40,43 @@ Status ZapHandler::Start() {
   return Status::Ok();
 }
 
+void ZapHandler::HandleMonitorEvent() {
+  std::vector<zmq::message_t> event;
+  if (!zmq::recv_multipart(monitor_, std::back_inserter(event), zmq::recv_flags::dontwait)) return;
+  if (event.size() < 2 || event[0].size() < 6) return;
+  uint16_t id;
+  uint32_t value;
+  std::memcpy(&id, event[0].data(), 2);
+  std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
+  ++refusals_;
+  spdlog::warn("{}: refused a connection on {}: the handshake failed ({}), a client without "
+               "CURVE or with the wrong server key",
+               label_, event[1].to_string(),
+               value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? "mechanism mismatch"
+                                                                   : "protocol error " +
+                                                                         std::to_string(value));
+}
+
 void ZapHandler::Loop() {
-  zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0},
+                             {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
   while (!stop_.load()) {
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      if (items[1].revents & ZMQ_POLLIN) HandleMonitorEvent();
+      if (items[0].revents & ZMQ_POLLIN) HandleZap();
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return;
+      spdlog::warn("{}: authenticator: {}", label_, e.what());
+    }
+  }
+}
+
+void ZapHandler::HandleZap() {
+  {
+    {
       std::vector<zmq::message_t> req;
-      if (!zmq::recv_multipart(socket_, std::back_inserter(req))) continue;
+      if (!zmq::recv_multipart(socket_, std::back_inserter(req))) return;
       // version, request id, domain, address, identity, mechanism, credentials...
       const std::string request_id = req.size() > 1 ? req[1].to_string() : "";
       const std::string address = req.size() > 3 ? req[3].to_string() : "?";
@@ -61,9 +100,6 @@ void ZapHandler::Loop() {
       reply.emplace_back(key);
       reply.emplace_back();
       zmq::send_multipart(socket_, reply);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) return;
-      spdlog::warn("{}: authenticator: {}", label_, e.what());
     }
   }
 }
