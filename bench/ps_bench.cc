@@ -61,9 +61,8 @@ class BenchCluster {
     char tmpl[] = "/tmp/parasol-bench-XXXXXX";
     dir_ = ::mkdtemp(tmpl) ? tmpl : "/tmp";
     std::string y = "cluster:\n  servers:\n";
-    for (int s = 0; s < shards; ++s) {
-      y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
-    }
+    const std::vector<uint16_t> ports = *PickFreePorts(shards);
+    for (int s = 0; s < shards; ++s) y += "    - 127.0.0.1:" + std::to_string(ports[s]) + "\n";
     y += "  workers: " + std::to_string(workers) + "\n  connect_timeout: 30s\n";
     y += "  request_timeout: 60s\n";
     y += extra_yaml.empty() ? "training:\n  consistency: asp\n" : extra_yaml;
@@ -312,7 +311,8 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
   char tmpl[] = "/tmp/parasol-bench-train-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   std::string y = "cluster:\n  servers:\n";
-  for (int s = 0; s < shards; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  const std::vector<uint16_t> ports = *PickFreePorts(shards);
+  for (int s = 0; s < shards; ++s) y += "    - 127.0.0.1:" + std::to_string(ports[s]) + "\n";
   y += "  workers: " + std::to_string(workers) + "\n";
   y += "training: {consistency: bsp, batch_size: " + std::to_string(batch) +
        ", epochs: 1, progress_every: 1h}\n";

@@ -10,7 +10,10 @@
 
 namespace parasol {
 
-Result<uint16_t> PickFreePort(const std::string& host) {
+namespace {
+
+// Binds a socket to `host`:0; returns its fd and the port the kernel chose.
+Result<std::pair<int, uint16_t>> BindEphemeral(const std::string& host) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return IoError(std::string("socket: ") + std::strerror(errno));
   sockaddr_in addr{};
@@ -27,8 +30,33 @@ Result<uint16_t> PickFreePort(const std::string& host) {
   }
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return static_cast<uint16_t>(ntohs(addr.sin_port));
+  return std::make_pair(fd, static_cast<uint16_t>(ntohs(addr.sin_port)));
+}
+
+}  // namespace
+
+Result<uint16_t> PickFreePort(const std::string& host) {
+  PARASOL_ASSIGN_OR_RETURN(auto bound, BindEphemeral(host));
+  ::close(bound.first);
+  return bound.second;
+}
+
+Result<std::vector<uint16_t>> PickFreePorts(size_t n, const std::string& host) {
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
+  Status failure;
+  for (size_t i = 0; i < n; ++i) {
+    auto bound = BindEphemeral(host);
+    if (!bound.ok()) {
+      failure = bound.status();
+      break;
+    }
+    fds.push_back(bound->first);
+    ports.push_back(bound->second);
+  }
+  for (int fd : fds) ::close(fd);
+  if (!failure.ok()) return failure;
+  return ports;
 }
 
 }  // namespace parasol

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.hpp"
 
@@ -11,5 +12,9 @@ namespace parasol {
 // A TCP port on `host` that was free a moment ago (the kernel picked it for a socket bound to
 // port 0, which is then closed). For tests and local launches; another process may take it.
 Result<uint16_t> PickFreePort(const std::string& host = "127.0.0.1");
+
+// `n` distinct free ports: the sockets stay open until all are picked, so the kernel cannot
+// hand out the same port twice.
+Result<std::vector<uint16_t>> PickFreePorts(size_t n, const std::string& host = "127.0.0.1");
 
 }  // namespace parasol

@@ -36,7 +36,8 @@ ProcessRun RunParasol(const std::vector<std::string>& args, const std::string& d
 
 std::string PortsManifest(int servers, int workers) {
   std::string y = "cluster:\n  servers:\n";
-  for (int s = 0; s < servers; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  const std::vector<uint16_t> ports = *PickFreePorts(servers);
+  for (int s = 0; s < servers; ++s) y += "    - 127.0.0.1:" + std::to_string(ports[s]) + "\n";
   y += "  workers: " + std::to_string(workers) + "\n  connect_timeout: 20s\n";
   y += "tables:\n  - {name: emb, kind: sparse, dim: 8}\n  - {name: w, kind: dense, shape: [1000]}\n";
   return y;

@@ -61,8 +61,9 @@ TEST_F(CurveTest, AJobWithSecurityOnTrains) {
   g.rows = 2000;
   g.seed = 5;
   ASSERT_TRUE(GenerateCriteo(keys_ + "/eval.tsv", g).ok());
-  std::string y = "cluster:\n  servers: [127.0.0.1:" + std::to_string(*PickFreePort()) +
-                  ", 127.0.0.1:" + std::to_string(*PickFreePort()) + "]\n  workers: 2\n";
+  const std::vector<uint16_t> ports = *PickFreePorts(2);
+  std::string y = "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) +
+                  ", 127.0.0.1:" + std::to_string(ports[1]) + "]\n  workers: 2\n";
   y += security_;
   y += "model: {kind: lr, sparse_optimizer: {kind: adagrad, lr: 0.3}}\n";
   y += "data: {train: " + keys_ + "/train.tsv, eval: " + keys_ + "/eval.tsv}\n";
@@ -149,9 +150,11 @@ double MetricValue(const std::string& text, const std::string& sample) {
 }
 
 TEST(MetricsTest, ScrapesParseAsPrometheusTextAndCountersMove) {
-  const uint16_t port = *PickFreePort();
+  const std::vector<uint16_t> ports = *PickFreePorts(2);  // metrics, then the server
+  const uint16_t port = ports[0];
   TestCluster cluster(1, 1, kTables,
-                      "metrics:\n  enabled: true\n  port: " + std::to_string(port) + "\n");
+                      "metrics:\n  enabled: true\n  port: " + std::to_string(port) + "\n",
+                      {ports[1]});
   ASSERT_TRUE(cluster.Start());
   auto client = cluster.Connect(0);
   ASSERT_NE(client, nullptr);

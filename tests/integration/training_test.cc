@@ -61,7 +61,8 @@ Launch RunLaunch(const std::string& dir, const std::string& manifest) {
 std::string Manifest(int workers, const std::string& model, const std::string& train,
                      const std::string& eval, const std::string& training = "consistency: bsp") {
   std::string y = "cluster:\n  servers:\n";
-  for (int s = 0; s < 2; ++s) y += "    - 127.0.0.1:" + std::to_string(*PickFreePort()) + "\n";
+  const std::vector<uint16_t> ports = *PickFreePorts(2);
+  for (int s = 0; s < 2; ++s) y += "    - 127.0.0.1:" + std::to_string(ports[s]) + "\n";
   y += "  workers: " + std::to_string(workers) + "\n";
   y += "training: {" + training + ", batch_size: 256, epochs: 1}\n";
   y += "model:\n" + model;

@@ -36,14 +36,12 @@ void WriteFile(const std::string& path, const std::string& text) {
 }
 
 TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml,
-                         const std::string& extra_yaml)
+                         const std::string& extra_yaml, std::vector<uint16_t> ports)
     : shards_(shards), dir_(MakeTempDir()) {
   std::ostringstream y;
   y << "job:\n  name: test\n  seed: 7\ncluster:\n  servers:\n";
-  for (int s = 0; s < shards; ++s) {
-    Result<uint16_t> port = PickFreePort();
-    y << "    - 127.0.0.1:" << (port.ok() ? *port : 0) << "\n";
-  }
+  if (ports.empty()) ports = PickFreePorts(shards).value();
+  for (int s = 0; s < shards; ++s) y << "    - 127.0.0.1:" << ports[s] << "\n";
   y << "  workers: " << workers << "\n  connect_timeout: 20s\n  request_timeout: 20s\n";
   // Tests of the tables themselves see pushes applied on arrival; consistency tests say so.
   if (extra_yaml.find("training:") == std::string::npos) {
