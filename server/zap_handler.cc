@@ -28,7 +28,8 @@ Status ZapHandler::Start(zmq::socket_t& router) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.bind("inproc://zeromq.zap.01");
     if (zmq_socket_monitor(router.handle(), endpoint.c_str(),
-                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
       return Unavailable(std::string("cannot watch handshakes: ") + zmq_strerror(zmq_errno()));
     }
     monitor_.set(zmq::sockopt::linger, 0);
@@ -49,12 +50,15 @@ void ZapHandler::HandleMonitorEvent() {
   std::memcpy(&id, event[0].data(), 2);
   std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
   ++refusals_;
-  spdlog::warn("{}: refused a connection on {}: the handshake failed ({}), a client without "
-               "CURVE or with the wrong server key",
-               label_, event[1].to_string(),
-               value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? "mechanism mismatch"
-                                                                   : "protocol error " +
-                                                                         std::to_string(value));
+  std::string why = "no detail";
+  if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+    why = value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? "mechanism mismatch"
+                                                              : "protocol error " +
+                                                                    std::to_string(value);
+  }
+  spdlog::warn("{}: refused a connection on {}: the handshake failed ({}): a client without "
+               "CURVE, or with the wrong server key",
+               label_, event[1].to_string(), why);
 }
 
 void ZapHandler::Loop() {
