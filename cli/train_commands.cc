@@ -53,12 +53,18 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
                   manifest->cluster.workers);
     return 2;
   }
+  // The device first: a worker that cannot compute fails before it joins the job.
+  Result<std::unique_ptr<Backend>> backend = MakeBackend(manifest->worker);
+  if (!backend.ok()) {
+    spdlog::error("worker {}: {}", rank, backend.status().ToString());
+    return 2;
+  }
+  spdlog::info("worker {}: computing on {}", rank, manifest->worker.device);
   auto client = PsClient::Connect(*manifest, rank, key_path);
   if (!client.ok()) {
     spdlog::error("worker {}: {}", rank, client.status().ToString());
     return 1;
   }
-  std::unique_ptr<Backend> backend = MakeCpuBackend(manifest->worker.blas_threads);
   std::unique_ptr<MetricsServer> metrics;
   if (manifest->metrics.enabled) {
     metrics = std::make_unique<MetricsServer>(manifest->metrics.host,
@@ -85,7 +91,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
     if (log.is_open()) log << p.ToJson() << "\n" << std::flush;
     if (metrics) metrics->Publish(WorkerMetricsText(p));
   };
-  Trainer trainer(*manifest, rank, client->get(), backend.get(), hooks);
+  Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {
     spdlog::error("worker {}: {}", rank, report.status().ToString());

@@ -454,6 +454,17 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   MapReader r(root.Child("worker"), "worker", file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
   PARASOL_RETURN_IF_ERROR(r.Unsigned("blas_threads", 1, 1024, &w->blas_threads));
+  PARASOL_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
+  if (r.Has("device")) {
+    YAML::Node n = r.Child("device");
+    const std::string d = n.IsScalar() ? n.Scalar() : "";
+    bool ok = d == "cpu" || d == "cuda";
+    if (d.rfind("cuda:", 0) == 0 && d.size() > 5) {
+      ok = d.find_first_not_of("0123456789", 5) == std::string::npos && d.size() < 9;
+    }
+    if (!ok) return r.ErrorAt(n, "worker.device", "expected cpu, cuda or cuda:N, got '" + d + "'");
+    w->device = d;
+  }
   return r.Finish();
 }
 

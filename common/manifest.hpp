@@ -135,7 +135,9 @@ struct MetricsOptions {
 };
 
 struct WorkerOptions {
-  uint32_t blas_threads = 1;  // OpenBLAS threads of a CPU worker
+  std::string device = "cpu";  // cpu, cuda (device 0) or cuda:N
+  bool tf32 = false;           // cuda: let cuBLAS use TF32 tensor cores for fp32 products
+  uint32_t blas_threads = 1;   // OpenBLAS threads of a CPU worker
 };
 
 struct DataOptions {

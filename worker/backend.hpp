@@ -10,6 +10,9 @@
 #include <functional>
 #include <memory>
 
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+
 namespace parasol {
 
 class Backend;
@@ -71,9 +74,20 @@ class Backend {
   // probs = sigmoid(logits); dlogits = (probs - labels) / n; returns the mean BCE loss.
   virtual double SigmoidBce(float* probs, float* dlogits, const float* logits,
                             const float* labels, int n) = 0;
+
+  // Waits for the device and returns the first error of any call since the last Sync() (a
+  // device backend records errors instead of throwing; the CPU backend has none).
+  virtual Status Sync() { return Status::Ok(); }
 };
 
 // The CPU backend (OpenBLAS with `threads` threads).
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 1);
+
+// The CUDA backend on device `device` (cuBLAS, TF32 when `tf32`), or an error saying why it
+// cannot run here (no CUDA in this build, no device, ...).
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device, bool tf32);
+
+// The backend worker.device names: "cpu", "cuda" or "cuda:N".
+Result<std::unique_ptr<Backend>> MakeBackend(const WorkerOptions& options);
 
 }  // namespace parasol

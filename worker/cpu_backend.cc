@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "worker/backend.hpp"
@@ -158,5 +159,23 @@ class CpuBackend : public Backend {
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {
   return std::make_unique<CpuBackend>(threads);
 }
+
+Result<std::unique_ptr<Backend>> MakeBackend(const WorkerOptions& options) {
+  if (options.device == "cpu") {
+    return MakeCpuBackend(static_cast<int>(options.blas_threads));
+  }
+  const int device = options.device == "cuda" ? 0 : std::atoi(options.device.c_str() + 5);
+  Result<std::unique_ptr<Backend>> cuda = MakeCudaBackend(device, options.tf32);
+  if (!cuda.ok()) {
+    return cuda.status().WithContext("worker.device is " + options.device);
+  }
+  return cuda;
+}
+
+#ifndef PARASOL_HAVE_CUDA
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int /*device*/, bool /*tf32*/) {
+  return FailedPrecondition("this build of parasol has no CUDA support (nvcc was not found)");
+}
+#endif
 
 }  // namespace parasol

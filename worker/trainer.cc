@@ -145,6 +145,7 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file) {
     PARASOL_RETURN_IF_ERROR(client_->PullSparse(model->sparse_table(), keys.unique, rows.data()));
     model->Forward(b, rows.data(), static_cast<uint32_t>(keys.unique.size()),
                    keys.indices.data());
+    PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("evaluation"));
     probs.insert(probs.end(), model->Probabilities().begin(), model->Probabilities().end());
     labels.insert(labels.end(), b.labels.begin(), b.labels.end());
   }
@@ -231,6 +232,7 @@ Result<TrainReport> Trainer::Run() {
                                        cur_keys.indices.data());
     row_grads.resize(cur_keys.unique.size() * dim);
     model->Backward(row_grads.data());
+    PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("step " + std::to_string(report.steps)));
     report.compute_seconds += Since(phase);
 
     phase = SteadyClock::now();

@@ -184,6 +184,15 @@ TEST(ManifestTrainingTest, ConsistencyFieldsAndDefaults) {
   EXPECT_EQ(m->training.on_worker_loss, TrainingOptions::OnWorkerLoss::kContinue);
 }
 
+TEST(ManifestWorkerTest, DeviceMustBeCpuOrCuda) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\nworker: {device: 'cuda:1', tf32: true}\n", "w.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker.device, "cuda:1");
+  EXPECT_TRUE(m->worker.tf32);
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  device: gpu\n"),
+            "job.yaml:4:11: key 'worker.device': expected cpu, cuda or cuda:N, got 'gpu'");
+}
+
 TEST(ManifestTrainingTest, BadConsistencyFieldsAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: eventual\n"),
             "job.yaml:4:16: key 'training.consistency': expected one of bsp|ssp|asp, got "

@@ -5,6 +5,7 @@
 
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
+#include "kernels/cuda_check.hpp"
 #include "tests/support/test_cluster.hpp"
 
 namespace parasol {
@@ -65,6 +66,16 @@ TEST_F(CliTest, ServerRefusesARankOutsideTheCluster) {
   ASSERT_TRUE(WIFEXITED(r.status));
   EXPECT_EQ(WEXITSTATUS(r.status), 2);
   EXPECT_NE(r.output.find("--rank 2 is out of range"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, ACudaWorkerWithoutAGpuFailsAtStartSayingWhy) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "this machine has a CUDA device";
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1) + "worker: {device: cuda}\nmodel: {kind: lr}\n" +
+                                  "data: {train: " + dir_ + "/none.tsv}\n");
+  ProcessRun r = RunParasol({"worker", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
+  EXPECT_NE(r.output.find("worker.device is cuda"), std::string::npos) << r.output;
 }
 
 TEST_F(CliTest, SigtermStopsAServerCleanly) {
