@@ -31,7 +31,11 @@
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
 #include "common/zipf.hpp"
+#include "common/key_index.hpp"
+#include "worker/backend.hpp"
+#include "worker/batch.hpp"
 #include "worker/data_generator.hpp"
+#include "worker/model.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol::bench {
@@ -404,6 +408,96 @@ void TorchRows(const std::string& data, std::vector<Row>* rows) {
   TrainingRows(data, rows, torch_rate);
 }
 
+// Forward + backward of dlrm-small on one backend, rows already in host memory: samples/s.
+double ModelSamplesPerSecond(Backend* backend, uint32_t batch_size, int iters) {
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:1]\nmodel:\n  kind: dlrm\n  embedding_dim: 16\n"
+      "  bottom: [64, 16]\n  top: [64, 1]\n",
+      "bench");
+  auto model = Model::Create(*m, backend, batch_size);
+  if (!model.ok()) return -1;
+  std::mt19937_64 rng(3);
+  Batch batch;
+  batch.Clear();
+  const ZipfSampler zipf(100000, 1.05);
+  for (uint32_t i = 0; i < batch_size; ++i) {
+    batch.labels.push_back(static_cast<float>(rng() % 2));
+    for (int d = 0; d < 13; ++d) batch.dense.push_back(static_cast<float>(rng() % 5));
+    for (int c = 0; c < 26; ++c) {
+      batch.keys.push_back(c * 1000003ULL + zipf(rng));
+      batch.values.push_back(1.0f);
+    }
+    batch.offsets.push_back(static_cast<uint32_t>(batch.keys.size()));
+    ++batch.size;
+  }
+  KeyIndex index;
+  std::vector<uint64_t> unique;
+  std::vector<uint32_t> indices;
+  for (uint64_t k : batch.keys) {
+    bool inserted = false;
+    indices.push_back(index.FindOrInsert(k, static_cast<uint32_t>(unique.size()), &inserted));
+    if (inserted) unique.push_back(k);
+  }
+  std::vector<float> rows(unique.size() * 16, 0.01f), grads(rows.size());
+  for (auto& t : (*model)->DenseParams()) std::fill(t.begin(), t.end(), 0.01f);
+  const double s = TimeIt(2, iters, [&] {
+    (*model)->Forward(batch, rows.data(), static_cast<uint32_t>(unique.size()), indices.data());
+    (*model)->Backward(grads.data());
+    return backend->Sync().ok();
+  });
+  return s > 0 ? batch_size / s : -1;
+}
+
+// TFLOP/s of one row-major product of the given shape on `backend`.
+double GemmTflops(Backend* backend, int m, int n, int k, int iters) {
+  DeviceBuffer a = backend->Allocate(size_t(m) * k), b = backend->Allocate(size_t(k) * n),
+               c = backend->Allocate(size_t(m) * n);
+  backend->Fill(a.data(), 0.5f, size_t(m) * k);
+  backend->Fill(b.data(), 0.25f, size_t(k) * n);
+  const double s = TimeIt(2, iters, [&] {
+    backend->Gemm(false, true, m, n, k, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    return backend->Sync().ok();
+  });
+  return s > 0 ? 2.0 * m * n * k / s / 1e12 : -1;
+}
+
+void ComputeRows(const Options& opt, std::vector<Row>* rows) {
+  std::vector<std::pair<std::string, std::unique_ptr<Backend>>> backends;
+  backends.emplace_back("cpu", MakeCpuBackend(1));
+  for (bool tf32 : {false, true}) {
+    auto cuda = MakeCudaBackend(0, tf32);
+    if (cuda.ok()) {
+      backends.emplace_back(tf32 ? "cuda_tf32" : "cuda", std::move(*cuda));
+    } else if (!tf32) {
+      spdlog::warn("compute bench: no CUDA rows: {}", cuda.status().message());
+    }
+  }
+  for (auto& [name, backend] : backends) {
+    const bool gpu = name != "cpu";
+    // The backend's own ceiling: a large square product.
+    const int big = gpu ? 8192 : 1024;
+    const double peak = GemmTflops(backend.get(), big, big, big, gpu ? 10 : 3);
+    rows->push_back({"gemm_" + std::to_string(big) + "cube_" + name, peak, "TFLOP/s",
+                     std::nullopt, "", std::nullopt});
+    for (uint32_t batch : {4096u, 16384u}) {
+      if (!gpu && opt.quick && batch > 4096) continue;
+      const std::string tag = "b" + std::to_string(batch) + "_" + name;
+      rows->push_back({"compute_dlrm_small_" + tag,
+                       ModelSamplesPerSecond(backend.get(), batch, gpu ? 20 : 3), "samples/s",
+                       std::nullopt, "", std::nullopt});
+      // The linear layers' shapes (forward): bottom 13-64-16, top 367-64-1.
+      const int shapes[][2] = {{13, 64}, {64, 16}, {367, 64}};
+      for (const auto& s : shapes) {
+        rows->push_back({"gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "_" + tag,
+                         GemmTflops(backend.get(), static_cast<int>(batch), s[1], s[0],
+                                    gpu ? 50 : 5),
+                         "TFLOP/s", peak, "gemm_" + std::to_string(big) + "cube_" + name,
+                         std::nullopt});
+      }
+    }
+  }
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -491,9 +585,9 @@ int Main(int argc, char** argv) {
   }
   static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
                                                    "optimizer",   "consistency", "training",
-                                                   "torch"};
+                                                   "torch",       "compute"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -531,6 +625,7 @@ int Main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
+  if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
   if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);
