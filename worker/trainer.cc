@@ -76,6 +76,22 @@ Status PullDense(PsClient& client, Model& model) {
   return first;
 }
 
+ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResult* eval) {
+  ProgressPoint p;
+  p.worker = report.worker;
+  p.steps = report.steps;
+  p.samples = report.train_samples;
+  p.seconds = seconds;
+  p.samples_per_second = report.train_samples / std::max(1e-9, seconds);
+  p.loss = report.last_loss;
+  if (eval) {
+    p.has_eval = true;
+    p.eval_logloss = eval->logloss;
+    p.eval_auc = eval->auc;
+  }
+  return p;
+}
+
 }  // namespace
 
 std::string TrainReport::ToJson() const {
@@ -261,20 +277,7 @@ Result<TrainReport> Trainer::Run() {
                        recent_losses.size();
 
     auto point = [&](const EvalResult* e) {
-      if (!hooks_.point) return;
-      ProgressPoint p;
-      p.worker = rank_;
-      p.steps = report.steps;
-      p.samples = report.train_samples;
-      p.seconds = Since(start);
-      p.samples_per_second = report.train_samples / std::max(1e-9, p.seconds);
-      p.loss = report.last_loss;
-      if (e) {
-        p.has_eval = true;
-        p.eval_logloss = e->logloss;
-        p.eval_auc = e->auc;
-      }
-      hooks_.point(p);
+      if (hooks_.point) hooks_.point(PointOf(report, Since(start), e));
     };
     if (report.steps % 10 == 0) point(nullptr);
     if (hooks_.line && Since(last_progress) * 1000 >= t.progress_ms) {
@@ -324,17 +327,8 @@ Result<TrainReport> Trainer::Run() {
     report.eval_auc = e.auc;
   }
   if (hooks_.point) {
-    ProgressPoint p;
-    p.worker = rank_;
-    p.steps = report.steps;
-    p.samples = report.train_samples;
-    p.seconds = report.train_seconds;
-    p.samples_per_second = report.samples_per_second;
-    p.loss = report.last_loss;
-    p.has_eval = report.evaluated;
-    p.eval_logloss = report.eval_logloss;
-    p.eval_auc = report.eval_auc;
-    hooks_.point(p);
+    EvalResult e{report.eval_samples, report.eval_logloss, report.eval_auc};
+    hooks_.point(PointOf(report, report.train_seconds, report.evaluated ? &e : nullptr));
   }
   return report;
 }
