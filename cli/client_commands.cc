@@ -73,6 +73,20 @@ int RunShutdown(const std::string& manifest_path, const std::string& key_path) {
   return 0;
 }
 
+int RunCheckpoint(const std::string& manifest_path, const std::string& key_path) {
+  auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
+  if (!client.ok()) {
+    spdlog::error("{}", client.status().ToString());
+    return 1;
+  }
+  if (Status st = (*client)->Checkpoint(); !st.ok()) {
+    spdlog::error("{}", st.ToString());
+    return 1;
+  }
+  std::printf("every shard wrote a checkpoint\n");
+  return 0;
+}
+
 int RunKeygen(const std::string& dir, const std::string& name) {
   auto keys = GenerateCurveKeyPair();
   if (!keys.ok()) {

@@ -20,6 +20,9 @@ int RunStats(const std::string& manifest_path, const std::string& key_path);
 // parasol shutdown --manifest M
 int RunShutdown(const std::string& manifest_path, const std::string& key_path);
 
+// parasol checkpoint --manifest M
+int RunCheckpoint(const std::string& manifest_path, const std::string& key_path);
+
 // parasol keygen --out DIR [--name NAME]
 int RunKeygen(const std::string& dir, const std::string& name);
 

@@ -109,8 +109,11 @@ int main(int argc, char** argv) {
   keygen->add_option("--out,-o", keys_out, "folder for the key files")->required();
   keygen->add_option("--name", key_name, "key pair name")->capture_default_str();
 
+  auto* checkpoint = app.add_subcommand("checkpoint", "ask every shard to write a checkpoint now");
+  checkpoint->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+
   std::string key_path;
-  for (auto* cmd : {worker_cmd, stats, shutdown}) {
+  for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint}) {
     cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
   }
   std::string log_level = "info";
@@ -147,5 +150,6 @@ int main(int argc, char** argv) {
   }
   if (*stats) return parasol::cli::RunStats(manifest, key_path);
   if (*shutdown) return parasol::cli::RunShutdown(manifest, key_path);
+  if (*checkpoint) return parasol::cli::RunCheckpoint(manifest, key_path);
   return 2;
 }

@@ -20,6 +20,10 @@ int RunServer(const std::string& manifest_path, uint32_t rank) {
     return 2;
   }
   ShardServer server(*manifest, rank);
+  if (Status st = server.Restore(); !st.ok()) {
+    spdlog::error("{}", st.ToString());
+    return 1;
+  }
   if (Status st = server.Bind(); !st.ok()) {
     spdlog::error("{}", st.ToString());
     return 1;

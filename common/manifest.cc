@@ -449,6 +449,22 @@ Status ParseMetrics(MapReader& root, MetricsOptions* m, const std::string& file)
   return r.Finish();
 }
 
+Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, const std::string& file) {
+  if (!root.Has("checkpoint")) return Status::Ok();
+  MapReader r(root.Child("checkpoint"), "checkpoint", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  std::string dir;
+  PARASOL_RETURN_IF_ERROR(r.String("dir", &dir));
+  if (!dir.empty()) c->dir = Resolve(BaseDir(file), dir);
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("every_steps", 0, int64_t{1} << 40, &c->every_steps));
+  int64_t ms = c->every_seconds * 1000;
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("every_seconds", &ms));
+  c->every_seconds = ms / 1000;
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("keep", 1, 1000, &c->keep));
+  PARASOL_RETURN_IF_ERROR(r.Bool("restore", &c->restore));
+  return r.Finish();
+}
+
 Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   if (!root.Has("worker")) return Status::Ok();
   MapReader r(root.Child("worker"), "worker", file);
@@ -685,6 +701,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(
         ParseSecurity(root, &m.security, m.cluster.servers.size(), m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));

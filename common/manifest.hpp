@@ -134,6 +134,14 @@ struct MetricsOptions {
   uint32_t worker_port = 9500;  // workers: worker_port + rank
 };
 
+struct CheckpointOptions {
+  std::string dir;             // where shards write checkpoints; empty: no checkpoints
+  uint64_t every_steps = 0;    // when the slowest worker's clock reaches a multiple (0: never)
+  int64_t every_seconds = 0;   // and/or this often (0: never)
+  uint32_t keep = 3;           // newest checkpoints kept per shard
+  bool restore = true;         // a starting shard loads its newest good checkpoint
+};
+
 struct WorkerOptions {
   std::string device = "cpu";  // cpu, cuda (device 0) or cuda:N
   bool tf32 = false;           // cuda: let cuBLAS use TF32 tensor cores for fp32 products
@@ -166,6 +174,7 @@ struct Manifest {
   WorkerOptions worker;
   SecurityOptions security;
   MetricsOptions metrics;
+  CheckpointOptions checkpoint;
   // The tables listed in the manifest, then those the model needs (named "model.*").
   std::vector<TableOptions> tables;
 

@@ -33,6 +33,12 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
       controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()) {
+  ResetTables();
+}
+
+void ShardServer::ResetTables() {
+  sparse_.clear();
+  dense_.clear();
   for (const TableOptions& t : manifest_.tables) {
     if (t.kind == TableKind::kSparse) {
       sparse_.push_back(std::make_unique<SparseTable>(t, engines_.size()));
@@ -114,6 +120,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     }
     MaybeSweep();
     CheckWorkers();
+    MaybeCheckpoint();
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -125,6 +132,11 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     }
   }
   if (metrics_) metrics_->SetHealthy(false);
+  if (stop.load() && !manifest_.checkpoint.dir.empty()) {
+    if (Status st = SaveCheckpoint("on stop"); !st.ok()) {
+      spdlog::error("shard {}: the last checkpoint failed: {}", rank_, st.ToString());
+    }
+  }
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
   return Status::Ok();
 }
@@ -252,6 +264,8 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       spdlog::info("shard {}: shutdown requested by worker {}", rank_, req.worker_id);
       shutdown_requested_ = true;
       return Status::Ok();
+    case Op::Checkpoint:
+      return SaveCheckpoint("requested by worker " + std::to_string(req.worker_id));
     case Op::Error:
       return BadMessage("Error is a reply op, not a request");
   }
@@ -514,7 +528,7 @@ std::string ShardServer::StatsJson() const {
   std::ostringstream s;
   s << "{\"shard\":" << rank_ << ",\"shards\":" << num_shards_
     << ",\"requests\":" << counters_.requests << ",\"bad_messages\":" << counters_.bad_messages
-    << ",\"errors\":" << counters_.errors
+    << ",\"errors\":" << counters_.errors << ",\"checkpoints\":" << counters_.checkpoints
     << ",\"curve_refusals\":" << (zap_ ? zap_->refusals() : 0)
     << ",\"duplicate_pushes\":" << counters_.duplicate_pushes
     << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed

@@ -49,7 +49,15 @@ class ShardServer {
   Status Bind();
   const std::string& endpoint() const { return endpoint_; }
 
-  // Serves requests until `stop` becomes true or a Shutdown request arrives.
+  // Loads the newest good checkpoint of this shard, when checkpoint.dir has one and
+  // checkpoint.restore is on. A damaged file is refused (logged) and the one before it tried.
+  Status Restore();
+  // Writes a checkpoint of every table and the worker clocks now.
+  Status SaveCheckpoint(const std::string& reason);
+  const std::string& restored_from() const { return restored_from_; }
+
+  // Serves requests until `stop` becomes true or a Shutdown request arrives. With
+  // checkpoint.dir set, a stop by `stop` (a signal) writes a last checkpoint.
   Status Serve(const std::atomic<bool>& stop);
 
   // Counters and table sizes as a JSON object (the Stats op's reply).
@@ -71,6 +79,7 @@ class ShardServer {
     double pull_wait_ms = 0;
     uint64_t lost_workers = 0;
     uint64_t bsp_clocks_applied = 0;
+    uint64_t checkpoints = 0;
   };
   struct HeldReply {
     zmq::message_t identity;
@@ -97,6 +106,9 @@ class ShardServer {
   void ReleaseBarriers();
   void ApplyAggregate(int64_t clock, ClockAggregate& aggregate);
   void CheckWorkers();
+  void MaybeCheckpoint();
+  Status LoadCheckpoint(const std::string& path);
+  void ResetTables();
 
   Status HandleHello(const Header& req, Header* reply);
   Status HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
@@ -152,6 +164,10 @@ class ShardServer {
   void ObserveWait(double seconds);
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};
+  uint64_t checkpoint_sequence_ = 0;
+  int64_t checkpoint_clock_ = 0;
+  std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
+  std::string restored_from_;
   bool shutdown_requested_ = false;
   std::chrono::steady_clock::time_point last_sweep_{};
 };

@@ -1,5 +1,7 @@
 #include "server/sparse_table.hpp"
 
+#include <cstring>
+
 #include "common/initializer.hpp"
 
 namespace parasol {
@@ -34,6 +36,12 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
   LastClock(values) = clock;
   ++counters_.admitted;
   return values;
+}
+
+void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
+  float* values = Find(key);
+  if (!values) values = Create(key, 0);
+  std::memcpy(values - 1, row, sizeof(float) * row_floats_);
 }
 
 float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {

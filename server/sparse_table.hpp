@@ -75,6 +75,18 @@ class SparseTable {
       }
     }
 
+    // Calls fn(key, row) for every row; `row` is the clock word followed by the values and
+    // state (row_floats() + 1 floats).
+    template <typename Fn>
+    void ForEachRow(Fn&& fn) const {
+      for (size_t b = 0; b < index_.buckets(); ++b) {
+        if (index_.BucketFull(b)) fn(index_.BucketKey(b), RowAt(index_.BucketSlot(b)));
+      }
+    }
+    // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
+    void RestoreRow(uint64_t key, const float* row);
+    uint32_t stored_floats() const { return row_floats_; }
+
     uint64_t rows() const { return index_.size(); }
     uint64_t pending_keys() const { return pending_.size(); }
     uint64_t MemoryBytes() const;

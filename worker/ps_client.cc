@@ -660,6 +660,13 @@ Result<std::vector<std::string>> PsClient::Stats() {
   return out;
 }
 
+Status PsClient::Checkpoint() {
+  std::vector<uint32_t> all(shards_.size());
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Checkpoint, 0, all));
+  return Wait(t);
+}
+
 Status PsClient::Shutdown() {
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;

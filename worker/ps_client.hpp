@@ -105,6 +105,8 @@ class PsClient {
   Result<std::vector<std::string>> Stats();
   // Asks every shard to stop.
   Status Shutdown();
+  // Asks every shard to write a checkpoint now.
+  Status Checkpoint();
 
  private:
   struct ShardRequest;

@@ -59,16 +59,22 @@ TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml
 }
 
 bool TestCluster::Start() {
+  servers_.resize(shards_);
   for (int r = 0; r < shards_; ++r) {
-    auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", manifest_path_, "--rank",
-                                std::to_string(r)},
-                               dir_ + "/server" + std::to_string(r) + ".log");
-    if (!p.ok()) {
-      ADD_FAILURE() << p.status().ToString();
-      return false;
-    }
-    servers_.push_back(std::move(*p));
+    if (!Respawn(r)) return false;
   }
+  return true;
+}
+
+bool TestCluster::Respawn(int rank) {
+  auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", manifest_path_, "--rank",
+                              std::to_string(rank)},
+                             dir_ + "/server" + std::to_string(rank) + ".log");
+  if (!p.ok()) {
+    ADD_FAILURE() << p.status().ToString();
+    return false;
+  }
+  servers_[rank] = std::move(*p);
   return true;
 }
 

@@ -36,6 +36,9 @@ class TestCluster {
   // A connected client for `worker`, or nullptr with a gtest failure.
   std::unique_ptr<PsClient> Connect(uint32_t worker);
 
+  // Starts server `rank` again (after it died or was killed), appending to its log.
+  bool Respawn(int rank);
+
   // The server log of `rank` (stdout and stderr).
   std::string ServerLog(int rank) const;
 

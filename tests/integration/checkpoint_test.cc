@@ -1,0 +1,164 @@
+// Checkpoints through real servers: restart after kill -9, damaged files, the last checkpoint
+// on SIGTERM.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "server/checkpoint.hpp"
+#include "tests/support/test_cluster.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::TestCluster;
+
+constexpr const char* kTables =
+    "  - name: emb\n    dim: 4\n    optimizer: {kind: adagrad, lr: 0.1}\n"
+    "  - name: w\n    kind: dense\n    shape: [50]\n    optimizer: {kind: adam, lr: 0.01}\n";
+
+std::string CheckpointYaml(const std::string& dir) {
+  return "checkpoint:\n  dir: " + dir + "\n  keep: 5\n";
+}
+
+// Every value and optimizer state of the keys and of the dense table.
+std::vector<float> Snapshot(PsClient& c, const std::vector<uint64_t>& keys) {
+  std::vector<float> out(keys.size() * c.RowFloats(0) + 50 * c.RowFloats(1));
+  EXPECT_TRUE(c.PullSparseWithState(0, keys, out.data()).ok());
+  EXPECT_TRUE(c.PullDenseWithState(1, out.data() + keys.size() * c.RowFloats(0)).ok());
+  return out;
+}
+
+void Push(PsClient& c, const std::vector<uint64_t>& keys, float g) {
+  std::vector<float> grads(keys.size() * 4, g), dense(50, g);
+  ASSERT_TRUE(c.PushSparse(0, keys, grads).ok());
+  ASSERT_TRUE(c.PushDense(1, dense).ok());
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ckpt_ = testing::MakeTempDir(); }
+  void TearDown() override { testing::RemoveTree(ckpt_); }
+  std::string ckpt_;
+  std::vector<uint64_t> keys_ = {1, 2, 3, 1000, 123456789};
+};
+
+TEST_F(CheckpointTest, AKilledShardRestartsFromItsCheckpoint) {
+  TestCluster cluster(1, 1, kTables, CheckpointYaml(ckpt_));
+  ASSERT_TRUE(cluster.Start());
+  std::vector<float> saved;
+  {
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    Push(*c, keys_, 0.5f);
+    Push(*c, keys_, -0.25f);
+    ASSERT_TRUE(c->Checkpoint().ok());
+    saved = Snapshot(*c, keys_);
+    Push(*c, keys_, 1.0f);  // after the checkpoint: lost with the process
+  }
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_TRUE(cluster.Respawn(0));
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(Snapshot(*c, keys_), saved);  // bit for bit, values and optimizer state
+  EXPECT_NE(cluster.ServerLog(0).find("restored"), std::string::npos) << cluster.ServerLog(0);
+}
+
+TEST_F(CheckpointTest, ADamagedCheckpointIsRefusedAndThePreviousOneLoads) {
+  for (const char* damage : {"flip", "truncate"}) {
+    SCOPED_TRACE(damage);
+    testing::RemoveTree(ckpt_);
+    TestCluster cluster(1, 1, kTables, CheckpointYaml(ckpt_));
+    ASSERT_TRUE(cluster.Start());
+    std::vector<float> first;
+    {
+      auto c = cluster.Connect(0);
+      ASSERT_NE(c, nullptr);
+      Push(*c, keys_, 0.5f);
+      ASSERT_TRUE(c->Checkpoint().ok());
+      first = Snapshot(*c, keys_);
+      Push(*c, keys_, 0.75f);
+      ASSERT_TRUE(c->Checkpoint().ok());
+    }
+    cluster.server(0).Signal(SIGKILL);
+    ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+    const std::vector<std::string> files = ListCheckpoints(ckpt_, 0);
+    ASSERT_EQ(files.size(), 2u);
+    const auto size = std::filesystem::file_size(files[0]);
+    if (std::string(damage) == "flip") {
+      std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(size / 2));
+      char byte = 0;
+      f.read(&byte, 1);
+      byte ^= 0x10;
+      f.seekp(static_cast<std::streamoff>(size / 2));
+      f.write(&byte, 1);
+    } else {
+      std::filesystem::resize_file(files[0], size - 20);
+    }
+    ASSERT_TRUE(cluster.Respawn(0));
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(Snapshot(*c, keys_), first);
+    const std::string log = cluster.ServerLog(0);
+    EXPECT_NE(log.find("refused checkpoint"), std::string::npos) << log;
+    EXPECT_NE(log.find("is damaged"), std::string::npos) << log;
+  }
+}
+
+TEST_F(CheckpointTest, SigtermWritesALastCheckpoint) {
+  TestCluster cluster(1, 1, kTables, CheckpointYaml(ckpt_));
+  ASSERT_TRUE(cluster.Start());
+  std::vector<float> before;
+  {
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    Push(*c, keys_, 0.5f);
+    before = Snapshot(*c, keys_);
+  }
+  cluster.server(0).Signal(SIGTERM);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_EQ(ListCheckpoints(ckpt_, 0).size(), 1u);
+  ASSERT_TRUE(cluster.Respawn(0));
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(Snapshot(*c, keys_), before);
+}
+
+TEST(CheckpointFileTest, EveryTruncationIsDetected) {
+  const std::string dir = testing::MakeTempDir();
+  CheckpointHeader h;
+  h.shard = 1;
+  h.shards = 2;
+  h.fingerprint = 77;
+  h.sequence = 3;
+  CheckpointBlock b;
+  b.kind = 1;
+  b.count = 3;
+  b.bytes.assign(100, 'x');
+  const std::string path = dir + "/c.bin";
+  ASSERT_TRUE(WriteCheckpointFile(path, h, {b, b}).ok());
+  CheckpointHeader read;
+  int blocks = 0;
+  ASSERT_TRUE(ReadCheckpointFile(path, &read, [&](const CheckpointBlock& x) {
+                ++blocks;
+                EXPECT_EQ(x.bytes, b.bytes);
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(blocks, 2);
+  EXPECT_EQ(read.fingerprint, 77u);
+  const auto size = std::filesystem::file_size(path);
+  for (uintmax_t n = 0; n < size; n += 7) {
+    std::filesystem::copy_file(path, dir + "/t.bin", std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(dir + "/t.bin", n);
+    Status st = ReadCheckpointFile(dir + "/t.bin", &read, [](const CheckpointBlock&) { return Status::Ok(); });
+    EXPECT_FALSE(st.ok()) << "a file cut to " << n << " of " << size << " bytes was accepted";
+  }
+  testing::RemoveTree(dir);
+}
+
+}  // namespace
+}  // namespace parasol
