@@ -38,6 +38,8 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_shard_count(h.shard_count);
   b.add_with_state(h.with_state);
   b.add_done(h.done);
+  b.add_server_epoch(h.server_epoch);
+  b.add_checkpoint_clock(h.checkpoint_clock);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -108,6 +110,8 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.shard_count = fb->shard_count();
   h.with_state = fb->with_state();
   h.done = fb->done();
+  h.server_epoch = fb->server_epoch();
+  h.checkpoint_clock = fb->checkpoint_clock();
   return h;
 }
 

@@ -57,6 +57,8 @@ struct Header {
   uint32_t shard_count = 0;
   bool with_state = false;
   bool done = false;
+  uint64_t server_epoch = 0;
+  int64_t checkpoint_clock = -1;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

@@ -1,6 +1,7 @@
 #include "server/push_dedup.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace parasol {
 
@@ -41,6 +42,55 @@ void PushDedup::Mark(uint32_t worker, uint64_t incarnation, uint64_t seq) {
   }
   const uint64_t bit = seq % window_;
   w.bits[bit / 64] |= uint64_t{1} << (bit % 64);
+}
+
+std::vector<char> PushDedup::Save() const {
+  size_t words = 2;
+  for (const auto& [worker, w] : workers_) words += 4 + w.bits.size();
+  std::vector<char> out(words * 8);
+  size_t pos = 0;
+  auto put = [&](uint64_t v) {
+    std::memcpy(out.data() + pos, &v, 8);
+    pos += 8;
+  };
+  put(window_);
+  put(workers_.size());
+  for (const auto& [worker, w] : workers_) {
+    put(worker);
+    put(w.incarnation);
+    put(w.base);
+    put(w.bits.size());
+    for (uint64_t b : w.bits) put(b);
+  }
+  return out;
+}
+
+bool PushDedup::Load(const std::vector<char>& bytes) {
+  size_t pos = 0;
+  auto get = [&](uint64_t* v) {
+    if (pos + 8 > bytes.size()) return false;
+    std::memcpy(v, bytes.data() + pos, 8);
+    pos += 8;
+    return true;
+  };
+  uint64_t window = 0, count = 0;
+  if (!get(&window) || !get(&count) || window != window_) return false;
+  std::unordered_map<uint32_t, Window> workers;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t worker = 0, n = 0;
+    Window w;
+    if (!get(&worker) || !get(&w.incarnation) || !get(&w.base) || !get(&n) || n != window_ / 64) {
+      return false;
+    }
+    w.bits.resize(n);
+    for (auto& b : w.bits) {
+      if (!get(&b)) return false;
+    }
+    workers[static_cast<uint32_t>(worker)] = std::move(w);
+  }
+  if (pos != bytes.size()) return false;
+  workers_ = std::move(workers);
+  return true;
 }
 
 }  // namespace parasol

@@ -21,6 +21,10 @@ class PushDedup {
   bool Seen(uint32_t worker, uint64_t incarnation, uint64_t seq) const;
   void Mark(uint32_t worker, uint64_t incarnation, uint64_t seq);
 
+  // The whole state as bytes (for checkpoints), and back; Load refuses malformed bytes.
+  std::vector<char> Save() const;
+  bool Load(const std::vector<char>& bytes);
+
  private:
   struct Window {
     uint64_t incarnation = 0;

@@ -9,7 +9,7 @@
 namespace parasol {
 namespace {
 
-constexpr uint32_t kSparseBlock = 1, kDenseBlock = 2, kClockBlock = 3;
+constexpr uint32_t kSparseBlock = 1, kDenseBlock = 2, kClockBlock = 3, kDedupBlock = 4;
 
 template <typename T>
 void Append(std::vector<char>& out, const T& v) {
@@ -62,6 +62,11 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
   clocks.count = controller_.clocks().size();
   for (int64_t clock : controller_.clocks()) Append(clocks.bytes, clock);
   blocks.push_back(std::move(clocks));
+  // Which pushes are in this checkpoint: a push resent after a restart is applied once.
+  CheckpointBlock dedup;
+  dedup.kind = kDedupBlock;
+  dedup.bytes = dedup_.Save();
+  blocks.push_back(std::move(dedup));
 
   CheckpointHeader h;
   h.shard = rank_;
@@ -99,6 +104,10 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
         std::memcpy(&clock, b.bytes.data() + w * 8, 8);
         controller_.SetClock(static_cast<uint32_t>(w), clock);
       }
+      return Status::Ok();
+    }
+    if (b.kind == kDedupBlock) {
+      if (!dedup_.Load(b.bytes)) return InvalidArgument("malformed push record in " + path);
       return Status::Ok();
     }
     if (b.table >= manifest_.tables.size()) return InvalidArgument("unknown table in " + path);
@@ -145,6 +154,9 @@ Status ShardServer::Restore() {
     if (st.ok()) {
       const std::string name = path.substr(path.rfind("ckpt-") + 5);
       checkpoint_sequence_ = std::stoull(name);
+      CheckpointHeader h;
+      (void)ReadCheckpointFile(path, &h, [](const CheckpointBlock&) { return Status::Ok(); });
+      checkpoint_clock_ = h.clock;
       spdlog::info("shard {}: restored {} (worker clocks from it)", rank_, path);
       restored_from_ = path;
       return Status::Ok();

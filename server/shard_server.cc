@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 #include <cinttypes>
 #include <set>
 #include <sstream>
@@ -32,7 +33,8 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       context_(1),
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
-      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()) {
+      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()),
+      epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1) {
   ResetTables();
 }
 
@@ -515,7 +517,10 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   std::vector<zmq::message_t> frames;
   frames.reserve(2 + payload.size());
   frames.emplace_back(identity.data(), identity.size());
-  frames.push_back(EncodeHeader(reply));
+  Header stamped = reply;
+  stamped.server_epoch = epoch_;
+  stamped.checkpoint_clock = checkpoint_clock_;
+  frames.push_back(EncodeHeader(stamped));
   for (auto& m : payload) frames.push_back(std::move(m));
   Status st = SendFrames(router_, frames);
   if (!st.ok()) {

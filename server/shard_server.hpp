@@ -165,7 +165,8 @@ class ShardServer {
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};
   uint64_t checkpoint_sequence_ = 0;
-  int64_t checkpoint_clock_ = 0;
+  int64_t checkpoint_clock_ = -1;
+  const uint64_t epoch_;  // random per start: tells workers this shard restarted
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
   std::string restored_from_;
   bool shutdown_requested_ = false;
