@@ -24,6 +24,8 @@ namespace {
 struct Role {
   std::string name;  // "server 0", "worker 1"
   bool is_worker = false;
+  std::vector<std::string> argv;
+  int restarts = 0;
   Subprocess process;
   std::string pending;  // output not yet ended by a newline
   bool finished = false;
@@ -98,7 +100,7 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
       spdlog::error("launch: {}: {}", name, p.status().ToString());
       return false;
     }
-    roles.push_back({name, is_worker, std::move(*p), "", false});
+    roles.push_back({name, is_worker, argv, 0, std::move(*p), "", false});
     return true;
   };
   bool ok = true;
@@ -144,6 +146,17 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
       const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
       if (r.is_worker && clean) {
         --workers_left;
+      } else if (!r.is_worker && manifest->cluster.restart_servers && r.restarts < 10) {
+        // The server comes back from its newest checkpoint; the workers replay the rest.
+        spdlog::warn("launch: {} {}; restarting it", r.name, DescribeWaitStatus(*status));
+        auto p = Subprocess::SpawnPiped(r.argv);
+        if (!p.ok()) {
+          failure = r.name + " could not be restarted: " + p.status().ToString();
+          break;
+        }
+        r.process = std::move(*p);
+        r.finished = false;
+        ++r.restarts;
       } else {
         failure = r.name + " " + DescribeWaitStatus(*status);
         break;

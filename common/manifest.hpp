@@ -80,6 +80,7 @@ struct ClusterOptions {
   int64_t connect_timeout_ms = 30000;  // how long a worker waits for its servers to answer
   int64_t request_timeout_ms = 30000;  // a request with no reply by then is resent
   uint32_t request_retries = 2;        // resends before a request fails
+  bool restart_servers = false;        // launch: start a server again when it dies
 };
 
 struct ServerOptions {

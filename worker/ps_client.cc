@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <zmq_addon.hpp>
+
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -14,6 +16,7 @@ namespace parasol {
 using Clock = std::chrono::steady_clock;
 
 struct PsClient::ShardRequest {
+  int64_t clock = 0;
   Ticket ticket = 0;
   uint64_t request_id = 0;
   uint32_t shard = 0;
@@ -96,9 +99,16 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   for (size_t s = 0; s < manifest_.cluster.servers.size(); ++s) {
     shards_.emplace_back(context_, zmq::socket_type::dealer);
   }
+  log_pushes_ = !manifest_.checkpoint.dir.empty() && worker_id_ < manifest_.cluster.workers;
+  shard_epochs_.assign(shards_.size(), 0);
+  push_log_.resize(shards_.size());
+  replay_due_.assign(shards_.size(), false);
 }
 
 PsClient::~PsClient() {
+  for (auto& m : monitors_) {
+    if (m) m.close();
+  }
   // Frames may still borrow memory of callers that never waited; drop them now.
   for (auto& s : shards_) {
     s.set(zmq::sockopt::linger, 0);
@@ -137,6 +147,7 @@ Status PsClient::OpenShard(uint32_t s) {
       shards_[s].set(zmq::sockopt::curve_publickey, curve_keys_.public_key);
       shards_[s].set(zmq::sockopt::curve_secretkey, curve_keys_.secret_key);
     }
+    WatchShard(s);
     shards_[s].connect(TcpEndpoint(a.host, a.port));
   } catch (const zmq::error_t& e) {
     return Unavailable("worker " + std::to_string(worker_id_) + ": cannot connect to shard " +
@@ -233,6 +244,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
                     std::vector<zmq::message_t> payload) {
   auto r = std::make_unique<ShardRequest>();
   r->ticket = ticket;
+  r->clock = header.clock;
   r->request_id = header.request_id;
   r->shard = shard;
   r->op = header.op;
@@ -413,8 +425,15 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
       h.value_frames = 1;
       h.rows_per_frame = c.size();
       std::vector<zmq::message_t> payload;
-      payload.push_back(
-          BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float), p.borrows.get()));
+      if (log_pushes_) {
+        // The log outlives the caller's buffer: copy.
+        OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
+        std::memcpy(copy.data(), grads.data() + c.begin, c.size() * sizeof(float));
+        payload.push_back(std::move(copy).ToMessage());
+      } else {
+        payload.push_back(
+            BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float), p.borrows.get()));
+      }
       Send(ticket, s, std::move(h), std::move(payload));
     }
   }
@@ -456,6 +475,10 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
       OnReply(s, **frames);
     }
   }
+  PollMonitors();
+  for (uint32_t s = 0; s < shards_.size(); ++s) {
+    if (replay_due_[s]) Replay(s);
+  }
   // Resend or fail what is overdue.
   const auto later = Clock::now();
   std::vector<uint64_t> overdue;
@@ -479,7 +502,12 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
     Status st = SendFrames(shards_[r.shard], frames);
-    if (!st.ok()) FailRequest(r, st.WithContext(where));
+    if (!st.ok()) {
+      FailRequest(r, st.WithContext(where));
+      continue;
+    }
+    // A Hello too: its reply tells whether the shard restarted, even if this request is held.
+    SendDetached(r.shard, Op::Hello, false);
   }
   return Status::Ok();
 }
@@ -492,6 +520,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
                  h.status().ToString());
     return;
   }
+  NoteEpoch(shard, *h);
   auto it = in_flight_.find(h->request_id);
   if (it == in_flight_.end() || it->second->shard != shard) {
     if (h->op == Op::Error) {
@@ -535,7 +564,88 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   p.messages[shard] = h->message;
   --p.outstanding;
+  if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense) && !h->duplicate) {
+    push_log_[shard].push_back({r.clock, std::move(r.kept)});
+  }
   in_flight_.erase(it);
+}
+
+void PsClient::WatchShard(uint32_t shard) {
+  if (monitors_.size() < shards_.size()) {
+    monitors_.resize(shards_.size());
+    connects_.assign(shards_.size(), 0);
+  }
+  char endpoint[96];
+  std::snprintf(endpoint, sizeof(endpoint), "inproc://parasol-client-%p-%u-%d",
+                static_cast<void*>(this), shard, connects_[shard]);
+  if (zmq_socket_monitor(shards_[shard].handle(), endpoint,
+                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    return;  // without the monitor, restarts are still found by resends
+  }
+  monitors_[shard] = zmq::socket_t(context_, zmq::socket_type::pair);
+  monitors_[shard].set(zmq::sockopt::linger, 0);
+  monitors_[shard].connect(endpoint);
+}
+
+void PsClient::PollMonitors() {
+  for (uint32_t s = 0; s < monitors_.size(); ++s) {
+    if (!monitors_[s]) continue;
+    while (true) {
+      std::vector<zmq::message_t> event;
+      auto n = zmq::recv_multipart(monitors_[s], std::back_inserter(event),
+                                   zmq::recv_flags::dontwait);
+      if (!n || event.empty() || event[0].size() < 2) break;
+      uint16_t id;
+      std::memcpy(&id, event[0].data(), 2);
+      // A connection after the first is a reconnect: ask whether the shard restarted.
+      if (id == ZMQ_EVENT_CONNECTED && ++connects_[s] > 1) SendDetached(s, Op::Hello, false);
+    }
+  }
+}
+
+void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
+  if (reply.server_epoch == 0) return;
+  if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
+    spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
+                 "pushes it had not checkpointed",
+                 worker_id_, shard, reply.checkpoint_clock);
+    replay_due_[shard] = true;
+  }
+  shard_epochs_[shard] = reply.server_epoch;
+  // Pushes of clocks before the shard's checkpoint are in it: no replay will need them.
+  auto& log = push_log_[shard];
+  while (!log.empty() && log.front().clock < reply.checkpoint_clock) log.pop_front();
+}
+
+void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
+  Header h = NewRequest(op, 0);
+  h.done = done;
+  std::vector<zmq::message_t> frames;
+  frames.push_back(EncodeHeader(h));
+  (void)SendFrames(shards_[shard], frames);
+}
+
+void PsClient::Replay(uint32_t shard) {
+  replay_due_[shard] = false;
+  size_t n = 0;
+  for (LoggedPush& p : push_log_[shard]) {
+    std::vector<zmq::message_t> frames;
+    for (auto& f : p.frames) frames.push_back(CopyMessage(f));
+    (void)SendFrames(shards_[shard], frames);
+    ++n;
+  }
+  // The restored shard knows the clocks of its checkpoint; tell it where this worker is.
+  if (worker_id_ < manifest_.cluster.workers) SendDetached(shard, Op::Clock, left_);
+  // Whatever was in flight to the old process is gone: send it again now.
+  const auto now = Clock::now();
+  for (auto& [id, r] : in_flight_) {
+    if (r->shard != shard) continue;
+    std::vector<zmq::message_t> frames;
+    for (auto& k : r->kept) frames.push_back(CopyMessage(k));
+    (void)SendFrames(shards_[shard], frames);
+    r->deadline = now + r->timeout;
+  }
+  spdlog::info("worker {}: replayed {} pushes to shard {}", worker_id_, n, shard);
 }
 
 void PsClient::FailRequest(ShardRequest& r, Status status) {
@@ -629,6 +739,7 @@ Status PsClient::Tick() {
 }
 
 Status PsClient::Leave() {
+  left_ = true;
   const Ticket t = NewTicket(Op::Clock, 0);
   for (uint32_t s = 0; s < shards_.size(); ++s) {
     Header h = NewRequest(Op::Clock, 0);

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -142,7 +143,28 @@ class PsClient {
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;
   std::map<uint64_t, std::unique_ptr<ShardRequest>> in_flight_;  // by request id
+  // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
+  // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
+  // a new epoch; the shard's restored push record applies each one once.
+  struct LoggedPush {
+    int64_t clock = 0;
+    std::vector<zmq::message_t> frames;
+  };
+  void NoteEpoch(uint32_t shard, const Header& reply);
+  void Replay(uint32_t shard);
+  void SendDetached(uint32_t shard, Op op, bool done);
+
   KeyIndex dedup_;
+  bool log_pushes_ = false;
+  bool left_ = false;
+  std::vector<uint64_t> shard_epochs_;
+  std::vector<std::deque<LoggedPush>> push_log_;
+  std::vector<bool> replay_due_;
+  // Connection events of each shard socket (reconnects after a shard went away).
+  std::vector<zmq::socket_t> monitors_;
+  std::vector<int> connects_;
+  void WatchShard(uint32_t shard);
+  void PollMonitors();
   CurveKeyPair curve_keys_;
   std::vector<std::string> server_public_keys_;
 };
