@@ -75,23 +75,63 @@ class RestartTest : public ::testing::Test {
     GeneratorOptions g;
     g.rows = 60000;
     ASSERT_TRUE(GenerateCriteo(dir_ + "/train.tsv", g).ok());
+    g.rows = 5000;
+    g.seed = 9;
+    ASSERT_TRUE(GenerateCriteo(dir_ + "/eval.tsv", g).ok());
   }
   void TearDown() override { RemoveTree(dir_); }
 
-  std::string Manifest(const std::string& ckpt) {
+  std::string Manifest(const std::string& ckpt, const std::string& consistency = "bsp") {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     return "job: {name: restart, seed: 3}\n"
            "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
            std::to_string(ports[1]) + "]\n  workers: 2\n  request_timeout: 1s\n"
            "  request_retries: 30\n  restart_servers: true\n"
-           "training: {consistency: bsp, batch_size: 256, epochs: 1, worker_timeout: 60s}\n"
+           "training: {consistency: " + consistency +
+           ", batch_size: 256, epochs: 1, worker_timeout: 60s}\n"
            "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
-           "data: {train: " + dir_ + "/train.tsv}\n"
+           "data: {train: " + dir_ + "/train.tsv, eval: " + dir_ + "/eval.tsv}\n"
            "checkpoint: {dir: " + ckpt + ", every_steps: 20, keep: 2}\n";
   }
 
   std::string dir_;
 };
+
+double SummaryNumber(const std::string& json, const std::string& key) {
+  const size_t p = json.find("\"" + key + "\": ");
+  return p == std::string::npos ? -1.0 : std::atof(json.c_str() + p + key.size() + 4);
+}
+
+TEST_F(RestartTest, UnderSspAKilledServerIsRestartedAndTheModelIsAsGood) {
+  WriteFile(dir_ + "/a.yaml", Manifest(dir_ + "/ckpt-a", "ssp, staleness: 2"));
+  auto a = Subprocess::Spawn({PARASOL_BINARY, "launch", dir_ + "/a.yaml", "--summary",
+                              dir_ + "/a.json"},
+                             dir_ + "/a.log");
+  ASSERT_TRUE(a.ok());
+  auto sa = a->Wait(std::chrono::seconds(240));
+  ASSERT_TRUE(sa && WIFEXITED(*sa) && WEXITSTATUS(*sa) == 0) << ReadFile(dir_ + "/a.log");
+  WriteFile(dir_ + "/b.yaml", Manifest(dir_ + "/ckpt-b", "ssp, staleness: 2"));
+  auto b = Subprocess::Spawn({PARASOL_BINARY, "launch", dir_ + "/b.yaml", "--summary",
+                              dir_ + "/b.json"},
+                             dir_ + "/b.log");
+  ASSERT_TRUE(b.ok());
+  bool killed = false;
+  for (int i = 0; i < 3000 && !killed && !b->Poll(); ++i) {
+    if (!ListCheckpoints(dir_ + "/ckpt-b", 0).empty()) {
+      const pid_t pid = FindProcess({"server", dir_ + "/b.yaml", "--rank 0"});
+      if (pid > 0) killed = ::kill(pid, SIGKILL) == 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto sb = b->Wait(std::chrono::seconds(240));
+  const std::string out = ReadFile(dir_ + "/b.log");
+  ASSERT_TRUE(killed) << out;
+  ASSERT_TRUE(sb && WIFEXITED(*sb) && WEXITSTATUS(*sb) == 0) << out;
+  const double auc_a = SummaryNumber(ReadFile(dir_ + "/a.json"), "eval_auc");
+  const double auc_b = SummaryNumber(ReadFile(dir_ + "/b.json"), "eval_auc");
+  EXPECT_GT(auc_a, 0.6);
+  EXPECT_NEAR(auc_b, auc_a, 0.01);
+}
 
 TEST_F(RestartTest, AKilledServerIsRestartedAndTheJobEndsWithTheSameWeights) {
   // The undisturbed run.
