@@ -12,6 +12,7 @@ PARASOL_PACKAGES=(
   libboost-dev libyaml-cpp-dev libopenblas-dev
   libgtest-dev libbenchmark-dev libcli11-dev libspdlog-dev libfmt-dev
   iproute2
+  clang libclang-rt-14-dev
 )
 
 parasol_install_deps() {
