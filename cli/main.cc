@@ -8,6 +8,7 @@
 
 #include "cli/commands.hpp"
 #include "common/cluster_render.hpp"
+#include "server/model_export.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 
@@ -112,6 +113,17 @@ int main(int argc, char** argv) {
   auto* checkpoint = app.add_subcommand("checkpoint", "ask every shard to write a checkpoint now");
   checkpoint->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
 
+  parasol::ExportOptions export_options;
+  auto* export_cmd = app.add_subcommand("export", "write the model of a checkpoint for serving");
+  export_cmd->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  export_cmd->add_option("--checkpoint", export_options.checkpoint_dir,
+                         "checkpoint folder (default checkpoint.dir)");
+  export_cmd->add_option("--sequence", export_options.sequence,
+                         "checkpoint sequence (default: each shard's newest)");
+  export_cmd->add_option("--since", export_options.since,
+                         "only the rows changed since this checkpoint sequence");
+  export_cmd->add_option("--out,-o", out, "output folder")->required();
+
   std::string key_path;
   for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint}) {
     cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
@@ -151,5 +163,15 @@ int main(int argc, char** argv) {
   if (*stats) return parasol::cli::RunStats(manifest, key_path);
   if (*shutdown) return parasol::cli::RunShutdown(manifest, key_path);
   if (*checkpoint) return parasol::cli::RunCheckpoint(manifest, key_path);
+  if (*export_cmd) {
+    auto m = parasol::LoadManifest(manifest);
+    parasol::Status st = m.ok() ? parasol::ExportModel(*m, export_options, out) : m.status();
+    if (!st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+    std::printf("exported the model to %s\n", out.c_str());
+    return 0;
+  }
   return 2;
 }

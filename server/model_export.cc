@@ -1,0 +1,168 @@
+#include "server/model_export.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/optimizer_layout.hpp"
+#include "common/sharding.hpp"
+#include "server/checkpoint.hpp"
+
+namespace parasol {
+namespace {
+
+struct ShardWeights {
+  std::map<uint32_t, std::map<uint64_t, std::vector<float>>> sparse;  // table -> key -> values
+  std::map<uint32_t, std::vector<float>> dense;                       // table -> slice values
+};
+
+std::string CheckpointOf(const std::string& dir, uint32_t shard, uint64_t sequence) {
+  if (sequence > 0) return CheckpointPath(dir, shard, sequence);
+  const std::vector<std::string> all = ListCheckpoints(dir, shard);
+  return all.empty() ? "" : all[0];
+}
+
+Result<ShardWeights> ReadShard(const Manifest& m, const std::string& path) {
+  ShardWeights w;
+  CheckpointHeader h;
+  PARASOL_RETURN_IF_ERROR(ReadCheckpointFile(path, &h, [&](const CheckpointBlock& b) -> Status {
+    if (b.table >= m.tables.size() || (b.kind != 1 && b.kind != 2)) return Status::Ok();
+    const TableOptions& t = m.tables[b.table];
+    if (b.kind == 1) {
+      const size_t floats = 1 + t.dim + SparseStateFloats(t.optimizer, t.dim);
+      if (b.bytes.size() != b.count * (8 + 4 * floats)) {
+        return InvalidArgument("table '" + t.name + "' in " + path + " does not match the manifest");
+      }
+      auto& rows = w.sparse[b.table];
+      for (uint64_t i = 0; i < b.count; ++i) {
+        const char* p = b.bytes.data() + i * (8 + 4 * floats);
+        uint64_t key;
+        std::memcpy(&key, p, 8);
+        std::vector<float> v(t.dim);
+        std::memcpy(v.data(), p + 8 + 4, 4 * t.dim);  // after the clock word
+        rows[key] = std::move(v);
+      }
+    } else {
+      std::vector<float> v(b.count);
+      std::memcpy(v.data(), b.bytes.data(), 4 * b.count);
+      w.dense[b.table] = std::move(v);
+    }
+    return Status::Ok();
+  }));
+  if (h.fingerprint != m.Fingerprint()) {
+    return FailedPrecondition("checkpoint " + path + " belongs to another manifest");
+  }
+  return w;
+}
+
+// Every shard's weights of the checkpoints at `sequence`, merged.
+Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t sequence) {
+  ShardWeights all;
+  const uint32_t shards = static_cast<uint32_t>(m.cluster.servers.size());
+  for (uint32_t s = 0; s < shards; ++s) {
+    const std::string path = CheckpointOf(dir, s, sequence);
+    if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
+    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, path));
+    for (auto& [t, rows] : w.sparse) all.sparse[t].merge(rows);
+    for (auto& [t, slice] : w.dense) {
+      auto& full = all.dense[t];
+      full.resize(m.tables[t].NumElements());
+      const SliceRange r = DenseSlice(full.size(), s, shards);
+      std::copy(slice.begin(), slice.end(), full.begin() + r.begin);
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string& out) {
+  const std::string dir = o.checkpoint_dir.empty() ? m.checkpoint.dir : o.checkpoint_dir;
+  if (dir.empty()) return InvalidArgument("no checkpoint folder: set checkpoint.dir or --checkpoint");
+  PARASOL_ASSIGN_OR_RETURN(ShardWeights now, ReadAll(m, dir, o.sequence));
+  ShardWeights before;
+  if (o.since > 0) {
+    PARASOL_ASSIGN_OR_RETURN(before, ReadAll(m, dir, o.since));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  std::ostringstream json;
+  json << "{\"fingerprint\": " << m.Fingerprint() << ", \"incremental\": "
+       << (o.since > 0 ? "true" : "false") << ", \"since\": " << o.since << ", \"tables\": [";
+  for (uint32_t t = 0; t < m.tables.size(); ++t) {
+    const TableOptions& table = m.tables[t];
+    if (t) json << ", ";
+    if (table.kind == TableKind::kSparse) {
+      std::vector<std::pair<uint64_t, const std::vector<float>*>> rows;
+      for (const auto& [key, v] : now.sparse[t]) {
+        auto old = before.sparse[t].find(key);
+        if (o.since == 0 || old == before.sparse[t].end() || old->second != v) {
+          rows.emplace_back(key, &v);
+        }
+      }
+      const std::string file = table.name + ".rows";
+      std::ofstream f(out + "/" + file, std::ios::binary);
+      const uint64_t count = rows.size();
+      const uint32_t dim = table.dim;
+      f.write(reinterpret_cast<const char*>(&count), 8);
+      f.write(reinterpret_cast<const char*>(&dim), 4);
+      for (const auto& [key, v] : rows) {
+        f.write(reinterpret_cast<const char*>(&key), 8);
+        f.write(reinterpret_cast<const char*>(v->data()), 4 * dim);
+      }
+      if (!f) return IoError("cannot write " + out + "/" + file);
+      json << "{\"name\": \"" << table.name << "\", \"kind\": \"sparse\", \"dim\": " << dim
+           << ", \"file\": \"" << file << "\", \"rows\": " << count << "}";
+    } else {
+      const std::string file = table.name + ".f32";
+      std::ofstream f(out + "/" + file, std::ios::binary);
+      const auto& v = now.dense[t];
+      f.write(reinterpret_cast<const char*>(v.data()), 4 * v.size());
+      if (!f) return IoError("cannot write " + out + "/" + file);
+      json << "{\"name\": \"" << table.name << "\", \"kind\": \"dense\", \"shape\": [";
+      for (size_t i = 0; i < table.shape.size(); ++i) json << (i ? ", " : "") << table.shape[i];
+      json << "], \"file\": \"" << file << "\"}";
+    }
+  }
+  json << "]}\n";
+  std::ofstream(out + "/model.json") << json.str();
+  return Status::Ok();
+}
+
+Result<ExportedModel> LoadExportedModel(const Manifest& m, const std::string& dir) {
+  ExportedModel model;
+  for (const TableOptions& t : m.tables) {
+    if (t.kind == TableKind::kSparse) {
+      std::ifstream f(dir + "/" + t.name + ".rows", std::ios::binary);
+      uint64_t count = 0;
+      uint32_t dim = 0;
+      if (!f.read(reinterpret_cast<char*>(&count), 8) || !f.read(reinterpret_cast<char*>(&dim), 4)) {
+        return NotFound("cannot read " + dir + "/" + t.name + ".rows");
+      }
+      if (dim != t.dim) return InvalidArgument(t.name + ".rows has dim " + std::to_string(dim));
+      auto& rows = model.sparse[t.name];
+      for (uint64_t i = 0; i < count; ++i) {
+        uint64_t key;
+        std::vector<float> v(dim);
+        if (!f.read(reinterpret_cast<char*>(&key), 8) ||
+            !f.read(reinterpret_cast<char*>(v.data()), 4 * dim)) {
+          return InvalidArgument(dir + "/" + t.name + ".rows is truncated at row " +
+                                 std::to_string(i));
+        }
+        rows[key] = std::move(v);
+      }
+    } else {
+      std::vector<float> v(t.NumElements());
+      std::ifstream f(dir + "/" + t.name + ".f32", std::ios::binary);
+      if (!f.read(reinterpret_cast<char*>(v.data()), 4 * v.size())) {
+        return NotFound("cannot read " + dir + "/" + t.name + ".f32 (" +
+                        std::to_string(v.size()) + " floats)");
+      }
+      model.dense[t.name] = std::move(v);
+    }
+  }
+  return model;
+}
+
+}  // namespace parasol

@@ -1,0 +1,40 @@
+// Model export: the weights of a job's checkpoints in a form a serving process loads without
+// Parasol's servers.
+//
+// `parasol export` writes into DIR:
+//   model.json     {"fingerprint", "incremental", "since", "tables": [{"name", "kind", "dim" or
+//                   "shape", "file", "rows"}]}
+//   NAME.rows      sparse table: u64 count, u32 dim, then count x (u64 key, dim x f32), keys
+//                  ascending (optimizer state left out)
+//   NAME.f32       dense table: the whole tensor, row-major f32
+// All little-endian. An incremental export (since an older checkpoint sequence) holds only the
+// sparse rows that are new or changed since it, and every dense table.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+
+namespace parasol {
+
+struct ExportOptions {
+  std::string checkpoint_dir;  // default: the manifest's checkpoint.dir
+  uint64_t sequence = 0;       // 0: each shard's newest checkpoint
+  uint64_t since = 0;          // > 0: only rows changed since this sequence
+};
+
+Status ExportModel(const Manifest& manifest, const ExportOptions& options,
+                   const std::string& out_dir);
+
+// An exported model, loaded: sparse rows by key and dense tensors, by table name.
+struct ExportedModel {
+  std::map<std::string, std::map<uint64_t, std::vector<float>>> sparse;
+  std::map<std::string, std::vector<float>> dense;
+};
+Result<ExportedModel> LoadExportedModel(const Manifest& manifest, const std::string& dir);
+
+}  // namespace parasol
