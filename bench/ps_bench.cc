@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -32,6 +33,8 @@
 #include "common/transport.hpp"
 #include "common/zipf.hpp"
 #include "common/key_index.hpp"
+#include "server/checkpoint.hpp"
+#include "server/shard_server.hpp"
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
 #include "worker/data_generator.hpp"
@@ -498,6 +501,90 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
   }
 }
 
+// Checkpoint write (through a server) and restore (in this process) of one shard's table.
+void CheckpointRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows) {
+  const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
+  char tmpl[] = "/tmp/parasol-bench-ckpt-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  const std::string size = opt.quick ? "1e6" : "1e7";
+  {
+    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
+                         1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir + "\n");
+    auto client = PsClient::Connect(cluster.manifest(), 0);
+    if (!client.ok() || Fill(**client, 0, table_rows, 16, 100000) < 0) {
+      spdlog::error("checkpoint bench: cannot fill the table");
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (!(*client)->Checkpoint().ok()) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto files = ListCheckpoints(dir, 0);
+    const double bytes = files.empty() ? 0 : std::filesystem::file_size(files[0]);
+    rows->push_back({"checkpoint_write_" + size + "x16", bytes / s / 1e9, "GB/s", memcpy_gbs,
+                     "memcpy_bandwidth", std::nullopt});
+    // Restore into a fresh shard of the same manifest, in this process.
+    ShardServer shard(cluster.manifest(), 0);
+    const auto r0 = std::chrono::steady_clock::now();
+    if (!shard.Restore().ok()) return;
+    const double rs = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+    rows->push_back({"checkpoint_restore_" + size + "x16", bytes / rs / 1e9, "GB/s", memcpy_gbs,
+                     "memcpy_bandwidth", std::nullopt});
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Training time of a BSP job with one server killed and restarted, against the same job left
+// alone.
+void RestartRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-restart-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  GeneratorOptions g;
+  g.rows = opt.quick ? 60000 : 200000;
+  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  auto run = [&](const std::string& name, bool kill_one) -> double {
+    const std::vector<uint16_t> ports = *PickFreePorts(2);
+    const std::string manifest = dir + "/" + name + ".yaml";
+    std::ofstream(manifest)
+        << "cluster:\n  servers: [127.0.0.1:" << ports[0] << ", 127.0.0.1:" << ports[1]
+        << "]\n  workers: 2\n  request_timeout: 1s\n  request_retries: 30\n"
+        << "  restart_servers: true\n"
+        << "training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}\n"
+        << "model: {kind: dlrm, embedding_dim: 16, bottom: [64, 16], top: [64, 1]}\n"
+        << "data: {train: " << dir << "/train.tsv}\n"
+        << "checkpoint: {dir: " << dir << "/" << name << "-ckpt, every_steps: 50}\n";
+    const auto start = std::chrono::steady_clock::now();
+    auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", manifest},
+                               dir + "/" + name + ".log");
+    if (!p.ok()) return -1;
+    bool killed = !kill_one;
+    for (int i = 0; i < 60000 && !killed && !p->Poll(); ++i) {
+      if (!ListCheckpoints(dir + "/" + name + "-ckpt", 1).empty()) {
+        for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+          std::ifstream in(e.path() / "cmdline");
+          std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+          if (cmd.find("server --manifest " + manifest + " --rank 1") != std::string::npos) {
+            killed = ::kill(std::stol(e.path().filename().string()), SIGKILL) == 0;
+          }
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    auto status = p->Wait(std::chrono::minutes(10));
+    if (!status || !killed) return -1;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double calm = run("calm", false);
+  const double hit = run("restart", true);
+  if (calm > 0 && hit > 0) {
+    rows->push_back({"training_seconds_lost_to_one_restart", hit - calm, "s", std::nullopt, "",
+                     std::nullopt});
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -585,9 +672,9 @@ int Main(int argc, char** argv) {
   }
   static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
                                                    "optimizer",   "consistency", "training",
-                                                   "torch",       "compute"};
+                                                   "torch",       "compute",     "checkpoint"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -626,6 +713,10 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(dir, ec);
   }
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
+  if (opt.only.empty() || opt.only == "checkpoint") {
+    CheckpointRows(opt, memcpy_gbs, &rows);
+    RestartRows(opt, &rows);
+  }
   if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);

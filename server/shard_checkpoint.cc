@@ -118,6 +118,9 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
         return InvalidArgument("table '" + t.options().name + "' rows do not match " + path);
       }
       std::vector<float> row(row_bytes / sizeof(float));
+      for (uint32_t e = 0; e < engines_.size(); ++e) {
+        t.partition(e).Reserve(b.count / engines_.size() + b.count / 20 + 16);
+      }
       for (uint64_t i = 0; i < b.count; ++i) {
         const char* p = b.bytes.data() + i * (8 + row_bytes);
         uint64_t key;
