@@ -4,10 +4,17 @@
 # that exist only inside the namespaces) trains dlrm-small on generated data with the same
 # manifest on every host, and checks the result. Needs root and a working `ip netns`; exits 77
 # (skipped) otherwise. Removes its namespaces and files however it ends.
-#   scripts/netns_test.sh [path/to/parasol]
+# With --partition, worker host 1's link is cut for 5 s in the middle of training and then
+# restored: the job must complete, and the shards must have applied exactly the pushes the
+# workers had acknowledged (resent pushes are counted as duplicates, not applied again).
+#   scripts/netns_test.sh [path/to/parasol] [--partition]
 set -euo pipefail
 
 PARASOL="$(realpath "${1:-$(dirname "$0")/../build/parasol}")"
+PARTITION=0
+[ "${2:-}" = "--partition" ] && PARTITION=1
+ROWS=40000
+[ "$PARTITION" -eq 1 ] && ROWS=150000
 SKIP=77
 if [ "$(id -u)" -ne 0 ]; then
   echo "SKIP: the multi-host test needs root (ip netns)"
@@ -47,7 +54,7 @@ for h in "${hosts[@]}"; do
   i=$((i + 1))
 done
 
-"$PARASOL" gen-data --rows 40000 --seed 1 --out "$work/train.tsv" >/dev/null
+"$PARASOL" gen-data --rows "$ROWS" --seed 1 --out "$work/train.tsv" >/dev/null
 "$PARASOL" gen-data --rows 8000 --seed 2 --out "$work/eval.tsv" >/dev/null
 cat > "$work/job.yaml" <<YAML
 job: {name: netns, seed: 7}
@@ -57,6 +64,8 @@ cluster:
   worker_hosts: [10.77.0.3, 10.77.0.4]
   bind: listed            # each server binds the address listed for it
   connect_timeout: 30s
+  request_timeout: 1s     # resend quickly across the partition
+  request_retries: 60
 training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}
 model:
   kind: dlrm
@@ -82,6 +91,14 @@ for r in 0 1; do
   worker_pids+=($!)
   pids+=($!)
 done
+if [ "$PARTITION" -eq 1 ]; then
+  sleep 1
+  echo "cutting the link of worker host 10.77.0.4 for 5 s"
+  ip -n "$tag-sw" link set w1 down
+  sleep 5
+  ip -n "$tag-sw" link set w1 up
+  echo "link restored"
+fi
 failed=0
 for r in 0 1; do
   if ! wait "${worker_pids[$r]}"; then
@@ -90,6 +107,9 @@ for r in 0 1; do
     failed=1
   fi
 done
+# Stop the servers: each logs its counters as it stops.
+for p in "${pids[@]:0:2}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${pids[@]:0:2}"; do wait "$p" 2>/dev/null || true; done
 for r in 0 1; do
   if ! grep -q "serving on tcp://10.77.0.$((r + 1)):7100" "$work/server$r.log"; then
     echo "FAIL: server $r did not serve on its own host's address"
@@ -106,8 +126,28 @@ for r in 0 1; do
   samples=$((samples + n))
 done
 echo "multi-host job: 2 server hosts, 2 worker hosts, $samples samples trained, eval AUC $auc"
-if [ "$samples" -ne 40000 ]; then
-  echo "FAIL: the workers trained $samples samples, expected 40000"
+if [ "$samples" -ne "$ROWS" ]; then
+  echo "FAIL: the workers trained $samples samples, expected $ROWS"
+  exit 1
+fi
+# Exactly once: pushes applied by the shards == pushes the workers had acknowledged.
+acked=0
+for r in 0 1; do
+  acked=$((acked + $(sed -n 's/.*"pushes": \([0-9]*\).*/\1/p' "$work/worker$r.json")))
+done
+applied=0
+duplicates=0
+for r in 0 1; do
+  line="$(grep 'stopping: ' "$work/server$r.log" | tail -1)"
+  ps="$(echo "$line" | sed -n 's/.*"PushSparse":\([0-9]*\).*/\1/p')"
+  pd="$(echo "$line" | sed -n 's/.*"PushDense":\([0-9]*\).*/\1/p')"
+  dup="$(echo "$line" | sed -n 's/.*"duplicate_pushes":\([0-9]*\).*/\1/p')"
+  applied=$((applied + ps + pd - dup))
+  duplicates=$((duplicates + dup))
+done
+echo "pushes acknowledged by the workers: $acked, applied by the shards: $applied, resends refused as duplicates: $duplicates"
+if [ "$applied" -ne "$acked" ]; then
+  echo "FAIL: the shards applied $applied pushes, the workers had $acked acknowledged"
   exit 1
 fi
 if ! awk -v a="$auc" 'BEGIN { exit !(a > 0.70) }'; then

@@ -564,6 +564,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   p.messages[shard] = h->message;
   --p.outstanding;
+  if (r.op == Op::PushSparse || r.op == Op::PushDense) ++pushes_acknowledged_;
   if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense) && !h->duplicate) {
     push_log_[shard].push_back({r.clock, std::move(r.kept)});
   }

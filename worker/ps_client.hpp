@@ -109,6 +109,9 @@ class PsClient {
   // Asks every shard to write a checkpoint now.
   Status Checkpoint();
 
+  // Push requests acknowledged (each counted once, however often it was resent).
+  uint64_t pushes_acknowledged() const { return pushes_acknowledged_; }
+
  private:
   struct ShardRequest;
   struct Pending;
@@ -156,6 +159,7 @@ class PsClient {
 
   KeyIndex dedup_;
   bool log_pushes_ = false;
+  uint64_t pushes_acknowledged_ = 0;
   bool left_ = false;
   std::vector<uint64_t> shard_epochs_;
   std::vector<std::deque<LoggedPush>> push_log_;

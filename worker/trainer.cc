@@ -100,7 +100,7 @@ std::string TrainReport::ToJson() const {
   s << "{\"worker\": " << worker << ", \"steps\": " << steps
     << ", \"train_samples\": " << train_samples << ", \"train_seconds\": " << train_seconds
     << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
-    << ", \"bad_rows\": " << bad_rows << ", \"evaluated\": " << (evaluated ? "true" : "false")
+    << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes << ", \"evaluated\": " << (evaluated ? "true" : "false")
     << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
     << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
     << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
@@ -312,6 +312,7 @@ Result<TrainReport> Trainer::Run() {
   report.train_seconds = Since(start);
   report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
   report.bad_rows = reader.bad_rows();
+  report.pushes = client_->pushes_acknowledged();
   report.first_bad_row = reader.first_bad_row();
 
   // Done: the others stop waiting for this worker's clock; then all meet before evaluating.

@@ -27,6 +27,7 @@ struct TrainReport {
   double samples_per_second = 0;
   double last_loss = 0;       // mean log loss of the last 100 steps
   uint64_t bad_rows = 0;
+  uint64_t pushes = 0;        // push requests acknowledged by the shards
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;
