@@ -68,12 +68,14 @@ void ConfigureDataSocket(zmq::socket_t& socket) {
   socket.set(zmq::sockopt::sndhwm, 0);
   socket.set(zmq::sockopt::rcvhwm, 0);
   socket.set(zmq::sockopt::linger, 1000);
+  socket.set(zmq::sockopt::sndtimeo, 5000);
 }
 
-Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames) {
+Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames, bool dontwait) {
   try {
     for (size_t i = 0; i < frames.size(); ++i) {
-      const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (dontwait) flags = flags | zmq::send_flags::dontwait;
       if (!socket.send(frames[i], flags)) return Unavailable("send would block");
     }
   } catch (const zmq::error_t& e) {

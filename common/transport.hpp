@@ -59,11 +59,14 @@ zmq::message_t BorrowedMessage(const void* data, size_t size, BorrowTracker* tra
 zmq::message_t SharedMessage(std::shared_ptr<const void> owner, const void* data, size_t size);
 
 // Options for every data socket: unbounded queues (back-pressure comes from the protocol's
-// request/reply pairing, and a dropped frame would lose an update) and a bounded linger.
+// request/reply pairing, and a dropped frame would lose an update), a bounded linger, and a
+// send time-out so that no send can block for ever (a peer that never completes its handshake).
 void ConfigureDataSocket(zmq::socket_t& socket);
 
-// Sends every frame in order; the frames are consumed. Never throws.
-Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames);
+// Sends every frame in order; the frames are consumed. Never throws. With `dontwait`, a
+// socket that cannot take the message now (no peer ready) refuses it at once.
+Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
+                  bool dontwait = false);
 
 // Receives one whole multipart message; an empty optional means nothing was waiting (with
 // dontwait) or the wait was interrupted. Never throws.

@@ -623,7 +623,7 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
   h.done = done;
   std::vector<zmq::message_t> frames;
   frames.push_back(EncodeHeader(h));
-  (void)SendFrames(shards_[shard], frames);
+  (void)SendFrames(shards_[shard], frames, /*dontwait=*/true);  // best effort
 }
 
 void PsClient::Replay(uint32_t shard) {
