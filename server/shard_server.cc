@@ -486,6 +486,16 @@ std::string ShardServer::MetricsText() const {
            controller_.live_workers() ? static_cast<double>(controller_.MinClock()) : -1.0, shard);
   t.Type("parasol_clock_max", "gauge", "Fastest worker's clock.");
   t.Sample("parasol_clock_max", static_cast<double>(controller_.MaxClock()), shard);
+  t.Type("parasol_checkpoint_age_seconds", "gauge",
+         "Seconds since this shard's last checkpoint (-1: none yet).");
+  t.Sample("parasol_checkpoint_age_seconds",
+           counters_.checkpoints > 0 || !restored_from_.empty()
+               ? std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_)
+                     .count()
+               : -1.0,
+           shard);
+  t.Type("parasol_checkpoints_total", "counter", "Checkpoints written by this shard.");
+  t.Sample("parasol_checkpoints_total", static_cast<double>(counters_.checkpoints), shard);
   t.Type("parasol_lost_workers", "gauge", "Workers declared lost.");
   t.Sample("parasol_lost_workers", static_cast<double>(counters_.lost_workers), shard);
   t.Type("parasol_table_rows", "gauge", "Rows of each sparse table held by this shard.");

@@ -188,6 +188,7 @@ TEST(MetricsTest, ScrapesParseAsPrometheusTextAndCountersMove) {
   EXPECT_GT(MetricValue(after, "parasol_request_bytes_total{shard=\"0\",op=\"PushSparse\"}"), 0);
   EXPECT_NE(after.find("parasol_pull_wait_seconds_bucket{shard=\"0\",le=\"+Inf\"}"),
             std::string::npos);
+  EXPECT_EQ(MetricValue(after, "parasol_checkpoint_age_seconds{shard=\"0\"}"), -1);
   EXPECT_EQ(HttpGet(port, "/nope").first, "HTTP/1.1 404 Not Found");
 }
 
