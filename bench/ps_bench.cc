@@ -433,14 +433,9 @@ double ModelSamplesPerSecond(Backend* backend, uint32_t batch_size, int iters) {
     batch.offsets.push_back(static_cast<uint32_t>(batch.keys.size()));
     ++batch.size;
   }
-  KeyIndex index;
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
-  for (uint64_t k : batch.keys) {
-    bool inserted = false;
-    indices.push_back(index.FindOrInsert(k, static_cast<uint32_t>(unique.size()), &inserted));
-    if (inserted) unique.push_back(k);
-  }
+  const BatchKeys keys = DeduplicateKeys(batch.keys);
+  const std::vector<uint64_t>& unique = keys.unique;
+  const std::vector<uint32_t>& indices = keys.indices;
   std::vector<float> rows(unique.size() * 16, 0.01f), grads(rows.size());
   for (auto& t : (*model)->DenseParams()) std::fill(t.begin(), t.end(), 0.01f);
   const double s = TimeIt(2, iters, [&] {

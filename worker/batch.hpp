@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/key_index.hpp"
+
 namespace parasol {
 
 struct Batch {
@@ -23,5 +25,36 @@ struct Batch {
     offsets.assign(1, 0);
   }
 };
+
+// A batch's distinct keys, and for each of its keys the index of its distinct key: the rows
+// to pull, and where each key finds its row.
+struct BatchKeys {
+  std::vector<uint64_t> unique;
+  std::vector<uint32_t> indices;
+};
+
+// Fills `out` from `keys`, reusing `index` (and out's buffers) across calls.
+inline void DeduplicateKeys(const std::vector<uint64_t>& keys, KeyIndex& index, BatchKeys* out) {
+  if (index.capacity() * 7 >= keys.size() * 10) {
+    index.Clear();
+  } else {
+    index.Reset(keys.size());
+  }
+  out->unique.clear();
+  out->indices.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    bool inserted = false;
+    out->indices[i] =
+        index.FindOrInsert(keys[i], static_cast<uint32_t>(out->unique.size()), &inserted);
+    if (inserted) out->unique.push_back(keys[i]);
+  }
+}
+
+inline BatchKeys DeduplicateKeys(const std::vector<uint64_t>& keys) {
+  KeyIndex index(keys.size());
+  BatchKeys out;
+  DeduplicateKeys(keys, index, &out);
+  return out;
+}
 
 }  // namespace parasol

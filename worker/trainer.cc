@@ -21,29 +21,6 @@ double Since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-// A batch's unique keys, and for each of its keys the index of its unique row.
-struct PreparedKeys {
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
-};
-
-void PrepareKeys(const Batch& batch, KeyIndex& index, PreparedKeys* p) {
-  if (index.capacity() * 7 >= batch.keys.size() * 10) {
-    index.Clear();
-  } else {
-    index.Reset(batch.keys.size());
-  }
-  p->unique.clear();
-  p->indices.resize(batch.keys.size());
-  for (size_t i = 0; i < batch.keys.size(); ++i) {
-    bool inserted = false;
-    const uint32_t u = index.FindOrInsert(batch.keys[i], static_cast<uint32_t>(p->unique.size()),
-                                          &inserted);
-    if (inserted) p->unique.push_back(batch.keys[i]);
-    p->indices[i] = u;
-  }
-}
-
 // Lines in the training files: for the progress line's estimate of the time left.
 uint64_t CountLines(const std::vector<std::string>& files) {
   uint64_t n = 0;
@@ -154,9 +131,9 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file) {
   PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model));
   std::vector<float> probs, labels, rows;
   KeyIndex index;
-  PreparedKeys keys;
+  BatchKeys keys;
   for (const Batch& b : batches) {
-    PrepareKeys(b, index, &keys);
+    DeduplicateKeys(b.keys, index, &keys);
     rows.resize(keys.unique.size() * model->sparse_dim());
     PARASOL_RETURN_IF_ERROR(client_->PullSparse(model->sparse_table(), keys.unique, rows.data()));
     model->Forward(b, rows.data(), static_cast<uint32_t>(keys.unique.size()),
@@ -205,14 +182,14 @@ Result<TrainReport> Trainer::Run() {
   auto last_progress = start;
   std::deque<double> recent_losses;
   KeyIndex index;
-  PreparedKeys cur_keys, next_keys;
+  BatchKeys cur_keys, next_keys;
   std::vector<float> rows, next_rows, row_grads;
   std::optional<PsClient::Ticket> prefetched;
 
   phase = SteadyClock::now();
   PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, reader.Next());
   report.data_seconds += Since(phase);
-  if (cur) PrepareKeys(*cur, index, &cur_keys);
+  if (cur) DeduplicateKeys(cur->keys, index, &cur_keys);
   const uint32_t dim = model->sparse_dim();
 
   while (cur && (t.max_steps == 0 || report.steps < t.max_steps)) {
@@ -233,7 +210,7 @@ Result<TrainReport> Trainer::Run() {
     phase = SteadyClock::now();
     PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> next, reader.Next());
     report.data_seconds += Since(phase);
-    if (next) PrepareKeys(*next, index, &next_keys);
+    if (next) DeduplicateKeys(next->keys, index, &next_keys);
     if (prefetch && next && (t.max_steps == 0 || report.steps + 1 < t.max_steps)) {
       next_rows.resize(next_keys.unique.size() * dim);
       PARASOL_ASSIGN_OR_RETURN(

@@ -19,22 +19,6 @@ namespace {
 
 using testing::ReadFile;
 
-struct Keys {
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
-};
-
-Keys Dedup(const Batch& b) {
-  Keys k;
-  KeyIndex index;
-  for (uint64_t key : b.keys) {
-    bool inserted = false;
-    k.indices.push_back(index.FindOrInsert(key, static_cast<uint32_t>(k.unique.size()), &inserted));
-    if (inserted) k.unique.push_back(key);
-  }
-  return k;
-}
-
 TEST(ExportTest, TheExportedModelPredictsExactlyAsTheServers) {
   const std::string dir = testing::MakeTempDir();
   GeneratorOptions g;
@@ -95,7 +79,7 @@ TEST(ExportTest, TheExportedModelPredictsExactlyAsTheServers) {
   ASSERT_TRUE(batches.ok());
   size_t compared = 0, from_export = 0;
   for (const Batch& b : *batches) {
-    const Keys k = Dedup(b);
+    const BatchKeys k = DeduplicateKeys(b.keys);
     std::vector<float> pulled(k.unique.size() * emb.dim), loaded(k.unique.size() * emb.dim);
     ASSERT_TRUE((*client)->PullSparse((*served)->sparse_table(), k.unique, pulled.data()).ok());
     for (size_t i = 0; i < k.unique.size(); ++i) {

@@ -185,14 +185,9 @@ TEST_P(CudaBackendTest, WholeDlrmStepMatchesTheCpu) {
     }
     ASSERT_TRUE(ParseCriteoRow(line, true, &batch).ok());
   }
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
-  KeyIndex index;
-  for (uint64_t k : batch.keys) {
-    bool inserted = false;
-    indices.push_back(index.FindOrInsert(k, static_cast<uint32_t>(unique.size()), &inserted));
-    if (inserted) unique.push_back(k);
-  }
+  const BatchKeys keys = DeduplicateKeys(batch.keys);
+  const std::vector<uint64_t>& unique = keys.unique;
+  const std::vector<uint32_t>& indices = keys.indices;
   auto cpu_model = Model::Create(*m, cpu_.get(), 64);
   auto gpu_model = Model::Create(*m, gpu_.get(), 64);
   ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());

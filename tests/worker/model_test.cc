@@ -38,23 +38,6 @@ Batch MakeBatch(uint32_t n, uint64_t seed) {
   return b;
 }
 
-struct Prepared {
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
-};
-
-Prepared Prepare(const Batch& b) {
-  Prepared p;
-  KeyIndex index;
-  for (uint64_t k : b.keys) {
-    bool inserted = false;
-    p.indices.push_back(
-        index.FindOrInsert(k, static_cast<uint32_t>(p.unique.size()), &inserted));
-    if (inserted) p.unique.push_back(k);
-  }
-  return p;
-}
-
 void CheckModelGradients(const std::string& model_yaml) {
   const Manifest m = ModelManifest(model_yaml);
   auto backend = MakeCpuBackend();
@@ -62,7 +45,7 @@ void CheckModelGradients(const std::string& model_yaml) {
   auto model = Model::Create(m, backend.get(), 6);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   Model& net = **model;
-  const Prepared p = Prepare(batch);
+  const BatchKeys p = DeduplicateKeys(batch.keys);
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<float> u(-0.3f, 0.3f);
   std::vector<float> rows(p.unique.size() * net.sparse_dim());
