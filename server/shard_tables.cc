@@ -115,6 +115,13 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   const uint32_t dim = table->dim();
   const uint32_t out_floats = req.value_dim;  // dim, or dim + state with_state
   const size_t out_bytes = size_t{out_floats} * sizeof(float);
+  // A reply is dim times larger than its keys: bound it like a request, before allocating.
+  if (n > manifest_.server.max_request_bytes / out_bytes) {
+    return ResourceExhausted("PullSparse: " + std::to_string(n) + " rows of " +
+                             std::to_string(out_bytes) + " bytes would exceed the limit of " +
+                             std::to_string(manifest_.server.max_request_bytes) +
+                             " bytes (server.max_request_bytes)");
+  }
   const FramePlan plan = PlanValueFrames(n, out_floats, manifest_.server.frame_bytes);
   std::vector<OwnedBuffer> buffers;
   buffers.reserve(plan.frames);

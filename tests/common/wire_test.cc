@@ -3,7 +3,9 @@
 #include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "common/transport.hpp"
 
@@ -227,14 +229,21 @@ TEST(TransportTest, OwnedBufferTravelsWithoutACopy) {
 TEST(TransportTest, BorrowTrackerWaitsForEveryCopyToBeReleased) {
   std::vector<float> data(1024, 1.0f);
   BorrowTracker tracker;
-  {
-    zmq::message_t a = BorrowedMessage(data.data(), data.size() * 4, &tracker);
-    zmq::message_t b;
-    b.copy(a);
-    EXPECT_EQ(b.data(), data.data());
-  }
-  tracker.WaitReleased();  // returns: both copies are gone
-  SUCCEED();
+  auto a = std::make_unique<zmq::message_t>(BorrowedMessage(data.data(), data.size() * 4, &tracker));
+  zmq::message_t b;
+  b.copy(*a);
+  EXPECT_EQ(b.data(), data.data());  // shared, not copied
+  std::atomic<bool> released{false};
+  std::thread waiter([&] {
+    tracker.WaitReleased();
+    released = true;
+  });
+  a.reset();  // one copy left: the wait must go on
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(released.load());
+  b = zmq::message_t();  // the last copy goes
+  waiter.join();
+  EXPECT_TRUE(released.load());
 }
 
 }  // namespace

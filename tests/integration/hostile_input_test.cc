@@ -172,6 +172,23 @@ TEST_F(HostileInputTest, OversizedCountsAreRefusedWithoutAllocating) {
   ExpectShardStillServes();
 }
 
+TEST(HostileReplyTest, APullWhoseReplyWouldExceedTheLimitIsRefused) {
+  // Keys of 8 bytes ask for rows of 4 floats: a 16 KiB limit admits 2048 keys but only 1024
+  // rows of reply.
+  TestCluster cluster(1, 1, kTables, "server:\n  max_request_bytes: 16KiB\n");
+  ASSERT_TRUE(cluster.Start());
+  auto client = cluster.Connect(0);
+  ASSERT_NE(client, nullptr);
+  std::vector<uint64_t> keys(1500);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> rows(keys.size() * 4);
+  Status st = client->PullSparse(0, keys, rows.data());
+  ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("server.max_request_bytes"), std::string::npos);
+  keys.resize(1000);  // within the limit
+  EXPECT_TRUE(client->PullSparse(0, keys, rows.data()).ok());
+}
+
 TEST_F(HostileInputTest, UnknownTableAndWrongDimAreRefused) {
   Header h;
   h.op = Op::PullSparse;

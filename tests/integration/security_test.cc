@@ -163,13 +163,21 @@ TEST(MetricsTest, ScrapesParseAsPrometheusTextAndCountersMove) {
   EXPECT_EQ(health, "ok\n");
   std::vector<uint64_t> keys = {1, 2, 3, 4};
   std::vector<float> rows(16), grads(16, 0.5f);
+  const std::string pulls = "parasol_requests_total{shard=\"0\",op=\"PullSparse\"}";
+  // The shard publishes a snapshot every 250 ms: scrape until it shows `want` pulls (10 s).
+  auto scrape_until = [&](double want) {
+    std::string text;
+    for (int i = 0; i < 200 && MetricValue(text, pulls) != want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      text = HttpGet(port, "/metrics").second;
+    }
+    return text;
+  };
   ASSERT_TRUE(client->PullSparse(0, keys, rows.data()).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // a fresh snapshot
-  const std::string before = HttpGet(port, "/metrics").second;
+  const std::string before = scrape_until(1);
   ASSERT_TRUE(client->PushSparse(0, keys, grads).ok());
   ASSERT_TRUE(client->PullSparse(0, keys, rows.data()).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  const std::string after = HttpGet(port, "/metrics").second;
+  const std::string after = scrape_until(2);
   // Every line is a comment or `name{labels} value`.
   const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? [-+0-9.eEInf]+$)");
   size_t samples = 0;
@@ -180,7 +188,7 @@ TEST(MetricsTest, ScrapesParseAsPrometheusTextAndCountersMove) {
     ++samples;
   }
   EXPECT_GT(samples, 20u);
-  const std::string pulls = "parasol_requests_total{shard=\"0\",op=\"PullSparse\"}";
+  EXPECT_EQ(MetricValue(before, pulls), 1) << before;
   EXPECT_EQ(MetricValue(after, pulls), MetricValue(before, pulls) + 1) << after;
   const std::string pushes = "parasol_requests_total{shard=\"0\",op=\"PushSparse\"}";
   EXPECT_EQ(MetricValue(after, pushes), MetricValue(before, pushes) + 1);
