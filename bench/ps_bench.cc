@@ -32,6 +32,7 @@
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
 #include "common/zipf.hpp"
+#include "common/json_number.hpp"
 #include "common/key_index.hpp"
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
@@ -185,10 +186,6 @@ void SparseRows(const Options& opt, RawEcho& echo, double memcpy_gbs, std::vecto
   }
 }
 
-double StatField(const std::string& json, const std::string& field) {
-  const size_t p = json.find("\"" + field + "\":");
-  return p == std::string::npos ? 0.0 : std::stod(json.substr(p + field.size() + 3));
-}
 
 // Creates rows [first, first + count) of table 0 through pulls of `batch` keys; rows/s.
 double Fill(PsClient& client, uint64_t first, uint64_t count, uint32_t dim, uint64_t batch) {
@@ -221,8 +218,8 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     if (Fill(**client, 0, table_rows, kDim, kBatch) < 0) continue;
     auto stats = (*client)->Stats();
     if (!stats.ok()) continue;
-    const double bytes_per_row = StatField((*stats)[0], "bytes_per_row");
-    const double row_floats = StatField((*stats)[0], "row_floats");
+    const double bytes_per_row = JsonNumber((*stats)[0], "bytes_per_row");
+    const double row_floats = JsonNumber((*stats)[0], "row_floats");
     const double raw = 8 + row_floats * 4;  // key + values + state
     // Pushes of Zipf-distributed keys over the whole table.
     std::mt19937_64 rng(7);
@@ -301,8 +298,8 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
       auto stats = (*observer)->Stats();
       if (stats.ok()) {
         for (const std::string& st : *stats) {
-          wait_ms += StatField(st, "pull_wait_ms_total");
-          pulls += StatField(st, "PullSparse");
+          wait_ms += JsonNumber(st, "pull_wait_ms_total");
+          pulls += JsonNumber(st, "PullSparse");
         }
       }
     }
@@ -343,10 +340,6 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
   return summary;
 }
 
-double JsonField(const std::string& json, const std::string& key) {
-  const size_t p = json.find("\"" + key + "\": ");
-  return p == std::string::npos ? 0.0 : std::atof(json.c_str() + p + key.size() + 4);
-}
 
 std::string TrainingData(const Options& opt, const std::string& dir) {
   GeneratorOptions g;
@@ -367,7 +360,7 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
       continue;
     }
     const std::string tag = std::to_string(shards) + "s" + std::to_string(workers) + "w";
-    const double rate = JsonField(summary, "samples_per_second");
+    const double rate = JsonNumber(summary, "samples_per_second");
     if (torch_rate) {
       rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", *torch_rate,
                        "pytorch_1proc_2threads", std::nullopt});
@@ -376,10 +369,10 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
     rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", std::nullopt, "",
                      std::nullopt});
     // Worker 0's time, by phase, as a share of its training time.
-    const double total = JsonField(summary, "train_seconds");
+    const double total = JsonNumber(summary, "train_seconds");
     for (const char* phase : {"data", "pull", "compute", "push", "wait"}) {
       rows->push_back({"train_split_" + tag + "_" + phase,
-                       total > 0 ? 100.0 * JsonField(summary, phase) / total : 0.0, "%",
+                       total > 0 ? 100.0 * JsonNumber(summary, phase) / total : 0.0, "%",
                        std::nullopt, "", std::nullopt});
     }
   }
@@ -604,8 +597,8 @@ void CapacityRows(std::vector<Row>* rows) {
   if (!stats.ok()) return;
   double bytes = 0, n = 0;
   for (const std::string& s : *stats) {
-    bytes += StatField(s, "bytes");
-    n += StatField(s, "rows");
+    bytes += JsonNumber(s, "bytes");
+    n += JsonNumber(s, "rows");
   }
   rows->push_back({"capacity_bytes_per_row_1e8x16", bytes / n, "B/row", 8 + 17 * 4,
                    "raw_key_value_state", std::nullopt});

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "common/json_number.hpp"
 #include "common/manifest.hpp"
 #include "common/subprocess.hpp"
 
@@ -49,12 +50,6 @@ bool Relay(Role& role) {
   role.pending.erase(0, start);
   std::fflush(stdout);
   return true;
-}
-
-// Reads `key`'s number from a flat JSON object.
-double JsonNumber(const std::string& json, const std::string& key) {
-  const size_t p = json.find("\"" + key + "\": ");
-  return p == std::string::npos ? 0.0 : std::atof(json.c_str() + p + key.size() + 4);
 }
 
 // One object for the whole job, from the workers' own summaries.

@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "common/json_number.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "server/checkpoint.hpp"
@@ -97,10 +98,6 @@ class RestartTest : public ::testing::Test {
   std::string dir_;
 };
 
-double SummaryNumber(const std::string& json, const std::string& key) {
-  const size_t p = json.find("\"" + key + "\": ");
-  return p == std::string::npos ? -1.0 : std::atof(json.c_str() + p + key.size() + 4);
-}
 
 TEST_F(RestartTest, UnderSspAKilledServerIsRestartedAndTheModelIsAsGood) {
   WriteFile(dir_ + "/a.yaml", Manifest(dir_ + "/ckpt-a", "ssp, staleness: 2"));
@@ -127,8 +124,8 @@ TEST_F(RestartTest, UnderSspAKilledServerIsRestartedAndTheModelIsAsGood) {
   const std::string out = ReadFile(dir_ + "/b.log");
   ASSERT_TRUE(killed) << out;
   ASSERT_TRUE(sb && WIFEXITED(*sb) && WEXITSTATUS(*sb) == 0) << out;
-  const double auc_a = SummaryNumber(ReadFile(dir_ + "/a.json"), "eval_auc");
-  const double auc_b = SummaryNumber(ReadFile(dir_ + "/b.json"), "eval_auc");
+  const double auc_a = JsonNumber(ReadFile(dir_ + "/a.json"), "eval_auc");
+  const double auc_b = JsonNumber(ReadFile(dir_ + "/b.json"), "eval_auc");
   EXPECT_GT(auc_a, 0.6);
   EXPECT_NEAR(auc_b, auc_a, 0.01);
 }
