@@ -87,18 +87,23 @@ int RunCheckpoint(const std::string& manifest_path, const std::string& key_path)
   return 0;
 }
 
-int RunKeygen(const std::string& dir, const std::string& name) {
-  auto keys = GenerateCurveKeyPair();
-  if (!keys.ok()) {
-    spdlog::error("{}", keys.status().ToString());
-    return 1;
+int RunKeygen(const std::string& dir, const std::string& name, uint32_t count) {
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < count; ++i) names.push_back(name + std::to_string(i));
+  if (count == 0) names.push_back(name);
+  for (const std::string& n : names) {
+    auto keys = GenerateCurveKeyPair();
+    if (!keys.ok()) {
+      spdlog::error("{}", keys.status().ToString());
+      return 1;
+    }
+    if (Status st = WriteCurveKeyPair(dir, n, *keys); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+    std::printf("wrote %s/%s.key (secret, mode 0600) and %s/%s.pub\n", dir.c_str(), n.c_str(),
+                dir.c_str(), n.c_str());
   }
-  if (Status st = WriteCurveKeyPair(dir, name, *keys); !st.ok()) {
-    spdlog::error("{}", st.ToString());
-    return 1;
-  }
-  std::printf("wrote %s/%s.key (secret, mode 0600) and %s/%s.pub\n", dir.c_str(), name.c_str(),
-              dir.c_str(), name.c_str());
   return 0;
 }
 

@@ -23,8 +23,9 @@ int RunShutdown(const std::string& manifest_path, const std::string& key_path);
 // parasol checkpoint --manifest M
 int RunCheckpoint(const std::string& manifest_path, const std::string& key_path);
 
-// parasol keygen --out DIR [--name NAME]
-int RunKeygen(const std::string& dir, const std::string& name);
+// parasol keygen --out DIR [--name NAME] [--count N]: one key pair NAME, or with N > 0 the N
+// pairs NAME0 .. NAME<N-1> (one per worker rank, for security.worker_keys).
+int RunKeygen(const std::string& dir, const std::string& name, uint32_t count);
 
 // parasol launch --manifest M: every server and worker of the job on this machine, their output
 // prefixed with their role; everything stops if one fails.

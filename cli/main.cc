@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
   auto* keygen = app.add_subcommand("keygen", "write a CURVE key pair (NAME.key, NAME.pub)");
   keygen->add_option("--out,-o", keys_out, "folder for the key files")->required();
   keygen->add_option("--name", key_name, "key pair name")->capture_default_str();
+  uint32_t key_count = 0;
+  keygen->add_option("--count", key_count,
+                     "write N pairs NAME0 .. NAME<N-1> (e.g. one per worker, for "
+                     "security.worker_keys)");
 
   auto* checkpoint = app.add_subcommand("checkpoint", "ask every shard to write a checkpoint now");
   checkpoint->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
   } else if (*worker_cmd) {
     spdlog::set_pattern("[%H:%M:%S.%e] [%l] [worker " + std::to_string(rank) + "] %v");
   }
-  if (*keygen) return parasol::cli::RunKeygen(keys_out, key_name);
+  if (*keygen) return parasol::cli::RunKeygen(keys_out, key_name, key_count);
 
   if (*server) return parasol::cli::RunServer(manifest, rank);
   if (*loadgen) return parasol::cli::RunLoadgen(manifest, worker, workload);

@@ -278,6 +278,11 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("engine_threads", 1, 256, &s->engine_threads));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_request_bytes", 1024, &s->max_request_bytes));
   PARASOL_RETURN_IF_ERROR(r.Bytes("frame_bytes", 4096, &s->frame_bytes));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("max_held_pulls", 1, 1 << 24, &s->max_held_pulls));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("max_held_bytes", 1024, &s->max_held_bytes));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("max_pending_clocks", 2, 1 << 16, &s->max_pending_clocks));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("max_pending_bytes", 1024, &s->max_pending_bytes));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
   return r.Finish();
 }
 
@@ -409,7 +414,7 @@ Status ParsePathList(MapReader& r, const YAML::Node& node, const std::string& ke
   return Status::Ok();
 }
 
-Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers,
+Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers, uint32_t workers,
                      const std::string& file) {
   if (!root.Has("security")) return Status::Ok();
   YAML::Node node = root.Child("security");
@@ -419,6 +424,7 @@ Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers,
   PARASOL_RETURN_IF_ERROR(r.Bool("curve", &s->curve));
   PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "server_keys", base, &s->server_keys));
   PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "allowed_clients", base, &s->allowed_clients));
+  PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "worker_keys", base, &s->worker_keys));
   std::string client;
   PARASOL_RETURN_IF_ERROR(r.String("client_key", &client));
   if (!client.empty()) s->client_key = Resolve(base, client);
@@ -434,6 +440,18 @@ Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers,
     if (s->allowed_clients.empty()) {
       return r.ErrorAt(node, "security.allowed_clients",
                        "curve needs the public keys the servers admit");
+    }
+  }
+  if (!s->worker_keys.empty()) {
+    const YAML::Node list = node["worker_keys"];
+    if (!s->curve) {
+      return r.ErrorAt(list, "security.worker_keys", "worker keys need curve: true");
+    }
+    if (s->worker_keys.size() != workers) {
+      return r.ErrorAt(
+          list, "security.worker_keys",
+          "needs one key pair per worker (cluster.workers = " + std::to_string(workers) +
+              "), found " + std::to_string(s->worker_keys.size()));
     }
   }
   return r.Finish();
@@ -700,7 +718,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseData(root, &m.data, m.source));
     PARASOL_RETURN_IF_ERROR(ParseWorker(root, &m.worker, m.source));
     PARASOL_RETURN_IF_ERROR(
-        ParseSecurity(root, &m.security, m.cluster.servers.size(), m.source));
+        ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.workers, m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
     PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));

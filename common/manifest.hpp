@@ -87,6 +87,13 @@ struct ServerOptions {
   uint32_t engine_threads = 2;               // threads per shard that own disjoint key sets
   uint64_t max_request_bytes = 1ull << 30;   // payload bytes one request may carry
   uint64_t frame_bytes = 1ull << 20;         // values travel in frames (and dense requests in chunks) of at most this size
+  // What any client can make a shard keep (README, "Hostile input"); a request over a limit
+  // is refused with an error naming it.
+  uint32_t max_held_pulls = 1024;            // pulls held for the read bound at once
+  uint64_t max_held_bytes = 256ull << 20;    // their request bytes
+  uint32_t max_pending_clocks = 4;           // bsp: clocks whose pushes are being summed
+  uint64_t max_pending_bytes = 2ull << 30;   // bsp: bytes of those sums
+  uint32_t socket_hwm = 1000;                // messages queued per peer and direction
 };
 
 struct TrainingOptions {
@@ -124,8 +131,12 @@ struct ModelOptions {
 struct SecurityOptions {
   bool curve = false;                        // authenticate and encrypt with ZeroMQ CURVE
   std::vector<std::string> server_keys;      // per server: key pair PATH (PATH.key, PATH.pub)
-  std::string client_key;                    // the workers' key pair PATH (and tools')
+  std::string client_key;                    // tools' key pair PATH; workers' without worker_keys
   std::vector<std::string> allowed_clients;  // public key files the servers admit
+  // Per worker rank: key pair PATH. Empty (default): any admitted key may act as any worker.
+  // Set: worker r connects with worker_keys[r], the servers admit these keys too, and a request
+  // naming worker r is served only from worker r's key; allowed_clients keys act only as tools.
+  std::vector<std::string> worker_keys;
 };
 
 struct MetricsOptions {

@@ -1,14 +1,23 @@
-// MetricsServer: a small HTTP endpoint (Boost.Beast on its own thread) serving
+// MetricsServer: a small HTTP endpoint (Boost.Beast, asynchronous, on its own thread) serving
 //   GET /metrics  the latest text the process published, in Prometheus text format
 //   GET /healthz  200 "ok" while the process says it is healthy, 503 otherwise
+// Any other target is 404, any other method 405. One request per connection (the answer says
+// `Connection: close`); a request may not carry a body (413) and its header is bounded (431).
+//
 // The owner publishes a fresh snapshot now and then; requests never touch the owner's state.
-// Thread-safety: Publish() and SetHealthy() from any thread.
+// The port faces the network, so no client can hold it: each connection has a read and a
+// write time-out, at most `max_connections` are open at once, and a connection beyond the cap
+// pushes out the oldest one still waiting for its request (or, when none waits, is closed at
+// once). Idle or slow clients delay neither other clients nor the destructor.
+//
+// Thread-safety: Publish(), SetHealthy() and the counters from any thread; Start() once, from
+// the owner.
 #pragma once
 
-#include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -18,27 +27,45 @@ namespace parasol {
 
 class MetricsServer {
  public:
-  MetricsServer(std::string host, uint16_t port);
+  struct Limits {
+    // A client must deliver its whole request header within this time of connecting.
+    std::chrono::milliseconds read_timeout{5000};
+    // ... and take the whole answer within this time of its request.
+    std::chrono::milliseconds write_timeout{5000};
+    // Connections open at once; one more pushes out the oldest that has not sent its request.
+    size_t max_connections = 64;
+    // Request line plus header fields; a larger request is answered 431 and closed.
+    size_t max_request_bytes = 8 * 1024;
+  };
+
+  // `port` 0: the kernel picks one (see port()).
+  MetricsServer(std::string host, uint16_t port, Limits limits);
+  MetricsServer(std::string host, uint16_t port);  // default Limits
+  // Stops at once: open connections are closed, answers in flight are dropped.
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
+  // Binds and starts serving. REQUIRES: called at most once.
   Status Start();
   void Publish(std::string text);
-  void SetHealthy(bool healthy) { healthy_.store(healthy); }
-  uint64_t requests_served() const { return served_.load(); }
+  void SetHealthy(bool healthy);
+
+  // The bound port (after Start), or the port asked for.
+  uint16_t port() const;
+  // Requests answered (any status, the answer fully sent).
+  uint64_t requests_served() const;
+  // Connections closed unanswered because `max_connections` were open: new ones closed at
+  // once, and waiting ones pushed out by a newer one.
+  uint64_t connections_refused() const;
+  // Connections closed because the client was slower than read_timeout or write_timeout.
+  uint64_t connections_timed_out() const;
 
  private:
   struct Impl;
-  void Accept();
 
   std::string host_;
-  uint16_t port_;
   std::unique_ptr<Impl> impl_;
-  std::mutex mu_;
-  std::string text_;  // guarded by mu_
-  std::atomic<bool> healthy_{true};
-  std::atomic<uint64_t> served_{0};
   std::thread thread_;
 };
 

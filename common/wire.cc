@@ -1,5 +1,7 @@
 #include "common/wire.hpp"
 
+#include "common/checked_math.hpp"
+
 #include <flatbuffers/flatbuffers.h>
 
 #include <algorithm>
@@ -10,6 +12,10 @@ const char* OpName(Op op) {
   const char* name = wire::EnumNameOp(op);
   return (name && *name) ? name : "UnknownOp";
 }
+
+// Every StatusCode travels: a code past Code::MAX would make the reply undecodable.
+static_assert(static_cast<int>(wire::Code::MAX) == static_cast<int>(StatusCode::kIoError),
+              "protocols/message.fbs: Code must list every StatusCode");
 
 zmq::message_t EncodeHeader(const Header& h) {
   flatbuffers::FlatBufferBuilder fbb(256);
@@ -146,7 +152,7 @@ FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
   FramePlan plan;
   const uint64_t row_bytes = uint64_t{dim} * sizeof(float);
   plan.rows_per_frame = std::max<uint64_t>(1, frame_bytes / std::max<uint64_t>(1, row_bytes));
-  plan.frames = static_cast<uint32_t>((rows + plan.rows_per_frame - 1) / plan.rows_per_frame);
+  plan.frames = static_cast<uint32_t>(CeilDiv(rows, plan.rows_per_frame));
   return plan;
 }
 
@@ -157,23 +163,33 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
   PayloadView view;
   view.rows_ = h.key_count;
   view.dim_ = h.value_dim;
-  size_t expected = 0;
-  if (layout.keys) ++expected;
+  uint64_t expected = 0;
+  uint64_t total = 0;  // payload bytes the header implies
+  if (layout.keys) {
+    ++expected;
+    PARASOL_ASSIGN_OR_RETURN(total, CheckedMul(h.key_count, sizeof(uint64_t), what + ": key_count"));
+  }
+  uint64_t row_bytes = 0;
   if (layout.values) {
     if (h.dtype != wire::DType::F32) {
       return BadMessage(what + ": dtype " + wire::EnumNameDType(h.dtype) +
                         " is not supported (values must be f32)");
     }
     if (h.value_dim == 0) return BadMessage(what + ": value_dim is 0");
-    const uint64_t row_bytes = uint64_t{h.value_dim} * sizeof(float);
-    if (h.key_count > max_bytes / row_bytes) {
-      return ResourceExhausted(what + ": " + std::to_string(h.key_count) + " rows of " +
-                               std::to_string(row_bytes) + " bytes exceed the limit of " +
-                               std::to_string(max_bytes) + " bytes");
-    }
+    row_bytes = uint64_t{h.value_dim} * sizeof(float);
+    PARASOL_ASSIGN_OR_RETURN(const uint64_t value_bytes,
+                             CheckedMul(h.key_count, row_bytes, what + ": key_count x value_dim"));
+    PARASOL_ASSIGN_OR_RETURN(total, CheckedAdd(total, value_bytes, what + ": payload size"));
+  }
+  if (total > max_bytes) {
+    return ResourceExhausted(what + ": " + std::to_string(h.key_count) + " rows need " +
+                             std::to_string(total) + " payload bytes, over the limit of " +
+                             std::to_string(max_bytes) + " bytes (server.max_request_bytes)");
+  }
+  if (layout.values) {
     if (h.key_count > 0 && h.rows_per_frame == 0) return BadMessage(what + ": rows_per_frame is 0");
     const uint64_t rpf = std::max<uint64_t>(1, h.rows_per_frame);
-    const uint64_t need_frames = (h.key_count + rpf - 1) / rpf;
+    const uint64_t need_frames = CeilDiv(h.key_count, rpf);
     if (h.value_frames != need_frames) {
       return BadMessage(what + ": header says " + std::to_string(h.value_frames) +
                         " value frames, but " + std::to_string(h.key_count) + " rows at " +
@@ -181,9 +197,6 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
     }
     view.rows_per_frame_ = rpf;
     expected += h.value_frames;
-  } else if (layout.keys && h.key_count > max_bytes / sizeof(uint64_t)) {
-    return ResourceExhausted(what + ": " + std::to_string(h.key_count) +
-                             " keys exceed the limit of " + std::to_string(max_bytes) + " bytes");
   }
   if (frames.size() != expected) {
     return BadMessage(what + ": expected " + std::to_string(expected) + " payload frames, got " +
@@ -191,7 +204,7 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
   }
   size_t next = 0;
   if (layout.keys) {
-    const uint64_t want = h.key_count * sizeof(uint64_t);
+    const uint64_t want = h.key_count * sizeof(uint64_t);  // checked above
     if (frames[next].size() != want) {
       return BadMessage(what + ": keys frame has " + std::to_string(frames[next].size()) +
                         " bytes, header's key_count " + std::to_string(h.key_count) + " needs " +
@@ -201,10 +214,11 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
     ++next;
   }
   if (layout.values) {
-    const uint64_t row_bytes = uint64_t{h.value_dim} * sizeof(float);
     view.value_frames_.reserve(h.value_frames);
     for (uint32_t f = 0; f < h.value_frames; ++f, ++next) {
-      const uint64_t rows = std::min(view.rows_per_frame_, h.key_count - f * view.rows_per_frame_);
+      // f * rows_per_frame < key_count, and rows * row_bytes <= total: neither wraps.
+      const uint64_t rows =
+          std::min(view.rows_per_frame_, h.key_count - uint64_t{f} * view.rows_per_frame_);
       if (frames[next].size() != rows * row_bytes) {
         return BadMessage(what + ": value frame " + std::to_string(f) + " has " +
                           std::to_string(frames[next].size()) + " bytes, expected " +

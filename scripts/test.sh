@@ -7,5 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 parasol_install_deps
 parasol_build Release
+# The fuzzers' own build folder (clang, ASan + UBSan); their ctest entries run them.
+bash "$PARASOL_ROOT/scripts/fuzz.sh" build
 cd "$PARASOL_BUILD"
 ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,11 +27,40 @@ struct RawHeader {
 };
 struct RawBlock {
   uint32_t kind, table;
-  uint64_t count, bytes, checksum;
+  uint64_t count, bytes, checksum, header_checksum;
 };
 struct RawFooter {
   char magic[8];
   uint64_t blocks, checksum;
+};
+static_assert(sizeof(RawHeader) == kCheckpointHeaderBytes);
+static_assert(sizeof(RawBlock) == kCheckpointBlockHeaderBytes);
+static_assert(sizeof(RawFooter) == kCheckpointFooterBytes);
+
+// Seeded with the block's index, so a block header copied to another place does not verify.
+uint64_t BlockHeaderChecksum(const RawBlock& b, uint64_t index) {
+  return Checksum64(&b, offsetof(RawBlock, header_checksum), index);
+}
+
+// Reads a file front to back, keeping the offset and the bytes left in it, so every size read
+// from the file can be checked against what the file holds before anything is allocated.
+class Cursor {
+ public:
+  Cursor(std::istream& in, uint64_t size) : in_(in), size_(size) {}
+  uint64_t size() const { return size_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t left() const { return size_ - offset_; }
+  bool Read(void* out, uint64_t n) {
+    if (n > left()) return false;
+    if (!in_.read(static_cast<char*>(out), static_cast<std::streamsize>(n))) return false;
+    offset_ += n;
+    return true;
+  }
+
+ private:
+  std::istream& in_;
+  const uint64_t size_;
+  uint64_t offset_ = 0;
 };
 
 Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
@@ -67,7 +97,7 @@ uint64_t Checksum64(const void* data, size_t n, uint64_t seed) {
     h = (h ^ Fmix64(w + i)) * 0x9e3779b97f4a7c15ULL;
   }
   uint64_t tail = 0;
-  std::memcpy(&tail, p + i, n - i);
+  if (n > i) std::memcpy(&tail, p + i, n - i);  // never with a null `data` (n == 0)
   return Fmix64(h ^ tail ^ (n - i));
 }
 
@@ -93,7 +123,9 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   uint64_t all = 0;
   for (const CheckpointBlock& b : blocks) {
     if (!st.ok()) break;
-    RawBlock rb{b.kind, b.table, b.count, b.bytes.size(), Checksum64(b.bytes.data(), b.bytes.size())};
+    RawBlock rb{
+        b.kind, b.table, b.count, b.bytes.size(), Checksum64(b.bytes.data(), b.bytes.size()), 0};
+    rb.header_checksum = BlockHeaderChecksum(rb, static_cast<uint64_t>(&b - blocks.data()));
     all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
     st = WriteAll(fd, &rb, sizeof(rb), tmp);
     if (st.ok()) st = WriteAll(fd, b.bytes.data(), b.bytes.size(), tmp);
@@ -103,7 +135,8 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   f.blocks = blocks.size();
   f.checksum = all;
   if (st.ok()) st = WriteAll(fd, &f, sizeof(f), tmp);
-  if (st.ok() && ::fsync(fd) != 0) st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
+  if (st.ok() && ::fsync(fd) != 0)
+    st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
   ::close(fd);
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
@@ -115,53 +148,97 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   return FsyncDir(target.parent_path().string());
 }
 
-Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
-                          const std::function<Status(const CheckpointBlock&)>& block) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
-  auto bad = [&](const std::string& what) {
-    return Status(StatusCode::kIoError, "checkpoint '" + path + "' is damaged: " + what +
-                                            " (at byte " + std::to_string(in.tellg()) + ")");
+Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeader* header,
+                      const CheckpointBlockFn& block, const CheckpointBlockCheck& check) {
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (end < 0 || !in) return IoError("cannot read checkpoint '" + name + "': cannot seek in it");
+  Cursor c(in, static_cast<uint64_t>(end));
+  auto damaged = [&](const std::string& what, uint64_t at) {
+    return IoError("checkpoint '" + name + "' is damaged: " + what + " (at byte " +
+                   std::to_string(at) + ")");
   };
   RawHeader h{};
-  if (!in.read(reinterpret_cast<char*>(&h), sizeof(h))) return bad("truncated header");
-  if (std::memcmp(h.magic, kMagic, 8) != 0) return bad("not a Parasol checkpoint");
-  if (h.checksum != Checksum64(&h, offsetof(RawHeader, checksum))) return bad("header checksum");
+  if (!c.Read(&h, sizeof(h))) return damaged("the file ends inside the header", c.size());
+  if (std::memcmp(h.magic, kMagic, 8) != 0) return damaged("not a Parasol checkpoint", 0);
+  if (h.checksum != Checksum64(&h, offsetof(RawHeader, checksum))) {
+    return damaged("header checksum", offsetof(RawHeader, checksum));
+  }
   if (h.version != kCheckpointVersion) {
-    return bad("version " + std::to_string(h.version) + " is not supported");
+    return Status(StatusCode::kVersionMismatch,
+                  "checkpoint '" + name + "' is format version " + std::to_string(h.version) +
+                      "; this build reads version " + std::to_string(kCheckpointVersion) +
+                      " only (at byte " + std::to_string(offsetof(RawHeader, version)) + ")");
   }
   header->shard = h.shard;
   header->shards = h.shards;
   header->fingerprint = h.fingerprint;
   header->clock = h.clock;
   header->sequence = h.sequence;
+  if (c.left() < sizeof(RawFooter) ||
+      h.blocks > (c.left() - sizeof(RawFooter)) / sizeof(RawBlock)) {
+    return damaged(
+        "the header lists " + std::to_string(h.blocks) + " blocks, more than the file has room for",
+        offsetof(RawHeader, blocks));
+  }
   uint64_t all = 0;
   CheckpointBlock b;
   for (uint64_t i = 0; i < h.blocks; ++i) {
+    const uint64_t at = c.offset();
+    const std::string which = "block " + std::to_string(i);
     RawBlock rb{};
-    if (!in.read(reinterpret_cast<char*>(&rb), sizeof(rb))) {
-      return bad("truncated in block " + std::to_string(i));
+    if (!c.Read(&rb, sizeof(rb))) return damaged("the file ends inside " + which, c.size());
+    if (rb.header_checksum != BlockHeaderChecksum(rb, i)) {
+      return damaged(which + " header checksum", at + offsetof(RawBlock, header_checksum));
     }
-    if (rb.bytes > (uint64_t{1} << 40)) return bad("block " + std::to_string(i) + " size");
+    // What the payload may take: the file less the later block headers and the footer.
+    const uint64_t later = (h.blocks - i - 1) * sizeof(RawBlock) + sizeof(RawFooter);
+    const uint64_t room = c.left() >= later ? c.left() - later : 0;
+    if (rb.bytes > room) {
+      return damaged(which + " claims " + std::to_string(rb.bytes) +
+                         " payload bytes; the file has " + std::to_string(room) + " left for it",
+                     at + offsetof(RawBlock, bytes));
+    }
+    auto refused = [&](const Status& st) {
+      return Status(st.code(), "checkpoint '" + name + "' " + which + " (kind " +
+                                   std::to_string(rb.kind) + ", table " + std::to_string(rb.table) +
+                                   ", at byte " + std::to_string(at) + "): " + st.message());
+    };
+    if (check) {
+      const Status st = check(CheckpointBlockHeader{rb.kind, rb.table, rb.count, rb.bytes});
+      if (!st.ok()) return refused(st);
+    }
     b.kind = rb.kind;
     b.table = rb.table;
     b.count = rb.count;
     b.bytes.resize(rb.bytes);
-    if (!in.read(b.bytes.data(), static_cast<std::streamsize>(rb.bytes))) {
-      return bad("truncated in block " + std::to_string(i));
-    }
+    if (!c.Read(b.bytes.data(), rb.bytes))
+      return damaged("the file ends inside " + which, c.size());
     if (Checksum64(b.bytes.data(), b.bytes.size()) != rb.checksum) {
-      return bad("checksum of block " + std::to_string(i));
+      return damaged(which + " payload checksum", at + sizeof(RawBlock));
     }
     all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
-    PARASOL_RETURN_IF_ERROR(block(b));
+    const Status st = block(b);
+    if (!st.ok()) return refused(st);
   }
+  const uint64_t at = c.offset();
   RawFooter f{};
-  if (!in.read(reinterpret_cast<char*>(&f), sizeof(f))) return bad("truncated footer");
-  if (std::memcmp(f.magic, kEnd, 8) != 0 || f.blocks != h.blocks || f.checksum != all) {
-    return bad("footer");
+  if (!c.Read(&f, sizeof(f))) return damaged("the file ends inside the footer", c.size());
+  if (std::memcmp(f.magic, kEnd, 8) != 0) return damaged("footer magic", at);
+  if (f.blocks != h.blocks) return damaged("footer block count", at + offsetof(RawFooter, blocks));
+  if (f.checksum != all) return damaged("footer checksum", at + offsetof(RawFooter, checksum));
+  if (c.left() != 0) {
+    return damaged(std::to_string(c.left()) + " bytes after the footer", c.offset());
   }
   return Status::Ok();
+}
+
+Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
+                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
+  return ReadCheckpoint(in, path, header, block, check);
 }
 
 std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequence) {

@@ -3,17 +3,27 @@
 // Layout (little-endian):
 //   header   magic "PSOLCKPT", u32 version, u32 shard, u32 shards, u32 reserved,
 //            u64 manifest fingerprint, i64 clock, u64 sequence, u64 blocks, u64 checksum
-//   blocks   each: u32 kind, u32 table, u64 count, u64 bytes, u64 checksum, then `bytes` bytes
+//   blocks   each: u32 kind, u32 table, u64 count, u64 bytes, u64 payload checksum,
+//            u64 header checksum (of the 32 bytes before it, seeded with the block's index),
+//            then `bytes` bytes of payload
 //            kind 1 sparse rows: count x (u64 key, u32 last clock, row floats x f32)
 //            kind 2 dense slice: count elements x (1 + state arrays) f32, value array first
 //            kind 3 clocks:      count workers x i64 clock
-//   footer   magic "PSOLEND!", u64 blocks, u64 checksum of the block checksums
-// A file is written to NAME.tmp, fsynced and renamed, then its folder is fsynced; a reader
-// checks every checksum and refuses a damaged or truncated file naming what is wrong and where.
+//            kind 4 push record: PushDedup::Save()
+//   footer   magic "PSOLEND!", u64 blocks, u64 checksum of the payload checksums
+// A file is written to NAME.tmp, fsynced and renamed, then its folder is fsynced. A reader
+// checks every checksum, and every size against the bytes the file has left before it
+// allocates anything, and refuses a damaged or truncated file naming the file, what is wrong
+// and the byte offset where it is.
+//
+// Version 2 added the block header checksum: in version 1 a flipped bit in a block's size or
+// table id went unnoticed. Version 1 files are refused (kVersionMismatch).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -21,13 +31,25 @@
 
 namespace parasol {
 
-inline constexpr uint32_t kCheckpointVersion = 1;
+inline constexpr uint32_t kCheckpointVersion = 2;
+// Sizes of the file header and of a block header, in bytes (see the layout above).
+inline constexpr size_t kCheckpointHeaderBytes = 64;
+inline constexpr size_t kCheckpointBlockHeaderBytes = 40;
+inline constexpr size_t kCheckpointFooterBytes = 24;
 
 struct CheckpointBlock {
   uint32_t kind = 0;
   uint32_t table = 0;
   uint64_t count = 0;
   std::vector<char> bytes;
+};
+
+// A block's header as read from a file (its checksum verified), before its payload is read.
+struct CheckpointBlockHeader {
+  uint32_t kind = 0;
+  uint32_t table = 0;
+  uint64_t count = 0;
+  uint64_t bytes = 0;  // payload size, at most what the file has left
 };
 
 struct CheckpointHeader {
@@ -38,6 +60,10 @@ struct CheckpointHeader {
   uint64_t sequence = 0;
 };
 
+// Refuses a block before its payload is read (say, a size that does not match its table).
+using CheckpointBlockCheck = std::function<Status(const CheckpointBlockHeader&)>;
+using CheckpointBlockFn = std::function<Status(const CheckpointBlock&)>;
+
 // 64-bit checksum of `n` bytes (word-wise multiply-mix; detects flipped bits and truncation).
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 
@@ -45,9 +71,16 @@ uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
                            const std::vector<CheckpointBlock>& blocks);
 
-// Reads and verifies a whole file; calls `block` for each block in order.
+// Reads and verifies a whole checkpoint from `in` (`name` says which in errors). Sets *header
+// once the file header is verified, before the first block. For each block in order, calls
+// `check` (when given) with its verified header, then reads its payload and calls `block`. An
+// error of either stops the read; it comes back naming the file, the block and its offset.
+// Never allocates more than the file has bytes left.
+Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeader* header,
+                      const CheckpointBlockFn& block, const CheckpointBlockCheck& check = {});
+// The same for the file at `path`.
 Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
-                          const std::function<Status(const CheckpointBlock&)>& block);
+                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check = {});
 
 // The checkpoints of shard `shard` under `dir` (dir/shard-N/ckpt-SEQUENCE.bin), newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 namespace parasol {
 
@@ -13,12 +14,51 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       held_(workers, 0),
       lost_(workers, false),
       done_at_(workers, -1),
+      unconfirmed_(workers, false),
       live_(workers) {}
 
-void ConsistencyController::SetDone(uint32_t worker, int64_t clock) {
-  if (!InJob(worker) || done_at_[worker] >= 0) return;
-  done_at_[worker] = clock;
-  SetClock(worker, clock);
+Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done) {
+  const int64_t current = clocks_[worker];
+  if (clock > current && clock - current > 1) {
+    return FailedPrecondition(
+        "Clock: worker " + std::to_string(worker) + " jumps from " +
+        (unconfirmed_[worker] ? "its restored clock " : "clock ") + std::to_string(current) +
+        " to " + std::to_string(clock) + "; a worker's clock moves forward by one per Clock" +
+        (unconfirmed_[worker] ? " (after a restart it replays its clocks in order)" : ""));
+  }
+  unconfirmed_[worker] = false;
+  clocks_[worker] = std::max(current, clock);
+  if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
+  return Status::Ok();
+}
+
+Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) const {
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    // A restored clock is only a lower bound: the job's bound is not known yet.
+    if (unconfirmed_[w] && !lost_[w] && done_at_[w] < 0) return Status::Ok();
+  }
+  const int64_t own = clocks_[worker];
+  if (clock > own && clock - own > 1) {
+    return FailedPrecondition("worker " + std::to_string(worker) + " asks at clock " +
+                              std::to_string(clock) + ", beyond its own next clock " +
+                              std::to_string(own + 1));
+  }
+  if (options_.consistency == TrainingOptions::Consistency::kAsp) return Status::Ok();
+  const int64_t slowest = MinClock();
+  if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
+  const int64_t slack = options_.consistency == TrainingOptions::Consistency::kBsp
+                            ? 1
+                            : static_cast<int64_t>(options_.staleness) + 1;
+  if (clock > slowest && clock - slowest > slack) {
+    return FailedPrecondition(
+        "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
+        ", which the job could never admit: the slowest worker is at " + std::to_string(slowest) +
+        (options_.consistency == TrainingOptions::Consistency::kBsp
+             ? " and bsp admits at most one clock ahead"
+             : " and ssp admits at most staleness + 1 = " + std::to_string(slack) +
+                   " clocks ahead"));
+  }
+  return Status::Ok();
 }
 
 uint32_t ConsistencyController::ActiveAt(int64_t clock) const {
@@ -34,7 +74,9 @@ void ConsistencyController::Heard(uint32_t worker, SteadyClock::time_point now) 
 }
 
 void ConsistencyController::SetClock(uint32_t worker, int64_t clock) {
-  if (InJob(worker)) clocks_[worker] = std::max(clocks_[worker], clock);
+  if (!InJob(worker)) return;
+  clocks_[worker] = std::max(clocks_[worker], clock);
+  unconfirmed_[worker] = true;
 }
 
 void ConsistencyController::AddHeld(uint32_t worker, int delta) {
@@ -63,8 +105,11 @@ bool ConsistencyController::PullAllowed(int64_t c) const {
       return true;
     case TrainingOptions::Consistency::kBsp:
       return MinClock() >= c;
-    case TrainingOptions::Consistency::kSsp:
-      return MinClock() >= c - static_cast<int64_t>(options_.staleness);
+    case TrainingOptions::Consistency::kSsp: {
+      // c - staleness without wrapping: a bound below INT64_MIN admits every clock.
+      const int64_t staleness = static_cast<int64_t>(options_.staleness);
+      return c < std::numeric_limits<int64_t>::min() + staleness || MinClock() >= c - staleness;
+    }
   }
   return true;
 }

@@ -6,6 +6,14 @@
 //   ssp  ... once every live worker is at clock >= c - staleness; pushes apply on arrival
 //   asp  never waits
 //
+// Clocks move forward by one: a Clock at or below the worker's clock is a resend (no change),
+// one above it by more than one is refused. A request at a clock the mode could never admit
+// (bsp: beyond the slowest live worker's clock + 1; ssp: beyond it + staleness + 1; any mode:
+// beyond the sender's own clock + 1) is refused rather than held. After a restore the shard's
+// clocks are only a lower bound until each worker's next Clock confirms where it is; until
+// then nothing is refused for its clock (held requests are still bounded by the shard's
+// limits).
+//
 // A worker is lost when the shard has heard nothing from it for training.worker_timeout while
 // it had no request held here and (under bsp/ssp) was at the slowest clock: a worker ahead of
 // the slowest may be waiting on another shard, which this shard cannot see. Lost workers no
@@ -18,6 +26,7 @@
 #include <vector>
 
 #include "common/manifest.hpp"
+#include "common/status.hpp"
 
 namespace parasol {
 
@@ -34,11 +43,20 @@ class ConsistencyController {
   uint32_t live_workers() const { return live_; }
 
   void Heard(uint32_t worker, SteadyClock::time_point now);
-  // Raises `worker`'s clock to `clock` (clocks never go back).
+  // A clock restored from a checkpoint: raises `worker`'s clock to `clock` (clocks never go
+  // back) and leaves it unconfirmed until the worker's next Clock.
+  // REQUIRES: InJob(worker).
   void SetClock(uint32_t worker, int64_t clock);
-  // `worker` has finished its steps at `clock`: it no longer bounds the others, and it is no
-  // longer expected to push for later clocks.
-  void SetDone(uint32_t worker, int64_t clock);
+  // A Clock request from `worker`: moves its clock to `clock` when that is the next one, and
+  // with `done` marks it finished at its clock (it no longer bounds the others, and it is no
+  // longer expected to push for later clocks). A clock at or below the worker's changes
+  // nothing; a jump of more than one is refused.
+  // REQUIRES: InJob(worker).
+  Status Advance(uint32_t worker, int64_t clock, bool done);
+  // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
+  // naming the bound it is beyond.
+  // REQUIRES: InJob(worker).
+  Status CheckRequestClock(uint32_t worker, int64_t clock) const;
   bool IsDone(uint32_t worker) const { return InJob(worker) && done_at_[worker] >= 0; }
   // Workers expected to push for `clock`: live, and not done before it.
   uint32_t ActiveAt(int64_t clock) const;
@@ -65,6 +83,7 @@ class ConsistencyController {
   std::vector<int> held_;
   std::vector<bool> lost_;
   std::vector<int64_t> done_at_;  // -1 while working
+  std::vector<bool> unconfirmed_;  // restored, no Clock heard since
   uint32_t live_;
 };
 

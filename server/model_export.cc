@@ -8,6 +8,7 @@
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
+#include "server/shard_state.hpp"
 
 namespace parasol {
 namespace {
@@ -23,17 +24,25 @@ std::string CheckpointOf(const std::string& dir, uint32_t shard, uint64_t sequen
   return all.empty() ? "" : all[0];
 }
 
-Result<ShardWeights> ReadShard(const Manifest& m, const std::string& path) {
+Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::string& path) {
   ShardWeights w;
   CheckpointHeader h;
+  const uint32_t shards = static_cast<uint32_t>(m.cluster.servers.size());
+  auto ours = [&]() -> Status {
+    if (h.fingerprint != m.Fingerprint() || h.shard != shard || h.shards != shards) {
+      return FailedPrecondition("checkpoint " + path + " belongs to another manifest or shard");
+    }
+    return Status::Ok();
+  };
+  // Sizes are checked against the manifest before a payload is read (CheckBlockHeader).
+  auto check = [&](const CheckpointBlockHeader& b) -> Status {
+    PARASOL_RETURN_IF_ERROR(ours());
+    return CheckBlockHeader(m, shard, b);
+  };
   PARASOL_RETURN_IF_ERROR(ReadCheckpointFile(path, &h, [&](const CheckpointBlock& b) -> Status {
-    if (b.table >= m.tables.size() || (b.kind != 1 && b.kind != 2)) return Status::Ok();
-    const TableOptions& t = m.tables[b.table];
-    if (b.kind == 1) {
+    if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRows)) {
+      const TableOptions& t = m.tables[b.table];
       const size_t floats = 1 + t.dim + SparseStateFloats(t.optimizer, t.dim);
-      if (b.bytes.size() != b.count * (8 + 4 * floats)) {
-        return InvalidArgument("table '" + t.name + "' in " + path + " does not match the manifest");
-      }
       auto& rows = w.sparse[b.table];
       for (uint64_t i = 0; i < b.count; ++i) {
         const char* p = b.bytes.data() + i * (8 + 4 * floats);
@@ -43,16 +52,14 @@ Result<ShardWeights> ReadShard(const Manifest& m, const std::string& path) {
         std::memcpy(v.data(), p + 8 + 4, 4 * t.dim);  // after the clock word
         rows[key] = std::move(v);
       }
-    } else {
+    } else if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kDenseSlice)) {
       std::vector<float> v(b.count);
-      std::memcpy(v.data(), b.bytes.data(), 4 * b.count);
+      if (b.count > 0) std::memcpy(v.data(), b.bytes.data(), 4 * b.count);
       w.dense[b.table] = std::move(v);
     }
     return Status::Ok();
-  }));
-  if (h.fingerprint != m.Fingerprint()) {
-    return FailedPrecondition("checkpoint " + path + " belongs to another manifest");
-  }
+  }, check));
+  PARASOL_RETURN_IF_ERROR(ours());
   return w;
 }
 
@@ -63,7 +70,7 @@ Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t
   for (uint32_t s = 0; s < shards; ++s) {
     const std::string path = CheckpointOf(dir, s, sequence);
     if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
-    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, path));
+    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, path));
     for (auto& [t, rows] : w.sparse) all.sparse[t].merge(rows);
     for (auto& [t, slice] : w.dense) {
       auto& full = all.dense[t];

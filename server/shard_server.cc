@@ -69,6 +69,12 @@ Status ShardServer::Bind() {
     }
   }
   endpoint_ = TcpEndpoint(host, me.port);
+  const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
+  if (!sec.curve && !loopback) {
+    spdlog::warn("shard {}: binds {} without security: any host that reaches it may read, push "
+                 "and stop this job (set security.curve: true)",
+                 rank_, endpoint_);
+  }
   try {
     if (sec.curve) {
       if (!CurveAvailable()) return FailedPrecondition("this libzmq has no CURVE support");
@@ -78,6 +84,8 @@ Status ShardServer::Bind() {
         PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(path));
         allowed.insert(key);
       }
+      PARASOL_ASSIGN_OR_RETURN(worker_keys_, WorkerKeyBinding::Load(sec));
+      allowed.insert(worker_keys_.keys().begin(), worker_keys_.keys().end());
       zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
                                           "shard " + std::to_string(rank_));
       PARASOL_RETURN_IF_ERROR(zap_->Start(router_));
@@ -86,6 +94,8 @@ Status ShardServer::Bind() {
       router_.set(zmq::sockopt::zap_domain, "parasol");
     }
     ConfigureDataSocket(router_);
+    router_.set(zmq::sockopt::sndhwm, static_cast<int>(manifest_.server.socket_hwm));
+    router_.set(zmq::sockopt::rcvhwm, static_cast<int>(manifest_.server.socket_hwm));
     router_.set(zmq::sockopt::router_mandatory, true);
     router_.set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(manifest_.server.max_request_bytes + kMaxHeaderBytes));
@@ -120,9 +130,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       if (e.num() == EINTR) continue;
       return Unavailable(std::string("poll failed: ") + e.what());
     }
-    MaybeSweep();
-    CheckWorkers();
-    MaybeCheckpoint();
+    RunPeriodic();
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -143,7 +151,14 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   return Status::Ok();
 }
 
+void ShardServer::RunPeriodic() {
+  MaybeSweep();
+  CheckWorkers();
+  MaybeCheckpoint();
+}
+
 void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
+  if (frames.empty()) return;
   ++counters_.requests;
   if (frames.size() < 2) {
     ++counters_.bad_messages;
@@ -159,7 +174,12 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   Result<Header> decoded = DecodeHeader(frames[1].data(), frames[1].size());
   if (!decoded.ok()) {
     ++counters_.bad_messages;
-    spdlog::warn("shard {}: rejected a message: {}", rank_, decoded.status().ToString());
+    uint64_t left_out = 0;
+    if (bad_message_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("shard {}: rejected a message: {}{}", rank_, decoded.status().ToString(),
+                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                            : std::string());
+    }
     Header err;
     err.op = Op::Error;
     err.is_reply = true;
@@ -175,15 +195,23 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   Header reply = ReplyTo(req, Status::Ok());
   std::vector<zmq::message_t> payload;
   bool held = false;
-  Status st = Dispatch(req, frames, &reply, &payload, &held);
+  // With security.worker_keys, a request is served only from the claimed worker's key (the
+  // connection's ZAP User-Id); a refused one is answered with the error and not applied.
+  Status st = worker_keys_.Check(req, zmq_msg_gets(frames[1].handle(), "User-Id"));
+  if (st.ok()) st = Dispatch(req, frames, &reply, &payload, &held);
   if (held) return;  // `frames` now belong to a held request
   if (!st.ok()) {
     if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
       ++counters_.bad_messages;
     }
     ++counters_.errors;
-    spdlog::warn("shard {}: {} from worker {} failed: {}", rank_, OpName(req.op), req.worker_id,
-                 st.ToString());
+    uint64_t left_out = 0;
+    if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("shard {}: {} from worker {} failed: {}{}", rank_, OpName(req.op),
+                   req.worker_id, st.ToString(),
+                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                            : std::string());
+    }
     reply = ReplyTo(req, st.WithContext("shard " + std::to_string(rank_)));
     payload.clear();
   }
@@ -226,10 +254,9 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     case Op::PullSparse:
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound.
+      if (in_job) PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
       if (in_job && !controller_.PullAllowed(req.clock)) {
-        held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now()});
-        controller_.AddHeld(req.worker_id, +1);
-        ++counters_.pulls_held;
+        PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
         *held = true;
         return Status::Ok();
       }
@@ -247,6 +274,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
         reply->duplicate = true;
         return Status::Ok();
       }
+      PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
       PARASOL_RETURN_IF_ERROR(HandlePush(req, *view, reply));
       dedup_.Mark(req.worker_id, req.incarnation, req.seq);
       return Status::Ok();
@@ -255,8 +283,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       AfterClockChange();
       return Status::Ok();
     case Op::Barrier: {
-      PARASOL_RETURN_IF_ERROR(HandleBarrier(req, frames[0]));
-      *held = true;
+      PARASOL_ASSIGN_OR_RETURN(*held, HandleBarrier(req, frames[0]));
       return Status::Ok();
     }
     case Op::Stats:
@@ -291,6 +318,8 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
                               "moved past it (shard clock " +
                               std::to_string(controller_.MinClock()) + ")");
   }
+  PARASOL_RETURN_IF_ERROR(CheckPendingLimits(req.clock, p.rows() * (uint64_t{p.dim()} + 2) *
+                                                          sizeof(float)));
   auto& agg = aggregates_[req.clock];
   if (!agg) {
     agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
@@ -298,6 +327,48 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
   }
   return req.op == Op::PushSparse ? AggregatePushSparse(req, p, *agg)
                                   : AggregatePushDense(req, p, *agg);
+}
+
+Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const {
+  const ServerOptions& o = manifest_.server;
+  if (!aggregates_.count(clock) && aggregates_.size() >= o.max_pending_clocks) {
+    return ResourceExhausted("push for clock " + std::to_string(clock) + ": " +
+                             std::to_string(aggregates_.size()) +
+                             " clocks already have pushes being summed (server.max_pending_clocks"
+                             " = " + std::to_string(o.max_pending_clocks) + ")");
+  }
+  uint64_t bytes = new_bytes;  // at most: a new sum row and its key per pushed row
+  for (const auto& [c, agg] : aggregates_) bytes += agg->MemoryBytes();
+  if (bytes > o.max_pending_bytes) {
+    return ResourceExhausted("push for clock " + std::to_string(clock) + ": the summed pushes "
+                             "would take " + std::to_string(bytes) + " bytes (server." +
+                             "max_pending_bytes = " + std::to_string(o.max_pending_bytes) + ")");
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames) {
+  const ServerOptions& o = manifest_.server;
+  uint64_t bytes = 0;
+  for (const zmq::message_t& f : frames) bytes += f.size();
+  if (held_pulls_.size() >= o.max_held_pulls) {
+    return ResourceExhausted(std::string(OpName(req.op)) + " at clock " +
+                             std::to_string(req.clock) + " cannot wait for the read bound: " +
+                             std::to_string(held_pulls_.size()) + " pulls are held already " +
+                             "(server.max_held_pulls = " + std::to_string(o.max_held_pulls) + ")");
+  }
+  if (held_bytes_ + bytes > o.max_held_bytes) {
+    return ResourceExhausted(std::string(OpName(req.op)) + " at clock " +
+                             std::to_string(req.clock) + " cannot wait for the read bound: " +
+                             "held pulls would take " + std::to_string(held_bytes_ + bytes) +
+                             " bytes (server.max_held_bytes = " +
+                             std::to_string(o.max_held_bytes) + ")");
+  }
+  held_bytes_ += bytes;
+  held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now()});
+  controller_.AddHeld(req.worker_id, +1);
+  ++counters_.pulls_held;
+  return Status::Ok();
 }
 
 void ShardServer::AfterClockChange() {
@@ -319,6 +390,9 @@ void ShardServer::ReleaseHeldPulls() {
     (go ? ready : still).push_back(std::move(h));
   }
   held_pulls_ = std::move(still);
+  for (const HeldPull& h : ready) {
+    for (const zmq::message_t& f : h.frames) held_bytes_ -= f.size();
+  }
   for (HeldPull& h : ready) {
     // Waiting on the shard was not silence: the worker's timer starts again now.
     controller_.AddHeld(h.request.worker_id, -1);
@@ -394,27 +468,46 @@ Status ShardServer::HandleClock(const Header& req) {
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  if (req.done) {
-    controller_.SetDone(req.worker_id, req.clock);
-  } else {
-    controller_.SetClock(req.worker_id, req.clock);
-  }
-  return Status::Ok();
+  return controller_.Advance(req.worker_id, req.clock, req.done);
 }
 
-Status ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
+Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
   if (!controller_.InJob(req.worker_id)) {
     return InvalidArgument("Barrier: worker " + std::to_string(req.worker_id) +
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
+  if (req.offset > static_cast<uint64_t>(INT64_MAX)) {
+    return InvalidArgument("Barrier: id " + std::to_string(req.offset) + " is out of range");
+  }
+  const int64_t id = static_cast<int64_t>(req.offset);
+  if (id == last_barrier_) return false;  // a resend: everyone has passed it
+  if (id < last_barrier_) {
+    return FailedPrecondition("Barrier: id " + std::to_string(id) + " is behind barrier " +
+                              std::to_string(last_barrier_) + ", released already (barrier " +
+                              "ids only move forward)");
+  }
+  for (auto& [other, waiting] : barriers_) {
+    for (HeldReply& h : waiting) {
+      if (h.request.worker_id != req.worker_id) continue;
+      if (other != id) {
+        return FailedPrecondition("Barrier: worker " + std::to_string(req.worker_id) +
+                                  " already waits at barrier " + std::to_string(other) +
+                                  ", not " + std::to_string(id));
+      }
+      // A resend of the barrier it waits at: answer the newest copy only.
+      h.identity.copy(const_cast<zmq::message_t&>(identity));
+      h.request = req;
+      return true;
+    }
+  }
   HeldReply held;
   held.identity.copy(const_cast<zmq::message_t&>(identity));
   held.request = req;
-  barriers_[static_cast<int64_t>(req.offset)].push_back(std::move(held));
+  barriers_[id].push_back(std::move(held));
   controller_.AddHeld(req.worker_id, +1);
   ReleaseBarriers();
-  return Status::Ok();
+  return true;
 }
 
 void ShardServer::ReleaseBarriers() {
@@ -440,6 +533,7 @@ void ShardServer::ReleaseBarriers() {
       SendReply(h.identity, ReplyTo(h.request, st.WithContext("shard " + std::to_string(rank_))),
                 {});
     }
+    last_barrier_ = std::max(last_barrier_, it->first);
     it = barriers_.erase(it);
   }
 }
@@ -466,6 +560,27 @@ std::string ShardServer::MetricsText() const {
   }
   t.Type("parasol_bad_messages_total", "counter", "Malformed messages refused.");
   t.Sample("parasol_bad_messages_total", static_cast<double>(counters_.bad_messages), shard);
+  t.Type("parasol_warnings_total", "counter",
+         "Warnings peers triggered (bad messages, failed requests, undelivered replies).");
+  t.Type("parasol_warnings_not_logged_total", "counter",
+         "Of those, how many the log rate limit left out.");
+  const std::pair<const char*, const LogLimiter*> logs[] = {
+      {"bad_message", &bad_message_log_},
+      {"failed_request", &failed_request_log_},
+      {"undelivered_reply", &undelivered_log_}};
+  for (const auto& [kind, log] : logs) {
+    const std::string labels = shard + ",kind=\"" + kind + "\"";
+    t.Sample("parasol_warnings_total", static_cast<double>(log->total()), labels);
+    t.Sample("parasol_warnings_not_logged_total", static_cast<double>(log->left_out_total()),
+             labels);
+  }
+  t.Type("parasol_replies_dropped_total", "counter",
+         "Replies dropped because the peer's queue was full (server.socket_hwm).");
+  t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
+  t.Type("parasol_held_bytes", "gauge", "Request bytes of the pulls held now.");
+  t.Sample("parasol_held_bytes", static_cast<double>(held_bytes_), shard);
+  t.Type("parasol_pending_clocks", "gauge", "BSP clocks whose pushes are being summed.");
+  t.Sample("parasol_pending_clocks", static_cast<double>(aggregates_.size()), shard);
   t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
   t.Sample("parasol_curve_refusals_total", zap_ ? static_cast<double>(zap_->refusals()) : 0.0,
            shard);
@@ -515,6 +630,8 @@ std::string ShardServer::MetricsText() const {
                table + ",reason=\"max_rows\"");
       t.Sample("parasol_admission_counted_pushes_total", static_cast<double>(c.pushes_counted),
                table);
+      t.Sample("parasol_evictions_total", static_cast<double>(c.pending_expired),
+               table + ",reason=\"admission_count\"");
     } else {
       t.Sample("parasol_table_bytes", static_cast<double>(dense_[i]->MemoryBytes()), table);
     }
@@ -532,10 +649,22 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   stamped.checkpoint_clock = checkpoint_clock_;
   frames.push_back(EncodeHeader(stamped));
   for (auto& m : payload) frames.push_back(std::move(m));
-  Status st = SendFrames(router_, frames);
+  if (reply_sink_) {
+    reply_sink_(frames);
+    return;
+  }
+  // Never wait for a peer that does not read its replies: past its queue's high-water mark
+  // (server.socket_hwm) the reply is dropped, and a real worker resends its request.
+  Status st = SendFrames(router_, frames, /*dontwait=*/true);
   if (!st.ok()) {
-    spdlog::warn("shard {}: reply to worker {} not delivered: {}", rank_, reply.worker_id,
-                 st.ToString());
+    ++replies_dropped_;
+    uint64_t left_out = 0;
+    if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("shard {}: reply to worker {} not delivered: {}{}", rank_, reply.worker_id,
+                   st.ToString(),
+                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                            : std::string());
+    }
   }
 }
 
@@ -563,7 +692,12 @@ std::string ShardServer::StatsJson() const {
     << ",\"pulls_held_total\":" << counters_.pulls_held
     << ",\"pull_wait_ms_total\":" << counters_.pull_wait_ms
     << ",\"bsp_clocks_applied\":" << counters_.bsp_clocks_applied
-    << ",\"pending_clocks\":" << aggregates_.size() << ",\"lost_workers\":[";
+    << ",\"pending_clocks\":" << aggregates_.size() << ",\"held_bytes\":" << held_bytes_
+    << ",\"open_barriers\":" << barriers_.size() << ",\"replies_dropped\":" << replies_dropped_
+    << ",\"warnings_not_logged\":"
+    << bad_message_log_.left_out_total() + failed_request_log_.left_out_total() +
+           undelivered_log_.left_out_total()
+    << ",\"lost_workers\":[";
   bool first_lost = true;
   for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
     if (!controller_.IsLost(w)) continue;
@@ -586,7 +720,8 @@ std::string ShardServer::StatsJson() const {
         << ",\"bytes_per_row\":" << (rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0)
         << ",\"row_floats\":" << st.row_floats() << ",\"pending_keys\":" << st.PendingKeys()
         << ",\"admitted\":" << c.admitted << ",\"pushes_counted\":" << c.pushes_counted
-        << ",\"evicted_ttl\":" << c.evicted_ttl << ",\"evicted_max_rows\":" << c.evicted_max_rows;
+        << ",\"evicted_ttl\":" << c.evicted_ttl << ",\"evicted_max_rows\":" << c.evicted_max_rows
+        << ",\"pending_expired\":" << c.pending_expired;
     } else {
       s << ",\"kind\":\"dense\",\"slice_begin\":" << dense_[t]->slice().begin
         << ",\"slice_end\":" << dense_[t]->slice().end << ",\"bytes\":" << dense_[t]->MemoryBytes()

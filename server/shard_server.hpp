@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include <zmq.hpp>
 
+#include "common/log_limiter.hpp"
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 #include "common/wire.hpp"
@@ -33,6 +35,7 @@
 #include "server/engine_pool.hpp"
 #include "server/push_dedup.hpp"
 #include "server/sparse_table.hpp"
+#include "server/worker_key_binding.hpp"
 #include "server/zap_handler.hpp"
 
 namespace parasol {
@@ -59,6 +62,16 @@ class ShardServer {
   // Serves requests until `stop` becomes true or a Shutdown request arrives. With
   // checkpoint.dir set, a stop by `stop` (a signal) writes a last checkpoint.
   Status Serve(const std::atomic<bool>& stop);
+
+  // Handles one message as if it had arrived on the socket: frames[0] is the peer's identity.
+  // Serve() calls it for every message; in-process drivers (the request-path fuzzer) call it
+  // directly, with RunPeriodic() for the serve loop's timed work and a reply sink.
+  void HandleMessage(std::vector<zmq::message_t>& frames);
+  // The serve loop's timed work: eviction sweeps, worker liveness, timed checkpoints.
+  void RunPeriodic();
+  // Where replies go instead of the socket (identity frame first), for in-process drivers.
+  using ReplySink = std::function<void(std::vector<zmq::message_t>& frames)>;
+  void set_reply_sink(ReplySink sink) { reply_sink_ = std::move(sink); }
 
   // Counters and table sizes as a JSON object (the Stats op's reply).
   std::string StatsJson() const;
@@ -92,7 +105,6 @@ class ShardServer {
     std::chrono::steady_clock::time_point since;
   };
 
-  void HandleMessage(std::vector<zmq::message_t>& frames);
   Status Dispatch(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
                   std::vector<zmq::message_t>* payload, bool* held);
   Status HandlePull(const Header& req, const PayloadView& p, Header* reply,
@@ -119,7 +131,12 @@ class ShardServer {
   Status HandlePullDense(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
   Status HandlePushDense(const Header& req, const PayloadView& p);
   Status HandleClock(const Header& req);
-  Status HandleBarrier(const Header& req, const zmq::message_t& identity);
+  // Holds the request until every live worker has arrived; returns whether it was held
+  // (a resend of the barrier released last is answered at once).
+  Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);
+  // Holds a pull until the read bound allows it, within server.max_held_pulls/bytes.
+  Status HoldPull(const Header& req, std::vector<zmq::message_t>& frames);
+  Status CheckPendingLimits(int64_t clock, uint64_t new_bytes) const;
 
   // The shard's clock: the newest clock any worker has reported.
   uint32_t ShardClock() const;
@@ -142,6 +159,8 @@ class ShardServer {
 
   zmq::context_t context_;
   std::unique_ptr<ZapHandler> zap_;  // declared after context_: destroyed before it
+  // security.worker_keys: which CURVE key may act as which worker (set by Bind()).
+  WorkerKeyBinding worker_keys_;
   zmq::socket_t router_;
   EnginePool engines_;
 
@@ -152,8 +171,10 @@ class ShardServer {
   ConsistencyController controller_;
   std::map<int64_t, std::unique_ptr<ClockAggregate>> aggregates_;  // BSP: by clock
   std::vector<HeldPull> held_pulls_;
+  uint64_t held_bytes_ = 0;  // request bytes of held_pulls_
   Status job_failure_;  // set when a worker is lost under on_worker_loss: fail
-  std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id
+  std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id; one entry per worker
+  int64_t last_barrier_ = -1;  // the newest barrier released (ids only move forward)
   Counters counters_;
   uint64_t op_counts_[16] = {};
   uint64_t op_bytes_[16] = {};
@@ -171,6 +192,12 @@ class ShardServer {
   std::string restored_from_;
   bool shutdown_requested_ = false;
   std::chrono::steady_clock::time_point last_sweep_{};
+  ReplySink reply_sink_;
+  // Warnings that peers can trigger, rate-limited; their counts are in /metrics.
+  LogLimiter bad_message_log_;
+  LogLimiter failed_request_log_;
+  LogLimiter undelivered_log_;
+  uint64_t replies_dropped_ = 0;  // a peer's queue was full (it does not read its replies)
 };
 
 }  // namespace parasol

@@ -129,7 +129,8 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
     buffers.push_back(OwnedBuffer::Allocate(plan.RowsInFrame(f, n) * out_bytes));
   }
   const uint32_t clock = ShardClock();
-  const bool create = table->admits_on_pull();
+  // Observers (tools, exports) read without creating rows: only the job's workers train them.
+  const bool create = table->admits_on_pull() && controller_.InJob(req.worker_id);
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);

@@ -58,16 +58,54 @@ float* SparseTable::Partition::Find(uint64_t key) {
 float* SparseTable::Partition::CountPush(uint64_t key, uint32_t clock) {
   const uint32_t need = options_->admission.min_count;
   if (need <= 1) return Create(key, clock);
+  const uint32_t candidate = free_pending_.empty()
+                                 ? static_cast<uint32_t>(pending_counts_.size())
+                                 : free_pending_.back();
   bool inserted = false;
-  const uint32_t count = pending_.FindOrInsert(key, 1, &inserted);
-  const uint32_t now = inserted ? 1 : count + 1;
-  if (now < need) {
-    if (!inserted) pending_.Update(key, now);
+  const uint32_t entry = pending_.FindOrInsert(key, candidate, &inserted);
+  if (inserted) {
+    if (free_pending_.empty()) {
+      pending_counts_.push_back(0);
+      pending_clocks_.push_back(0);
+    } else {
+      free_pending_.pop_back();
+    }
+    pending_counts_[entry] = 0;
+  }
+  const uint32_t count = ++pending_counts_[entry];
+  pending_clocks_[entry] = clock;
+  if (count < need) {
     ++counters_.pushes_counted;
     return nullptr;
   }
   pending_.Erase(key);
+  free_pending_.push_back(entry);
   return Create(key, clock);
+}
+
+void SparseTable::Partition::ErasePendingBucket(size_t bucket) {
+  free_pending_.push_back(pending_.BucketSlot(bucket));
+  pending_.EraseBucket(bucket);
+  ++counters_.pending_expired;
+}
+
+void SparseTable::Partition::SweepPending(size_t max_buckets, uint32_t now) {
+  const uint64_t ttl = options_->eviction.ttl_clocks;
+  const size_t buckets = pending_.buckets();
+  if (pending_cursor_ >= buckets) pending_cursor_ = 0;
+  for (size_t seen = 0; seen < max_buckets && pending_.size() > 0; ++seen) {
+    const size_t b = pending_cursor_;
+    if (pending_.BucketFull(b)) {
+      const uint32_t last = pending_clocks_[pending_.BucketSlot(b)];
+      const bool expired = ttl > 0 && now >= last && now - last >= ttl;
+      const bool over = max_rows_ > 0 && index_.size() + pending_.size() > max_rows_;
+      if (expired || over) {
+        ErasePendingBucket(b);
+        continue;  // another entry may have moved into bucket b: look at it again
+      }
+    }
+    if (++pending_cursor_ >= buckets) pending_cursor_ = 0;
+  }
 }
 
 void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
@@ -77,6 +115,7 @@ void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
 }
 
 void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
+  SweepPending(max_buckets, now);
   const uint64_t ttl = options_->eviction.ttl_clocks;
   const size_t buckets = index_.buckets();
   if (cursor_ >= buckets) cursor_ = 0;
@@ -112,6 +151,8 @@ void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
 
 uint64_t SparseTable::Partition::MemoryBytes() const {
   return index_.MemoryBytes() + pending_.MemoryBytes() +
+         (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
+             sizeof(uint32_t) +
          blocks_.size() * uint64_t{kRowsPerBlock} * row_floats_ * sizeof(float) +
          free_slots_.capacity() * sizeof(uint32_t);
 }
@@ -149,6 +190,7 @@ SparseTable::Counters SparseTable::TotalCounters() const {
     c.pushes_counted += p.counters().pushes_counted;
     c.evicted_ttl += p.counters().evicted_ttl;
     c.evicted_max_rows += p.counters().evicted_max_rows;
+    c.pending_expired += p.counters().pending_expired;
   }
   return c;
 }

@@ -31,6 +31,7 @@ class SparseTable {
     uint64_t pushes_counted = 0;      // pushes of keys not yet admitted (only counted)
     uint64_t evicted_ttl = 0;
     uint64_t evicted_max_rows = 0;
+    uint64_t pending_expired = 0;     // admission counts dropped (ttl_clocks or max_rows)
   };
 
   class Partition {
@@ -49,7 +50,8 @@ class SparseTable {
 
     // Looks at up to `max_buckets` buckets from where the last call stopped, removing rows not
     // updated in the last ttl_clocks clocks before `now`, and the least recently updated rows
-    // while the partition holds more than its share of eviction.max_rows.
+    // while the partition holds more than its share of eviction.max_rows; the same for the
+    // admission counts of keys not yet admitted (dropped first while over max_rows).
     void Sweep(size_t max_buckets, uint32_t now);
 
     // Lookahead for batched access: the index bucket of a key some iterations ahead, then its
@@ -112,7 +114,16 @@ class SparseTable {
     uint32_t row_floats_;
     uint64_t max_rows_;            // this partition's share of eviction.max_rows (0: none)
     KeyIndex index_;               // key -> slot
-    KeyIndex pending_;             // key -> pushes so far, for keys not yet admitted
+    // Keys not yet admitted: key -> entry of pending_counts_/pending_clocks_ (the pushes so
+    // far, and the clock of the last). They expire like rows (ttl_clocks) and count towards
+    // max_rows, going first: a count only delays an admission.
+    KeyIndex pending_;
+    std::vector<uint32_t> pending_counts_;
+    std::vector<uint32_t> pending_clocks_;
+    std::vector<uint32_t> free_pending_;
+    size_t pending_cursor_ = 0;
+    void ErasePendingBucket(size_t bucket);
+    void SweepPending(size_t max_buckets, uint32_t now);
     std::vector<std::unique_ptr<float[]>> blocks_;
     std::vector<uint32_t> free_slots_;
     uint32_t next_slot_ = 0;

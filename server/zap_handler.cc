@@ -101,7 +101,7 @@ void ZapHandler::HandleZap() {
       reply.emplace_back(request_id);
       reply.emplace_back(std::string(ok ? "200" : "400"));
       reply.emplace_back(std::string(ok ? "OK" : "client key not allowed"));
-      reply.emplace_back(key);
+      reply.emplace_back(key);  // the User-Id of the connection's messages
       reply.emplace_back();
       zmq::send_multipart(socket_, reply);
     }

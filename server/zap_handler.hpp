@@ -1,5 +1,7 @@
 // ZapHandler: the ZeroMQ authentication (ZAP) handler of a shard running CURVE. It admits a
 // connection only when the client's public key is in the allowed set, and logs every refusal.
+// An admitted connection's User-Id is the client's Z85 public key: ZeroMQ attaches it to each
+// of its messages (the "User-Id" property), which WorkerKeyBinding checks.
 // Runs on its own thread, on a REP socket at inproc://zeromq.zap.01 of the shard's context;
 // it must exist before the shard's socket binds.
 #pragma once

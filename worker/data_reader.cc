@@ -18,7 +18,10 @@ constexpr uint64_t kLibsvmSalt = 0x4c4942535653ULL;     // "LIBSVS"
 bool ParseInt64(std::string_view s, int64_t* out) {
   if (s.empty()) return false;
   const char* b = s.data();
-  if (*b == '+') ++b;
+  if (*b == '+') {
+    ++b;
+    if (b != s.data() + s.size() && *b == '-') return false;  // "+-1"
+  }
   auto [p, ec] = std::from_chars(b, s.data() + s.size(), *out);
   return ec == std::errc() && p == s.data() + s.size();
 }
@@ -58,6 +61,27 @@ uint64_t CriteoKey(uint32_t field, std::string_view value) {
 }
 
 uint64_t LibsvmKey(uint64_t index) { return HashKey(index, kLibsvmSalt); }
+
+bool ReadRow(std::istream& in, std::string* line, bool* too_long, size_t max_bytes) {
+  line->clear();
+  *too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false;
+  while (true) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return any;
+    }
+    any = true;
+    if (c == '\n') return true;
+    if (line->size() < max_bytes) {
+      line->push_back(static_cast<char>(c));
+    } else {
+      *too_long = true;
+    }
+  }
+}
 
 Status ParseCriteoRow(std::string_view line, bool has_label, Batch* batch) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
@@ -184,16 +208,22 @@ void BatchReader::Run() {
         return Finish(NotFound("cannot read data file '" + file + "': " + std::strerror(errno)));
       }
       uint64_t line_no = 0;
-      while (std::getline(in, line)) {
+      bool too_long = false;
+      while (ReadRow(in, &line, &too_long)) {
         ++line_no;
         if ((line_no - 1) % options_.workers != options_.rank) continue;
         {
           std::lock_guard<std::mutex> lock(mu_);
           if (stopping_) return;
         }
-        Status st = options_.format == DataOptions::Format::kCriteo
-                        ? ParseCriteoRow(line, options_.has_label, &batch)
-                        : ParseLibsvmRow(line, &batch);
+        Status st;
+        if (too_long) {
+          st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
+        } else if (options_.format == DataOptions::Format::kCriteo) {
+          st = ParseCriteoRow(line, options_.has_label, &batch);
+        } else {
+          st = ParseLibsvmRow(line, &batch);
+        }
         if (!st.ok()) {
           const std::string where = file + ":" + std::to_string(line_no) + ": " + st.message();
           if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {

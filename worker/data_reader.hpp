@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <istream>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,6 +30,15 @@ namespace parasol {
 uint64_t CriteoKey(uint32_t field, std::string_view value);
 // The key of libsvm feature `index`.
 uint64_t LibsvmKey(uint64_t index);
+
+// The longest row a data file may have. A longer line is a malformed row (skipped or failed
+// as data.on_bad_row says), not a string as large as the rest of the file.
+inline constexpr size_t kMaxRowBytes = size_t{16} << 20;
+
+// Reads the next line of `in` (its '\n' removed) into *line; false at the end of the input. A
+// line of more than `max_bytes` bytes is read to its end but kept only up to `max_bytes`, and
+// *too_long is set.
+bool ReadRow(std::istream& in, std::string* line, bool* too_long, size_t max_bytes = kMaxRowBytes);
 
 // Appends one parsed row to `batch`, or returns why the row is malformed (and leaves the batch
 // as it was). `has_label`: 40 fields (train) or 39 (Criteo's unlabeled test file, label 0).

@@ -103,6 +103,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   shard_epochs_.assign(shards_.size(), 0);
   push_log_.resize(shards_.size());
   replay_due_.assign(shards_.size(), false);
+  restored_clock_.assign(shards_.size(), -1);
 }
 
 PsClient::~PsClient() {
@@ -128,7 +129,9 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
 
 Status PsClient::LoadKeys(const std::string& key_path) {
   if (!CurveAvailable()) return FailedPrecondition("this libzmq has no CURVE support");
-  const std::string path = key_path.empty() ? manifest_.security.client_key : key_path;
+  std::string path = key_path.empty() ? manifest_.security.client_key : key_path;
+  const std::vector<std::string>& worker_keys = manifest_.security.worker_keys;
+  if (key_path.empty() && worker_id_ < worker_keys.size()) path = worker_keys[worker_id_];
   PARASOL_ASSIGN_OR_RETURN(curve_keys_, ReadCurveKeyPair(path));
   for (const std::string& server : manifest_.security.server_keys) {
     PARASOL_ASSIGN_OR_RETURN(std::string pub, ReadCurvePublicKey(server + ".pub"));
@@ -611,6 +614,7 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
                  "pushes it had not checkpointed",
                  worker_id_, shard, reply.checkpoint_clock);
     replay_due_[shard] = true;
+    restored_clock_[shard] = reply.checkpoint_clock;
   }
   shard_epochs_[shard] = reply.server_epoch;
   // Pushes of clocks before the shard's checkpoint are in it: no replay will need them.
@@ -635,8 +639,18 @@ void PsClient::Replay(uint32_t shard) {
     (void)SendFrames(shards_[shard], frames);
     ++n;
   }
-  // The restored shard knows the clocks of its checkpoint; tell it where this worker is.
-  if (worker_id_ < manifest_.cluster.workers) SendDetached(shard, Op::Clock, left_);
+  // The restored shard knows the clocks of its checkpoint; tell it where this worker is, one
+  // clock at a time (a shard refuses a clock that jumps; those it has already change nothing).
+  if (worker_id_ < manifest_.cluster.workers) {
+    for (int64_t c = std::max<int64_t>(0, restored_clock_[shard]); c <= clock_; ++c) {
+      Header h = NewRequest(Op::Clock, 0);
+      h.clock = c;
+      h.done = left_ && c == clock_;
+      std::vector<zmq::message_t> frames;
+      frames.push_back(EncodeHeader(h));
+      (void)SendFrames(shards_[shard], frames);
+    }
+  }
   // Whatever was in flight to the old process is gone: send it again now.
   const auto now = Clock::now();
   for (auto& [id, r] : in_flight_) {

@@ -45,6 +45,7 @@ class PsClient {
   // Connects to every shard and completes the Hello handshake (protocol version and manifest
   // fingerprint must match), waiting up to cluster.connect_timeout for shards to come up.
   // With security.curve, the client authenticates with the key pair `key_path` (default:
+  // security.worker_keys[worker_id] for a job worker when that list is set, else
   // security.client_key) and checks each server's public key.
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
                                                    const std::string& key_path = "");
@@ -164,6 +165,7 @@ class PsClient {
   std::vector<uint64_t> shard_epochs_;
   std::vector<std::deque<LoggedPush>> push_log_;
   std::vector<bool> replay_due_;
+  std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   // Connection events of each shard socket (reconnects after a shard went away).
   std::vector<zmq::socket_t> monitors_;
   std::vector<int> connects_;

@@ -244,3 +244,44 @@ TEST(ManifestExamplesTest, EveryExampleManifestLoads) {
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+constexpr const char* kCurveCluster =
+    "cluster:\n"
+    "  servers: [127.0.0.1:9000]\n"
+    "  workers: 2\n"
+    "security:\n"
+    "  curve: true\n"
+    "  server_keys: [keys/server0]\n"
+    "  client_key: keys/tool\n"
+    "  allowed_clients: [keys/tool.pub]\n";
+
+TEST(ManifestSecurityTest, WorkerKeysAreResolvedAgainstTheManifestFolder) {
+  Result<Manifest> m = ParseManifest(
+      std::string(kCurveCluster) + "  worker_keys: [keys/w0, /abs/w1]\n", "conf/job.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->security.worker_keys, (std::vector<std::string>{"conf/keys/w0", "/abs/w1"}));
+}
+
+TEST(ManifestSecurityTest, WorkerKeysDefaultToNone) {
+  Result<Manifest> m = ParseManifest(kCurveCluster, "job.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->security.worker_keys.empty());
+}
+
+TEST(ManifestSecurityTest, WorkerKeysNeedOnePairPerWorker) {
+  EXPECT_EQ(ErrorOf(std::string(kCurveCluster) + "  worker_keys: [keys/w0]\n"),
+            "job.yaml:9:16: key 'security.worker_keys': needs one key pair per worker "
+            "(cluster.workers = 2), found 1");
+}
+
+TEST(ManifestSecurityTest, WorkerKeysNeedCurve) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 1\n"
+                    "security:\n  worker_keys: [keys/w0]\n"),
+            "job.yaml:5:16: key 'security.worker_keys': worker keys need curve: true");
+}
+
+}  // namespace
+}  // namespace parasol

@@ -198,12 +198,41 @@ TEST(WireTest, OversizedCountsAreRefusedBeforeAnyAllocation) {
   std::vector<zmq::message_t> frames;
   frames.emplace_back(8);
   Header h = PushHeader(10, 4);
-  h.key_count = uint64_t{1} << 60;
+  h.key_count = uint64_t{1} << 40;
   h.rows_per_frame = 1;
   h.value_frames = 1;
   auto v = PayloadView::Parse(h, frames, 1 << 20);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(v.status().message().find("server.max_request_bytes"), std::string::npos);
+}
+
+TEST(WireTest, CountsWhoseByteSizeWrapsAreRefusedNamingTheField) {
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(8);
+  frames.emplace_back(8);
+  Header h = PushHeader(10, 4);
+  h.key_count = uint64_t{1} << 62;  // x 16 bytes per row wraps to 0
+  h.rows_per_frame = 1;
+  h.value_frames = 1;
+  auto v = PayloadView::Parse(h, frames, ~uint64_t{0});
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kBadMessage);
+  EXPECT_NE(v.status().message().find("key_count"), std::string::npos) << v.status().ToString();
+}
+
+TEST(WireTest, AFrameCountThatWrapsToZeroIsRefused) {
+  // rows_per_frame 2^64-1 made (key_count + rpf - 1) / rpf wrap to 0 frames: accepted with no
+  // value frame, the handler then read a row that was not there.
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(16);  // 2 keys, and no value frame
+  Header h = PushHeader(2, 16);
+  h.rows_per_frame = ~uint64_t{0};
+  h.value_frames = 0;
+  auto v = PayloadView::Parse(h, frames, 1 << 20);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kBadMessage);
+  EXPECT_NE(v.status().message().find("need 1"), std::string::npos) << v.status().ToString();
 }
 
 TEST(WireTest, FramePlanKeepsFramesUnderTheLimit) {

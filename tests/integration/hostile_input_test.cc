@@ -1,7 +1,14 @@
 // Malformed and repeated messages sent straight to a real shard over a raw DEALER socket.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <thread>
+
+#include <csignal>
+
+#include "common/json_number.hpp"
 
 #include "common/initializer.hpp"
 #include "common/transport.hpp"
@@ -161,7 +168,7 @@ TEST_F(HostileInputTest, OversizedCountsAreRefusedWithoutAllocating) {
   const uint64_t key = 1;
   f.push_back(Bytes(&key, 8));
   f.push_back(Bytes(&key, 8));
-  ExpectError(std::move(f), "exceed the limit");
+  ExpectError(std::move(f), "server.max_request_bytes");
   // A dense pull asking for 2^60 elements.
   Header pull;
   pull.op = Op::PullDense;
@@ -252,6 +259,314 @@ TEST_F(HostileInputTest, BadMessagesAreCounted) {
   auto stats = client_->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_NE((*stats)[0].find("\"bad_messages\":1"), std::string::npos) << (*stats)[0];
+}
+
+// --- Hostile clients: protocol rules and limits, each attack against a real shard ----------
+
+// Resident memory of a process, in bytes (VmRSS), or 0.
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// worker_clocks from a shard's stats JSON.
+std::vector<int64_t> WorkerClocks(const std::string& stats) {
+  std::vector<int64_t> out;
+  const size_t p = stats.find("\"worker_clocks\":[");
+  if (p == std::string::npos) return out;
+  std::istringstream in(stats.substr(p + 17, stats.find(']', p) - p - 17));
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+Header Request(Op op, uint32_t worker, int64_t clock, uint64_t seq = 0) {
+  Header h;
+  h.op = op;
+  h.worker_id = worker;
+  h.clock = clock;
+  h.seq = seq;
+  h.request_id = seq;
+  h.incarnation = 5;
+  return h;
+}
+
+// Two workers under BSP with small limits, spoken to over raw sockets as any client could.
+class HostileClientTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kLimits =
+      "training:\n  consistency: bsp\n  worker_timeout: 60s\n"
+      "server:\n  max_held_pulls: 8\n  max_held_bytes: 64KiB\n  max_pending_clocks: 2\n"
+      "  max_pending_bytes: 1MiB\n  max_request_bytes: 4MiB\n  socket_hwm: 64\n";
+
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.Start());
+    peer_ = std::make_unique<RawPeer>(cluster_.manifest().cluster.servers[0]);
+  }
+
+  std::string Stats() {
+    peer_->Send(Frames(Request(Op::Stats, 1000, 0)));
+    Result<Header> r = peer_->Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->message : std::string();
+  }
+
+  // Sends one request and returns its reply (failing the test on none within 10 s).
+  Header Call(std::vector<zmq::message_t> frames, std::vector<zmq::message_t>* payload = nullptr) {
+    peer_->Send(std::move(frames));
+    Result<Header> r = peer_->Reply(payload);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  }
+
+  // The shard answers a correct pull with correct values, its memory is within `max_rss`, and
+  // it stops within 10 s of SIGTERM.
+  void ExpectShardServesAndStops(uint64_t max_rss) {
+    Header pull = Request(Op::PullSparse, 1000, 0, 424242);
+    pull.table_id = 0;
+    pull.key_count = 1;
+    pull.value_dim = 4;
+    std::vector<zmq::message_t> f = Frames(pull);
+    const uint64_t key = 424242;
+    f.push_back(Bytes(&key, 8));
+    std::vector<zmq::message_t> payload;
+    Header r = Call(std::move(f), &payload);
+    EXPECT_EQ(r.status, StatusCode::kOk) << r.message;
+    ASSERT_EQ(payload.size(), 1u);
+    ASSERT_EQ(payload[0].size(), 16u);
+    float row[4];
+    std::memcpy(row, payload[0].data(), 16);
+    EXPECT_EQ(std::vector<float>(row, row + 4), std::vector<float>(4, 1.0f));
+    const uint64_t rss = ResidentBytes(cluster_.server(0).pid());
+    EXPECT_GT(rss, 0u);
+    EXPECT_LT(rss, max_rss) << "the shard's resident memory grew past the limits";
+    const auto start = std::chrono::steady_clock::now();
+    cluster_.server(0).Signal(SIGTERM);
+    EXPECT_TRUE(cluster_.server(0).Wait(std::chrono::seconds(10)).has_value())
+        << "the shard did not stop within 10 s of SIGTERM";
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+
+  TestCluster cluster_{1, 2, kTables, kLimits};
+  std::unique_ptr<RawPeer> peer_;
+};
+
+constexpr uint64_t kShardRss = 192ull << 20;
+
+TEST_F(HostileClientTest, AFrameCountThatWrapsIsRefusedAndTheShardLives) {
+  Header h = Request(Op::PushSparse, 0, 0, 1);
+  h.key_count = 2;
+  h.value_dim = 16;
+  h.value_frames = 0;
+  h.rows_per_frame = ~uint64_t{0};
+  std::vector<zmq::message_t> f = Frames(h);
+  const uint64_t keys[2] = {1, 2};
+  f.push_back(Bytes(keys, sizeof(keys)));
+  Header r = Call(std::move(f));
+  EXPECT_EQ(r.status, StatusCode::kBadMessage);
+  EXPECT_NE(r.message.find("value frames"), std::string::npos) << r.message;
+  EXPECT_TRUE(cluster_.server(0).running());
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, AForgedClockIsRefusedAndTheClocksStayPut) {
+  Header r = Call(Frames(Request(Op::Clock, 0, int64_t{1} << 62, 1)));
+  EXPECT_NE(r.status, StatusCode::kOk);
+  EXPECT_NE(r.message.find("moves forward by one"), std::string::npos) << r.message;
+  EXPECT_EQ(WorkerClocks(Stats()), (std::vector<int64_t>{0, 0}));
+  // Two ahead is refused too; the next clock is taken, and its resend changes nothing.
+  EXPECT_NE(Call(Frames(Request(Op::Clock, 0, 2, 2))).status, StatusCode::kOk);
+  EXPECT_EQ(Call(Frames(Request(Op::Clock, 0, 1, 3))).status, StatusCode::kOk);
+  EXPECT_EQ(Call(Frames(Request(Op::Clock, 0, 1, 4))).status, StatusCode::kOk);
+  EXPECT_EQ(Call(Frames(Request(Op::Clock, 0, 0, 5))).status, StatusCode::kOk);
+  EXPECT_EQ(WorkerClocks(Stats()), (std::vector<int64_t>{1, 0}));
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, RequestsAtClocksBspCouldNeverAdmitAreRefusedNotHeld) {
+  Header pull = Request(Op::PullDense, 0, 7, 1);
+  pull.table_id = 1;
+  pull.key_count = 10;
+  const auto start = std::chrono::steady_clock::now();
+  Header r = Call(Frames(pull));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_NE(r.status, StatusCode::kOk);
+  EXPECT_NE(r.message.find("beyond its own next clock"), std::string::npos) << r.message;
+  // Worker 0 at clock 1 is one ahead of worker 1: a push for clock 2 could never be summed.
+  ASSERT_EQ(Call(Frames(Request(Op::Clock, 0, 1, 2))).status, StatusCode::kOk);
+  ASSERT_EQ(Call(Frames(Request(Op::Clock, 0, 2, 3))).status, StatusCode::kOk);
+  Header push = Push(4, 1);
+  push.worker_id = 0;
+  push.clock = 2;
+  std::vector<zmq::message_t> f = Frames(push);
+  const uint64_t key = 5;
+  const float g[4] = {1, 1, 1, 1};
+  f.push_back(Bytes(&key, 8));
+  f.push_back(Bytes(g, sizeof(g)));
+  r = Call(std::move(f));
+  EXPECT_NE(r.status, StatusCode::kOk);
+  EXPECT_NE(r.message.find("could never admit"), std::string::npos) << r.message;
+  EXPECT_EQ(JsonNumber(Stats(), "pending_clocks", -1), 0);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, HeldPullsAreBoundedAndTheHeldOnesAreAnsweredLater) {
+  ASSERT_EQ(Call(Frames(Request(Op::Clock, 0, 1, 1))).status, StatusCode::kOk);
+  // Worker 0 at clock 1 waits for worker 1: its pulls are held, up to server.max_held_pulls.
+  for (uint64_t i = 0; i < 20; ++i) {
+    Header pull = Request(Op::PullDense, 0, 1, 10 + i);
+    pull.table_id = 1;
+    pull.key_count = 10;
+    peer_->Send(Frames(pull));
+  }
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    Result<Header> r = peer_->Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, StatusCode::kResourceExhausted);
+    EXPECT_NE(r->message.find("server.max_held_pulls"), std::string::npos) << r->message;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 12);
+  EXPECT_EQ(JsonNumber(Stats(), "held_pulls", -1), 8);
+  // Worker 1 catches up: the eight held pulls are answered.
+  peer_->Send(Frames(Request(Op::Clock, 1, 1, 100)));
+  int answered = 0, clock_acks = 0;
+  for (int i = 0; i < 9; ++i) {
+    Result<Header> r = peer_->Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+    (r->op == Op::PullDense ? answered : clock_acks)++;
+  }
+  EXPECT_EQ(answered, 8);
+  EXPECT_EQ(clock_acks, 1);
+  EXPECT_EQ(JsonNumber(Stats(), "held_pulls", -1), 0);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, SummedPushesAreBoundedByTheirLimit) {
+  // 3000 new keys per push: 3000 x (4 + 2) floats = 72 KB a push; 1 MiB admits about 14.
+  std::vector<uint64_t> keys(3000);
+  std::vector<float> grads(keys.size() * 4, 0.5f);
+  int accepted = 0, refused = 0;
+  for (uint64_t p = 0; p < 40; ++p) {
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000000 + p * keys.size() + i;
+    Header push = Push(p + 1, keys.size());
+    push.worker_id = static_cast<uint32_t>(p % 2);
+    std::vector<zmq::message_t> f = Frames(push);
+    f.push_back(Bytes(keys.data(), keys.size() * 8));
+    f.push_back(Bytes(grads.data(), grads.size() * 4));
+    Header r = Call(std::move(f));
+    if (r.status == StatusCode::kOk) {
+      ++accepted;
+    } else {
+      ++refused;
+      EXPECT_NE(r.message.find("server.max_pending_bytes"), std::string::npos) << r.message;
+    }
+  }
+  EXPECT_GT(accepted, 5);
+  EXPECT_GT(refused, 10);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, BarrierIdsMoveForwardAndAWorkerWaitsAtOneBarrier) {
+  peer_->Send(Frames([] { Header h = Request(Op::Barrier, 0, 0, 1); h.offset = 5; return h; }()));
+  // Worker 0 waiting at 5 may not open another barrier.
+  Header other = Request(Op::Barrier, 0, 0, 2);
+  other.offset = 6;
+  Header r = Call(Frames(other));
+  EXPECT_NE(r.status, StatusCode::kOk);
+  EXPECT_NE(r.message.find("already waits at barrier 5"), std::string::npos) << r.message;
+  Header last = Request(Op::Barrier, 1, 0, 3);
+  last.offset = 5;
+  peer_->Send(Frames(last));
+  for (int i = 0; i < 2; ++i) {
+    Result<Header> done = peer_->Reply();
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    EXPECT_EQ(done->status, StatusCode::kOk) << done->message;
+  }
+  // Behind the last released barrier: refused; the released one again: answered at once.
+  Header behind = Request(Op::Barrier, 0, 0, 4);
+  behind.offset = 4;
+  r = Call(Frames(behind));
+  EXPECT_NE(r.message.find("only move forward"), std::string::npos) << r.message;
+  Header again = Request(Op::Barrier, 0, 0, 5);
+  again.offset = 5;
+  EXPECT_EQ(Call(Frames(again)).status, StatusCode::kOk);
+  EXPECT_EQ(JsonNumber(Stats(), "open_barriers", -1), 0);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, AnObserversPullCreatesNoRow) {
+  Header pull = Request(Op::PullSparse, 1000, 0, 1);
+  pull.table_id = 0;
+  pull.key_count = 5000;
+  pull.value_dim = 4;
+  std::vector<uint64_t> keys(5000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 77 + i;
+  std::vector<zmq::message_t> f = Frames(pull);
+  f.push_back(Bytes(keys.data(), keys.size() * 8));
+  std::vector<zmq::message_t> payload;
+  ASSERT_EQ(Call(std::move(f), &payload).status, StatusCode::kOk);
+  EXPECT_EQ(JsonNumber(Stats(), "rows", -1), 0);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, AFloodOfBadMessagesIsLoggedAtARateAndCounted) {
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<zmq::message_t> f;
+    f.push_back(Bytes("garbage!", 8));
+    peer_->Send(std::move(f));
+  }
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(peer_->Reply().ok());
+  const std::string log = cluster_.ServerLog(0);
+  size_t lines = 0;
+  for (size_t p = log.find("rejected a message"); p != std::string::npos;
+       p = log.find("rejected a message", p + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 20u) << "every bad message was logged";
+  EXPECT_GE(JsonNumber(Stats(), "warnings_not_logged", -1), 2900);
+  ExpectShardServesAndStops(kShardRss);
+}
+
+TEST_F(HostileClientTest, APeerThatNeverReadsCannotStallTheShard) {
+  // A DEALER that takes at most one reply into its queue and never reads: the shard's queue to
+  // it fills (server.socket_hwm) and further replies to it are dropped, not waited for.
+  zmq::context_t ctx(1);
+  zmq::socket_t sink(ctx, zmq::socket_type::dealer);
+  sink.set(zmq::sockopt::rcvhwm, 1);
+  sink.set(zmq::sockopt::rcvbuf, 4096);
+  sink.set(zmq::sockopt::linger, 0);
+  const ServerAddress& a = cluster_.manifest().cluster.servers[0];
+  sink.connect(TcpEndpoint(a.host, a.port));
+  std::vector<uint64_t> keys(8192);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  for (uint64_t i = 0; i < 600; ++i) {  // 600 replies of 128 KiB
+    Header pull = Request(Op::PullSparse, 1000, 0, i);
+    pull.table_id = 0;
+    pull.key_count = keys.size();
+    pull.value_dim = 4;
+    std::vector<zmq::message_t> f = Frames(pull);
+    f.push_back(Bytes(keys.data(), keys.size() * 8));
+    ASSERT_TRUE(SendFrames(sink, f).ok());
+  }
+  // Everyone else is still served at once.
+  const auto start = std::chrono::steady_clock::now();
+  std::string stats;
+  for (int i = 0; i < 50 && JsonNumber(stats, "requests", 0) < 600; ++i) {
+    stats = Stats();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(JsonNumber(stats, "requests", 0), 600) << stats;
+  EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ExpectShardServesAndStops(kShardRss);
 }
 
 }  // namespace

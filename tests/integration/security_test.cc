@@ -13,6 +13,8 @@
 #include "common/curve_keys.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
+#include "common/transport.hpp"
+#include "common/wire.hpp"
 #include "worker/data_generator.hpp"
 #include "tests/support/test_cluster.hpp"
 
@@ -54,31 +56,35 @@ TEST_F(CurveTest, AnAllowedWorkerTalksOverCurve) {
   EXPECT_EQ(rows, std::vector<float>(12, 1.0f));
 }
 
-TEST_F(CurveTest, AJobWithSecurityOnTrains) {
+// `parasol launch` trains a job of two servers and two workers with `security` (YAML), in `dir`.
+void ExpectLaunchTrains(const std::string& dir, const std::string& security) {
   GeneratorOptions g;
   g.rows = 8000;
-  ASSERT_TRUE(GenerateCriteo(keys_ + "/train.tsv", g).ok());
+  ASSERT_TRUE(GenerateCriteo(dir + "/train.tsv", g).ok());
   g.rows = 2000;
   g.seed = 5;
-  ASSERT_TRUE(GenerateCriteo(keys_ + "/eval.tsv", g).ok());
+  ASSERT_TRUE(GenerateCriteo(dir + "/eval.tsv", g).ok());
   const std::vector<uint16_t> ports = *PickFreePorts(2);
   std::string y = "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) +
                   ", 127.0.0.1:" + std::to_string(ports[1]) + "]\n  workers: 2\n";
-  y += security_;
+  y += security;
   y += "model: {kind: lr, sparse_optimizer: {kind: adagrad, lr: 0.3}}\n";
-  y += "data: {train: " + keys_ + "/train.tsv, eval: " + keys_ + "/eval.tsv}\n";
-  testing::WriteFile(keys_ + "/job.yaml", y);
-  auto p = Subprocess::Spawn({PARASOL_BINARY, "launch", keys_ + "/job.yaml", "--summary",
-                              keys_ + "/summary.json"},
-                             keys_ + "/launch.log");
+  y += "data: {train: " + dir + "/train.tsv, eval: " + dir + "/eval.tsv}\n";
+  testing::WriteFile(dir + "/job.yaml", y);
+  auto p = Subprocess::Spawn(
+      {PARASOL_BINARY, "launch", dir + "/job.yaml", "--summary", dir + "/summary.json"},
+      dir + "/launch.log");
   ASSERT_TRUE(p.ok());
   auto st = p->Wait(std::chrono::seconds(120));
-  const std::string out = testing::ReadFile(keys_ + "/launch.log");
+  const std::string out = testing::ReadFile(dir + "/launch.log");
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << out;
-  const std::string summary = testing::ReadFile(keys_ + "/summary.json");
+  const std::string summary = testing::ReadFile(dir + "/summary.json");
   EXPECT_NE(summary.find("\"train_samples\": 8000"), std::string::npos) << summary;
   EXPECT_EQ(out.find("refused a connection"), std::string::npos) << out;
+  EXPECT_EQ(out.find("refused: this connection"), std::string::npos) << out;
 }
+
+TEST_F(CurveTest, AJobWithSecurityOnTrains) { ExpectLaunchTrains(keys_, security_); }
 
 TEST_F(CurveTest, UnknownAndMissingKeysGetNoAnswerAndAreLogged) {
   TestCluster cluster(2, 1, kTables, security_);
@@ -120,6 +126,195 @@ TEST_F(CurveTest, ASecretKeyOpenToOthersIsRefused) {
   EXPECT_NE(client.status().message().find("is open to others (mode 0644); run chmod 600"),
             std::string::npos)
       << client.status().message();
+}
+
+// A job of two workers whose ranks are bound to their own key pairs (security.worker_keys); the
+// tools' key is the only allowed_clients key.
+class WorkerKeysTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CurveAvailable()) GTEST_SKIP() << "this libzmq has no CURVE support";
+    keys_ = testing::MakeTempDir();
+    for (const char* name : {"server0", "tool", "worker0", "worker1"}) {
+      auto k = GenerateCurveKeyPair();
+      ASSERT_TRUE(k.ok());
+      ASSERT_TRUE(WriteCurveKeyPair(keys_, name, *k).ok());
+    }
+    const std::string k = keys_ + "/";
+    security_ = "security:\n  curve: true\n  server_keys: [" + k + "server0]\n  client_key: " + k +
+                "tool\n  allowed_clients: [" + k + "tool.pub]\n  worker_keys: [" + k + "worker0, " +
+                k + "worker1]\n";
+  }
+  void TearDown() override { testing::RemoveTree(keys_); }
+
+  std::string keys_, security_;
+};
+
+// A DEALER socket speaking raw frames to one shard over CURVE with the key pair `key`, so that
+// a test can claim any worker id.
+class CurvePeer {
+ public:
+  CurvePeer(const Manifest& m, uint32_t shard, const std::string& key)
+      : socket_(context_, zmq::socket_type::dealer) {
+    Result<CurveKeyPair> mine = ReadCurveKeyPair(key);
+    Result<std::string> server = ReadCurvePublicKey(m.security.server_keys[shard] + ".pub");
+    EXPECT_TRUE(mine.ok() && server.ok());
+    if (!mine.ok() || !server.ok()) return;
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::curve_serverkey, *server);
+    socket_.set(zmq::sockopt::curve_publickey, mine->public_key);
+    socket_.set(zmq::sockopt::curve_secretkey, mine->secret_key);
+    const ServerAddress& a = m.cluster.servers[shard];
+    socket_.connect(TcpEndpoint(a.host, a.port));
+  }
+
+  // Sends `h` (and `payload`) and returns the reply's header, or a failed Result after 10 s.
+  Result<Header> Call(const Header& h, std::vector<zmq::message_t> payload = {}) {
+    std::vector<zmq::message_t> frames;
+    frames.push_back(EncodeHeader(h));
+    for (auto& f : payload) frames.push_back(std::move(f));
+    PARASOL_RETURN_IF_ERROR(SendFrames(socket_, frames));
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(10000));
+    if (!(item.revents & ZMQ_POLLIN)) return Timeout("no reply within 10 s");
+    auto reply = RecvFrames(socket_, true);
+    if (!reply.ok() || !reply->has_value()) return Internal("receive failed");
+    return DecodeHeader((**reply)[0].data(), (**reply)[0].size());
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+// The shard's "worker_clocks" array, e.g. "[0,0]".
+std::string WorkerClocks(PsClient& observer) {
+  auto stats = observer.Stats();
+  if (!stats.ok() || stats->empty()) return "stats failed: " + stats.status().ToString();
+  const std::string& s = (*stats)[0];
+  const size_t at = s.find("\"worker_clocks\":");
+  if (at == std::string::npos) return "no worker_clocks in " + s;
+  const size_t open = s.find('[', at);
+  return s.substr(open, s.find(']', open) - open + 1);
+}
+
+// The refusal every claim of worker 0 from worker 1's key gets.
+void ExpectRefusedAsWorker0(const Result<Header>& reply, const std::string& op) {
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->status, StatusCode::kFailedPrecondition) << reply->message;
+  EXPECT_EQ(reply->message, "shard 0: " + op +
+                                " as worker 0 refused: this connection's CURVE "
+                                "key is not worker 0's key (security.worker_keys[0]); it is worker "
+                                "1's key");
+}
+
+TEST_F(WorkerKeysTest, WorkerOnesKeyClaimingWorkerZeroIsRefusedAndChangesNothing) {
+  TestCluster cluster(1, 2, kTables, security_);
+  ASSERT_TRUE(cluster.Start());
+  auto worker0 = cluster.Connect(0);  // with its own key, worker_keys[0]
+  ASSERT_NE(worker0, nullptr);
+  auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);  // the tool key
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  const std::vector<uint64_t> keys = {7, 8};
+  std::vector<float> before(8), after(8);
+  ASSERT_TRUE(worker0->PullSparse(0, keys, before.data()).ok());
+
+  CurvePeer impostor(cluster.manifest(), 0, keys_ + "/worker1");
+  Header push;
+  push.op = Op::PushSparse;
+  push.request_id = 1;
+  push.worker_id = 0;
+  push.incarnation = 99;
+  push.seq = 1;
+  push.table_id = 0;
+  push.key_count = keys.size();
+  push.value_dim = 4;
+  push.rows_per_frame = keys.size();
+  push.value_frames = 1;
+  const std::vector<float> grads(8, 0.5f);
+  std::vector<zmq::message_t> payload;
+  payload.emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
+  payload.emplace_back(grads.data(), grads.size() * sizeof(float));
+  ExpectRefusedAsWorker0(impostor.Call(push, std::move(payload)), "PushSparse");
+  ASSERT_TRUE(worker0->PullSparse(0, keys, after.data()).ok());
+  EXPECT_EQ(after, before) << "the refused push was applied";
+
+  Header clock;
+  clock.op = Op::Clock;
+  clock.request_id = 2;
+  clock.worker_id = 0;
+  clock.clock = 1;
+  ExpectRefusedAsWorker0(impostor.Call(clock), "Clock");
+  EXPECT_EQ(WorkerClocks(**observer), "[0,0]");
+
+  // A barrier that is refused is answered at once instead of being held for worker 1.
+  Header barrier;
+  barrier.op = Op::Barrier;
+  barrier.request_id = 3;
+  barrier.worker_id = 0;
+  barrier.offset = 1;
+  ExpectRefusedAsWorker0(impostor.Call(barrier), "Barrier");
+
+  // The real worker 0 pushes and ticks with its own key.
+  ASSERT_TRUE(worker0->PushSparse(0, keys, grads).ok());
+  ASSERT_TRUE(worker0->PullSparse(0, keys, after.data()).ok());
+  EXPECT_NE(after, before);
+  ASSERT_TRUE(worker0->Tick().ok());
+  EXPECT_EQ(WorkerClocks(**observer), "[1,0]");
+  EXPECT_NE(cluster.ServerLog(0).find("PushSparse as worker 0 refused"), std::string::npos);
+}
+
+TEST_F(WorkerKeysTest, AJobWhoseWorkersHaveTheirOwnKeysTrains) {
+  auto server1 = GenerateCurveKeyPair();
+  ASSERT_TRUE(server1.ok());
+  ASSERT_TRUE(WriteCurveKeyPair(keys_, "server1", *server1).ok());
+  const std::string k = keys_ + "/";
+  ExpectLaunchTrains(keys_, "security:\n  curve: true\n  server_keys: [" + k + "server0, " + k +
+                                "server1]\n  client_key: " + k + "tool\n  allowed_clients: [" + k +
+                                "tool.pub]\n  worker_keys: [" + k + "worker0, " + k + "worker1]\n");
+}
+
+TEST_F(WorkerKeysTest, EachKeyActsOnlyAsItsOwnRole) {
+  TestCluster cluster(1, 2, kTables, security_);
+  ASSERT_TRUE(cluster.Start());
+  // A worker started with another worker's key cannot even say Hello.
+  auto wrong = PsClient::Connect(cluster.manifest(), 0, keys_ + "/worker1");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find(
+                "Hello as worker 0 refused: this connection's CURVE key is not worker 0's key"),
+            std::string::npos)
+      << wrong.status().ToString();
+  // The tools' key may not act as a worker.
+  auto tool = PsClient::Connect(cluster.manifest(), 1, keys_ + "/tool");
+  ASSERT_FALSE(tool.ok());
+  EXPECT_NE(tool.status().message().find("it is a tool key (security.allowed_clients)"),
+            std::string::npos)
+      << tool.status().ToString();
+  // A worker's key may not act as an observer (stats, checkpoint, shutdown).
+  auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver, keys_ + "/worker1");
+  ASSERT_FALSE(observer.ok());
+  EXPECT_NE(observer.status().message().find("which may act only as worker 1"), std::string::npos)
+      << observer.status().ToString();
+  // Each worker with its own key, and the tool as an observer, are served.
+  for (uint32_t w : {0u, 1u}) EXPECT_NE(cluster.Connect(w), nullptr);
+  auto stats = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+}
+
+TEST_F(WorkerKeysTest, KeygenWritesOneKeyPairPerWorker) {
+  auto p = Subprocess::Spawn(
+      {PARASOL_BINARY, "keygen", "--out", keys_ + "/made", "--name", "worker", "--count", "2"},
+      keys_ + "/keygen.log");
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+      << testing::ReadFile(keys_ + "/keygen.log");
+  auto k0 = ReadCurveKeyPair(keys_ + "/made/worker0");
+  auto k1 = ReadCurveKeyPair(keys_ + "/made/worker1");
+  ASSERT_TRUE(k0.ok()) << k0.status().ToString();
+  ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+  EXPECT_NE(k0->public_key, k1->public_key);
+  EXPECT_EQ(*ReadCurvePublicKey(keys_ + "/made/worker1"), k1->public_key);
 }
 
 // GET `path` from 127.0.0.1:port: status line and body.

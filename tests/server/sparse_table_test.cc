@@ -106,5 +106,40 @@ TEST(SparseTableTest, MaxRowsEvictsTheLeastRecentlyUpdatedFirst) {
   EXPECT_EQ(p.counters().evicted_max_rows, 900u - p.rows());
 }
 
+TEST(SparseTableTest, AdmissionCountsExpireLikeRows) {
+  TableOptions t = Table(4);
+  t.admission.min_count = 3;
+  t.eviction.ttl_clocks = 5;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  for (uint64_t key = 0; key < 1000; ++key) EXPECT_EQ(p.CountPush(key, key < 500 ? 1 : 8), nullptr);
+  EXPECT_EQ(table.PendingKeys(), 1000u);
+  p.Sweep(1 << 20, 10);  // counts last touched at clock 1 are 9 clocks old; those at 8, 2
+  EXPECT_EQ(table.PendingKeys(), 500u);
+  EXPECT_EQ(table.TotalCounters().pending_expired, 500u);
+  // An expired count starts again: key 0 needs three more pushes.
+  EXPECT_EQ(p.CountPush(0, 10), nullptr);
+  EXPECT_EQ(p.CountPush(0, 10), nullptr);
+  EXPECT_NE(p.CountPush(0, 10), nullptr);
+  // A count kept through the sweep goes on: key 999 had one push, two more admit it.
+  EXPECT_EQ(p.CountPush(999, 10), nullptr);
+  EXPECT_NE(p.CountPush(999, 10), nullptr);
+}
+
+TEST(SparseTableTest, AdmissionCountsCountTowardsMaxRowsAndGoFirst) {
+  TableOptions t = Table(4);
+  t.admission.min_count = 2;
+  t.eviction.max_rows = 100;
+  SparseTable table(t, 1);
+  SparseTable::Partition& p = table.partition(0);
+  for (uint64_t key = 0; key < 60; ++key) p.FindOrCreate(key, 1);
+  for (uint64_t key = 1000; key < 11000; ++key) p.CountPush(key, 2);
+  EXPECT_EQ(table.PendingKeys(), 10000u);
+  for (int i = 0; i < 4; ++i) p.Sweep(1 << 20, 3);
+  EXPECT_LE(table.TotalRows() + table.PendingKeys(), 100u);
+  EXPECT_EQ(table.TotalRows(), 60u);  // the rows stay: the counts went first
+  EXPECT_EQ(table.PendingKeys(), 40u);
+}
+
 }  // namespace
 }  // namespace parasol

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include "tests/support/test_cluster.hpp"
 
@@ -85,6 +86,42 @@ TEST(LibsvmParseTest, ParsesLabelsAndFeatures) {
   EXPECT_FALSE(ParseLibsvmRow("2 3:1", &b).ok());
 }
 
+TEST(CriteoParseTest, ASignAfterAPlusIsNotAnInteger) {
+  std::string row = kRow;
+  row.replace(row.find("1382"), 4, "+-13");
+  Batch b;
+  b.Clear();
+  EXPECT_EQ(ParseCriteoRow(row, true, &b).message(),
+            "integer feature I5 is '+-13', not an integer");
+  row.replace(row.find("+-13"), 4, "+13");
+  EXPECT_TRUE(ParseCriteoRow(row, true, &b).ok());
+}
+
+TEST(ReadRowTest, SplitsLinesAndKeepsEmptyOnes) {
+  std::istringstream in("a\tb\n\nlast");
+  std::string line;
+  bool too_long = true;
+  std::vector<std::string> lines;
+  while (ReadRow(in, &line, &too_long)) {
+    EXPECT_FALSE(too_long);
+    lines.push_back(line);
+  }
+  EXPECT_EQ(lines, (std::vector<std::string>{"a\tb", "", "last"}));
+}
+
+TEST(ReadRowTest, ALineLongerThanTheLimitIsCutAndFlaggedAndTheNextOneIsWhole) {
+  std::istringstream in(std::string(100, 'x') + "\nshort\n");
+  std::string line;
+  bool too_long = false;
+  ASSERT_TRUE(ReadRow(in, &line, &too_long, 10));
+  EXPECT_TRUE(too_long);
+  EXPECT_EQ(line, std::string(10, 'x'));  // never more than the limit in memory
+  ASSERT_TRUE(ReadRow(in, &line, &too_long, 10));
+  EXPECT_FALSE(too_long);
+  EXPECT_EQ(line, "short");
+  EXPECT_FALSE(ReadRow(in, &line, &too_long, 10));
+}
+
 class BatchReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -152,6 +189,27 @@ TEST_F(BatchReaderTest, WorkersShareTheRowsByLineModulo) {
     }
   }
   EXPECT_EQ(total, 18u);  // 9 good rows, 2 epochs, each row seen once per epoch
+}
+
+TEST_F(BatchReaderTest, ARowLongerThanTheLimitIsABadRowNotAnAllocation) {
+  {
+    std::ofstream out(dir_ + "/long.tsv");
+    out << kRow << "\n" << std::string(kMaxRowBytes + 1, '7') << "\n" << kRow << "\n";
+  }
+  ReaderOptions o;
+  o.files = {dir_ + "/long.tsv"};
+  BatchReader r(o);
+  uint32_t rows = 0;
+  while (true) {
+    auto b = r.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    rows += (*b)->size;
+  }
+  EXPECT_EQ(rows, 2u);
+  EXPECT_EQ(r.bad_rows(), 1u);
+  EXPECT_EQ(r.first_bad_row(), dir_ + "/long.tsv:2: row longer than " +
+                                   std::to_string(kMaxRowBytes) + " bytes");
 }
 
 TEST_F(BatchReaderTest, AMissingFileIsAnError) {

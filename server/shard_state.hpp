@@ -1,0 +1,84 @@
+// ShardState: the part of a shard its checkpoints hold (each table's rows or slice with the
+// optimizer state, the workers' clocks, the record of applied pushes), turned into checkpoint
+// blocks (server/checkpoint.hpp) and loaded back from them.
+//
+// A ShardState borrows the shard's tables, consistency controller and push record; they must
+// outlive it. Load() reads a file twice. The first pass checks everything without touching
+// the shard: checksums, every size against the file, every block against its table in the
+// manifest (kind, slice, row size) and the clocks and push record for what they claim, and
+// that each table, the clocks and the push record come exactly once. Only a file that passes
+// is read again and applied, so a refused file changes nothing.
+// Thread-safety: none; the shard's request thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "server/checkpoint.hpp"
+#include "server/consistency_controller.hpp"
+#include "server/dense_table.hpp"
+#include "server/push_dedup.hpp"
+#include "server/sparse_table.hpp"
+
+namespace parasol {
+
+// What a block of a shard's checkpoint holds (CheckpointBlock::kind).
+enum class CheckpointBlockKind : uint32_t {
+  kSparseRows = 1,
+  kDenseSlice = 2,
+  kClocks = 3,
+  kPushRecord = 4,
+};
+
+// The largest clock a checkpoint may carry: far past any job, and low enough that the clock
+// arithmetic of the shard (a clock plus a staleness or a checkpoint period) cannot overflow.
+inline constexpr int64_t kMaxCheckpointClock = int64_t{1} << 62;
+
+// Whether a block header agrees with `manifest` for shard `shard`: a known kind, a table of
+// that kind, and the sizes the table implies (sparse rows: bytes = count x (key + clock word +
+// row floats); dense slice: count = this shard's slice, bytes = count x (1 + state arrays)
+// floats; clocks: count = workers, bytes = count x 8), products checked for overflow. Says
+// what disagrees.
+Status CheckBlockHeader(const Manifest& manifest, uint32_t shard,
+                        const CheckpointBlockHeader& block);
+
+class ShardState {
+ public:
+  // `sparse` and `dense` are indexed by table id (null where the table is of the other kind),
+  // built from manifest.tables for shard `shard`, as ShardServer holds them.
+  ShardState(const Manifest& manifest, uint32_t shard,
+             std::vector<std::unique_ptr<SparseTable>>& sparse,
+             std::vector<std::unique_ptr<DenseTable>>& dense, ConsistencyController& controller,
+             PushDedup& dedup);
+
+  // Every table, the clocks and the push record, as blocks for WriteCheckpointFile().
+  std::vector<CheckpointBlock> Save() const;
+
+  // Loads the checkpoint in `in` (`name` names it in errors) and sets *header. Refuses a file
+  // of another shard, layout or manifest, and any damaged or inconsistent one, naming what is
+  // wrong and where; a refused file changes nothing. Nothing throws out of it: running out of
+  // memory while applying comes back as kResourceExhausted, with the tables partly loaded
+  // (reset them before trying another file).
+  // REQUIRES: the tables hold no rows yet (restored rows would mix with them).
+  Status Load(std::istream& in, const std::string& name, CheckpointHeader* header);
+
+ private:
+  Status CheckHeader(const CheckpointHeader& h) const;
+  Status ApplySparse(const CheckpointBlock& b);
+  Status ApplyDense(const CheckpointBlock& b);
+
+  const Manifest& manifest_;
+  const uint32_t shard_;
+  const uint64_t fingerprint_;
+  std::vector<std::unique_ptr<SparseTable>>& sparse_;
+  std::vector<std::unique_ptr<DenseTable>>& dense_;
+  ConsistencyController& controller_;
+  PushDedup& dedup_;
+};
+
+}  // namespace parasol

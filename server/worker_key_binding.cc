@@ -1,0 +1,68 @@
+#include "server/worker_key_binding.hpp"
+
+#include <string_view>
+#include <utility>
+
+#include "common/curve_keys.hpp"
+
+namespace parasol {
+namespace {
+
+std::string Claim(const Header& request) {
+  return std::string(OpName(request.op)) + " as worker " + std::to_string(request.worker_id) +
+         " refused: ";
+}
+
+}  // namespace
+
+WorkerKeyBinding::WorkerKeyBinding(std::vector<std::string> keys) : keys_(std::move(keys)) {
+  for (uint32_t r = 0; r < keys_.size(); ++r) rank_of_.emplace(keys_[r], r);
+}
+
+Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security) {
+  if (!security.curve || security.worker_keys.empty()) return WorkerKeyBinding();
+  std::vector<std::string> keys;
+  std::map<std::string, size_t> rank_of;
+  for (size_t r = 0; r < security.worker_keys.size(); ++r) {
+    PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(security.worker_keys[r]));
+    auto [first, fresh] = rank_of.emplace(key, r);
+    if (!fresh) {
+      return InvalidArgument("security.worker_keys[" + std::to_string(first->second) + "] and [" +
+                             std::to_string(r) +
+                             "] hold the same public key; each worker needs its own key pair");
+    }
+    keys.push_back(std::move(key));
+  }
+  return WorkerKeyBinding(std::move(keys));
+}
+
+Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const {
+  if (keys_.empty()) return Status::Ok();
+  const std::string_view key = user_id != nullptr ? user_id : "";
+  if (key.empty()) {
+    return FailedPrecondition(Claim(request) +
+                              "the connection carries no CURVE key, and security.worker_keys "
+                              "binds every request to one");
+  }
+  const uint32_t id = request.worker_id;
+  const auto owner = rank_of_.find(key);
+  if (id < keys_.size()) {
+    if (key == keys_[id]) return Status::Ok();
+    const std::string mine = std::to_string(id);
+    std::string whose =
+        owner != rank_of_.end()
+            ? "worker " + std::to_string(owner->second) + "'s key"
+            : "a tool key (security.allowed_clients), which may act only as an observer "
+              "(worker id >= cluster.workers = " +
+                  std::to_string(keys_.size()) + ")";
+    return FailedPrecondition(Claim(request) + "this connection's CURVE key is not worker " + mine +
+                              "'s key (security.worker_keys[" + mine + "]); it is " + whose);
+  }
+  if (owner == rank_of_.end()) return Status::Ok();  // a tool key acting as an observer
+  const std::string theirs = std::to_string(owner->second);
+  return FailedPrecondition(Claim(request) + "this connection's CURVE key is worker " + theirs +
+                            "'s key (security.worker_keys[" + theirs +
+                            "]), which may act only as worker " + theirs);
+}
+
+}  // namespace parasol

@@ -1,0 +1,51 @@
+// WorkerKeyBinding: with security.worker_keys set, ties each worker id of the job to that
+// worker's own CURVE key, so that one admitted key cannot speak as another worker.
+//
+// A shard's ZAP handler answers every admitted connection with the client's Z85 public key as
+// its User-Id, and ZeroMQ attaches it to each message of that connection (the "User-Id"
+// property). Check() compares it with what the request's header claims:
+//   - a job worker's id (worker_id < cluster.workers) is served only from that worker's key;
+//   - an observer or tool id (worker_id >= cluster.workers: stats, checkpoint, shutdown,
+//     reads) only from a key that is no worker's (an allowed_clients key): a worker key acts
+//     only as its own worker, so a stolen one cannot stop or checkpoint the job either.
+// Without worker keys the binding is off and every request passes.
+// Thread-safety: immutable once built; Check() may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "common/wire.hpp"
+
+namespace parasol {
+
+class WorkerKeyBinding {
+ public:
+  // Off: Check() passes every request.
+  WorkerKeyBinding() = default;
+  // keys[r]: worker r's Z85 public key. REQUIRES: no key appears twice.
+  explicit WorkerKeyBinding(std::vector<std::string> keys);
+
+  // The binding of security.worker_keys (each PATH.pub is read); off when curve is off or the
+  // list is empty. Refuses an unreadable or malformed key file, and two workers sharing a key.
+  static Result<WorkerKeyBinding> Load(const SecurityOptions& security);
+
+  bool enabled() const { return !keys_.empty(); }
+  // The worker keys by rank: a shard admits them as well as allowed_clients.
+  const std::vector<std::string>& keys() const { return keys_; }
+
+  // OK when `request` may be served from a connection whose ZAP User-Id is `user_id` (null or
+  // empty: the message carries none). Otherwise FailedPrecondition naming the worker id the
+  // request claims and whose key sent it. Allocates only on refusal.
+  Status Check(const Header& request, const char* user_id) const;
+
+ private:
+  std::vector<std::string> keys_;                         // by worker rank
+  std::map<std::string, uint32_t, std::less<>> rank_of_;  // key -> worker rank
+};
+
+}  // namespace parasol

@@ -1,0 +1,84 @@
+// libFuzzer target for checkpoint loading: the bytes are a checkpoint file of the shard in
+// tests/support/small_shard.hpp, loaded by ShardState::Load into real tables (the reader, then
+// the code that applies the decoded blocks). Each input is tried twice: as it is, and
+// "resealed", its checksums recomputed wherever the sizes in it allow, so mutations reach the
+// checks behind the checksums (sizes, tables, clocks, push record) and the tables themselves.
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "server/checkpoint.hpp"
+#include "tests/support/small_shard.hpp"
+
+namespace {
+
+using parasol::Checksum64;
+using parasol::kCheckpointBlockHeaderBytes;
+using parasol::kCheckpointFooterBytes;
+using parasol::kCheckpointHeaderBytes;
+
+uint64_t Get64(const std::string& s, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, s.data() + at, 8);
+  return v;
+}
+
+void Put64(std::string& s, size_t at, uint64_t v) { std::memcpy(s.data() + at, &v, 8); }
+
+// Recomputes the header, block and footer checksums (server/checkpoint.hpp's layout), walking
+// the blocks as far as their sizes stay inside the file.
+std::string Reseal(std::string f) {
+  if (f.size() < kCheckpointHeaderBytes) return f;
+  Put64(f, 56, Checksum64(f.data(), 56));
+  const uint64_t blocks = Get64(f, 48);
+  size_t pos = kCheckpointHeaderBytes;
+  uint64_t all = 0;
+  for (uint64_t i = 0; i < blocks && pos + kCheckpointBlockHeaderBytes <= f.size(); ++i) {
+    const uint64_t bytes = Get64(f, pos + 16);
+    const size_t payload = pos + kCheckpointBlockHeaderBytes;
+    const bool fits = bytes <= f.size() - payload;
+    if (fits) Put64(f, pos + 24, Checksum64(f.data() + payload, bytes));
+    Put64(f, pos + 32, Checksum64(f.data() + pos, 32, i));
+    const uint64_t payload_checksum = Get64(f, pos + 24);
+    all = Checksum64(&payload_checksum, 8, all);
+    if (!fits) return f;
+    pos = payload + bytes;
+  }
+  if (pos + kCheckpointFooterBytes <= f.size()) {
+    Put64(f, pos + 8, blocks);
+    Put64(f, pos + 16, all);
+  }
+  return f;
+}
+
+// Loads `file`; when it is accepted, uses what was restored as a shard would.
+void Load(parasol::testing::SmallShard& shard, const std::string& file) {
+  shard.Reset();
+  std::istringstream in(file);
+  parasol::CheckpointHeader header;
+  if (!shard.state().Load(in, "fuzz", &header).ok()) return;
+  for (uint32_t t : {0u, 1u}) {
+    parasol::SparseTable& table = shard.sparse(t);
+    for (uint32_t e = 0; e < table.engines(); ++e) {
+      volatile float sink = 0;
+      table.partition(e).ForEachRow([&](uint64_t, const float* row) {
+        for (uint32_t i = 0; i < table.partition(e).stored_floats(); ++i) sink = sink + row[i];
+      });
+      table.partition(e).Sweep(1 << 10, static_cast<uint32_t>(shard.controller().MaxClock()));
+    }
+  }
+  (void)shard.controller().MinClock();
+  (void)shard.dedup().Seen(0, 1, 2);
+  (void)shard.state().Save();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static parasol::testing::SmallShard* shard = new parasol::testing::SmallShard();
+  const std::string file(reinterpret_cast<const char*>(data), size);
+  Load(*shard, file);
+  Load(*shard, Reseal(file));
+  return 0;
+}

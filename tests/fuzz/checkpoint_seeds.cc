@@ -1,0 +1,61 @@
+// Writes valid checkpoints of the small shard (tests/support/small_shard.hpp), as the seed
+// corpus of checkpoint_fuzzer. Usage: fuzz_checkpoint_seeds FOLDER
+#include <cstdio>
+#include <string>
+
+#include "common/sharding.hpp"
+#include "server/checkpoint.hpp"
+#include "tests/support/small_shard.hpp"
+
+namespace {
+
+using parasol::testing::SmallShard;
+
+bool Write(SmallShard& shard, const std::string& path, int64_t clock) {
+  parasol::CheckpointHeader h;
+  h.shard = SmallShard::kShard;
+  h.shards = static_cast<uint32_t>(shard.manifest().cluster.servers.size());
+  h.fingerprint = shard.manifest().Fingerprint();
+  h.clock = clock;
+  h.sequence = 1;
+  const parasol::Status st = parasol::WriteCheckpointFile(path, h, shard.state().Save());
+  if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+  return st.ok();
+}
+
+// Rows in the sparse tables, changed values in the dense ones, clocks and pushes recorded.
+void Train(SmallShard& shard, uint64_t rows) {
+  for (uint32_t table : {0u, 1u}) {
+    parasol::SparseTable& t = shard.sparse(table);
+    for (uint64_t key = 1; key <= rows; ++key) {
+      const uint64_t k = key * 0x9e3779b97f4a7c15ULL >> table;
+      float* values = t.partition(parasol::EngineOfKey(k, t.engines())).FindOrCreate(k, 3);
+      values[0] += 0.25f * static_cast<float>(key);
+    }
+  }
+  for (uint32_t table : {2u, 3u}) {
+    parasol::DenseTable& d = shard.dense(table);
+    float* values = d.PrepareWrite();
+    for (uint64_t i = 0; i < d.slice().size(); ++i) values[i] += 0.5f;
+  }
+  for (uint32_t w = 0; w < 3; ++w) shard.controller().SetClock(w, 4 + w);
+  for (uint64_t seq = 0; seq < 70; seq += 3) shard.dedup().Mark(seq % 2, 77, seq);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s FOLDER\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  SmallShard shard;
+  if (!Write(shard, dir + "/fresh", -1)) return 1;
+  Train(shard, 4);
+  if (!Write(shard, dir + "/few-rows", 4)) return 1;
+  shard.Reset();
+  Train(shard, 24);
+  if (!Write(shard, dir + "/more-rows", 4)) return 1;
+  return 0;
+}

@@ -1,0 +1,161 @@
+#include "server/checkpoint.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace parasol {
+namespace {
+
+// Offsets in a checkpoint file (server/checkpoint.hpp's layout).
+constexpr size_t kVersionAt = 8, kHeaderChecksumAt = 56;
+constexpr size_t kTableAt = 4, kBytesAt = 16, kBlockChecksumAt = 32;  // within a block header
+
+class CheckpointReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CheckpointHeader h;
+    h.shard = 1;
+    h.shards = 2;
+    h.fingerprint = 77;
+    h.sequence = 3;
+    CheckpointBlock a;
+    a.kind = 1;
+    a.count = 3;
+    a.bytes.assign(100, 'x');
+    CheckpointBlock b;
+    b.kind = 2;
+    b.table = 1;
+    b.count = 2;
+    b.bytes.assign(60, 'y');
+    char name[] = "/tmp/parasol-checkpoint-XXXXXX";
+    ASSERT_NE(::mkdtemp(name), nullptr);
+    dir_ = name;
+    ASSERT_TRUE(WriteCheckpointFile(dir_ + "/c.bin", h, {a, b}).ok());
+    std::ifstream in(dir_ + "/c.bin", std::ios::binary);
+    file_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Reads `bytes` as a checkpoint; counts the payloads read.
+  Status Read(const std::string& bytes, int* payloads = nullptr) {
+    std::istringstream in(bytes);
+    CheckpointHeader h;
+    return ReadCheckpoint(in, "c.bin", &h, [&](const CheckpointBlock&) {
+      if (payloads) ++*payloads;
+      return Status::Ok();
+    });
+  }
+
+  static uint64_t Get64(const std::string& s, size_t at) {
+    uint64_t v;
+    std::memcpy(&v, s.data() + at, 8);
+    return v;
+  }
+  static void Put64(std::string& s, size_t at, uint64_t v) { std::memcpy(s.data() + at, &v, 8); }
+
+  std::string dir_;
+  std::string file_;
+};
+
+TEST_F(CheckpointReaderTest, EveryBitFlipOfABlockHeaderIsRefusedBeforeItsPayloadIsRead) {
+  ASSERT_TRUE(Read(file_).ok());
+  const size_t second = kCheckpointHeaderBytes + kCheckpointBlockHeaderBytes + 100;
+  for (size_t block : {kCheckpointHeaderBytes, second}) {
+    for (size_t bit = 0; bit < kCheckpointBlockHeaderBytes * 8; ++bit) {
+      std::string damaged = file_;
+      damaged[block + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+      int payloads = 0;
+      const Status st = Read(damaged, &payloads);
+      ASSERT_FALSE(st.ok()) << "bit " << bit << " of the block at " << block;
+      EXPECT_NE(st.message().find("checkpoint 'c.bin' is damaged"), std::string::npos);
+      EXPECT_NE(st.message().find("header checksum (at byte " +
+                                  std::to_string(block + kBlockChecksumAt) + ")"),
+                std::string::npos)
+          << st.message();
+      EXPECT_EQ(payloads, block == second ? 1 : 0);
+    }
+  }
+}
+
+TEST_F(CheckpointReaderTest, AHugeBlockSizeIsRefusedNamingItsOffsetWithoutAllocating) {
+  // A writer's bug or a forged file: the size is wrong but its header checksum is right.
+  std::string forged = file_;
+  const size_t block = kCheckpointHeaderBytes;
+  Put64(forged, block + kBytesAt, uint64_t{1} << 50);
+  Put64(forged, block + kBlockChecksumAt, Checksum64(forged.data() + block, 32, 0));
+  const Status st = Read(forged);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("block 0 claims 1125899906842624 payload bytes; the file has " +
+                              std::to_string(file_.size() - block - kCheckpointBlockHeaderBytes -
+                                             kCheckpointBlockHeaderBytes - kCheckpointFooterBytes) +
+                              " left for it (at byte " + std::to_string(block + kBytesAt) + ")"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckpointReaderTest, ATableIdFlippedInABlockHeaderIsRefused) {
+  std::string damaged = file_;
+  damaged[kCheckpointHeaderBytes + kTableAt] ^= 1;
+  const Status st = Read(damaged);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("block 0 header checksum"), std::string::npos) << st.message();
+}
+
+TEST_F(CheckpointReaderTest, AFileOfTheOldVersionIsRefusedNamingItsVersion) {
+  std::string old = file_;
+  const uint32_t version = 1;
+  std::memcpy(old.data() + kVersionAt, &version, 4);
+  Put64(old, kHeaderChecksumAt, Checksum64(old.data(), kHeaderChecksumAt));
+  const Status st = Read(old);
+  EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
+  EXPECT_NE(st.message().find("checkpoint 'c.bin' is format version 1; this build reads version 2"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckpointReaderTest, MoreBlocksThanTheFileCanHoldAreRefused) {
+  std::string forged = file_;
+  Put64(forged, 48, uint64_t{1} << 60);
+  Put64(forged, kHeaderChecksumAt, Checksum64(forged.data(), kHeaderChecksumAt));
+  const Status st = Read(forged);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("more than the file has room for (at byte 48)"), std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckpointReaderTest, BytesAfterTheFooterAreRefused) {
+  const Status st = Read(file_ + "z");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(
+      st.message().find("1 bytes after the footer (at byte " + std::to_string(file_.size()) + ")"),
+      std::string::npos)
+      << st.message();
+}
+
+TEST_F(CheckpointReaderTest, ARefusalOfTheCheckNamesTheBlockAndStopsBeforeThePayload) {
+  std::istringstream in(file_);
+  CheckpointHeader h;
+  int payloads = 0;
+  const Status st = ReadCheckpoint(
+      in, "c.bin", &h,
+      [&](const CheckpointBlock&) {
+        ++payloads;
+        return Status::Ok();
+      },
+      [](const CheckpointBlockHeader& b) {
+        return b.table == 1 ? InvalidArgument("no table 1 here") : Status::Ok();
+      });
+  EXPECT_EQ(payloads, 1);
+  EXPECT_EQ(st.message(),
+            "checkpoint 'c.bin' block 1 (kind 2, table 1, at byte " +
+                std::to_string(kCheckpointHeaderBytes + kCheckpointBlockHeaderBytes + 100) +
+                "): no table 1 here");
+}
+
+}  // namespace
+}  // namespace parasol

@@ -1,0 +1,98 @@
+// SmallShard: one shard of a small fixed job, its tables built the way ShardServer builds
+// them, without a socket or engine threads: what checkpoints are loaded into and saved from in
+// tests/server/shard_state_test.cc, the checkpoint fuzzer and its seed generator.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/sharding.hpp"
+#include "server/consistency_controller.hpp"
+#include "server/dense_table.hpp"
+#include "server/push_dedup.hpp"
+#include "server/shard_state.hpp"
+#include "server/sparse_table.hpp"
+
+namespace parasol::testing {
+
+// Shard 0 of 2, three workers, three engines: sparse tables with and without optimizer state,
+// admission and eviction; dense tables whose slices on this shard are not the whole tensor.
+inline constexpr const char* kSmallShardManifest = R"(
+cluster:
+  servers: ["127.0.0.1:1", "127.0.0.1:2"]
+  workers: 3
+server:
+  engine_threads: 3
+tables:
+  - name: emb
+    dim: 4
+    optimizer: {kind: adagrad, lr: 0.1}
+  - name: small
+    dim: 1
+    admission: {min_count: 2}
+    eviction: {ttl_clocks: 5, max_rows: 100}
+  - name: w
+    kind: dense
+    shape: [7, 3]
+    optimizer: {kind: adam, lr: 0.01}
+  - name: b
+    kind: dense
+    shape: [5]
+    optimizer: {kind: ftrl}
+)";
+
+// A small push record window keeps its checkpoints small (the shard's default is 65536 pushes).
+inline constexpr uint64_t kSmallShardWindow = 64;
+
+class SmallShard {
+ public:
+  static constexpr uint32_t kShard = 0;
+
+  SmallShard() {
+    Result<Manifest> m = ParseManifest(kSmallShardManifest, "small_shard");
+    if (!m.ok()) std::abort();
+    manifest_ = std::move(*m);
+    Reset();
+  }
+
+  // Fresh tables, clocks and push record, as a shard has them before it restores.
+  void Reset() {
+    sparse_.clear();
+    dense_.clear();
+    const uint32_t shards = static_cast<uint32_t>(manifest_.cluster.servers.size());
+    for (const TableOptions& t : manifest_.tables) {
+      if (t.kind == TableKind::kSparse) {
+        sparse_.push_back(std::make_unique<SparseTable>(t, manifest_.server.engine_threads));
+        dense_.push_back(nullptr);
+      } else {
+        sparse_.push_back(nullptr);
+        dense_.push_back(
+            std::make_unique<DenseTable>(t, DenseSlice(t.NumElements(), kShard, shards)));
+      }
+    }
+    controller_.emplace(manifest_.training, manifest_.cluster.workers,
+                        ConsistencyController::SteadyClock::time_point());
+    dedup_ = PushDedup(kSmallShardWindow);
+    state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, dedup_);
+  }
+
+  const Manifest& manifest() const { return manifest_; }
+  ShardState& state() { return *state_; }
+  SparseTable& sparse(uint32_t table) { return *sparse_[table]; }
+  DenseTable& dense(uint32_t table) { return *dense_[table]; }
+  ConsistencyController& controller() { return *controller_; }
+  PushDedup& dedup() { return dedup_; }
+
+ private:
+  Manifest manifest_;
+  std::vector<std::unique_ptr<SparseTable>> sparse_;
+  std::vector<std::unique_ptr<DenseTable>> dense_;
+  std::optional<ConsistencyController> controller_;
+  PushDedup dedup_{kSmallShardWindow};
+  std::optional<ShardState> state_;
+};
+
+}  // namespace parasol::testing
