@@ -29,8 +29,7 @@ class Connection;
 
 // What the connections share with the owner's thread and with each other.
 struct ServerState {
-  ServerState(MetricsServer::Limits l, uint16_t requested_port)
-      : limits(l), port(requested_port) {}
+  ServerState(MetricsServer::Limits l, uint16_t requested_port) : limits(l), port(requested_port) {}
 
   const MetricsServer::Limits limits;
   std::mutex mu;
@@ -93,14 +92,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void Start() {
     waiting_ = state_.waiting.insert(state_.waiting.end(), this);
-    parser_.header_limit(static_cast<uint32_t>(
-        std::min<size_t>(state_.limits.max_request_bytes, UINT32_MAX)));
+    parser_.header_limit(
+        static_cast<uint32_t>(std::min<size_t>(state_.limits.max_request_bytes, UINT32_MAX)));
     parser_.body_limit(0);
     stream_.expires_after(state_.limits.read_timeout);
-    http::async_read_header(stream_, buffer_, parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnRead(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   // Closes a connection still waiting for its request, to make room for a newer one. Its
@@ -139,10 +137,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     response_.keep_alive(false);
     response_.prepare_payload();
     stream_.expires_after(state_.limits.write_timeout);
-    http::async_write(stream_, response_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        self->OnWrite(ec);
-                      });
+    http::async_write(
+        stream_, response_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWrite(ec); });
   }
 
   void OnWrite(beast::error_code ec) {

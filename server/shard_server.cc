@@ -581,6 +581,14 @@ std::string ShardServer::MetricsText() const {
   t.Sample("parasol_held_bytes", static_cast<double>(held_bytes_), shard);
   t.Type("parasol_pending_clocks", "gauge", "BSP clocks whose pushes are being summed.");
   t.Sample("parasol_pending_clocks", static_cast<double>(aggregates_.size()), shard);
+  t.Type("parasol_metrics_connections_refused_total", "counter",
+         "Metrics connections closed over the connection cap.");
+  t.Sample("parasol_metrics_connections_refused_total",
+           metrics_ ? static_cast<double>(metrics_->connections_refused()) : 0.0, shard);
+  t.Type("parasol_metrics_connections_timed_out_total", "counter",
+         "Metrics connections closed for not sending a request in time.");
+  t.Sample("parasol_metrics_connections_timed_out_total",
+           metrics_ ? static_cast<double>(metrics_->connections_timed_out()) : 0.0, shard);
   t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
   t.Sample("parasol_curve_refusals_total", zap_ ? static_cast<double>(zap_->refusals()) : 0.0,
            shard);

@@ -163,8 +163,8 @@ TEST(MetricsServerTest, AnOversizedRequestHeaderIsRefusedAndTheServerServesOn) {
   MetricsServer::Limits limits;
   limits.max_request_bytes = 1024;
   auto server = StartServer(limits);
-  const std::string big = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(4000, 'a') +
-                          "\r\n\r\n";
+  const std::string big =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(4000, 'a') + "\r\n\r\n";
   const std::string answer = RawExchange(server->port(), big);
   // 431, or a reset that swallowed it: never the metrics.
   EXPECT_TRUE(answer.empty() || answer.rfind("HTTP/1.1 431 ", 0) == 0) << answer.substr(0, 80);

@@ -37,7 +37,7 @@ bool EndpointUp(uint16_t port) {
 
 TEST(HostileMetricsTest, IdleConnectionsNeitherBlockScrapesNorDelayShutdown) {
   const std::vector<uint16_t> ports = *PickFreePorts(2);  // metrics, then the server
-  const uint16_t metrics_port = ports[0];                // rank 0: metrics.port + 0
+  const uint16_t metrics_port = ports[0];                 // rank 0: metrics.port + 0
   TestCluster cluster(1, 1, kTables,
                       "metrics:\n  enabled: true\n  port: " + std::to_string(metrics_port) + "\n",
                       {ports[1]});
@@ -73,14 +73,14 @@ TEST(HostileMetricsTest, IdleConnectionsNeitherBlockScrapesNorDelayShutdown) {
   cluster.server(0).Signal(SIGTERM);
   const std::optional<int> exit_status = cluster.server(0).Wait(std::chrono::seconds(10));
   const auto took = Clock::now() - start;
-  ASSERT_TRUE(exit_status.has_value())
-      << "the shard still runs 10 s after SIGTERM\n" << cluster.ServerLog(0);
+  ASSERT_TRUE(exit_status.has_value()) << "the shard still runs 10 s after SIGTERM\n"
+                                       << cluster.ServerLog(0);
   EXPECT_TRUE(WIFEXITED(*exit_status) && WEXITSTATUS(*exit_status) == 0)
-      << DescribeWaitStatus(*exit_status) << "\n" << cluster.ServerLog(0);
+      << DescribeWaitStatus(*exit_status) << "\n"
+      << cluster.ServerLog(0);
   EXPECT_LT(took, std::chrono::seconds(10));
   std::printf("shard exited %lld ms after SIGTERM with idle metrics connections open\n",
-              static_cast<long long>(
-                  std::chrono::duration_cast<milliseconds>(took).count()));
+              static_cast<long long>(std::chrono::duration_cast<milliseconds>(took).count()));
 }
 
 }  // namespace
