@@ -615,8 +615,9 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
       PARASOL_RETURN_IF_ERROR(r.ParseInt(shape[i], path + ".shape[" + std::to_string(i) + "]",
                                          1, int64_t{1} << 34, &v));
       t->shape.push_back(static_cast<uint64_t>(v));
-      elements *= static_cast<uint64_t>(v);
-      if (elements > (uint64_t{1} << 34)) {
+      // Checked: two sizes of 2^32 would wrap the product to 0 and pass the bound.
+      if (__builtin_mul_overflow(elements, static_cast<uint64_t>(v), &elements) ||
+          elements > (uint64_t{1} << 34)) {
         return r.ErrorAt(shape, path + ".shape", "tensor has more than 2^34 elements");
       }
     }

@@ -153,66 +153,12 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
   try {
-    // First pass: check everything, decode the clocks and the push record, change nothing.
-    Status identity;
-    std::vector<char> table_seen(manifest_.tables.size(), 0);
-    bool clocks_seen = false, record_seen = false;
     std::vector<int64_t> clocks;
     PushDedup record = dedup_;  // the same window
-    auto check = [&](const CheckpointBlockHeader& b) -> Status {
-      identity = CheckHeader(*header);
-      if (!identity.ok()) return identity;
-      PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
-      if (KindOf(b) == Kind::kClocks) {
-        if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
-      } else if (KindOf(b) == Kind::kPushRecord) {
-        if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
-      } else if (std::exchange(table_seen[b.table], 1)) {
-        return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
-      }
-      return Status::Ok();
-    };
-    auto verify = [&](const CheckpointBlock& b) -> Status {
-      if (KindOf(b) == Kind::kClocks) {
-        clocks.resize(b.count);
-        std::memcpy(clocks.data(), b.bytes.data(), b.bytes.size());
-        for (size_t w = 0; w < clocks.size(); ++w) {
-          if (clocks[w] < 0 || clocks[w] > kMaxCheckpointClock) {
-            return InvalidArgument("worker " + std::to_string(w) + "'s clock " +
-                                   std::to_string(clocks[w]) + " is out of range");
-          }
-        }
-      } else if (KindOf(b) == Kind::kPushRecord && !record.Load(b.bytes)) {
-        return InvalidArgument("malformed push record");
-      }
-      return Status::Ok();
-    };
-    const Status read = ReadCheckpoint(in, name, header, verify, check);
-    if (!identity.ok()) return identity.WithContext("checkpoint '" + name + "'");
-    PARASOL_RETURN_IF_ERROR(read);
-    PARASOL_RETURN_IF_ERROR(CheckHeader(*header).WithContext("checkpoint '" + name + "'"));
-    for (size_t t = 0; t < table_seen.size(); ++t) {
-      if (!table_seen[t]) {
-        return InvalidArgument("checkpoint '" + name + "' has no block of table '" +
-                               manifest_.tables[t].name + "'");
-      }
-    }
-    if (!clocks_seen || !record_seen) {
-      return InvalidArgument("checkpoint '" + name + "' has no " +
-                             (clocks_seen ? "push record" : "worker clocks"));
-    }
-    // Second pass: the tables. Everything is checked again as it is read.
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
-    CheckpointHeader again;
-    PARASOL_RETURN_IF_ERROR(ReadCheckpoint(
-        in, name, &again,
-        [&](const CheckpointBlock& b) -> Status {
-          if (KindOf(b) == Kind::kSparseRows) return ApplySparse(b);
-          if (KindOf(b) == Kind::kDenseSlice) return ApplyDense(b);
-          return Status::Ok();
-        },
-        [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); }));
+    PARASOL_RETURN_IF_ERROR(ApplyTables(in, name));
     for (size_t w = 0; w < clocks.size(); ++w) {
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
     }
@@ -223,6 +169,69 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
   } catch (const std::exception& e) {
     return Internal("while loading checkpoint '" + name + "': " + e.what());
   }
+}
+
+Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
+                          std::vector<int64_t>* clocks, PushDedup* record) const {
+  Status identity;
+  std::vector<char> table_seen(manifest_.tables.size(), 0);
+  bool clocks_seen = false, record_seen = false;
+  auto check = [&](const CheckpointBlockHeader& b) -> Status {
+    identity = CheckHeader(*header);
+    if (!identity.ok()) return identity;
+    PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
+    if (KindOf(b) == Kind::kClocks) {
+      if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
+    } else if (KindOf(b) == Kind::kPushRecord) {
+      if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
+    } else if (std::exchange(table_seen[b.table], 1)) {
+      return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
+    }
+    return Status::Ok();
+  };
+  auto decode = [&](const CheckpointBlock& b) -> Status {
+    if (KindOf(b) == Kind::kClocks) {
+      clocks->resize(b.count);
+      std::memcpy(clocks->data(), b.bytes.data(), b.bytes.size());
+      for (size_t w = 0; w < clocks->size(); ++w) {
+        if ((*clocks)[w] < 0 || (*clocks)[w] > kMaxCheckpointClock) {
+          return InvalidArgument("worker " + std::to_string(w) + "'s clock " +
+                                 std::to_string((*clocks)[w]) + " is out of range");
+        }
+      }
+    } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {
+      return InvalidArgument("malformed push record");
+    }
+    return Status::Ok();
+  };
+  const Status read = ReadCheckpoint(in, name, header, decode, check);
+  if (!identity.ok()) return identity.WithContext("checkpoint '" + name + "'");
+  PARASOL_RETURN_IF_ERROR(read);
+  PARASOL_RETURN_IF_ERROR(CheckHeader(*header).WithContext("checkpoint '" + name + "'"));
+  for (size_t t = 0; t < table_seen.size(); ++t) {
+    if (!table_seen[t]) {
+      return InvalidArgument("checkpoint '" + name + "' has no block of table '" +
+                             manifest_.tables[t].name + "'");
+    }
+  }
+  if (!clocks_seen || !record_seen) {
+    return InvalidArgument("checkpoint '" + name + "' has no " +
+                           (clocks_seen ? "push record" : "worker clocks"));
+  }
+  return Status::Ok();
+}
+
+// Every size is checked again as it is read: the file is read anew, not trusted.
+Status ShardState::ApplyTables(std::istream& in, const std::string& name) {
+  CheckpointHeader header;
+  return ReadCheckpoint(
+      in, name, &header,
+      [&](const CheckpointBlock& b) -> Status {
+        if (KindOf(b) == Kind::kSparseRows) return ApplySparse(b);
+        if (KindOf(b) == Kind::kDenseSlice) return ApplyDense(b);
+        return Status::Ok();
+      },
+      [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); });
 }
 
 Status ShardState::ApplySparse(const CheckpointBlock& b) {

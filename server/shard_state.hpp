@@ -69,6 +69,11 @@ class ShardState {
 
  private:
   Status CheckHeader(const CheckpointHeader& h) const;
+  // The first pass: checks the whole file, decodes the clocks and the push record.
+  Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
+                std::vector<int64_t>* clocks, PushDedup* record) const;
+  // The second pass: the rows and slices into the tables.
+  Status ApplyTables(std::istream& in, const std::string& name);
   Status ApplySparse(const CheckpointBlock& b);
   Status ApplyDense(const CheckpointBlock& b);
 

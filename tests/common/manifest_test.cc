@@ -126,6 +126,13 @@ TEST(ManifestTest, MissingRequiredFieldsAreNamed) {
             "job.yaml:4:5: key 'tables[0].shape': missing: dense tables need a shape");
 }
 
+TEST(ManifestTest, AShapeWhoseProductWrapsAroundIsRefused) {
+  // 2^32 x 2^32 is 2^64, which an unchecked product wraps to 0 (under the 2^34 bound).
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
+                    "    shape: [4294967296, 4294967296, 3]\n"),
+            "job.yaml:6:12: key 'tables[0].shape': tensor has more than 2^34 elements");
+}
+
 TEST(ManifestTest, DuplicateTableNamesAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n  - name: t\n"),
             "job.yaml:5:11: key 'tables[1].name': duplicate table name 't'");

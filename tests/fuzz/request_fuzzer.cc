@@ -10,6 +10,9 @@
 //   - under BSP and SSP, without lost workers, an OK pull by a worker of the job at clock c
 //     comes only once every worker not done has had a clock of at least c (c - staleness)
 //     accepted;
+//   - every request but a pull (held for the read bound) and a barrier is answered at once,
+//     and a message the shard cannot read gets exactly one Error reply;
+//   - StatsJson()'s held_pulls are the pulls sent to this shard and not answered yet;
 //   - the Stats reply and StatsJson() are well-formed JSON.
 // A failed check prints what failed and traps, so libFuzzer keeps the input.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -34,7 +37,6 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "common/manifest.hpp"
@@ -45,13 +47,13 @@
 #include "server/shard_server.hpp"
 #include "tests/fuzz/request_input.hpp"
 
-#define FUZZ_CHECK(cond)                                                                  \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
+#define FUZZ_CHECK(cond)                                                                    \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       std::fprintf(stderr, "request_fuzzer: %s:%d: check failed: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                                \
-      __builtin_trap();                                                                   \
-    }                                                                                     \
+                   #cond);                                                                  \
+      __builtin_trap();                                                                     \
+    }                                                                                       \
   } while (0)
 
 namespace parasol::fuzz {
@@ -61,8 +63,9 @@ constexpr int kMaxSteps = 512;
 constexpr int kMaxPauses = 2;
 // Request ids the fuzzer gives its messages; a raw message may carry any other.
 constexpr uint64_t kIdBase = uint64_t{1} << 62;
-// What the fuzzer builds of one message's payload, whatever its header claims.
-constexpr uint64_t kMaxPayloadBytes = (uint64_t{2} << 20) + 64;
+// What the fuzzer builds of one message's payload, whatever its header claims: just over the
+// jobs' server.max_request_bytes (1 MiB), so the limit is crossed but no time is wasted past it.
+constexpr uint64_t kMaxPayloadBytes = (uint64_t{1} << 20) + 64;
 constexpr uint32_t kMaxValueFrames = 4096;
 // Values travel in frames of this many bytes, below the manifest's minimum (4096) so that
 // small inputs make multi-frame values. A row larger than a frame is legal anyway (dim may be
@@ -164,13 +167,20 @@ class JsonSyntax {
   bool Value(int depth) {
     if (depth > 64 || i_ >= s_.size()) return false;
     switch (s_[i_]) {
-      case '{': return Container('}', depth, true);
-      case '[': return Container(']', depth, false);
-      case '"': return String();
-      case 't': return Word("true");
-      case 'f': return Word("false");
-      case 'n': return Word("null");
-      default: return Number();
+      case '{':
+        return Container('}', depth, true);
+      case '[':
+        return Container(']', depth, false);
+      case '"':
+        return String();
+      case 't':
+        return Word("true");
+      case 'f':
+        return Word("false");
+      case 'n':
+        return Word("null");
+      default:
+        return Number();
     }
   }
   bool Container(char close, int depth, bool object) {
@@ -266,32 +276,75 @@ class Session {
   }
 
   void Run(const Step& s) {
+    awaited_ = 0;
+    may_wait_ = false;
+    anonymous_replies_ = 0;
     switch (s.Kind()) {
-      case StepKind::kMessage: SendMessage(s); break;
-      case StepKind::kPeriodic: server_->RunPeriodic(); break;
-      case StepKind::kStats:
-        FUZZ_CHECK(JsonSyntax(server_->StatsJson()).Valid());
-        FUZZ_CHECK(!server_->MetricsText().empty());
+      case StepKind::kMessage:
+        SendMessage(s);
         break;
-      case StepKind::kRestart: Start(/*restore=*/true); break;
-      case StepKind::kDamage: Damage(s); break;
+      case StepKind::kPeriodic:
+        server_->RunPeriodic();
+        break;
+      case StepKind::kStats:
+        CheckStats();
+        break;
+      case StepKind::kRestart:
+        Start(/*restore=*/true);
+        break;
+      case StepKind::kDamage:
+        Damage(s);
+        break;
       case StepKind::kPause:
         // Past worker_timeout in the jobs where it is 1 ms: the next RunPeriodic loses workers.
         if (pauses_++ < kMaxPauses) std::this_thread::sleep_for(std::chrono::milliseconds(2));
         break;
-      case StepKind::kRaw: SendRaw(s); break;
+      case StepKind::kRaw:
+        SendRaw(s);
+        break;
     }
     Drain();
+    // Only a pull (held for the read bound) and a barrier may wait for their answer.
+    if (awaited_ != 0) FUZZ_CHECK(sent_.at(awaited_).answered);
+    // A message the shard cannot read gets one Error reply.
+    const bool message = s.Kind() == StepKind::kMessage || s.Kind() == StepKind::kRaw;
+    if (message && awaited_ == 0 && !may_wait_) FUZZ_CHECK(anonymous_replies_ == 1);
   }
+
+  // StatsJson() is JSON, and its held_pulls are the pulls sent to this shard and not answered.
+  void CheckStats() {
+    const std::string stats = server_->StatsJson();
+    FUZZ_CHECK(JsonSyntax(stats).Valid());
+    FUZZ_CHECK(!server_->MetricsText().empty());
+    CheckHeldPulls(stats);
+  }
+
+  void CheckHeldPulls(const std::string& stats) const {
+    const std::string key = "\"held_pulls\":";
+    const size_t at = stats.find(key);
+    FUZZ_CHECK(at != std::string::npos);
+    if (!raw_ids_.empty()) return;  // a raw message that reads as a pull may be held too
+    uint64_t waiting = 0;
+    for (const auto& [id, sent] : sent_) {
+      const Op op = sent.request.op;
+      waiting += sent.generation == generation_ && !sent.answered &&
+                 (op == Op::PullSparse || op == Op::PullDense);
+    }
+    FUZZ_CHECK(std::strtoull(stats.c_str() + at + key.size(), nullptr, 10) == waiting);
+  }
+
+  ~Session() { CheckHeldPulls(server_->StatsJson()); }
 
  private:
   struct Sent {
     Header request;
     std::string identity;
+    uint32_t generation = 0;  // of the shard it was sent to
     bool answered = false;
   };
 
   void Start(bool restore) {
+    ++generation_;
     server_.reset();  // one set of engine threads at a time
     server_ = NewServer();
     if (restore && !server_->Restore().ok()) {
@@ -315,31 +368,37 @@ class Session {
 
   uint32_t Worker(const Step& s) const {
     switch (s.worker) {
-      case 5: return job_.spec.workers;
-      case 6: return UINT32_MAX;
-      case 7: return s.worker_raw;
-      default: return s.worker % job_.spec.workers;
+      case 5:
+        return job_.spec.workers;
+      case 6:
+        return UINT32_MAX;
+      case 7:
+        return s.worker_raw;
+      default:
+        return s.worker % job_.spec.workers;
     }
   }
 
   // `tick`: the clock of a Clock message (the worker's next), else of a pull or push.
   int64_t ResolveClock(const Step& s, uint32_t worker, bool tick) const {
     const int64_t base = worker < job_.spec.workers ? clocks_[worker] : 0;
-    static constexpr int64_t kExtreme[] = {INT64_MIN,         INT64_MIN + 1, -1, INT64_MAX,
-                                           INT64_MAX - 1,     int64_t{1} << 31,
-                                           int64_t{1} << 32};
+    static constexpr int64_t kExtreme[] = {
+        INT64_MIN, INT64_MIN + 1, -1, INT64_MAX, INT64_MAX - 1, int64_t{1} << 31, int64_t{1} << 32};
     switch (s.clock) {
-      case 4: return tick ? base : SaturatingAdd(base, 1);
-      case 5: return tick ? SaturatingAdd(base, 2) : SaturatingAdd(base, -1);
-      case 6: return s.clock_small;
-      case 7: return s.clock_extreme < 7 ? kExtreme[s.clock_extreme] : s.clock_raw;
-      default: return tick ? SaturatingAdd(base, 1) : base;
+      case 4:
+        return tick ? base : SaturatingAdd(base, 1);
+      case 5:
+        return tick ? SaturatingAdd(base, 2) : SaturatingAdd(base, -1);
+      case 6:
+        return s.clock_small;
+      case 7:
+        return s.clock_extreme < 7 ? kExtreme[s.clock_extreme] : s.clock_raw;
+      default:
+        return tick ? SaturatingAdd(base, 1) : base;
     }
   }
 
-  uint32_t TableId(const Step& s) const {
-    return s.table == 15 ? s.table_raw : s.table;
-  }
+  uint32_t TableId(const Step& s) const { return s.table == 15 ? s.table_raw : s.table; }
   TableInfo Table(uint32_t id) const {
     return id < job_.tables.size() ? job_.tables[id] : TableInfo{};
   }
@@ -374,12 +433,24 @@ class Session {
 
   static void SetField(Header& h, uint8_t field, uint64_t v) {
     switch (field) {
-      case 0: h.key_count = v; break;
-      case 1: h.value_dim = static_cast<uint32_t>(v); break;
-      case 2: h.offset = v; break;
-      case 3: h.value_frames = static_cast<uint32_t>(v); break;
-      case 4: h.rows_per_frame = v; break;
-      default: h.dtype = static_cast<wire::DType>(v & 0xff); break;
+      case 0:
+        h.key_count = v;
+        break;
+      case 1:
+        h.value_dim = static_cast<uint32_t>(v);
+        break;
+      case 2:
+        h.offset = v;
+        break;
+      case 3:
+        h.value_frames = static_cast<uint32_t>(v);
+        break;
+      case 4:
+        h.rows_per_frame = v;
+        break;
+      default:
+        h.dtype = static_cast<wire::DType>(v & 0xff);
+        break;
     }
   }
 
@@ -411,22 +482,41 @@ class Session {
         break;
       case 6:
         switch (s.barrier) {
-          case 0: h.offset = static_cast<uint64_t>(barrier_); break;
-          case 1: h.offset = static_cast<uint64_t>(++barrier_); break;
-          case 2: h.offset = static_cast<uint64_t>(barrier_ - 1); break;
-          default: h.offset = s.barrier_raw.Value(); break;
+          case 0:
+            h.offset = static_cast<uint64_t>(barrier_);
+            break;
+          case 1:
+            h.offset = static_cast<uint64_t>(++barrier_);
+            break;
+          case 2:
+            h.offset = static_cast<uint64_t>(barrier_ - 1);
+            break;
+          default:
+            h.offset = s.barrier_raw.Value();
+            break;
         }
         break;
       default:
         break;
     }
     switch (s.anomaly) {
-      case 11: h.is_reply = true; break;
-      case 12: h.status = static_cast<StatusCode>(s.anomaly_value); break;
-      case 13: h.version = s.anomaly_value; break;
-      case 14: h.message = s.text; break;
-      case 15: h.dtype = static_cast<wire::DType>(s.anomaly_value); break;
-      default: break;
+      case 11:
+        h.is_reply = true;
+        break;
+      case 12:
+        h.status = static_cast<StatusCode>(s.anomaly_value);
+        break;
+      case 13:
+        h.version = s.anomaly_value;
+        break;
+      case 14:
+        h.message = s.text;
+        break;
+      case 15:
+        h.dtype = static_cast<wire::DType>(s.anomaly_value);
+        break;
+      default:
+        break;
     }
     return h;
   }
@@ -434,7 +524,8 @@ class Session {
   static uint64_t KeyAt(const Keys& k, uint64_t i) {
     const size_t n = k.bytes.size();
     switch (k.mode) {
-      case 1: return k.base + i * k.stride;
+      case 1:
+        return k.base + i * k.stride;
       case 2: {
         if (n == 0) return i;
         uint64_t v = 0;
@@ -443,7 +534,8 @@ class Session {
         }
         return v;
       }
-      default: return n == 0 ? i % 48 : static_cast<uint8_t>(k.bytes[i % n]) % 48;
+      default:
+        return n == 0 ? i % 48 : static_cast<uint8_t>(k.bytes[i % n]) % 48;
     }
   }
 
@@ -459,9 +551,15 @@ class Session {
     for (uint64_t j = 0; j + 4 <= bytes; j += 4, ++*next) {
       float f = 0;
       switch (v.mode) {
-        case 0: f = SpecialFloat(v.special); break;
-        case 1: f = n ? SpecialFloat(static_cast<uint8_t>(v.bytes[*next % n])) : 0.0f; break;
-        default: f = SpecialFloat(v.special) + static_cast<float>(*next % 1000) * 1e-3f; break;
+        case 0:
+          f = SpecialFloat(v.special);
+          break;
+        case 1:
+          f = n ? SpecialFloat(static_cast<uint8_t>(v.bytes[*next % n])) : 0.0f;
+          break;
+        default:
+          f = SpecialFloat(v.special) + static_cast<float>(*next % 1000) * 1e-3f;
+          break;
       }
       std::memcpy(out.data() + j, &f, sizeof(f));
     }
@@ -474,7 +572,8 @@ class Session {
     uint64_t budget = kMaxPayloadBytes;
     uint64_t next_float = 0;
     if (s.frames.mode == 7) {
-      for (uint16_t size : s.frames.sizes) frames.push_back(ValueBytes(s.values, size, &next_float));
+      for (uint16_t size : s.frames.sizes)
+        frames.push_back(ValueBytes(s.values, size, &next_float));
       return frames;
     }
     const PayloadLayout layout = PayloadLayoutOf(h.op, h.is_reply, h.status);
@@ -493,8 +592,7 @@ class Session {
       const uint32_t count = std::min(h.value_frames, kMaxValueFrames);
       for (uint32_t f = 0; f < count; ++f) {
         uint64_t first = 0, rows = 0, bytes = 0;
-        if (!__builtin_mul_overflow(uint64_t{f}, h.rows_per_frame, &first) &&
-            first < h.key_count) {
+        if (!__builtin_mul_overflow(uint64_t{f}, h.rows_per_frame, &first) && first < h.key_count) {
           rows = std::min(h.rows_per_frame, h.key_count - first);
         }
         if (__builtin_mul_overflow(rows, row_bytes, &bytes)) bytes = budget;
@@ -512,7 +610,9 @@ class Session {
       case 0:
         if (!frames->empty()) frames->pop_back();
         break;
-      case 1: frames->push_back(std::string(std::max<int>(0, e.delta), '\x01')); break;
+      case 1:
+        frames->push_back(std::string(std::max<int>(0, e.delta), '\x01'));
+        break;
       case 2:
         if (!frames->empty()) {
           std::string& f = (*frames)[e.at % frames->size()];
@@ -534,7 +634,12 @@ class Session {
     for (const std::string& p : Payload(s, h)) frames.emplace_back(p.data(), p.size());
     // What the shard will decode: a header it refuses gets an Error reply with request id 0.
     Result<Header> decoded = DecodeHeader(frames[1].data(), frames[1].size());
-    if (decoded.ok()) sent_[h.request_id] = Sent{*decoded, identity};
+    if (decoded.ok()) {
+      sent_[h.request_id] = Sent{*decoded, identity, generation_};
+      const Op op = decoded->op;
+      may_wait_ = op == Op::PullSparse || op == Op::PullDense || op == Op::Barrier;
+      if (!may_wait_) awaited_ = h.request_id;
+    }
     server_->HandleMessage(frames);
   }
 
@@ -545,7 +650,10 @@ class Session {
     for (const std::string& f : s.raw_frames) frames.emplace_back(f.data(), f.size());
     if (frames.size() >= 2) {
       Result<Header> decoded = DecodeHeader(frames[1].data(), frames[1].size());
-      if (decoded.ok()) raw_ids_.insert(decoded->request_id);
+      if (decoded.ok()) {
+        raw_ids_.insert(decoded->request_id);
+        may_wait_ = true;  // not checked: its request id may be anything
+      }
     }
     server_->HandleMessage(frames);
   }
@@ -621,6 +729,7 @@ class Session {
     if (r.request_id < kIdBase) {
       // A message whose header the shard could not read.
       FUZZ_CHECK(r.op == Op::Error && r.status != StatusCode::kOk && frames.size() == 2);
+      ++anonymous_replies_;
       return;
     }
     auto it = sent_.find(r.request_id);
@@ -637,7 +746,9 @@ class Session {
     }
     switch (r.op) {
       case Op::PullSparse:
-      case Op::PullDense: CheckPull(s.request, r, frames); break;
+      case Op::PullDense:
+        CheckPull(s.request, r, frames);
+        break;
       case Op::Hello:
         FUZZ_CHECK(r.shard_rank == job_.spec.rank && r.shard_count == job_.spec.shards);
         FUZZ_CHECK(frames.size() == 2);
@@ -646,7 +757,9 @@ class Session {
         FUZZ_CHECK(JsonSyntax(r.message).Valid());
         FUZZ_CHECK(frames.size() == 2);
         break;
-      default: FUZZ_CHECK(frames.size() == 2); break;
+      default:
+        FUZZ_CHECK(frames.size() == 2);
+        break;
     }
   }
 
@@ -692,6 +805,12 @@ class Session {
   uint64_t next_id_ = kIdBase;
   std::unordered_map<uint64_t, Sent> sent_;  // by request id
   std::unordered_set<uint64_t> raw_ids_;     // request ids raw messages happened to carry
+  uint32_t generation_ = 0;                  // shards started so far
+  // The step's own message: its request id when it must be answered at once (0: none or not
+  // readable), whether it may wait instead, and the replies to messages that were not readable.
+  uint64_t awaited_ = 0;
+  bool may_wait_ = false;
+  int anonymous_replies_ = 0;
   int pauses_ = 0;
 };
 
@@ -700,8 +819,8 @@ class Session {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // Logged, formatted, and dropped: the shard warns about every bad message.
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
-      "fuzz", std::make_shared<spdlog::sinks::null_sink_st>()));
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("fuzz", std::make_shared<spdlog::sinks::null_sink_st>()));
   (void)parasol::fuzz::CheckpointDir();
   std::atexit(parasol::fuzz::RemoveCheckpointDir);
   return 0;

@@ -64,15 +64,15 @@ inline uint8_t ConfigByte(JobSpec::Mode mode, uint32_t layout, uint32_t workers)
 
 // The tables of every fuzzed job, in manifest order (table id = position).
 enum FuzzTable : uint32_t {
-  kSparseSgd,       // dim 1, uniform init, eviction max_rows 16
-  kSparseAdagrad,   // dim 3
-  kSparseRowwise,   // dim 4, adagrad_rowwise
-  kSparseAdam,      // dim 8, normal init
-  kSparseFtrl,      // dim 4, admission min_count 2, eviction ttl_clocks 2 and max_rows 8
-  kDenseSgd,        // [10]
-  kDenseAdagrad,    // [4, 6]
-  kDenseAdam,       // [40, 40]: many frames
-  kDenseFtrl,       // [3, 5, 7]
+  kSparseSgd,      // dim 1, uniform init, eviction max_rows 16
+  kSparseAdagrad,  // dim 3
+  kSparseRowwise,  // dim 4, adagrad_rowwise
+  kSparseAdam,     // dim 8, normal init
+  kSparseFtrl,     // dim 4, admission min_count 2, eviction ttl_clocks 2 and max_rows 8
+  kDenseSgd,       // [10]
+  kDenseAdagrad,   // [4, 6]
+  kDenseAdam,      // [40, 40]: many frames
+  kDenseFtrl,      // [3, 5, 7]
   kTableCount
 };
 
@@ -103,8 +103,10 @@ inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_
   std::string y = "job: {name: fuzz, seed: 7}\ncluster:\n  servers: [127.0.0.1:1";
   if (s.shards == 2) y += ", 127.0.0.1:2";
   y += "]\n  workers: " + std::to_string(s.workers) + "\n";
+  // Limits small enough that a few messages reach them.
   y += "server: {engine_threads: " + std::to_string(s.engines) +
-       ", max_request_bytes: 1MiB, frame_bytes: 4096}\n";
+       ", max_request_bytes: 1MiB, frame_bytes: 4096, max_held_pulls: 8, max_held_bytes: 64KiB,"
+       " max_pending_clocks: 3, max_pending_bytes: 256KiB}\n";
   y += "training: {" + std::string(kModes[static_cast<int>(s.mode)]);
   if (s.loss == JobSpec::Loss::kNever) {
     y += ", worker_timeout: 1h}\n";
@@ -125,8 +127,8 @@ struct Special {
   uint64_t raw = 0;
   bool operator==(const Special&) const = default;
   uint64_t Value() const {
-    static constexpr uint64_t kFixed[] = {0, 1, 2, 0, 0, 0xffffffffull, 1ull << 32, 1ull << 61,
-                                          1ull << 63, ~0ull, ~0ull - 1, 0};
+    static constexpr uint64_t kFixed[] = {
+        0, 1, 2, 0, 0, 0xffffffffull, 1ull << 32, 1ull << 61, 1ull << 63, ~0ull, ~0ull - 1, 0};
     return kind == 3 || kind == 4 || kind == 11 ? raw : kFixed[kind % 12];
   }
 };
@@ -144,8 +146,8 @@ struct Shape {
 };
 
 struct Keys {
-  uint8_t mode = 0;    // [0, 2]: 0 a small key space (bytes % 48), 1 base + i * stride, 2 raw
-  std::string bytes;   // 0 and 2, cycled
+  uint8_t mode = 0;   // [0, 2]: 0 a small key space (bytes % 48), 1 base + i * stride, 2 raw
+  std::string bytes;  // 0 and 2, cycled
   uint8_t base = 0;
   uint8_t stride = 1;  // [0, 4]
   bool operator==(const Keys&) const = default;
@@ -174,23 +176,23 @@ struct Step {
   uint8_t kind = 0;  // [0, 31]: see KindOf()
 
   // A message.
-  uint8_t op = 0;         // [0, 15]: see OpOf()
-  uint8_t raw_op = 11;    // op 15: a byte past Op::MAX
-  uint8_t peer = 0;       // [0, 3]: the identity it comes from
-  uint8_t worker = 0;     // [0, 7]: 0-4 a worker of the job, 5 the first one past it,
-                          //         6 2^32-1, 7 worker_raw
+  uint8_t op = 0;       // [0, 15]: see OpByte()
+  uint8_t raw_op = 11;  // op 15: a byte past Op::MAX
+  uint8_t peer = 0;     // [0, 3]: the identity it comes from
+  uint8_t worker = 0;   // [0, 7]: 0-4 a worker of the job, 5 the first one past it,
+                        //         6 2^32-1, 7 worker_raw
   uint32_t worker_raw = 0;
-  uint8_t anomaly = 0;    // [0, 15]: 0-10 none, 11 is_reply, 12 a status, 13 a version,
-                          //          14 a message text, 15 a dtype
+  uint8_t anomaly = 0;  // [0, 15]: 0-10 none, 11 is_reply, 12 a status, 13 a version,
+                        //          14 a message text, 15 a dtype
   uint8_t anomaly_value = 0;
   std::string text;
-  uint8_t hello = 0;      // Hello [0, 7]: 7 a wrong manifest hash
-  uint8_t seq = 0;        // pushes [0, 3]: 0-1 the next, 2 the last again, 3 seq_raw
-  uint8_t seq_raw = 0;    // [0, 15]
+  uint8_t hello = 0;        // Hello [0, 7]: 7 a wrong manifest hash
+  uint8_t seq = 0;          // pushes [0, 3]: 0-1 the next, 2 the last again, 3 seq_raw
+  uint8_t seq_raw = 0;      // [0, 15]
   uint8_t incarnation = 0;  // [0, 7]: 0-5 one, 6 another, 7 zero
-  uint8_t table = 0;      // [0, 15]: past the tables: that id; 15: table_raw
+  uint8_t table = 0;        // [0, 15]: past the tables: that id; 15: table_raw
   uint32_t table_raw = 0;
-  uint8_t clock = 0;      // [0, 7]: see ResolveClock() in the fuzzer
+  uint8_t clock = 0;  // [0, 7]: see ResolveClock() in the fuzzer
   uint8_t clock_small = 0;
   uint8_t clock_extreme = 0;  // [0, 7]
   int64_t clock_raw = 0;
@@ -232,10 +234,10 @@ struct Step {
 
 // Some floats: 0-10 ordinary, then 1e30, FLT_MAX, NaN, Inf, a denormal.
 inline float SpecialFloat(uint8_t i) {
-  static constexpr float kValues[] = {0.0f,  1.0f,   -1.0f, 0.5f, 0.01f,   -0.01f,
-                                      3.0f,  -2.5f,  1e-3f, 100.f, -0.0f,  1e30f,
-                                      3.4028235e38f, __builtin_nanf(""), __builtin_inff(),
-                                      1e-40f};
+  constexpr float kNaN = __builtin_nanf(""), kInf = __builtin_inff();
+  static constexpr float kValues[] = {0.0f,          1.0f,  -1.0f, 0.5f,  0.01f, -0.01f,
+                                      3.0f,          -2.5f, 1e-3f, 100.f, -0.0f, 1e30f,
+                                      3.4028235e38f, kNaN,  kInf,  1e-40f};
   return kValues[i & 15];
 }
 

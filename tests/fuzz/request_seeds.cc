@@ -300,9 +300,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<Session> sessions;
-  for (auto mode : {JobSpec::Mode::kBsp, JobSpec::Mode::kSsp1, JobSpec::Mode::kSsp2,
-                    JobSpec::Mode::kAsp}) {
-    for (uint32_t layout = 0; layout < 3; ++layout) sessions.push_back(FullSession(mode, layout, 2));
+  for (auto mode :
+       {JobSpec::Mode::kBsp, JobSpec::Mode::kSsp1, JobSpec::Mode::kSsp2, JobSpec::Mode::kAsp}) {
+    for (uint32_t layout = 0; layout < 3; ++layout)
+      sessions.push_back(FullSession(mode, layout, 2));
     sessions.push_back(FullSession(mode, 1, 3));
   }
   for (Session& s : FocusedSessions()) sessions.push_back(std::move(s));
