@@ -59,6 +59,7 @@ struct Header {
   bool done = false;
   uint64_t server_epoch = 0;
   int64_t checkpoint_clock = -1;
+  bool caught_up = false;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

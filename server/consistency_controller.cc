@@ -17,7 +17,27 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       unconfirmed_(workers, false),
       live_(workers) {}
 
-Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done) {
+namespace {
+
+// How far past the slowest live worker a request's clock may be: one more than the read bound
+// (see the header).
+int64_t SlackOf(const TrainingOptions& o) {
+  return o.consistency == TrainingOptions::Consistency::kBsp
+             ? 2
+             : static_cast<int64_t>(o.staleness) + 2;
+}
+
+}  // namespace
+
+bool ConsistencyController::ClocksKnown() const {
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (unconfirmed_[w] && !lost_[w] && done_at_[w] < 0) return false;
+  }
+  return true;
+}
+
+Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
+                                      bool caught_up) {
   const int64_t current = clocks_[worker];
   if (clock > current && clock - current > 1) {
     return FailedPrecondition(
@@ -26,17 +46,22 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done)
         " to " + std::to_string(clock) + "; a worker's clock moves forward by one per Clock" +
         (unconfirmed_[worker] ? " (after a restart it replays its clocks in order)" : ""));
   }
-  unconfirmed_[worker] = false;
+  if (clock > current && options_.consistency != TrainingOptions::Consistency::kAsp &&
+      ClocksKnown()) {
+    const int64_t slowest = MinClock();
+    if (slowest != std::numeric_limits<int64_t>::max() && clock - slowest > SlackOf(options_)) {
+      return FailedPrecondition("Clock: worker " + std::to_string(worker) + " moves to clock " +
+                                std::to_string(clock) + ", which the job could never reach " +
+                                "while the slowest worker is at " + std::to_string(slowest));
+    }
+  }
+  if (caught_up || done) unconfirmed_[worker] = false;
   clocks_[worker] = std::max(current, clock);
   if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
   return Status::Ok();
 }
 
 Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) const {
-  for (size_t w = 0; w < clocks_.size(); ++w) {
-    // A restored clock is only a lower bound: the job's bound is not known yet.
-    if (unconfirmed_[w] && !lost_[w] && done_at_[w] < 0) return Status::Ok();
-  }
   const int64_t own = clocks_[worker];
   if (clock > own && clock - own > 1) {
     return FailedPrecondition("worker " + std::to_string(worker) + " asks at clock " +
@@ -44,19 +69,16 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) 
                               std::to_string(own + 1));
   }
   if (options_.consistency == TrainingOptions::Consistency::kAsp) return Status::Ok();
+  if (!ClocksKnown()) return Status::Ok();  // restored clocks are only a lower bound
   const int64_t slowest = MinClock();
   if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
-  const int64_t slack = options_.consistency == TrainingOptions::Consistency::kBsp
-                            ? 1
-                            : static_cast<int64_t>(options_.staleness) + 1;
+  const int64_t slack = SlackOf(options_);
   if (clock > slowest && clock - slowest > slack) {
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
         ", which the job could never admit: the slowest worker is at " + std::to_string(slowest) +
-        (options_.consistency == TrainingOptions::Consistency::kBsp
-             ? " and bsp admits at most one clock ahead"
-             : " and ssp admits at most staleness + 1 = " + std::to_string(slack) +
-                   " clocks ahead"));
+        " and " + (options_.consistency == TrainingOptions::Consistency::kBsp ? "bsp" : "ssp") +
+        " admits at most " + std::to_string(slack) + " clocks ahead");
   }
   return Status::Ok();
 }

@@ -7,12 +7,13 @@
 //   asp  never waits
 //
 // Clocks move forward by one: a Clock at or below the worker's clock is a resend (no change),
-// one above it by more than one is refused. A request at a clock the mode could never admit
-// (bsp: beyond the slowest live worker's clock + 1; ssp: beyond it + staleness + 1; any mode:
-// beyond the sender's own clock + 1) is refused rather than held. After a restore the shard's
-// clocks are only a lower bound until each worker's next Clock confirms where it is; until
-// then nothing is refused for its clock (held requests are still bounded by the shard's
-// limits).
+// one above it by more than one is refused. A request beyond the sender's own clock + 1 is
+// refused, and so is one at a clock the mode could never admit, rather than held: bsp beyond
+// the slowest live worker's clock + 2, ssp beyond it + staleness + 2. (One more than the read
+// bound: a worker's Clock reaches the shards one by one, so a shard may not have seen the
+// slowest worker's last tick yet when a faster one, admitted elsewhere, asks here.) A Clock is
+// bounded the same way. After a restore the shard's clocks are only a lower bound until each
+// worker's replay has caught up; until then only the sender's own clock bounds its requests.
 //
 // A worker is lost when the shard has heard nothing from it for training.worker_timeout while
 // it had no request held here and (under bsp/ssp) was at the slowest clock: a worker ahead of
@@ -52,7 +53,11 @@ class ConsistencyController {
   // longer expected to push for later clocks). A clock at or below the worker's changes
   // nothing; a jump of more than one is refused.
   // REQUIRES: InJob(worker).
-  Status Advance(uint32_t worker, int64_t clock, bool done);
+  // `caught_up` (the last Clock of a worker's replay after a restore) confirms the worker's
+  // clock. A Clock beyond what the mode lets the slowest worker's peers reach is refused too.
+  Status Advance(uint32_t worker, int64_t clock, bool done, bool caught_up = false);
+  // Whether every live worker's clock is known (none restored and not yet caught up).
+  bool ClocksKnown() const;
   // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
   // naming the bound it is beyond.
   // REQUIRES: InJob(worker).

@@ -34,7 +34,9 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
       controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()),
-      epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1) {
+      epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1),
+      held_count_(manifest.cluster.workers, 0),
+      held_worker_bytes_(manifest.cluster.workers, 0) {
   ResetTables();
 }
 
@@ -149,6 +151,13 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   }
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
   return Status::Ok();
+}
+
+uint64_t ShardServer::StateStamp() const {
+  uint64_t stamp = counters_.rows_pushed + counters_.dense_elements_pushed +
+                   counters_.bsp_clocks_applied + counters_.checkpoints;
+  for (int64_t c : controller_.clocks()) stamp = stamp * 31 + static_cast<uint64_t>(c);
+  return stamp;
 }
 
 void ShardServer::RunPeriodic() {
@@ -293,8 +302,18 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       spdlog::info("shard {}: shutdown requested by worker {}", rank_, req.worker_id);
       shutdown_requested_ = true;
       return Status::Ok();
-    case Op::Checkpoint:
-      return SaveCheckpoint("requested by worker " + std::to_string(req.worker_id));
+    case Op::Checkpoint: {
+      // Any client may ask; a flood of requests writes nothing new while nothing changes.
+      const uint64_t stamp = StateStamp();
+      if (requested_checkpoint_stamp_ == stamp) {
+        reply->message = "nothing changed since the last requested checkpoint";
+        return Status::Ok();
+      }
+      PARASOL_RETURN_IF_ERROR(
+          SaveCheckpoint("requested by worker " + std::to_string(req.worker_id)));
+      requested_checkpoint_stamp_ = stamp;
+      return Status::Ok();
+    }
     case Op::Error:
       return BadMessage("Error is a reply op, not a request");
   }
@@ -331,7 +350,10 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
 
 Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const {
   const ServerOptions& o = manifest_.server;
-  if (!aggregates_.count(clock) && aggregates_.size() >= o.max_pending_clocks) {
+  // While a restored shard waits for the workers' replays, pushes of many clocks arrive before
+  // the clocks that apply them: only the bytes bound them then.
+  if (!aggregates_.count(clock) && aggregates_.size() >= o.max_pending_clocks &&
+      controller_.ClocksKnown()) {
     return ResourceExhausted("push for clock " + std::to_string(clock) + ": " +
                              std::to_string(aggregates_.size()) +
                              " clocks already have pushes being summed (server.max_pending_clocks"
@@ -348,22 +370,28 @@ Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const 
 }
 
 Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames) {
+  // Per worker: one client posing as a worker cannot crowd the others out.
   const ServerOptions& o = manifest_.server;
+  const uint32_t w = req.worker_id;
   uint64_t bytes = 0;
   for (const zmq::message_t& f : frames) bytes += f.size();
-  if (held_pulls_.size() >= o.max_held_pulls) {
+  if (held_count_[w] >= o.max_held_pulls) {
     return ResourceExhausted(std::string(OpName(req.op)) + " at clock " +
                              std::to_string(req.clock) + " cannot wait for the read bound: " +
-                             std::to_string(held_pulls_.size()) + " pulls are held already " +
+                             "worker " + std::to_string(w) + " has " +
+                             std::to_string(held_count_[w]) + " pulls held already " +
                              "(server.max_held_pulls = " + std::to_string(o.max_held_pulls) + ")");
   }
-  if (held_bytes_ + bytes > o.max_held_bytes) {
+  if (held_worker_bytes_[w] + bytes > o.max_held_bytes) {
     return ResourceExhausted(std::string(OpName(req.op)) + " at clock " +
                              std::to_string(req.clock) + " cannot wait for the read bound: " +
-                             "held pulls would take " + std::to_string(held_bytes_ + bytes) +
+                             "worker " + std::to_string(w) + "'s held pulls would take " +
+                             std::to_string(held_worker_bytes_[w] + bytes) +
                              " bytes (server.max_held_bytes = " +
                              std::to_string(o.max_held_bytes) + ")");
   }
+  ++held_count_[w];
+  held_worker_bytes_[w] += bytes;
   held_bytes_ += bytes;
   held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now()});
   controller_.AddHeld(req.worker_id, +1);
@@ -391,7 +419,11 @@ void ShardServer::ReleaseHeldPulls() {
   }
   held_pulls_ = std::move(still);
   for (const HeldPull& h : ready) {
-    for (const zmq::message_t& f : h.frames) held_bytes_ -= f.size();
+    uint64_t bytes = 0;
+    for (const zmq::message_t& f : h.frames) bytes += f.size();
+    held_bytes_ -= bytes;
+    held_worker_bytes_[h.request.worker_id] -= bytes;
+    --held_count_[h.request.worker_id];
   }
   for (HeldPull& h : ready) {
     // Waiting on the shard was not silence: the worker's timer starts again now.
@@ -468,7 +500,7 @@ Status ShardServer::HandleClock(const Header& req) {
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  return controller_.Advance(req.worker_id, req.clock, req.done);
+  return controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up);
 }
 
 Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
@@ -482,6 +514,11 @@ Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t&
   }
   const int64_t id = static_cast<int64_t>(req.offset);
   if (id == last_barrier_) return false;  // a resend: everyone has passed it
+  if (id > last_barrier_ + kMaxBarrierStride) {
+    return FailedPrecondition("Barrier: id " + std::to_string(id) + " is more than " +
+                              std::to_string(kMaxBarrierStride) + " past the last released "
+                              "barrier (" + std::to_string(last_barrier_) + ")");
+  }
   if (id < last_barrier_) {
     return FailedPrecondition("Barrier: id " + std::to_string(id) + " is behind barrier " +
                               std::to_string(last_barrier_) + ", released already (barrier " +

@@ -193,6 +193,14 @@ class ShardServer {
   bool shutdown_requested_ = false;
   std::chrono::steady_clock::time_point last_sweep_{};
   ReplySink reply_sink_;
+  // Held pulls per worker (server.max_held_pulls and max_held_bytes are per worker).
+  std::vector<uint32_t> held_count_;
+  std::vector<uint64_t> held_worker_bytes_;
+  // Changes whenever pushes, clocks or checkpoints change what a checkpoint would hold.
+  uint64_t StateStamp() const;
+  uint64_t requested_checkpoint_stamp_ = ~uint64_t{0};
+  // How far past the last released barrier a new one may be.
+  static constexpr int64_t kMaxBarrierStride = 16;
   // Warnings that peers can trigger, rate-limited; their counts are in /metrics.
   LogLimiter bad_message_log_;
   LogLimiter failed_request_log_;

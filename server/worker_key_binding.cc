@@ -47,7 +47,16 @@ Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const
   const uint32_t id = request.worker_id;
   const auto owner = rank_of_.find(key);
   if (id < keys_.size()) {
-    if (key == keys_[id]) return Status::Ok();
+    if (key == keys_[id]) {
+      // A worker trains; stopping or checkpointing the job is for tools (observer ids), so a
+      // stolen worker key cannot do either.
+      if (request.op == Op::Shutdown || request.op == Op::Checkpoint) {
+        return FailedPrecondition(Claim(request) + "a worker's key may not ask for " +
+                                  OpName(request.op) + "; a tool key (security.allowed_clients) "
+                                  "may, as an observer");
+      }
+      return Status::Ok();
+    }
     const std::string mine = std::to_string(id);
     std::string whose =
         owner != rank_of_.end()

@@ -56,9 +56,12 @@ void ZapHandler::HandleMonitorEvent() {
                                                               : "protocol error " +
                                                                     std::to_string(value);
   }
+  uint64_t left_out = 0;
+  if (!refusal_log_.Allow(std::chrono::steady_clock::now(), &left_out)) return;
   spdlog::warn("{}: refused a connection on {}: the handshake failed ({}): a client without "
-               "CURVE, or with the wrong server key",
-               label_, event[1].to_string(), why);
+               "CURVE, or with the wrong server key{}",
+               label_, event[1].to_string(), why,
+               left_out ? " (and " + std::to_string(left_out) + " more refusals since)" : "");
 }
 
 void ZapHandler::Loop() {
@@ -92,9 +95,14 @@ void ZapHandler::HandleZap() {
         ++admissions_;
       } else {
         ++refusals_;
-        spdlog::warn("{}: refused a connection from {}: {}", label_, address,
-                     key.empty() ? "no CURVE key (mechanism " + mechanism + ")"
-                                 : "unknown client key " + key);
+        uint64_t left_out = 0;
+        if (refusal_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+          spdlog::warn("{}: refused a connection from {}: {}{}", label_, address,
+                       key.empty() ? "no CURVE key (mechanism " + mechanism + ")"
+                                   : "unknown client key " + key,
+                       left_out ? " (and " + std::to_string(left_out) + " more refusals since)"
+                                : "");
+        }
       }
       std::vector<zmq::message_t> reply;
       reply.emplace_back(std::string("1.0"));

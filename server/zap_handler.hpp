@@ -13,6 +13,7 @@
 
 #include <zmq.hpp>
 
+#include "common/log_limiter.hpp"
 #include "common/status.hpp"
 
 namespace parasol {
@@ -41,6 +42,7 @@ class ZapHandler {
   std::string label_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refusals_{0};
+  LogLimiter refusal_log_;  // the handler's thread only: refusals are rate-limited in the log
   std::atomic<uint64_t> admissions_{0};
   std::thread thread_;
 };

@@ -11,7 +11,7 @@ namespace {
 class DlrmModel : public Model {
  public:
   DlrmModel(const Manifest& m, Backend* backend, uint32_t max_batch)
-      : backend_(backend), layout_(LayoutOf(m.model)), max_batch_(max_batch) {
+      : backend_(backend), layout_(LayoutOf(m.model)) {
     dim_ = layout_.sparse_dim;
     const size_t bags = size_t{max_batch} * kCriteoSparseFields;
     x_ = backend->Allocate(size_t{max_batch} * kCriteoDenseFeatures);
@@ -130,7 +130,6 @@ class DlrmModel : public Model {
 
   Backend* backend_;
   ModelLayout layout_;
-  uint32_t max_batch_;
   uint32_t dim_ = 0;
   uint32_t batch_ = 0;
   uint32_t unique_ = 0;

@@ -533,6 +533,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   ShardRequest& r = *it->second;
   if (h->status != StatusCode::kOk) {
+    // A shard that restarted answers from its checkpoint's state until this worker's replay
+    // has reached it: the replay resends the request, in order.
+    if (replay_due_[shard]) return;
     FailRequest(r, Status(h->status, h->message));
     return;
   }
@@ -632,35 +635,63 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
 
 void PsClient::Replay(uint32_t shard) {
   replay_due_[shard] = false;
-  size_t n = 0;
-  for (LoggedPush& p : push_log_[shard]) {
+  // In clock order: each clock, then the logged pushes of that clock, so that the restored
+  // shard sees every push at the clock it belongs to (a shard refuses a clock that jumps, and a
+  // request beyond its sender's clock). Clocks it already has change nothing. The last Clock
+  // says the replay is complete: the shard knows this worker's clock again.
+  const bool in_job = worker_id_ < manifest_.cluster.workers;
+  const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), clock_);
+  auto send_clock = [&](int64_t c) {
+    if (!in_job) return;
+    Header h = NewRequest(Op::Clock, 0);
+    h.clock = c;
+    h.done = left_ && c == clock_;
+    h.caught_up = c == clock_;
     std::vector<zmq::message_t> frames;
-    for (auto& f : p.frames) frames.push_back(CopyMessage(f));
+    frames.push_back(EncodeHeader(h));
     (void)SendFrames(shards_[shard], frames);
-    ++n;
-  }
-  // The restored shard knows the clocks of its checkpoint; tell it where this worker is, one
-  // clock at a time (a shard refuses a clock that jumps; those it has already change nothing).
-  if (worker_id_ < manifest_.cluster.workers) {
-    for (int64_t c = std::max<int64_t>(0, restored_clock_[shard]); c <= clock_; ++c) {
-      Header h = NewRequest(Op::Clock, 0);
-      h.clock = c;
-      h.done = left_ && c == clock_;
+  };
+  size_t n = 0;
+  auto log = push_log_[shard].begin();
+  for (int64_t c = first; c <= clock_; ++c) {
+    send_clock(c);
+    for (; log != push_log_[shard].end() && log->clock <= c; ++log, ++n) {
       std::vector<zmq::message_t> frames;
-      frames.push_back(EncodeHeader(h));
+      for (auto& f : log->frames) frames.push_back(CopyMessage(f));
       (void)SendFrames(shards_[shard], frames);
     }
   }
-  // Whatever was in flight to the old process is gone: send it again now.
-  const auto now = Clock::now();
-  for (auto& [id, r] : in_flight_) {
-    if (r->shard != shard) continue;
+  for (; log != push_log_[shard].end(); ++log, ++n) {  // none: pushes carry clocks <= clock_
     std::vector<zmq::message_t> frames;
-    for (auto& k : r->kept) frames.push_back(CopyMessage(k));
+    for (auto& f : log->frames) frames.push_back(CopyMessage(f));
     (void)SendFrames(shards_[shard], frames);
-    r->deadline = now + r->timeout;
   }
-  spdlog::info("worker {}: replayed {} pushes to shard {}", worker_id_, n, shard);
+  // Whatever was in flight to the old process is gone: send it again now, under a new request
+  // id, so that a late answer to a copy that reached the new process before this replay (an
+  // error from its restored state) cannot complete it.
+  const auto now = Clock::now();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : in_flight_) {
+    if (r->shard == shard) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    auto node = in_flight_.extract(id);
+    ShardRequest& r = *node.mapped();
+    Result<Header> h = DecodeHeader(r.kept[0].data(), r.kept[0].size());
+    if (h.ok()) {
+      h->request_id = next_request_id_++;
+      r.kept[0] = EncodeHeader(*h);
+      r.request_id = h->request_id;
+      node.key() = r.request_id;
+    }
+    std::vector<zmq::message_t> frames;
+    for (auto& k : r.kept) frames.push_back(CopyMessage(k));
+    (void)SendFrames(shards_[shard], frames);
+    r.deadline = now + r.timeout;
+    in_flight_.insert(std::move(node));
+  }
+  spdlog::info("worker {}: replayed {} pushes and clocks {}..{} to shard {}", worker_id_, n,
+               first, clock_, shard);
 }
 
 void PsClient::FailRequest(ShardRequest& r, Status status) {

@@ -26,24 +26,30 @@ TEST(ConsistencyControllerTest, ClocksMoveForwardByOne) {
   EXPECT_TRUE(c.IsDone(0));
 }
 
-TEST(ConsistencyControllerTest, BspRefusesRequestsMoreThanOneClockAheadOfTheSlowest) {
+TEST(ConsistencyControllerTest, BspRefusesRequestsAndClocksTwoAheadOfTheSlowest) {
   ConsistencyController c = Controller(TrainingOptions::Consistency::kBsp);
   ASSERT_TRUE(c.Advance(0, 1, false).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 1).ok());
-  ASSERT_TRUE(c.Advance(0, 2, false).ok());  // a forger may tick worker 0 ahead...
-  Status st = c.CheckRequestClock(0, 2);     // ...but bsp never admits clock 2 while 1 is at 0
+  ASSERT_TRUE(c.Advance(0, 2, false).ok());  // worker 1's tick to 1 may not have arrived yet
+  Status st = c.Advance(0, 3, false);         // but no worker can be three ahead
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("could never reach"), std::string::npos) << st.ToString();
+  EXPECT_EQ(c.clocks()[0], 2);
+  EXPECT_TRUE(c.CheckRequestClock(0, 2).ok());
+  st = c.CheckRequestClock(0, 3);  // its own next clock, but three ahead of worker 1
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("could never admit"), std::string::npos) << st.ToString();
   EXPECT_FALSE(c.CheckRequestClock(1, 2).ok());  // beyond worker 1's own next clock
   EXPECT_TRUE(c.CheckRequestClock(1, 1).ok());
 }
 
-TEST(ConsistencyControllerTest, SspAdmitsUpToStalenessPlusOneAhead) {
+TEST(ConsistencyControllerTest, SspAdmitsUpToStalenessPlusTwoAhead) {
   ConsistencyController c = Controller(TrainingOptions::Consistency::kSsp, 2);
-  for (int64_t k = 1; k <= 5; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 3).ok());
-  EXPECT_FALSE(c.CheckRequestClock(0, 4).ok());
+  for (int64_t k = 1; k <= 4; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
+  EXPECT_FALSE(c.Advance(0, 5, false).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 4).ok());
   EXPECT_FALSE(c.CheckRequestClock(0, 5).ok());
+  ASSERT_TRUE(c.Advance(1, 1, false).ok());  // the slowest moves: so may the fastest
+  EXPECT_TRUE(c.Advance(0, 5, false).ok());
 }
 
 TEST(ConsistencyControllerTest, AspBoundsOnlyByTheSendersOwnClock) {
@@ -53,19 +59,22 @@ TEST(ConsistencyControllerTest, AspBoundsOnlyByTheSendersOwnClock) {
   EXPECT_FALSE(c.CheckRequestClock(0, 52).ok());
 }
 
-TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilConfirmed) {
+TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilTheReplayCatchesUp) {
   ConsistencyController c = Controller(TrainingOptions::Consistency::kBsp);
   c.SetClock(0, 7);
   c.SetClock(1, 7);
-  // The workers may be ahead of the checkpoint: nothing is refused for its clock yet.
-  EXPECT_TRUE(c.CheckRequestClock(0, 12).ok());
-  EXPECT_FALSE(c.Advance(0, 9, false).ok());  // replays go one clock at a time
-  ASSERT_TRUE(c.Advance(0, 7, false).ok());
-  ASSERT_TRUE(c.Advance(0, 8, false).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 9).ok());  // worker 1 is not confirmed yet
-  ASSERT_TRUE(c.Advance(1, 7, false).ok());
+  EXPECT_FALSE(c.ClocksKnown());
+  // Only the sender's own clock bounds it until the workers have caught up.
   EXPECT_FALSE(c.CheckRequestClock(0, 9).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 8).ok());
+  EXPECT_FALSE(c.Advance(0, 9, false).ok());  // replays go one clock at a time
+  for (int64_t k = 7; k <= 12; ++k) ASSERT_TRUE(c.Advance(0, k, false, k == 12).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());  // worker 1 has not caught up yet
+  ASSERT_TRUE(c.Advance(1, 7, false).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());  // a Clock alone does not confirm it
+  for (int64_t k = 8; k <= 11; ++k) ASSERT_TRUE(c.Advance(1, k, false, k == 11).ok());
+  EXPECT_TRUE(c.ClocksKnown());
+  EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());
+  EXPECT_FALSE(c.Advance(0, 14, false).ok());  // 3 ahead of worker 1
 }
 
 }  // namespace

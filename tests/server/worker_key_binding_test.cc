@@ -147,5 +147,16 @@ TEST_F(WorkerKeyBindingLoadTest, AMissingKeyFileIsNamed) {
       << b.status().message();
 }
 
+TEST(WorkerKeyBindingTest, AWorkerKeyMayNotStopOrCheckpointTheJobEvenAsItself) {
+  const WorkerKeyBinding b = TwoWorkers();
+  EXPECT_TRUE(b.Check(Request(Op::PushSparse, 1), kWorker1.c_str()).ok());
+  for (Op op : {Op::Shutdown, Op::Checkpoint}) {
+    const Status st = b.Check(Request(op, 1), kWorker1.c_str());
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("a worker's key may not ask for"), std::string::npos)
+        << st.ToString();
+  }
+}
+
 }  // namespace
 }  // namespace parasol
