@@ -283,6 +283,7 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("max_pending_clocks", 2, 1 << 16, &s->max_pending_clocks));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_pending_bytes", 1024, &s->max_pending_bytes));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
   return r.Finish();
 }
 

@@ -94,6 +94,7 @@ struct ServerOptions {
   uint32_t max_pending_clocks = 4;           // bsp: clocks whose pushes are being summed
   uint64_t max_pending_bytes = 2ull << 30;   // bsp: bytes of those sums
   uint32_t socket_hwm = 1000;                // messages queued per peer and direction
+  uint64_t max_queued_reply_bytes = 1ull << 30;  // replies sent but not yet taken by their peers
 };
 
 struct TrainingOptions {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -21,7 +22,10 @@ namespace parasol {
 
 class DenseTable {
  public:
-  DenseTable(const TableOptions& options, SliceRange slice);
+  // `retired_bytes` (optional, may be shared by several tables) counts the bytes of replaced
+  // value buffers that replies still hold: a reply waiting to be sent keeps its copy alive.
+  DenseTable(const TableOptions& options, SliceRange slice,
+             std::shared_ptr<std::atomic<uint64_t>> retired_bytes = nullptr);
 
   const TableOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
@@ -46,7 +50,18 @@ class DenseTable {
   TableOptions options_;
   Optimizer optimizer_;
   SliceRange slice_;
+  // A value buffer's flag, set when PrepareWrite() replaces it while replies hold it; its
+  // deleter (on whichever thread drops the last share) then takes it off the retired count.
+  struct BufferState {
+    std::atomic<bool> retired{false};
+    uint64_t bytes = 0;
+    std::shared_ptr<std::atomic<uint64_t>> retired_total;
+  };
+  std::shared_ptr<float[]> AllocateValues();
+
+  std::shared_ptr<std::atomic<uint64_t>> retired_bytes_;
   std::shared_ptr<float[]> data_;
+  std::shared_ptr<BufferState> data_state_;
   std::vector<std::unique_ptr<float[]>> state_;
   std::vector<float*> state_ptrs_;
   uint64_t copies_on_write_ = 0;

@@ -50,7 +50,8 @@ void ShardServer::ResetTables() {
     } else {
       sparse_.push_back(nullptr);
       dense_.push_back(
-          std::make_unique<DenseTable>(t, DenseSlice(t.NumElements(), rank_, num_shards_)));
+          std::make_unique<DenseTable>(t, DenseSlice(t.NumElements(), rank_, num_shards_),
+                                       retired_dense_bytes_));
     }
   }
 }
@@ -614,6 +615,9 @@ std::string ShardServer::MetricsText() const {
   t.Type("parasol_replies_dropped_total", "counter",
          "Replies dropped because the peer's queue was full (server.socket_hwm).");
   t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
+  t.Type("parasol_queued_reply_bytes", "gauge",
+         "Reply bytes sent but not yet taken by their peers (server.max_queued_reply_bytes).");
+  t.Sample("parasol_queued_reply_bytes", static_cast<double>(QueuedReplyBytes()), shard);
   t.Type("parasol_held_bytes", "gauge", "Request bytes of the pulls held now.");
   t.Sample("parasol_held_bytes", static_cast<double>(held_bytes_), shard);
   t.Type("parasol_pending_clocks", "gauge", "BSP clocks whose pushes are being summed.");
@@ -684,6 +688,28 @@ std::string ShardServer::MetricsText() const {
   return t.str();
 }
 
+namespace {
+
+// A reply frame that counts its bytes in `queued` until ZeroMQ has sent (or dropped) it.
+struct QueuedFrame {
+  QueuedFrame(zmq::message_t m, std::shared_ptr<std::atomic<uint64_t>> q)
+      : message(std::move(m)), queued(std::move(q)) {
+    queued->fetch_add(message.size());
+  }
+  ~QueuedFrame() { queued->fetch_sub(message.size()); }
+  zmq::message_t message;
+  std::shared_ptr<std::atomic<uint64_t>> queued;
+};
+
+}  // namespace
+
+zmq::message_t ShardServer::QueuedReplyFrame(zmq::message_t m) {
+  auto frame = std::make_shared<QueuedFrame>(std::move(m), queued_reply_bytes_);
+  const void* data = frame->message.data();
+  const size_t size = frame->message.size();
+  return SharedMessage(std::move(frame), data, size);
+}
+
 void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
                             std::vector<zmq::message_t> payload) {
   std::vector<zmq::message_t> frames;
@@ -693,7 +719,24 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
   frames.push_back(EncodeHeader(stamped));
-  for (auto& m : payload) frames.push_back(std::move(m));
+  uint64_t payload_bytes = 0;
+  for (const auto& m : payload) payload_bytes += m.size();
+  if (payload_bytes > 0 && QueuedReplyBytes() + payload_bytes >
+                               manifest_.server.max_queued_reply_bytes) {
+    // Peers that do not take their replies hold this much already: drop this one (a real
+    // worker resends its request).
+    ++replies_dropped_;
+    uint64_t left_out = 0;
+    if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("shard {}: reply to worker {} dropped: {} bytes of replies wait for their "
+                   "peers (server.max_queued_reply_bytes){}",
+                   rank_, reply.worker_id, QueuedReplyBytes(),
+                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                            : std::string());
+    }
+    return;
+  }
+  for (auto& m : payload) frames.push_back(QueuedReplyFrame(std::move(m)));
   if (reply_sink_) {
     reply_sink_(frames);
     return;
@@ -739,6 +782,7 @@ std::string ShardServer::StatsJson() const {
     << ",\"bsp_clocks_applied\":" << counters_.bsp_clocks_applied
     << ",\"pending_clocks\":" << aggregates_.size() << ",\"held_bytes\":" << held_bytes_
     << ",\"open_barriers\":" << barriers_.size() << ",\"replies_dropped\":" << replies_dropped_
+    << ",\"queued_reply_bytes\":" << QueuedReplyBytes()
     << ",\"warnings_not_logged\":"
     << bad_message_log_.left_out_total() + failed_request_log_.left_out_total() +
            undelivered_log_.left_out_total()

@@ -196,6 +196,17 @@ class ShardServer {
   // Held pulls per worker (server.max_held_pulls and max_held_bytes are per worker).
   std::vector<uint32_t> held_count_;
   std::vector<uint64_t> held_worker_bytes_;
+  // Bytes of reply frames handed to ZeroMQ and not yet sent: released on ZeroMQ's I/O thread.
+  std::shared_ptr<std::atomic<uint64_t>> queued_reply_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  zmq::message_t QueuedReplyFrame(zmq::message_t m);
+  // Dense value buffers that a push replaced while replies held them (see DenseTable).
+  std::shared_ptr<std::atomic<uint64_t>> retired_dense_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  // What replies waiting for their peers keep alive: their frames and retired buffers.
+  uint64_t QueuedReplyBytes() const {
+    return queued_reply_bytes_->load() + retired_dense_bytes_->load();
+  }
   // Changes whenever pushes, clocks or checkpoints change what a checkpoint would hold.
   uint64_t StateStamp() const;
   uint64_t requested_checkpoint_stamp_ = ~uint64_t{0};

@@ -19,6 +19,9 @@ namespace {
 // would cost more than the work.
 constexpr uint64_t kInlineFloats = 32 * 1024;
 
+// Dense pull replies up to this size are copied rather than shared (see HandlePullDense).
+constexpr uint64_t kCopyReplyBytes = 64 * 1024;
+
 // Calls fn(partition, i, key) for every key of the request, on the engine that owns the key,
 // with the lookahead of Partition::ForEachKey.
 template <typename Fn>
@@ -188,6 +191,12 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
     // Rows of [value, state 0, state 1, ...] per element: a copy, for checks and exports.
     const uint32_t k = table->state_array_count();
     const uint32_t row = 1 + k;
+    if (n > manifest_.server.max_request_bytes / (uint64_t{row} * sizeof(float))) {
+      return ResourceExhausted("PullDense: " + std::to_string(n) + " elements with state would "
+                               "exceed the limit of " +
+                               std::to_string(manifest_.server.max_request_bytes) +
+                               " bytes (server.max_request_bytes)");
+    }
     const FramePlan plan = PlanValueFrames(n, row, manifest_.server.frame_bytes);
     std::shared_ptr<const float[]> values = table->Share();
     float* const* state = table->state_arrays();
@@ -208,9 +217,23 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
     return Status::Ok();
   }
   const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
-  // Zero-copy: every frame shares the table's current buffer until it has been sent.
   std::shared_ptr<const float[]> values = table->Share();
   const float* first = values.get() + local;
+  if (n < table->slice().size() && n * sizeof(float) <= kCopyReplyBytes) {
+    // A small part is copied: a shared reply keeps the whole slice alive, and the next push
+    // would copy all of it while the reply waits to be sent.
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      const uint64_t rows = plan.RowsInFrame(f, n);
+      OwnedBuffer b = OwnedBuffer::Allocate(rows * sizeof(float));
+      std::memcpy(b.data(), first + uint64_t{f} * plan.rows_per_frame, rows * sizeof(float));
+      payload->push_back(std::move(b).ToMessage());
+    }
+    reply->value_dim = 1;
+    reply->value_frames = plan.frames;
+    reply->rows_per_frame = plan.rows_per_frame;
+    return Status::Ok();
+  }
+  // Zero-copy: every frame shares the table's current buffer until it has been sent.
   for (uint32_t f = 0; f < plan.frames; ++f) {
     payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
                                      plan.RowsInFrame(f, n) * sizeof(float)));

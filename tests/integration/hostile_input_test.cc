@@ -301,11 +301,15 @@ class HostileClientTest : public ::testing::Test {
   static constexpr const char* kLimits =
       "training:\n  consistency: bsp\n  worker_timeout: 60s\n"
       "server:\n  max_held_pulls: 8\n  max_held_bytes: 64KiB\n  max_pending_clocks: 2\n"
-      "  max_pending_bytes: 1MiB\n  max_request_bytes: 4MiB\n  socket_hwm: 64\n";
+      "  max_pending_bytes: 1MiB\n  max_request_bytes: 4MiB\n  socket_hwm: 64\n"
+      "  max_queued_reply_bytes: 8MiB\n";
 
   void SetUp() override {
     ASSERT_TRUE(cluster_.Start());
     peer_ = std::make_unique<RawPeer>(cluster_.manifest().cluster.servers[0]);
+    Stats();
+    baseline_rss_ = ResidentBytes(cluster_.server(0).pid());
+    ASSERT_GT(baseline_rss_, 0u);
   }
 
   std::string Stats() {
@@ -323,9 +327,9 @@ class HostileClientTest : public ::testing::Test {
     return r.ok() ? *r : Header{};
   }
 
-  // The shard answers a correct pull with correct values, its memory is within `max_rss`, and
-  // it stops within 10 s of SIGTERM.
-  void ExpectShardServesAndStops(uint64_t max_rss) {
+  // The shard answers a correct pull with correct values, its memory grew by less than
+  // `max_growth` since the start, and it stops within 10 s of SIGTERM.
+  void ExpectShardServesAndStops(uint64_t max_growth) {
     Header pull = Request(Op::PullSparse, 1000, 0, 424242);
     pull.table_id = 0;
     pull.key_count = 1;
@@ -343,7 +347,9 @@ class HostileClientTest : public ::testing::Test {
     EXPECT_EQ(std::vector<float>(row, row + 4), std::vector<float>(4, 1.0f));
     const uint64_t rss = ResidentBytes(cluster_.server(0).pid());
     EXPECT_GT(rss, 0u);
-    EXPECT_LT(rss, max_rss) << "the shard's resident memory grew past the limits";
+    EXPECT_LT(rss, baseline_rss_ + max_growth)
+        << "the shard's resident memory grew from " << baseline_rss_ << " to " << rss
+        << " bytes, past its limits";
     const auto start = std::chrono::steady_clock::now();
     cluster_.server(0).Signal(SIGTERM);
     EXPECT_TRUE(cluster_.server(0).Wait(std::chrono::seconds(10)).has_value())
@@ -353,9 +359,12 @@ class HostileClientTest : public ::testing::Test {
 
   TestCluster cluster_{1, 2, kTables, kLimits};
   std::unique_ptr<RawPeer> peer_;
+  uint64_t baseline_rss_ = 0;
 };
 
-constexpr uint64_t kShardRss = 192ull << 20;
+// What the attacks below may add to a shard's resident memory: the limits above (held pulls
+// 64 KiB, summed pushes 1 MiB, queued replies 8 MiB) and the allocator's slack.
+constexpr uint64_t kShardRss = 48ull << 20;
 
 TEST_F(HostileClientTest, AFrameCountThatWrapsIsRefusedAndTheShardLives) {
   Header h = Request(Op::PushSparse, 0, 0, 1);
@@ -521,12 +530,18 @@ TEST_F(HostileClientTest, AnObserversPullCreatesNoRow) {
 }
 
 TEST_F(HostileClientTest, AFloodOfBadMessagesIsLoggedAtARateAndCounted) {
-  for (int i = 0; i < 3000; ++i) {
-    std::vector<zmq::message_t> f;
-    f.push_back(Bytes("garbage!", 8));
-    peer_->Send(std::move(f));
+  for (int batch = 0; batch < 60; ++batch) {  // within the queues (socket_hwm 64)
+    for (int i = 0; i < 50; ++i) {
+      std::vector<zmq::message_t> f;
+      f.push_back(Bytes("garbage!", 8));
+      peer_->Send(std::move(f));
+    }
+    for (int i = 0; i < 50; ++i) {
+      Result<Header> r = peer_->Reply();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->status, StatusCode::kBadMessage);
+    }
   }
-  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(peer_->Reply().ok());
   const std::string log = cluster_.ServerLog(0);
   size_t lines = 0;
   for (size_t p = log.find("rejected a message"); p != std::string::npos;
@@ -571,6 +586,62 @@ TEST_F(HostileClientTest, APeerThatNeverReadsCannotStallTheShard) {
   EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   ExpectShardServesAndStops(kShardRss);
+}
+
+TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) {
+  // 8 MB of dense values. A peer that never reads pulls all of it and pushes one element, over
+  // and over: each queued reply would keep a copy of the whole slice alive after the push.
+  TestCluster cluster(1, 1,
+                      "  - name: big\n    kind: dense\n    shape: [2000000]\n"
+                      "    init: {kind: zeros}\n    optimizer: {kind: sgd, lr: 0.1}\n",
+                      "server:\n  max_queued_reply_bytes: 32MiB\n  socket_hwm: 1000\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  peer.Send(Frames(Request(Op::Stats, 1000, 0)));
+  ASSERT_TRUE(peer.Reply().ok());
+  const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
+  zmq::context_t ctx(1);
+  zmq::socket_t sink(ctx, zmq::socket_type::dealer);
+  sink.set(zmq::sockopt::rcvhwm, 1);
+  sink.set(zmq::sockopt::rcvbuf, 4096);
+  sink.set(zmq::sockopt::linger, 0);
+  const ServerAddress& a = cluster.manifest().cluster.servers[0];
+  sink.connect(TcpEndpoint(a.host, a.port));
+  const float g = 1.0f;
+  for (uint64_t i = 0; i < 150; ++i) {
+    Header pull = Request(Op::PullDense, 1000, 0, 2 * i);
+    pull.table_id = 0;
+    pull.key_count = 2000000;
+    pull.value_dim = 1;
+    std::vector<zmq::message_t> f = Frames(pull);
+    ASSERT_TRUE(SendFrames(sink, f).ok());
+    Header push = Request(Op::PushDense, 0, 0, 2 * i + 1);
+    push.table_id = 0;
+    push.key_count = 1;
+    push.value_dim = 1;
+    push.rows_per_frame = 1;
+    push.value_frames = 1;
+    push.offset = i;
+    f = Frames(push);
+    f.push_back(Bytes(&g, sizeof(g)));
+    ASSERT_TRUE(SendFrames(sink, f).ok());
+  }
+  std::string stats;
+  for (int i = 0; i < 100 && JsonNumber(stats, "requests", 0) < 301; ++i) {
+    peer.Send(Frames(Request(Op::Stats, 1000, 0)));
+    Result<Header> r = peer.Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    stats = r->message;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(JsonNumber(stats, "requests", 0), 301) << stats;
+  EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
+  EXPECT_LE(JsonNumber(stats, "queued_reply_bytes", -1), 32 << 20) << stats;
+  const uint64_t rss = ResidentBytes(cluster.server(0).pid());
+  EXPECT_LT(rss, baseline + (96ull << 20))
+      << "resident memory grew from " << baseline << " to " << rss << " bytes";
+  cluster.server(0).Signal(SIGTERM);
+  EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
 }
 
 }  // namespace
