@@ -338,8 +338,16 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
                               "moved past it (shard clock " +
                               std::to_string(controller_.MinClock()) + ")");
   }
-  PARASOL_RETURN_IF_ERROR(CheckPendingLimits(req.clock, p.rows() * (uint64_t{p.dim()} + 2) *
-                                                          sizeof(float)));
+  // What this push may add: a sum row and its key per sparse row; a dense table's first push
+  // of the clock allocates the sums of its whole slice.
+  uint64_t new_bytes = p.rows() * (uint64_t{p.dim()} + 2) * sizeof(float);
+  if (req.op == Op::PushDense && req.table_id < dense_.size() && dense_[req.table_id]) {
+    const auto it = aggregates_.find(req.clock);
+    if (it == aggregates_.end() || !it->second->DenseSumIfAny(req.table_id)) {
+      new_bytes = dense_[req.table_id]->slice().size() * sizeof(float);
+    }
+  }
+  PARASOL_RETURN_IF_ERROR(CheckPendingLimits(req.clock, new_bytes));
   auto& agg = aggregates_[req.clock];
   if (!agg) {
     agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
