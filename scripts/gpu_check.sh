@@ -38,12 +38,12 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-step "gpu tests" 300 "$kernels_test" --gtest_color=no
-step "compute benchmark" 300 "$bin/parasol_bench" --only compute --json "$out/compute.json"
+step "gpu tests" 120 "$kernels_test" --gtest_color=no
+step "compute benchmark" 150 "$bin/parasol_bench" --only compute --json "$out/compute.json"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-step "training data" 120 "$bin/parasol" gen-data --rows 400000 --seed 1 --out "$work/train.tsv"
+step "training data" 60 "$bin/parasol" gen-data --rows 400000 --seed 1 --out "$work/train.tsv"
 ports=(47410 47411)
 cat > "$work/job.yaml" <<YAML
 cluster:
@@ -60,7 +60,7 @@ model:
   dense_optimizer: {kind: adam, lr: 0.001}
 data: {train: $work/train.tsv}
 YAML
-step "end to end" 300 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
+step "end to end" 150 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
 [ -f "$out/gpu_train.json" ] &&
   echo "end to end (2 servers, 1 CUDA worker, batch 4096): $(cat "$out/gpu_train.json")"
 [ -f "$out/compute.json" ] && echo "compute: $(cat "$out/compute.json")"
