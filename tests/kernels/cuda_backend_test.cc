@@ -76,11 +76,25 @@ TEST_P(CudaBackendTest, GemmWithEveryTranspose) {
   const std::vector<float> a = Random(m * k, 1), b = Random(k * n, 2);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      std::vector<float> want(m * n);
+      std::vector<float> want(m * n), magnitude(m * n);
       cpu_->Gemm(ta, tb, m, n, k, 1.0f, a.data(), b.data(), 0.0f, want.data());
+      // Each element's error bound follows its dot product's magnitude, sum |a||b|: TF32 rounds
+      // both operands to 10-bit mantissas (a relative error of 2^-10 per product), float32 to
+      // 24-bit ones, and the k-term float32 sum adds k * 2^-24.
+      std::vector<float> abs_a(a.size()), abs_b(b.size());
+      for (size_t i = 0; i < a.size(); ++i) abs_a[i] = std::abs(a[i]);
+      for (size_t i = 0; i < b.size(); ++i) abs_b[i] = std::abs(b[i]);
+      cpu_->Gemm(ta, tb, m, n, k, 1.0f, abs_a.data(), abs_b.data(), 0.0f, magnitude.data());
       DeviceBuffer da = Up(a), db = Up(b), dc = Out(m * n);
       gpu_->Gemm(ta, tb, m, n, k, 1.0f, da.data(), db.data(), 0.0f, dc.data());
-      ExpectNear(Down(dc, m * n), want, "gemm");
+      const std::vector<float> got = Down(dc, m * n);
+      const double unit = (GetParam() ? std::ldexp(1.0, -10) : std::ldexp(1.0, -23)) +
+                          2 * k * std::ldexp(1.0, -24);
+      for (int i = 0; i < m * n; ++i) {
+        ASSERT_FALSE(std::isnan(got[i])) << "gemm [" << i << "] was not written";
+        ASSERT_NEAR(got[i], want[i], unit * magnitude[i] + 1e-7)
+            << "gemm [" << i << "] (ta " << ta << ", tb " << tb << ")";
+      }
     }
   }
 }
