@@ -646,5 +646,69 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
   EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
 }
 
+TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRows) {
+  // Keys that need 3 pushes to be admitted, pushed once each: a client spraying new keys would
+  // make the shard keep one count per key for ever. They expire after ttl_clocks and count
+  // towards max_rows.
+  TestCluster cluster(1, 1,
+                      "  - name: emb\n    kind: sparse\n    dim: 4\n"
+                      "    admission: {min_count: 3}\n"
+                      "    eviction: {ttl_clocks: 2, max_rows: 5000}\n",
+                      "server:\n  max_request_bytes: 16MiB\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  auto stats = [&] {
+    peer.Send(Frames(Request(Op::Stats, 1000, 0)));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->message : std::string();
+  };
+  stats();
+  const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
+  std::vector<uint64_t> keys(100000);
+  std::vector<float> grads(keys.size() * 4, 0.25f);
+  uint64_t seq = 1;
+  for (uint64_t round = 0; round < 10; ++round) {
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = round * keys.size() + i + 1;
+    Header push = Push(seq++, keys.size());
+    push.worker_id = 0;
+    std::vector<zmq::message_t> f = Frames(push);
+    f.push_back(Bytes(keys.data(), keys.size() * 8));
+    f.push_back(Bytes(grads.data(), grads.size() * 4));
+    peer.Send(std::move(f));
+    Result<Header> r = peer.Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+  }
+  // A million keys counted once; the sweeps keep counts and rows within max_rows.
+  std::string s;
+  for (int i = 0; i < 100; ++i) {
+    s = stats();
+    if (JsonNumber(s, "pending_keys", -1) <= 5000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_LE(JsonNumber(s, "pending_keys", -1), 5000) << s;
+  EXPECT_GE(JsonNumber(s, "pending_expired", -1), 995000) << s;
+  EXPECT_EQ(JsonNumber(s, "rows", -1), 0) << s;
+  // Three clocks later every count has expired.
+  for (int64_t c = 1; c <= 3; ++c) {
+    peer.Send(Frames(Request(Op::Clock, 0, c, seq++)));
+    Result<Header> r = peer.Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+  }
+  for (int i = 0; i < 100; ++i) {
+    s = stats();
+    if (JsonNumber(s, "pending_keys", -1) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(JsonNumber(s, "pending_keys", -1), 0) << s;
+  const uint64_t rss = ResidentBytes(cluster.server(0).pid());
+  EXPECT_LT(rss, baseline + (160ull << 20))
+      << "resident memory grew from " << baseline << " to " << rss << " bytes";
+  cluster.server(0).Signal(SIGTERM);
+  EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+}
+
 }  // namespace
 }  // namespace parasol
