@@ -284,6 +284,12 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_pending_bytes", 1024, &s->max_pending_bytes));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
+  if (s->max_queued_reply_bytes < s->max_request_bytes) {
+    return r.ErrorAt(root.Child("server"), "server.max_queued_reply_bytes",
+                     "must be at least server.max_request_bytes (" +
+                         std::to_string(s->max_request_bytes) + "), or a largest reply could "
+                         "never be sent");
+  }
   return r.Finish();
 }
 

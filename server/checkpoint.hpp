@@ -10,6 +10,9 @@
 //            kind 2 dense slice: count elements x (1 + state arrays) f32, value array first
 //            kind 3 clocks:      count workers x i64 clock
 //            kind 4 push record: PushDedup::Save()
+//            kind 5 pending sparse sums (BSP): i64 clock, then count x (u64 key, dim x f32)
+//            kind 6 pending dense sums (BSP):  i64 clock, then count elements x f32 (the slice)
+//            Kinds 5 and 6 come after the clocks, at most one per (clock, table).
 //   footer   magic "PSOLEND!", u64 blocks, u64 checksum of the payload checksums
 // A file is written to NAME.tmp, fsynced and renamed, then its folder is fsynced. A reader
 // checks every checksum, and every size against the bytes the file has left before it
@@ -17,7 +20,10 @@
 // and the byte offset where it is.
 //
 // Version 2 added the block header checksum: in version 1 a flipped bit in a block's size or
-// table id went unnoticed. Version 1 files are refused (kVersionMismatch).
+// table id went unnoticed. Version 3 added kinds 5 and 6: under BSP the pushes summed for a
+// clock not yet applied are in the push record, and a version 2 file without their sums lost
+// them (their resends after a restart were answered as duplicates). Files of other versions are
+// refused (kVersionMismatch).
 #pragma once
 
 #include <cstddef>
@@ -31,7 +37,7 @@
 
 namespace parasol {
 
-inline constexpr uint32_t kCheckpointVersion = 2;
+inline constexpr uint32_t kCheckpointVersion = 3;
 // Sizes of the file header and of a block header, in bytes (see the layout above).
 inline constexpr size_t kCheckpointHeaderBytes = 64;
 inline constexpr size_t kCheckpointBlockHeaderBytes = 40;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -45,5 +46,9 @@ class ClockAggregate {
   std::vector<std::unique_ptr<float[]>> dense_;  // [table]
   std::vector<uint64_t> dense_elements_;
 };
+
+// A shard's aggregates of the clocks not yet applied, by clock. Checkpoints hold them
+// (server/shard_state.hpp): their pushes are already in the push record.
+using PendingAggregates = std::map<int64_t, std::unique_ptr<ClockAggregate>>;
 
 }  // namespace parasol

@@ -14,7 +14,7 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       held_(workers, 0),
       lost_(workers, false),
       done_at_(workers, -1),
-      unconfirmed_(workers, false),
+      unconfirmed_(workers, true),
       live_(workers) {}
 
 namespace {

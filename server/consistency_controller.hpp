@@ -12,8 +12,10 @@
 // the slowest live worker's clock + 2, ssp beyond it + staleness + 2. (One more than the read
 // bound: a worker's Clock reaches the shards one by one, so a shard may not have seen the
 // slowest worker's last tick yet when a faster one, admitted elsewhere, asks here.) A Clock is
-// bounded the same way. After a restore the shard's clocks are only a lower bound until each
-// worker's replay has caught up; until then only the sender's own clock bounds its requests.
+// bounded the same way. A shard's clocks are only a lower bound until each worker has said
+// where it is (a Clock marked caught_up: every tick, and the last Clock of a replay after a
+// restart; or done): a shard may have been restarted with or without a checkpoint while the
+// workers went on. Until then only the sender's own clock bounds its requests.
 //
 // A worker is lost when the shard has heard nothing from it for training.worker_timeout while
 // it had no request held here and (under bsp/ssp) was at the slowest clock: a worker ahead of

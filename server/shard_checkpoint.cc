@@ -1,4 +1,5 @@
-// The checkpoint side of ShardServer: writing its tables and clocks, and loading them back.
+// The checkpoint side of ShardServer: writing its tables, clocks, push record and pending BSP
+// sums, and loading them back.
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -18,7 +19,8 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
-  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_);
+  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_, aggregates_,
+                         engines_.size());
   const std::vector<CheckpointBlock> blocks = state.Save();
   uint64_t bytes = 0;
   for (const CheckpointBlock& b : blocks) bytes += b.bytes.size();
@@ -50,7 +52,8 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
-    ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_);
+    ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_, aggregates_,
+                     engines_.size());
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
     checkpoint_sequence_ = h.sequence;

@@ -36,7 +36,8 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()),
       epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1),
       held_count_(manifest.cluster.workers, 0),
-      held_worker_bytes_(manifest.cluster.workers, 0) {
+      held_worker_bytes_(manifest.cluster.workers, 0),
+      reply_dropped_since_(manifest.cluster.workers) {
   ResetTables();
 }
 
@@ -156,7 +157,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
 
 uint64_t ShardServer::StateStamp() const {
   uint64_t stamp = counters_.rows_pushed + counters_.dense_elements_pushed +
-                   counters_.bsp_clocks_applied + counters_.checkpoints;
+                   counters_.bsp_clocks_applied;
   for (int64_t c : controller_.clocks()) stamp = stamp * 31 + static_cast<uint64_t>(c);
   return stamp;
 }
@@ -249,12 +250,15 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
   if (!view.ok()) return view.status();
   op_counts_[static_cast<int>(req.op) & 15]++;
   const bool in_job = controller_.InJob(req.worker_id);
-  if (in_job) controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
+  if (in_job) {
+    controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
+    HeardAfterDrop(req.worker_id);
+  }
   if (IsJobOp(req.op)) {
     if (controller_.IsLost(req.worker_id)) {
       return FailedPrecondition("worker " + std::to_string(req.worker_id) +
                                 " was dropped from the job after going silent longer than "
-                                "training.worker_timeout (training.on_worker_loss: continue)");
+                                "training.worker_timeout");
     }
     if (!job_failure_.ok()) return job_failure_;
   }
@@ -465,6 +469,17 @@ void ShardServer::ReleaseHeldPulls() {
 
 void ShardServer::CheckWorkers() {
   const auto now = std::chrono::steady_clock::now();
+  // A worker whose reply was dropped resends within its request time-out (plus the worker
+  // time-out for a pull it expects to be held); past that, silence counts again.
+  const auto resend_within =
+      std::chrono::milliseconds(manifest_.cluster.request_timeout_ms *
+                                    (1 + int64_t{manifest_.cluster.request_retries}) +
+                                manifest_.training.worker_timeout_ms);
+  for (uint32_t w = 0; w < reply_dropped_since_.size(); ++w) {
+    if (reply_dropped_since_[w] && now - *reply_dropped_since_[w] > resend_within) {
+      HeardAfterDrop(w);
+    }
+  }
   const std::vector<uint32_t> lost = controller_.DetectLost(now);
   if (lost.empty()) return;
   for (uint32_t w : lost) {
@@ -726,24 +741,21 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   Header stamped = reply;
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
-  frames.push_back(EncodeHeader(stamped));
-  uint64_t payload_bytes = 0;
-  for (const auto& m : payload) payload_bytes += m.size();
-  if (payload_bytes > 0 && QueuedReplyBytes() + payload_bytes >
-                               manifest_.server.max_queued_reply_bytes) {
+  zmq::message_t header = EncodeHeader(stamped);
+  // Large headers (stats) count like payloads; small ones are bounded by server.socket_hwm.
+  constexpr size_t kCountedHeaderBytes = 4096;
+  uint64_t bytes = header.size() > kCountedHeaderBytes ? header.size() : 0;
+  for (const auto& m : payload) bytes += m.size();
+  if (bytes > 0 && QueuedReplyBytes() + bytes > manifest_.server.max_queued_reply_bytes) {
     // Peers that do not take their replies hold this much already: drop this one (a real
     // worker resends its request).
-    ++replies_dropped_;
-    uint64_t left_out = 0;
-    if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-      spdlog::warn("shard {}: reply to worker {} dropped: {} bytes of replies wait for their "
-                   "peers (server.max_queued_reply_bytes){}",
-                   rank_, reply.worker_id, QueuedReplyBytes(),
-                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
-                            : std::string());
-    }
+    DroppedReply(reply, "replies waiting for their peers hold " +
+                            std::to_string(QueuedReplyBytes()) +
+                            " bytes (server.max_queued_reply_bytes)");
     return;
   }
+  frames.push_back(header.size() > kCountedHeaderBytes ? QueuedReplyFrame(std::move(header))
+                                                       : std::move(header));
   for (auto& m : payload) frames.push_back(QueuedReplyFrame(std::move(m)));
   if (reply_sink_) {
     reply_sink_(frames);
@@ -752,16 +764,29 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   // Never wait for a peer that does not read its replies: past its queue's high-water mark
   // (server.socket_hwm) the reply is dropped, and a real worker resends its request.
   Status st = SendFrames(router_, frames, /*dontwait=*/true);
-  if (!st.ok()) {
-    ++replies_dropped_;
-    uint64_t left_out = 0;
-    if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-      spdlog::warn("shard {}: reply to worker {} not delivered: {}{}", rank_, reply.worker_id,
-                   st.ToString(),
-                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
-                            : std::string());
-    }
+  if (!st.ok()) DroppedReply(reply, st.ToString());
+}
+
+void ShardServer::DroppedReply(const Header& reply, const std::string& why) {
+  ++replies_dropped_;
+  uint64_t left_out = 0;
+  if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+    spdlog::warn("shard {}: reply to worker {} dropped: {}{}", rank_, reply.worker_id, why,
+                 left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                          : std::string());
   }
+  // The worker is waiting for a reply that will not come: until it resends, it is not silent.
+  const uint32_t w = reply.worker_id;
+  if (controller_.InJob(w) && !reply_dropped_since_[w]) {
+    reply_dropped_since_[w] = std::chrono::steady_clock::now();
+    controller_.AddHeld(w, +1);
+  }
+}
+
+void ShardServer::HeardAfterDrop(uint32_t worker) {
+  if (!reply_dropped_since_[worker]) return;
+  reply_dropped_since_[worker].reset();
+  controller_.AddHeld(worker, -1);
 }
 
 std::string ShardServer::StatsJson() const {

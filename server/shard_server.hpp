@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +56,8 @@ class ShardServer {
   // Loads the newest good checkpoint of this shard, when checkpoint.dir has one and
   // checkpoint.restore is on. A damaged file is refused (logged) and the one before it tried.
   Status Restore();
-  // Writes a checkpoint of every table and the worker clocks now.
+  // Writes a checkpoint of every table, the worker clocks, the push record and the pending
+  // BSP sums now.
   Status SaveCheckpoint(const std::string& reason);
   const std::string& restored_from() const { return restored_from_; }
 
@@ -169,7 +171,7 @@ class ShardServer {
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
   PushDedup dedup_;
   ConsistencyController controller_;
-  std::map<int64_t, std::unique_ptr<ClockAggregate>> aggregates_;  // BSP: by clock
+  PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_
   Status job_failure_;  // set when a worker is lost under on_worker_loss: fail
@@ -196,6 +198,10 @@ class ShardServer {
   // Held pulls per worker (server.max_held_pulls and max_held_bytes are per worker).
   std::vector<uint32_t> held_count_;
   std::vector<uint64_t> held_worker_bytes_;
+  // Per worker: since when a reply to it was dropped (it counts as waiting until it resends).
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> reply_dropped_since_;
+  void DroppedReply(const Header& reply, const std::string& why);
+  void HeardAfterDrop(uint32_t worker);
   // Bytes of reply frames handed to ZeroMQ and not yet sent: released on ZeroMQ's I/O thread.
   std::shared_ptr<std::atomic<uint64_t>> queued_reply_bytes_ =
       std::make_shared<std::atomic<uint64_t>>(0);

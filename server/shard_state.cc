@@ -1,9 +1,11 @@
 #include "server/shard_state.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <new>
+#include <unordered_set>
 #include <utility>
 
 #include "common/optimizer_layout.hpp"
@@ -22,6 +24,14 @@ void Append(std::vector<char>& out, const T& v) {
 
 Kind KindOf(const CheckpointBlockHeader& b) { return static_cast<Kind>(b.kind); }
 Kind KindOf(const CheckpointBlock& b) { return static_cast<Kind>(b.kind); }
+bool IsPending(Kind k) { return k == Kind::kPendingSparse || k == Kind::kPendingDense; }
+
+// A pending block's clock: its payload's first 8 bytes (CheckBlockHeader() ensures them).
+int64_t PendingClock(const CheckpointBlock& b) {
+  int64_t clock = 0;
+  std::memcpy(&clock, b.bytes.data(), sizeof(clock));
+  return clock;
+}
 
 // Refuses `count` x `unit` bytes that overflow or differ from the block's `bytes`.
 Status CheckProduct(uint64_t count, uint64_t unit, uint64_t bytes, const std::string& what) {
@@ -51,6 +61,8 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
       return Status::Ok();  // PushDedup::Load() checks its own layout
     case Kind::kSparseRows:
     case Kind::kDenseSlice:
+    case Kind::kPendingSparse:
+    case Kind::kPendingDense:
       break;
     default:
       return InvalidArgument("unknown block kind " + std::to_string(b.kind));
@@ -61,18 +73,38 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
   }
   const TableOptions& t = manifest.tables[b.table];
   const std::string name = "table '" + t.name + "'";
-  if (KindOf(b) == Kind::kSparseRows) {
-    if (t.kind != TableKind::kSparse) return InvalidArgument("sparse rows for dense " + name);
-    const uint64_t row_floats = 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
-    return CheckProduct(b.count, sizeof(uint64_t) + sizeof(float) * row_floats, b.bytes,
-                        name + " rows");
+  // Pending sums: the clock they belong to, then the sums.
+  const bool pending = IsPending(KindOf(b));
+  const uint64_t clock_bytes = pending ? sizeof(int64_t) : 0;
+  if (b.bytes < clock_bytes) {
+    return InvalidArgument(name + ": pending sums of " + std::to_string(b.bytes) +
+                           " bytes, too few for their clock");
   }
-  if (t.kind != TableKind::kDense) return InvalidArgument("a dense slice for sparse " + name);
+  const uint64_t bytes = b.bytes - clock_bytes;
+  if (KindOf(b) == Kind::kSparseRows || KindOf(b) == Kind::kPendingSparse) {
+    if (t.kind != TableKind::kSparse) {
+      return InvalidArgument(std::string(pending ? "pending sums of sparse rows" : "sparse rows") +
+                             " for dense " + name);
+    }
+    const uint64_t row_floats =
+        pending ? uint64_t{t.dim}
+                : 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
+    return CheckProduct(b.count, sizeof(uint64_t) + sizeof(float) * row_floats, bytes,
+                        name + (pending ? " pending sums after the clock" : " rows"));
+  }
+  if (t.kind != TableKind::kDense) {
+    return InvalidArgument(std::string(pending ? "pending dense sums" : "a dense slice") +
+                           " for sparse " + name);
+  }
   const uint32_t shards = static_cast<uint32_t>(manifest.cluster.servers.size());
   const uint64_t slice = DenseSlice(t.NumElements(), shard, shards).size();
   if (b.count != slice) {
-    return InvalidArgument(name + ": a slice of " + std::to_string(b.count) +
-                           " elements; this shard's slice has " + std::to_string(slice));
+    return InvalidArgument(name + ": " + (pending ? "pending sums of " : "") + "a slice of " +
+                           std::to_string(b.count) + " elements; this shard's slice has " +
+                           std::to_string(slice));
+  }
+  if (pending) {
+    return CheckProduct(b.count, sizeof(float), bytes, name + " pending sums after the clock");
   }
   return CheckProduct(b.count, sizeof(float) * (1 + uint64_t{DenseStateArrays(t.optimizer)}),
                       b.bytes, name + " slice");
@@ -81,14 +113,17 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
 ShardState::ShardState(const Manifest& manifest, uint32_t shard,
                        std::vector<std::unique_ptr<SparseTable>>& sparse,
                        std::vector<std::unique_ptr<DenseTable>>& dense,
-                       ConsistencyController& controller, PushDedup& dedup)
+                       ConsistencyController& controller, PushDedup& dedup,
+                       PendingAggregates& pending, uint32_t engines)
     : manifest_(manifest),
       shard_(shard),
       fingerprint_(manifest.Fingerprint()),
       sparse_(sparse),
       dense_(dense),
       controller_(controller),
-      dedup_(dedup) {}
+      dedup_(dedup),
+      pending_(pending),
+      engines_(engines) {}
 
 std::vector<CheckpointBlock> ShardState::Save() const {
   std::vector<CheckpointBlock> blocks;
@@ -134,7 +169,40 @@ std::vector<CheckpointBlock> ShardState::Save() const {
   record.kind = static_cast<uint32_t>(Kind::kPushRecord);
   record.bytes = dedup_.Save();
   blocks.push_back(std::move(record));
+  SavePending(&blocks);
   return blocks;
+}
+
+// After the clocks, which bound the pending clocks when they are loaded.
+void ShardState::SavePending(std::vector<CheckpointBlock>* blocks) const {
+  for (const auto& [clock, agg] : pending_) {
+    for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
+      CheckpointBlock b;
+      b.table = t;
+      Append(b.bytes, clock);
+      if (sparse_[t]) {
+        b.kind = static_cast<uint32_t>(Kind::kPendingSparse);
+        const uint32_t dim = sparse_[t]->dim();
+        for (uint32_t e = 0; e < engines_; ++e) {
+          agg->ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
+            Append(b.bytes, key);
+            const char* p = reinterpret_cast<const char*>(sum);
+            b.bytes.insert(b.bytes.end(), p, p + dim * sizeof(float));
+            ++b.count;
+          });
+        }
+        if (b.count == 0) continue;
+      } else {
+        const float* sums = agg->DenseSumIfAny(t);
+        if (!sums) continue;
+        b.kind = static_cast<uint32_t>(Kind::kPendingDense);
+        b.count = dense_[t]->slice().size();
+        const char* p = reinterpret_cast<const char*>(sums);
+        b.bytes.insert(b.bytes.end(), p, p + b.count * sizeof(float));
+      }
+      blocks->push_back(std::move(b));
+    }
+  }
 }
 
 Status ShardState::CheckHeader(const CheckpointHeader& h) const {
@@ -158,11 +226,13 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
-    PARASOL_RETURN_IF_ERROR(ApplyTables(in, name));
+    PendingAggregates pending;
+    PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
     for (size_t w = 0; w < clocks.size(); ++w) {
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
     }
     dedup_ = std::move(record);
+    pending_ = std::move(pending);
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("out of memory while loading checkpoint '" + name + "'");
@@ -176,6 +246,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false;
+  std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
@@ -184,6 +255,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
     } else if (KindOf(b) == Kind::kPushRecord) {
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
+    } else if (IsPending(KindOf(b))) {
+      if (!clocks_seen) return InvalidArgument("pending sums before the worker clocks");
     } else if (std::exchange(table_seen[b.table], 1)) {
       return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
     }
@@ -201,6 +274,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       }
     } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {
       return InvalidArgument("malformed push record");
+    } else if (IsPending(KindOf(b))) {
+      return CheckPending(b, *clocks, &pending_seen);
     }
     return Status::Ok();
   };
@@ -221,14 +296,47 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   return Status::Ok();
 }
 
+Status ShardState::CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,
+                                std::set<std::pair<int64_t, uint32_t>>* seen) const {
+  const int64_t clock = PendingClock(b);
+  // A shard applies a clock's sums once every worker has passed it: pending sums are of the
+  // slowest worker's clock or later.
+  const int64_t slowest = clocks.empty() ? 0 : *std::min_element(clocks.begin(), clocks.end());
+  if (clock < slowest || clock > kMaxCheckpointClock) {
+    return InvalidArgument("pending sums of clock " + std::to_string(clock) +
+                           ", out of range (the slowest worker is at clock " +
+                           std::to_string(slowest) + ")");
+  }
+  const std::string& table = manifest_.tables[b.table].name;
+  if (!seen->insert({clock, b.table}).second) {
+    return InvalidArgument("a second block of pending sums of table '" + table + "' for clock " +
+                           std::to_string(clock));
+  }
+  if (KindOf(b) != Kind::kPendingSparse) return Status::Ok();
+  const size_t stride = sizeof(uint64_t) + sizeof(float) * manifest_.tables[b.table].dim;
+  std::unordered_set<uint64_t> keys;
+  keys.reserve(b.count);
+  for (uint64_t i = 0; i < b.count; ++i) {
+    uint64_t key;
+    std::memcpy(&key, b.bytes.data() + sizeof(int64_t) + i * stride, sizeof(key));
+    if (!keys.insert(key).second) {
+      return InvalidArgument("key " + std::to_string(key) + " twice in the pending sums of " +
+                             "table '" + table + "' for clock " + std::to_string(clock));
+    }
+  }
+  return Status::Ok();
+}
+
 // Every size is checked again as it is read: the file is read anew, not trusted.
-Status ShardState::ApplyTables(std::istream& in, const std::string& name) {
+Status ShardState::ApplyBlocks(std::istream& in, const std::string& name,
+                               PendingAggregates* pending) {
   CheckpointHeader header;
   return ReadCheckpoint(
       in, name, &header,
       [&](const CheckpointBlock& b) -> Status {
         if (KindOf(b) == Kind::kSparseRows) return ApplySparse(b);
         if (KindOf(b) == Kind::kDenseSlice) return ApplyDense(b);
+        if (IsPending(KindOf(b))) return ApplyPending(b, pending);
         return Status::Ok();
       },
       [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); });
@@ -275,6 +383,49 @@ Status ShardState::ApplyDense(const CheckpointBlock& b) {
     std::memcpy(d.state_arrays()[a], b.bytes.data() + (1 + a) * n * sizeof(float),
                 n * sizeof(float));
   }
+  return Status::Ok();
+}
+
+Status ShardState::ApplyPending(const CheckpointBlock& b, PendingAggregates* pending) const {
+  if (b.bytes.size() < sizeof(int64_t)) {
+    return Internal("pending sums of table " + std::to_string(b.table) + " without a clock");
+  }
+  std::unique_ptr<ClockAggregate>& agg = (*pending)[PendingClock(b)];
+  if (!agg) {
+    agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
+                                           engines_);
+  }
+  const char* sums = b.bytes.data() + sizeof(int64_t);
+  const size_t bytes = b.bytes.size() - sizeof(int64_t);
+  if (KindOf(b) == Kind::kPendingSparse) {
+    if (b.table >= sparse_.size() || !sparse_[b.table]) {
+      return Internal("no sparse table " + std::to_string(b.table) + " on this shard");
+    }
+    const uint32_t dim = sparse_[b.table]->dim();
+    const size_t row_bytes = sizeof(float) * dim;
+    const size_t stride = sizeof(uint64_t) + row_bytes;
+    if (bytes / stride != b.count || bytes % stride != 0) {
+      return Internal("table '" + sparse_[b.table]->options().name +
+                      "' pending sums do not match the table");
+    }
+    for (uint64_t i = 0; i < b.count; ++i) {
+      const char* p = sums + i * stride;
+      uint64_t key;
+      std::memcpy(&key, p, sizeof(key));
+      std::memcpy(agg->SparseSum(b.table, EngineOfKey(key, engines_), key, dim),
+                  p + sizeof(key), row_bytes);
+    }
+    return Status::Ok();
+  }
+  if (b.table >= dense_.size() || !dense_[b.table]) {
+    return Internal("no dense table " + std::to_string(b.table) + " on this shard");
+  }
+  const uint64_t n = dense_[b.table]->slice().size();
+  if (b.count != n || bytes != n * sizeof(float)) {
+    return Internal("table '" + dense_[b.table]->options().name +
+                    "' pending sums do not match the slice");
+  }
+  std::memcpy(agg->DenseSum(b.table, n), sums, bytes);
   return Status::Ok();
 }
 

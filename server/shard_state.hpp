@@ -1,25 +1,32 @@
 // ShardState: the part of a shard its checkpoints hold (each table's rows or slice with the
-// optimizer state, the workers' clocks, the record of applied pushes), turned into checkpoint
-// blocks (server/checkpoint.hpp) and loaded back from them.
+// optimizer state, the workers' clocks, the record of applied pushes, and under BSP the sums
+// of the clocks not yet applied), turned into checkpoint blocks (server/checkpoint.hpp) and
+// loaded back from them. The pending sums belong with the push record: a push summed into
+// them is recorded as applied, so a checkpoint without them would lose it (its resend after a
+// restart is answered as a duplicate).
 //
-// A ShardState borrows the shard's tables, consistency controller and push record; they must
-// outlive it. Load() reads a file twice. The first pass checks everything without touching
-// the shard: checksums, every size against the file, every block against its table in the
-// manifest (kind, slice, row size) and the clocks and push record for what they claim, and
-// that each table, the clocks and the push record come exactly once. Only a file that passes
-// is read again and applied, so a refused file changes nothing.
+// A ShardState borrows the shard's tables, consistency controller, push record and pending
+// aggregates; they must outlive it. Load() reads a file twice. The first pass checks
+// everything without touching the shard: checksums, every size against the file, every block
+// against its table in the manifest (kind, slice, row size), the clocks, push record and
+// pending sums for what they claim, and that each table, the clocks and the push record come
+// exactly once (the pending sums at most once per clock and table, after the clocks). Only a
+// file that passes is read again and applied, so a refused file changes nothing.
 // Thread-safety: none; the shard's request thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <istream>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 #include "server/checkpoint.hpp"
+#include "server/clock_aggregate.hpp"
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
 #include "server/push_dedup.hpp"
@@ -33,6 +40,8 @@ enum class CheckpointBlockKind : uint32_t {
   kDenseSlice = 2,
   kClocks = 3,
   kPushRecord = 4,
+  kPendingSparse = 5,  // BSP: one clock's summed rows of one sparse table
+  kPendingDense = 6,   // BSP: one clock's summed slice of one dense table
 };
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
@@ -42,21 +51,24 @@ inline constexpr int64_t kMaxCheckpointClock = int64_t{1} << 62;
 // Whether a block header agrees with `manifest` for shard `shard`: a known kind, a table of
 // that kind, and the sizes the table implies (sparse rows: bytes = count x (key + clock word +
 // row floats); dense slice: count = this shard's slice, bytes = count x (1 + state arrays)
-// floats; clocks: count = workers, bytes = count x 8), products checked for overflow. Says
-// what disagrees.
+// floats; clocks: count = workers, bytes = count x 8; pending sums: an 8-byte clock, then
+// count x (key + dim floats) of a sparse table or count = this shard's slice floats of a dense
+// one), products checked for overflow. Says what disagrees.
 Status CheckBlockHeader(const Manifest& manifest, uint32_t shard,
                         const CheckpointBlockHeader& block);
 
 class ShardState {
  public:
   // `sparse` and `dense` are indexed by table id (null where the table is of the other kind),
-  // built from manifest.tables for shard `shard`, as ShardServer holds them.
+  // built from manifest.tables for shard `shard`, as ShardServer holds them. `pending` are the
+  // shard's BSP aggregates, each built for `engines` engines (the tables' engine count).
   ShardState(const Manifest& manifest, uint32_t shard,
              std::vector<std::unique_ptr<SparseTable>>& sparse,
              std::vector<std::unique_ptr<DenseTable>>& dense, ConsistencyController& controller,
-             PushDedup& dedup);
+             PushDedup& dedup, PendingAggregates& pending, uint32_t engines);
 
-  // Every table, the clocks and the push record, as blocks for WriteCheckpointFile().
+  // Every table, the clocks, the push record and the pending sums, as blocks for
+  // WriteCheckpointFile().
   std::vector<CheckpointBlock> Save() const;
 
   // Loads the checkpoint in `in` (`name` names it in errors) and sets *header. Refuses a file
@@ -64,6 +76,7 @@ class ShardState {
   // wrong and where; a refused file changes nothing. Nothing throws out of it: running out of
   // memory while applying comes back as kResourceExhausted, with the tables partly loaded
   // (reset them before trying another file).
+  // The file's pending sums replace the shard's aggregates.
   // REQUIRES: the tables hold no rows yet (restored rows would mix with them).
   Status Load(std::istream& in, const std::string& name, CheckpointHeader* header);
 
@@ -72,10 +85,15 @@ class ShardState {
   // The first pass: checks the whole file, decodes the clocks and the push record.
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                 std::vector<int64_t>* clocks, PushDedup* record) const;
-  // The second pass: the rows and slices into the tables.
-  Status ApplyTables(std::istream& in, const std::string& name);
+  // The second pass: the rows and slices into the tables, the pending sums into `pending`.
+  Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
   Status ApplyDense(const CheckpointBlock& b);
+  Status ApplyPending(const CheckpointBlock& b, PendingAggregates* pending) const;
+  // A pending block's clock (at or after the slowest of `clocks`, once per table) and keys.
+  Status CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,
+                      std::set<std::pair<int64_t, uint32_t>>* seen) const;
+  void SavePending(std::vector<CheckpointBlock>* blocks) const;
 
   const Manifest& manifest_;
   const uint32_t shard_;
@@ -84,6 +102,8 @@ class ShardState {
   std::vector<std::unique_ptr<DenseTable>>& dense_;
   ConsistencyController& controller_;
   PushDedup& dedup_;
+  PendingAggregates& pending_;
+  const uint32_t engines_;
 };
 
 }  // namespace parasol

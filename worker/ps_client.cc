@@ -240,6 +240,8 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.table_id = table;
   h.clock = clock_;
   h.manifest_hash = manifest_.Fingerprint();
+  // A tick says where this worker really is (a replay's intermediate clocks do not).
+  h.caught_up = op == Op::Clock;
   return h;
 }
 
@@ -571,7 +573,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   p.messages[shard] = h->message;
   --p.outstanding;
   if (r.op == Op::PushSparse || r.op == Op::PushDense) ++pushes_acknowledged_;
-  if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense) && !h->duplicate) {
+  // A duplicate too: its first acknowledgement was lost, and a restart before the next
+  // checkpoint needs it replayed like any other.
+  if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
     push_log_[shard].push_back({r.clock, std::move(r.kept)});
   }
   in_flight_.erase(it);

@@ -290,5 +290,28 @@ TEST(ManifestSecurityTest, WorkerKeysNeedCurve) {
             "job.yaml:5:16: key 'security.worker_keys': worker keys need curve: true");
 }
 
+TEST(ManifestTest, ServerLimitsHaveDefaultsAndAReplyBudgetMustHoldTheLargestReply) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n", "min.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->server.max_held_pulls, 1024u);
+  EXPECT_EQ(m->server.max_held_bytes, 256ull << 20);
+  EXPECT_EQ(m->server.max_pending_clocks, 4u);
+  EXPECT_EQ(m->server.max_pending_bytes, 2ull << 30);
+  EXPECT_EQ(m->server.socket_hwm, 1000u);
+  EXPECT_EQ(m->server.max_queued_reply_bytes, 1ull << 30);
+  Result<Manifest> bad = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\nserver:\n  max_queued_reply_bytes: 32MiB\n",
+      "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("server.max_queued_reply_bytes"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("job.yaml:"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_FALSE(ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\nserver:\n"
+                             "  max_pending_clocks: 1\n",
+                             "job.yaml")
+                   .ok());
+}
+
 }  // namespace
 }  // namespace parasol

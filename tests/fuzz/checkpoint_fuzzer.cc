@@ -2,7 +2,8 @@
 // tests/support/small_shard.hpp, loaded by ShardState::Load into real tables (the reader, then
 // the code that applies the decoded blocks). Each input is tried twice: as it is, and
 // "resealed", its checksums recomputed wherever the sizes in it allow, so mutations reach the
-// checks behind the checksums (sizes, tables, clocks, push record) and the tables themselves.
+// checks behind the checksums (sizes, tables, clocks, push record, pending BSP sums) and the
+// tables and sums themselves.
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -66,6 +67,21 @@ void Load(parasol::testing::SmallShard& shard, const std::string& file) {
         for (uint32_t i = 0; i < table.partition(e).stored_floats(); ++i) sink = sink + row[i];
       });
       table.partition(e).Sweep(1 << 10, static_cast<uint32_t>(shard.controller().MaxClock()));
+    }
+  }
+  for (const auto& [clock, agg] : shard.pending()) {
+    volatile float sink = static_cast<float>(clock);
+    for (uint32_t t : {0u, 1u}) {
+      for (uint32_t e = 0; e < shard.manifest().server.engine_threads; ++e) {
+        agg->ForEachSparse(t, e, shard.sparse(t).dim(), [&](uint64_t, const float* sum) {
+          for (uint32_t d = 0; d < shard.sparse(t).dim(); ++d) sink = sink + sum[d];
+        });
+      }
+    }
+    for (uint32_t t : {2u, 3u}) {
+      if (const float* sum = agg->DenseSumIfAny(t)) {
+        for (uint64_t i = 0; i < shard.dense(t).slice().size(); ++i) sink = sink + sum[i];
+      }
     }
   }
   (void)shard.controller().MinClock();

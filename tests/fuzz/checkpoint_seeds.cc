@@ -1,10 +1,12 @@
 // Writes valid checkpoints of the small shard (tests/support/small_shard.hpp), as the seed
 // corpus of checkpoint_fuzzer. Usage: fuzz_checkpoint_seeds FOLDER
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
+#include "server/clock_aggregate.hpp"
 #include "tests/support/small_shard.hpp"
 
 namespace {
@@ -23,7 +25,8 @@ bool Write(SmallShard& shard, const std::string& path, int64_t clock) {
   return st.ok();
 }
 
-// Rows in the sparse tables, changed values in the dense ones, clocks and pushes recorded.
+// Rows in the sparse tables, changed values in the dense ones, clocks and pushes recorded
+// (the slowest worker at clock 4).
 void Train(SmallShard& shard, uint64_t rows) {
   for (uint32_t table : {0u, 1u}) {
     parasol::SparseTable& t = shard.sparse(table);
@@ -42,6 +45,31 @@ void Train(SmallShard& shard, uint64_t rows) {
   for (uint64_t seq = 0; seq < 70; seq += 3) shard.dedup().Mark(seq % 2, 77, seq);
 }
 
+// BSP sums pending for the slowest worker's clock and the one after it: rows of both sparse
+// tables, the slice of one dense table at the first clock and of both at the second.
+void SumPending(SmallShard& shard) {
+  const uint32_t engines = shard.manifest().server.engine_threads;
+  const uint32_t tables = static_cast<uint32_t>(shard.manifest().tables.size());
+  for (int64_t clock : {4, 5}) {
+    auto& agg = shard.pending()[clock];
+    agg = std::make_unique<parasol::ClockAggregate>(tables, engines);
+    for (uint32_t table : {0u, 1u}) {
+      const uint32_t dim = shard.sparse(table).dim();
+      for (uint64_t key = 1; key <= 5; ++key) {
+        const uint64_t k = key * 0x9e3779b97f4a7c15ULL >> table;
+        float* sum = agg->SparseSum(table, parasol::EngineOfKey(k, engines), k, dim);
+        for (uint32_t d = 0; d < dim; ++d) sum[d] += 0.125f * static_cast<float>(key + d);
+      }
+    }
+    for (uint32_t table : {2u, 3u}) {
+      if (table == 3 && clock == 4) continue;
+      const uint64_t n = shard.dense(table).slice().size();
+      float* sum = agg->DenseSum(table, n);
+      for (uint64_t i = 0; i < n; ++i) sum[i] -= 0.5f * static_cast<float>(i);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,5 +85,9 @@ int main(int argc, char** argv) {
   shard.Reset();
   Train(shard, 24);
   if (!Write(shard, dir + "/more-rows", 4)) return 1;
+  shard.Reset();
+  Train(shard, 4);
+  SumPending(shard);
+  if (!Write(shard, dir + "/pending-sums", 4)) return 1;
   return 0;
 }

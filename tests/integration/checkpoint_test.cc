@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/json_number.hpp"
 #include "server/checkpoint.hpp"
 #include "tests/support/test_cluster.hpp"
 
@@ -224,6 +225,71 @@ TEST_F(CheckpointTest, SigtermWritesALastCheckpoint) {
   auto c = cluster.Connect(0);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(Snapshot(*c, keys_), before);
+}
+
+// Under BSP a checkpoint taken inside a clock holds the pushes already summed for it: they are
+// in its push record, so after a restart their replays are answered as duplicates, and only
+// the restored sums keep them.
+TEST_F(CheckpointTest, UnderBspACheckpointInsideAClockKeepsThePushesSummedForIt) {
+  // Worker 0 pushes for clock 0 and ticks; a checkpoint; worker 1 pushes for clock 0 and
+  // ticks; worker 0 reads at clock 1. With `restart`, the shard is killed after the checkpoint
+  // and restarted from it, and worker 0 replays its push before worker 1 pushes.
+  auto run = [&](bool restart) -> std::vector<float> {
+    testing::RemoveTree(ckpt_);
+    TestCluster cluster(1, 2, kTables, CheckpointYaml(ckpt_) + "training:\n  consistency: bsp\n");
+    if (!cluster.Start()) return {};
+    auto w0 = cluster.Connect(0), w1 = cluster.Connect(1);
+    if (!w0 || !w1) return {};
+    Push(*w0, keys_, 0.5f);
+    EXPECT_TRUE(w0->Tick().ok());
+    {
+      auto observer = cluster.Connect(PsClient::kObserver);
+      if (!observer) return {};
+      EXPECT_TRUE(observer->Checkpoint().ok());
+    }
+    if (restart) {
+      cluster.server(0).Signal(SIGKILL);
+      EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+      if (!cluster.Respawn(0) || !cluster.Connect(PsClient::kObserver)) return {};
+      EXPECT_TRUE(w0->Stats().ok());  // sees the new process: replays its push of clock 0
+    }
+    Push(*w1, keys_, -0.25f);
+    EXPECT_TRUE(w1->Tick().ok());
+    std::vector<float> after = Snapshot(*w0, keys_);  // once both workers passed clock 0
+    if (restart) {
+      EXPECT_NE(cluster.ServerLog(0).find("restored"), std::string::npos) << cluster.ServerLog(0);
+      auto observer = cluster.Connect(PsClient::kObserver);
+      if (!observer) return {};
+      auto stats = observer->Stats();
+      EXPECT_TRUE(stats.ok());
+      // Worker 0's sparse and dense pushes (at least) came back and were not applied again.
+      if (stats.ok()) {
+        EXPECT_GE(JsonNumber((*stats)[0], "duplicate_pushes"), 2) << (*stats)[0];
+      }
+    }
+    return after;
+  };
+  const std::vector<float> undisturbed = run(false);
+  const std::vector<float> restarted = run(true);
+  ASSERT_FALSE(undisturbed.empty());
+  ASSERT_EQ(restarted.size(), undisturbed.size());
+  for (size_t i = 0; i < undisturbed.size(); ++i) {
+    EXPECT_NEAR(restarted[i], undisturbed[i], 1e-6) << "float " << i;
+  }
+  // The average of both pushes was applied: not worker 1's alone, halved.
+  std::vector<float> fresh;
+  {
+    TestCluster cluster(1, 1, kTables);
+    ASSERT_TRUE(cluster.Start());
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    Push(*c, keys_, 0.125f);
+    fresh = Snapshot(*c, keys_);
+  }
+  ASSERT_EQ(fresh.size(), undisturbed.size());
+  for (size_t i = 0; i < undisturbed.size(); ++i) {
+    EXPECT_NEAR(undisturbed[i], fresh[i], 1e-6) << "float " << i;
+  }
 }
 
 TEST(CheckpointFileTest, EveryTruncationIsDetected) {

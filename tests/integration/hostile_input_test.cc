@@ -292,6 +292,7 @@ Header Request(Op op, uint32_t worker, int64_t clock, uint64_t seq = 0) {
   h.seq = seq;
   h.request_id = seq;
   h.incarnation = 5;
+  h.caught_up = op == Op::Clock;  // as a worker's ticks say
   return h;
 }
 
@@ -405,7 +406,9 @@ TEST_F(HostileClientTest, RequestsAtClocksBspCouldNeverAdmitAreRefusedNotHeld) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_NE(r.status, StatusCode::kOk);
   EXPECT_NE(r.message.find("beyond its own next clock"), std::string::npos) << r.message;
-  // Worker 0 may be two ahead of worker 1 (a tick of 1 may be on its way), never three.
+  // Worker 0 may be two ahead of worker 1 (a tick of 1 may be on its way), never three, once
+  // the shard knows where worker 1 is.
+  ASSERT_EQ(Call(Frames(Request(Op::Clock, 1, 0, 20))).status, StatusCode::kOk);
   ASSERT_EQ(Call(Frames(Request(Op::Clock, 0, 1, 2))).status, StatusCode::kOk);
   ASSERT_EQ(Call(Frames(Request(Op::Clock, 0, 2, 3))).status, StatusCode::kOk);
   r = Call(Frames(Request(Op::Clock, 0, 3, 4)));
@@ -596,7 +599,8 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
   TestCluster cluster(1, 1,
                       "  - name: big\n    kind: dense\n    shape: [2000000]\n"
                       "    init: {kind: zeros}\n    optimizer: {kind: sgd, lr: 0.1}\n",
-                      "server:\n  max_queued_reply_bytes: 32MiB\n  socket_hwm: 1000\n");
+                      "server:\n  max_request_bytes: 16MiB\n  max_queued_reply_bytes: 32MiB\n"
+                      "  socket_hwm: 1000\n");
   ASSERT_TRUE(cluster.Start());
   RawPeer peer(cluster.manifest().cluster.servers[0]);
   peer.Send(Frames(Request(Op::Stats, 1000, 0)));
@@ -708,6 +712,34 @@ TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRow
       << "resident memory grew from " << baseline << " to " << rss << " bytes";
   cluster.server(0).Signal(SIGTERM);
   EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+}
+
+TEST(HostileCheckpointTest, AFloodOfCheckpointRequestsWritesOnlyWhatChanged) {
+  TestCluster cluster(1, 1, kTables, "checkpoint:\n  dir: ckpt\n  keep: 3\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  auto call = [&](Header h) {
+    peer.Send(Frames(h));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  };
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, i)).status, StatusCode::kOk);
+  }
+  EXPECT_EQ(JsonNumber(call(Request(Op::Stats, 1000, 0)).message, "checkpoints", -1), 1);
+  // A push changes the state: the next request writes again.
+  Header push = Push(100, 1);
+  std::vector<zmq::message_t> f = Frames(push);
+  const uint64_t key = 9;
+  const float g[4] = {1, 1, 1, 1};
+  f.push_back(Bytes(&key, 8));
+  f.push_back(Bytes(g, sizeof(g)));
+  peer.Send(std::move(f));
+  ASSERT_TRUE(peer.Reply().ok());
+  EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, 101)).status, StatusCode::kOk);
+  EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, 102)).status, StatusCode::kOk);
+  EXPECT_EQ(JsonNumber(call(Request(Op::Stats, 1000, 0)).message, "checkpoints", -1), 2);
 }
 
 }  // namespace

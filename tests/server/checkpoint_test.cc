@@ -108,12 +108,14 @@ TEST_F(CheckpointReaderTest, ATableIdFlippedInABlockHeaderIsRefused) {
 
 TEST_F(CheckpointReaderTest, AFileOfTheOldVersionIsRefusedNamingItsVersion) {
   std::string old = file_;
-  const uint32_t version = 1;
+  const uint32_t version = kCheckpointVersion - 1;
   std::memcpy(old.data() + kVersionAt, &version, 4);
   Put64(old, kHeaderChecksumAt, Checksum64(old.data(), kHeaderChecksumAt));
   const Status st = Read(old);
   EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(st.message().find("checkpoint 'c.bin' is format version 1; this build reads version 2"),
+  EXPECT_NE(st.message().find("checkpoint 'c.bin' is format version " + std::to_string(version) +
+                              "; this build reads version " +
+                              std::to_string(kCheckpointVersion)),
             std::string::npos)
       << st.message();
 }

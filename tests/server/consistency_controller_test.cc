@@ -9,7 +9,22 @@ ConsistencyController Controller(TrainingOptions::Consistency mode, uint32_t sta
   TrainingOptions t;
   t.consistency = mode;
   t.staleness = staleness;
-  return ConsistencyController(t, 2, std::chrono::steady_clock::now());
+  ConsistencyController c(t, 2, std::chrono::steady_clock::now());
+  for (uint32_t w = 0; w < 2; ++w) EXPECT_TRUE(c.Advance(w, 0, false, /*caught_up=*/true).ok());
+  return c;
+}
+
+TEST(ConsistencyControllerTest, AFreshShardKnowsNoClockUntilEachWorkerSaysWhereItIs) {
+  // It may have been restarted without a checkpoint while the workers went on.
+  TrainingOptions t;
+  ConsistencyController c(t, 2, std::chrono::steady_clock::now());
+  EXPECT_FALSE(c.ClocksKnown());
+  for (int64_t k = 0; k <= 5; ++k) ASSERT_TRUE(c.Advance(0, k, false, k == 5).ok());  // a replay
+  EXPECT_TRUE(c.CheckRequestClock(0, 6).ok());
+  ASSERT_TRUE(c.Advance(1, 1, false, true).ok());  // a tick
+  EXPECT_TRUE(c.ClocksKnown());
+  EXPECT_FALSE(c.CheckRequestClock(0, 6).ok());
+  EXPECT_FALSE(c.Advance(0, 6, false, true).ok());
 }
 
 TEST(ConsistencyControllerTest, ClocksMoveForwardByOne) {
@@ -63,7 +78,7 @@ TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilTheReplayCatche
   ConsistencyController c = Controller(TrainingOptions::Consistency::kBsp);
   c.SetClock(0, 7);
   c.SetClock(1, 7);
-  EXPECT_FALSE(c.ClocksKnown());
+  EXPECT_FALSE(c.ClocksKnown());  // restored: a lower bound again
   // Only the sender's own clock bounds it until the workers have caught up.
   EXPECT_FALSE(c.CheckRequestClock(0, 9).ok());
   EXPECT_FALSE(c.Advance(0, 9, false).ok());  // replays go one clock at a time

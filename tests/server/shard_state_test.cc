@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,8 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
+#include <tuple>
 
 #include "common/sharding.hpp"
 #include "tests/support/small_shard.hpp"
@@ -46,6 +49,32 @@ class ShardStateTest : public ::testing::Test {
     s.dedup().Mark(1, 99, 5);
   }
 
+  // BSP sums pending for clocks 3 and 4 (Train's slowest worker is at 3): three keys in each
+  // sparse table; dense table 'w' at both clocks, 'b' at clock 4 only. Values no arithmetic
+  // would round-trip by accident: -0, a subnormal, a NaN with a payload.
+  static void TrainPending(SmallShard& s) {
+    const uint32_t engines = s.manifest().server.engine_threads;
+    const uint32_t tables = static_cast<uint32_t>(s.manifest().tables.size());
+    const float odd[] = {-0.0f, 1e-40f, std::bit_cast<float>(0x7fc01234u), -3.5f};
+    for (int64_t clock : {3, 4}) {
+      std::unique_ptr<ClockAggregate>& agg = s.pending()[clock];
+      agg = std::make_unique<ClockAggregate>(tables, engines);
+      for (uint32_t t : {0u, 1u}) {
+        const uint32_t dim = s.sparse(t).dim();
+        for (uint64_t key : {5ull, 6ull, 1ull << 50}) {
+          float* sum = agg->SparseSum(t, EngineOfKey(key, engines), key, dim);
+          for (uint32_t d = 0; d < dim; ++d) sum[d] = odd[(key + d) % 4] + 0.5f * clock;
+        }
+      }
+      for (uint32_t t : {2u, 3u}) {
+        if (t == 3 && clock == 3) continue;
+        const uint64_t n = s.dense(t).slice().size();
+        float* sum = agg->DenseSum(t, n);
+        for (uint64_t i = 0; i < n; ++i) sum[i] = odd[i % 4] - 0.25f * static_cast<float>(i);
+      }
+    }
+  }
+
   CheckpointHeader HeaderOf(const SmallShard& s) const {
     CheckpointHeader h;
     h.shard = SmallShard::kShard;
@@ -61,6 +90,16 @@ class ShardStateTest : public ::testing::Test {
     CheckpointHeader h;
     return s.state().Load(in, path, &h);
   }
+
+  // Writes each case's changed copy of `good` and loads it into a fresh shard: it must be
+  // refused, naming the file and what the case says, with nothing applied.
+  struct BadBlocks {
+    const char* what;
+    std::function<void(std::vector<CheckpointBlock>&, CheckpointHeader&)> change;
+    const char* says;
+  };
+  void ExpectRefused(const SmallShard& trained, const std::vector<CheckpointBlock>& good,
+                     const std::vector<BadBlocks>& cases);
 
   std::string dir_;
 };
@@ -90,6 +129,56 @@ std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> Contents(SmallShard&
   return out;
 }
 
+// Every pending sum, by (clock, table, engine, key) (dense: engine and key ~0), as bits.
+std::map<std::tuple<int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> PendingBits(
+    SmallShard& s) {
+  std::map<std::tuple<int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> out;
+  auto bits = [](const float* v, uint64_t n) {
+    std::vector<uint32_t> b(n);
+    std::memcpy(b.data(), v, n * sizeof(float));
+    return b;
+  };
+  for (const auto& [clock, agg] : s.pending()) {
+    for (uint32_t t : {0u, 1u}) {
+      const uint32_t dim = s.sparse(t).dim();
+      for (uint32_t e = 0; e < s.manifest().server.engine_threads; ++e) {
+        agg->ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
+          out[{clock, t, e, key}] = bits(sum, dim);
+        });
+      }
+    }
+    for (uint32_t t : {2u, 3u}) {
+      if (const float* sum = agg->DenseSumIfAny(t)) {
+        out[{clock, t, ~0u, ~0ull}] = bits(sum, s.dense(t).slice().size());
+      }
+    }
+  }
+  return out;
+}
+
+void ShardStateTest::ExpectRefused(const SmallShard& trained,
+                                   const std::vector<CheckpointBlock>& good,
+                                   const std::vector<BadBlocks>& cases) {
+  for (const BadBlocks& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<CheckpointBlock> blocks = good;
+    CheckpointHeader h = HeaderOf(trained);
+    c.change(blocks, h);
+    const std::string path = dir_ + "/bad.bin";
+    ASSERT_TRUE(WriteCheckpointFile(path, h, blocks).ok());
+    SmallShard s;
+    const std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> before = Contents(s);
+    const Status st = Load(s, path);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("checkpoint '" + path + "'"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
+    EXPECT_EQ(Contents(s), before);  // nothing applied
+    EXPECT_EQ(s.controller().MaxClock(), 0);
+    EXPECT_FALSE(s.dedup().Seen(1, 99, 5));
+    EXPECT_TRUE(s.pending().empty());
+  }
+}
+
 TEST_F(ShardStateTest, ASavedShardLoadsBackValueForValue) {
   SmallShard saved;
   Train(saved);
@@ -104,14 +193,25 @@ TEST_F(ShardStateTest, ASavedShardLoadsBackValueForValue) {
   EXPECT_FALSE(loaded.dedup().Seen(1, 99, 6));
 }
 
+TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
+  SmallShard saved;
+  Train(saved);
+  TrainPending(saved);
+  const auto sums = PendingBits(saved);
+  ASSERT_EQ(sums.size(), 2u * 2u * 3u + 3u);  // 3 keys x 2 tables x 2 clocks; 3 dense sums
+  const std::string path = dir_ + "/ckpt.bin";
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), saved.state().Save()).ok());
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(loaded.pending().size(), 2u);
+  EXPECT_EQ(PendingBits(loaded), sums);  // each key with the engine that owns it
+  EXPECT_EQ(Contents(loaded), Contents(saved));
+  EXPECT_EQ(loaded.controller().clocks(), saved.controller().clocks());
+}
+
 // Each case changes the blocks of a good checkpoint (its checksums stay right: these are files
 // a writer with a bug, or an attacker, could produce) and says what the refusal must name.
-struct BadBlocks {
-  const char* what;
-  std::function<void(std::vector<CheckpointBlock>&, CheckpointHeader&)> change;
-  const char* says;
-};
-
 TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothing) {
   SmallShard trained;
   Train(trained);
@@ -160,23 +260,62 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
        [](auto&, auto& h) { h.clock = std::numeric_limits<int64_t>::max(); },
        "clock 9223372036854775807 is out of range"},
   };
-  for (const BadBlocks& c : cases) {
-    SCOPED_TRACE(c.what);
-    std::vector<CheckpointBlock> blocks = good;
-    CheckpointHeader h = HeaderOf(trained);
-    c.change(blocks, h);
-    const std::string path = dir_ + "/bad.bin";
-    ASSERT_TRUE(WriteCheckpointFile(path, h, blocks).ok());
-    SmallShard s;
-    const std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> before = Contents(s);
-    const Status st = Load(s, path);
-    ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("checkpoint '" + path + "'"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
-    EXPECT_EQ(Contents(s), before);  // nothing applied
-    EXPECT_EQ(s.controller().MaxClock(), 0);
-    EXPECT_FALSE(s.dedup().Seen(1, 99, 5));
-  }
+  ExpectRefused(trained, good, cases);
+}
+
+void SetPendingClock(CheckpointBlock& b, int64_t clock) {
+  std::memcpy(b.bytes.data(), &clock, sizeof(clock));
+}
+
+TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
+  SmallShard trained;
+  Train(trained);
+  TrainPending(trained);
+  const std::vector<CheckpointBlock> good = trained.state().Save();
+  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b.
+  ASSERT_EQ(good.size(), 13u);
+  ASSERT_EQ(good[6].kind, 5u);
+  ASSERT_EQ(good[8].kind, 6u);
+  const std::vector<BadBlocks> cases = {
+      {"pending sparse sums for a dense table", [](auto& b, auto&) { b[6].table = 2; },
+       "block 6 (kind 5, table 2, at byte"},
+      {"pending sparse sums for a dense table (what)", [](auto& b, auto&) { b[6].table = 2; },
+       "pending sums of sparse rows for dense table 'w'"},
+      {"pending dense sums for a sparse table", [](auto& b, auto&) { b[8].table = 0; },
+       "pending dense sums for sparse table 'emb'"},
+      {"pending dense sums of the wrong slice", [](auto& b, auto&) { b[12].count += 1; },
+       "table 'b': pending sums of a slice of 4 elements; this shard's slice has 3"},
+      {"a sparse count that does not match the bytes", [](auto& b, auto&) { b[6].count += 1; },
+       "table 'emb' pending sums after the clock: 4 x 24 bytes do not make"},
+      // 3 + 2^61 keys x 24 bytes wraps around to exactly the 72 bytes of 3 keys.
+      {"a count whose product with the row size wraps",
+       [](auto& b, auto&) { b[6].count = 3 + (uint64_t{1} << 61); },
+       "table 'emb' pending sums after the clock: 2305843009213693955 x 24 bytes overflow"},
+      {"no room for the clock",
+       [](auto& b, auto&) {
+         b[8].bytes.resize(4);
+         b[8].count = 0;
+       },
+       "table 'w': pending sums of 4 bytes, too few for their clock"},
+      {"pending sums before the clocks",
+       [](auto& b, auto&) {
+         b.insert(b.begin(), b[6]);
+         b.erase(b.begin() + 7);
+       },
+       "block 0 (kind 5, table 0, at byte 64): pending sums before the worker clocks"},
+      {"a clock every worker has passed", [](auto& b, auto&) { SetPendingClock(b[6], 2); },
+       "pending sums of clock 2, out of range (the slowest worker is at clock 3)"},
+      {"a clock out of range",
+       [](auto& b, auto&) { SetPendingClock(b[12], kMaxCheckpointClock + 1); },
+       "pending sums of clock 4611686018427387905, out of range"},
+      {"a second block of one table for one clock",
+       [](auto& b, auto&) { SetPendingClock(b[9], 3); },
+       "a second block of pending sums of table 'emb' for clock 3"},
+      {"a key twice",
+       [](auto& b, auto&) { std::memcpy(b[7].bytes.data() + 8 + 12, b[7].bytes.data() + 8, 8); },
+       "twice in the pending sums of table 'small' for clock 3"},
+  };
+  ExpectRefused(trained, good, cases);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// SmallShard: one shard of a small fixed job, its tables built the way ShardServer builds
-// them, without a socket or engine threads: what checkpoints are loaded into and saved from in
-// tests/server/shard_state_test.cc, the checkpoint fuzzer and its seed generator.
+// SmallShard: one shard of a small fixed job, its tables (and BSP aggregates) held the way
+// ShardServer holds them, without a socket or engine threads: what checkpoints are loaded into
+// and saved from in tests/server/shard_state_test.cc, the checkpoint fuzzer and its seed
+// generator.
 #pragma once
 
 #include <cstdlib>
@@ -76,7 +77,9 @@ class SmallShard {
     controller_.emplace(manifest_.training, manifest_.cluster.workers,
                         ConsistencyController::SteadyClock::time_point());
     dedup_ = PushDedup(kSmallShardWindow);
-    state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, dedup_);
+    pending_.clear();
+    state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, dedup_, pending_,
+                   manifest_.server.engine_threads);
   }
 
   const Manifest& manifest() const { return manifest_; }
@@ -85,6 +88,8 @@ class SmallShard {
   DenseTable& dense(uint32_t table) { return *dense_[table]; }
   ConsistencyController& controller() { return *controller_; }
   PushDedup& dedup() { return dedup_; }
+  // BSP sums of clocks not yet applied (as ShardServer's aggregates), by clock.
+  PendingAggregates& pending() { return pending_; }
 
  private:
   Manifest manifest_;
@@ -92,6 +97,7 @@ class SmallShard {
   std::vector<std::unique_ptr<DenseTable>> dense_;
   std::optional<ConsistencyController> controller_;
   PushDedup dedup_{kSmallShardWindow};
+  PendingAggregates pending_;
   std::optional<ShardState> state_;
 };
 
