@@ -18,6 +18,7 @@
 namespace parasol {
 namespace {
 
+using testing::ResidentBytes;
 using testing::TestCluster;
 
 constexpr const char* kTables =
@@ -263,14 +264,27 @@ TEST_F(HostileInputTest, BadMessagesAreCounted) {
 
 // --- Hostile clients: protocol rules and limits, each attack against a real shard ----------
 
-// Resident memory of a process, in bytes (VmRSS), or 0.
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
+// A DEALER that takes at most one reply into its queue and never reads.
+zmq::socket_t NonReadingPeer(zmq::context_t& ctx, const ServerAddress& a) {
+  zmq::socket_t sink(ctx, zmq::socket_type::dealer);
+  sink.set(zmq::sockopt::rcvhwm, 1);
+  sink.set(zmq::sockopt::rcvbuf, 4096);
+  sink.set(zmq::sockopt::linger, 0);
+  sink.connect(TcpEndpoint(a.host, a.port));
+  return sink;
+}
+
+// Shard 0's resident memory grew by less than `max_growth` from `baseline`, and it stops within
+// 10 s of SIGTERM.
+void ExpectGrewLessAndStops(TestCluster& cluster, uint64_t baseline, uint64_t max_growth) {
+  const uint64_t rss = ResidentBytes(cluster.server(0).pid());
+  EXPECT_GT(rss, 0u);
+  EXPECT_LT(rss, baseline + max_growth)
+      << "the shard's resident memory grew from " << baseline << " to " << rss
+      << " bytes, past its limits";
+  cluster.server(0).Signal(SIGTERM);
+  EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value())
+      << "the shard did not stop within 10 s of SIGTERM";
 }
 
 // worker_clocks from a shard's stats JSON.
@@ -346,16 +360,7 @@ class HostileClientTest : public ::testing::Test {
     float row[4];
     std::memcpy(row, payload[0].data(), 16);
     EXPECT_EQ(std::vector<float>(row, row + 4), std::vector<float>(4, 1.0f));
-    const uint64_t rss = ResidentBytes(cluster_.server(0).pid());
-    EXPECT_GT(rss, 0u);
-    EXPECT_LT(rss, baseline_rss_ + max_growth)
-        << "the shard's resident memory grew from " << baseline_rss_ << " to " << rss
-        << " bytes, past its limits";
-    const auto start = std::chrono::steady_clock::now();
-    cluster_.server(0).Signal(SIGTERM);
-    EXPECT_TRUE(cluster_.server(0).Wait(std::chrono::seconds(10)).has_value())
-        << "the shard did not stop within 10 s of SIGTERM";
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    ExpectGrewLessAndStops(cluster_, baseline_rss_, max_growth);
   }
 
   TestCluster cluster_{1, 2, kTables, kLimits};
@@ -563,12 +568,7 @@ TEST_F(HostileClientTest, APeerThatNeverReadsCannotStallTheShard) {
   // A DEALER that takes at most one reply into its queue and never reads: the shard's queue to
   // it fills (server.socket_hwm) and further replies to it are dropped, not waited for.
   zmq::context_t ctx(1);
-  zmq::socket_t sink(ctx, zmq::socket_type::dealer);
-  sink.set(zmq::sockopt::rcvhwm, 1);
-  sink.set(zmq::sockopt::rcvbuf, 4096);
-  sink.set(zmq::sockopt::linger, 0);
-  const ServerAddress& a = cluster_.manifest().cluster.servers[0];
-  sink.connect(TcpEndpoint(a.host, a.port));
+  zmq::socket_t sink = NonReadingPeer(ctx, cluster_.manifest().cluster.servers[0]);
   std::vector<uint64_t> keys(8192);
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
   for (uint64_t i = 0; i < 600; ++i) {  // 600 replies of 128 KiB
@@ -607,12 +607,7 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
   ASSERT_TRUE(peer.Reply().ok());
   const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
   zmq::context_t ctx(1);
-  zmq::socket_t sink(ctx, zmq::socket_type::dealer);
-  sink.set(zmq::sockopt::rcvhwm, 1);
-  sink.set(zmq::sockopt::rcvbuf, 4096);
-  sink.set(zmq::sockopt::linger, 0);
-  const ServerAddress& a = cluster.manifest().cluster.servers[0];
-  sink.connect(TcpEndpoint(a.host, a.port));
+  zmq::socket_t sink = NonReadingPeer(ctx, cluster.manifest().cluster.servers[0]);
   const float g = 1.0f;
   for (uint64_t i = 0; i < 150; ++i) {
     Header pull = Request(Op::PullDense, 1000, 0, 2 * i);
@@ -643,11 +638,7 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
   EXPECT_GE(JsonNumber(stats, "requests", 0), 301) << stats;
   EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
   EXPECT_LE(JsonNumber(stats, "queued_reply_bytes", -1), 32 << 20) << stats;
-  const uint64_t rss = ResidentBytes(cluster.server(0).pid());
-  EXPECT_LT(rss, baseline + (96ull << 20))
-      << "resident memory grew from " << baseline << " to " << rss << " bytes";
-  cluster.server(0).Signal(SIGTERM);
-  EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ExpectGrewLessAndStops(cluster, baseline, 96ull << 20);
 }
 
 TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRows) {
@@ -707,11 +698,7 @@ TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRow
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(JsonNumber(s, "pending_keys", -1), 0) << s;
-  const uint64_t rss = ResidentBytes(cluster.server(0).pid());
-  EXPECT_LT(rss, baseline + (160ull << 20))
-      << "resident memory grew from " << baseline << " to " << rss << " bytes";
-  cluster.server(0).Signal(SIGTERM);
-  EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ExpectGrewLessAndStops(cluster, baseline, 160ull << 20);
 }
 
 TEST(HostileCheckpointTest, AFloodOfCheckpointRequestsWritesOnlyWhatChanged) {

@@ -16,6 +16,7 @@
 namespace parasol {
 namespace {
 
+using testing::ResidentBytes;
 using testing::TestCluster;
 
 struct OptCase {
@@ -281,15 +282,6 @@ TEST(EvictionTest, RowsIdleForTtlClocksAreEvictedAndComeBackFresh) {
   EXPECT_EQ(row, (std::vector<float>{0.5f, 0.5f}));  // kept: updated at clock 1
   ASSERT_TRUE(client->PullSparse(0, std::vector<uint64_t>{7}, row.data()).ok());
   EXPECT_EQ(row, (std::vector<float>{1.0f, 1.0f}));  // evicted: back at its initial value
-}
-
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
 }
 
 TEST(MemoryTest, StatsBytesAgreeWithResidentMemoryGrowth) {
