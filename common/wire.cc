@@ -47,6 +47,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_server_epoch(h.server_epoch);
   b.add_checkpoint_clock(h.checkpoint_clock);
   b.add_caught_up(h.caught_up);
+  b.add_replay(h.replay);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -120,6 +121,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.server_epoch = fb->server_epoch();
   h.checkpoint_clock = fb->checkpoint_clock();
   h.caught_up = fb->caught_up();
+  h.replay = fb->replay();
   return h;
 }
 

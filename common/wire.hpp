@@ -60,6 +60,7 @@ struct Header {
   uint64_t server_epoch = 0;
   int64_t checkpoint_clock = -1;
   bool caught_up = false;
+  bool replay = false;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

@@ -15,6 +15,7 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       lost_(workers, false),
       done_at_(workers, -1),
       unconfirmed_(workers, true),
+      restored_(workers, false),
       live_(workers) {}
 
 namespace {
@@ -37,8 +38,13 @@ bool ConsistencyController::ClocksKnown() const {
 }
 
 Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
-                                      bool caught_up) {
+                                      bool caught_up, bool replay) {
   const int64_t current = clocks_[worker];
+  if (restored_[worker] && !replay) {
+    return FailedPrecondition("Clock: worker " + std::to_string(worker) + "'s clock was " +
+                              "restored from a checkpoint (" + std::to_string(current) +
+                              "); it is taken from the worker's replay first");
+  }
   if (clock > current && clock - current > 1) {
     return FailedPrecondition(
         "Clock: worker " + std::to_string(worker) + " jumps from " +
@@ -55,7 +61,10 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
                                 "while the slowest worker is at " + std::to_string(slowest));
     }
   }
-  if (caught_up || done) unconfirmed_[worker] = false;
+  if (caught_up || done) {
+    unconfirmed_[worker] = false;
+    restored_[worker] = false;
+  }
   clocks_[worker] = std::max(current, clock);
   if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
   return Status::Ok();
@@ -99,6 +108,7 @@ void ConsistencyController::SetClock(uint32_t worker, int64_t clock) {
   if (!InJob(worker)) return;
   clocks_[worker] = std::max(clocks_[worker], clock);
   unconfirmed_[worker] = true;
+  restored_[worker] = true;
 }
 
 void ConsistencyController::AddHeld(uint32_t worker, int delta) {

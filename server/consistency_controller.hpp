@@ -57,7 +57,11 @@ class ConsistencyController {
   // REQUIRES: InJob(worker).
   // `caught_up` (the last Clock of a worker's replay after a restore) confirms the worker's
   // clock. A Clock beyond what the mode lets the slowest worker's peers reach is refused too.
-  Status Advance(uint32_t worker, int64_t clock, bool done, bool caught_up = false);
+  // A worker whose clock was restored from a checkpoint takes Clocks only from its replay
+  // (`replay`): a tick sent before the worker saw the restart would move the restored clock on
+  // before the replayed pushes of the clocks in between arrive. It resends the tick after.
+  Status Advance(uint32_t worker, int64_t clock, bool done, bool caught_up = false,
+                 bool replay = false);
   // Whether every live worker's clock is known (none restored and not yet caught up).
   bool ClocksKnown() const;
   // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
@@ -90,7 +94,8 @@ class ConsistencyController {
   std::vector<int> held_;
   std::vector<bool> lost_;
   std::vector<int64_t> done_at_;  // -1 while working
-  std::vector<bool> unconfirmed_;  // restored, no Clock heard since
+  std::vector<bool> unconfirmed_;  // its clock not known yet (see the class comment)
+  std::vector<bool> restored_;     // its clock is a checkpoint's, and its replay has not ended
   uint32_t live_;
 };
 

@@ -524,7 +524,7 @@ Status ShardServer::HandleClock(const Header& req) {
                            " is not in this job (cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  return controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up);
+  return controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay);
 }
 
 Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {

@@ -651,6 +651,7 @@ void PsClient::Replay(uint32_t shard) {
     h.clock = c;
     h.done = left_ && c == clock_;
     h.caught_up = c == clock_;
+    h.replay = true;
     std::vector<zmq::message_t> frames;
     frames.push_back(EncodeHeader(h));
     (void)SendFrames(shards_[shard], frames);

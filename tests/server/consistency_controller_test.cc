@@ -81,15 +81,21 @@ TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilTheReplayCatche
   EXPECT_FALSE(c.ClocksKnown());  // restored: a lower bound again
   // Only the sender's own clock bounds it until the workers have caught up.
   EXPECT_FALSE(c.CheckRequestClock(0, 9).ok());
-  EXPECT_FALSE(c.Advance(0, 9, false).ok());  // replays go one clock at a time
-  for (int64_t k = 7; k <= 12; ++k) ASSERT_TRUE(c.Advance(0, k, false, k == 12).ok());
+  // A tick sent before the worker saw the restart is refused (it resends it after its replay).
+  Status st = c.Advance(0, 8, false, /*caught_up=*/true);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("restored from a checkpoint"), std::string::npos) << st.ToString();
+  EXPECT_EQ(c.clocks()[0], 7);
+  EXPECT_FALSE(c.Advance(0, 9, false, false, /*replay=*/true).ok());  // one clock at a time
+  for (int64_t k = 7; k <= 12; ++k) ASSERT_TRUE(c.Advance(0, k, false, k == 12, true).ok());
   EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());  // worker 1 has not caught up yet
-  ASSERT_TRUE(c.Advance(1, 7, false).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());  // a Clock alone does not confirm it
-  for (int64_t k = 8; k <= 11; ++k) ASSERT_TRUE(c.Advance(1, k, false, k == 11).ok());
+  ASSERT_TRUE(c.Advance(1, 7, false, false, true).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());  // a replay's first Clock does not confirm it
+  for (int64_t k = 8; k <= 11; ++k) ASSERT_TRUE(c.Advance(1, k, false, k == 11, true).ok());
+  EXPECT_TRUE(c.Advance(1, 12, false, true).ok());  // ticks are taken again
   EXPECT_TRUE(c.ClocksKnown());
   EXPECT_TRUE(c.CheckRequestClock(0, 13).ok());
-  EXPECT_FALSE(c.Advance(0, 14, false).ok());  // 3 ahead of worker 1
+  EXPECT_FALSE(c.Advance(0, 15, false, true).ok());  // 3 ahead of worker 1
 }
 
 }  // namespace
