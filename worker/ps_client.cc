@@ -484,6 +484,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
   for (uint32_t s = 0; s < shards_.size(); ++s) {
     if (replay_due_[s]) Replay(s);
   }
+  ReapReplays();
   // Resend or fail what is overdue.
   const auto later = Clock::now();
   std::vector<uint64_t> overdue;
@@ -639,48 +640,53 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
 
 void PsClient::Replay(uint32_t shard) {
   replay_due_[shard] = false;
+  // What was in flight to the old process, before the replay's own requests join it.
+  std::vector<uint64_t> in_flight_before;
+  for (const auto& [id, r] : in_flight_) {
+    if (r->shard == shard) in_flight_before.push_back(id);
+  }
   // In clock order: each clock, then the logged pushes of that clock, so that the restored
   // shard sees every push at the clock it belongs to (a shard refuses a clock that jumps, and a
   // request beyond its sender's clock). Clocks it already has change nothing. The last Clock
-  // says the replay is complete: the shard knows this worker's clock again.
+  // says the replay is complete: the shard knows this worker's clock again. Every replayed
+  // request is tracked like any other: resent until acknowledged, and a refusal fails the
+  // worker (see replay_failure_) instead of losing the update; an acknowledged push goes back
+  // into the log.
+  const Ticket ticket = NewTicket(Op::Clock, 0);
+  replay_tickets_.push_back(ticket);
   const bool in_job = worker_id_ < manifest_.cluster.workers;
   const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), clock_);
-  auto send_clock = [&](int64_t c) {
-    if (!in_job) return;
-    Header h = NewRequest(Op::Clock, 0);
-    h.clock = c;
-    h.done = left_ && c == clock_;
-    h.caught_up = c == clock_;
-    h.replay = true;
-    std::vector<zmq::message_t> frames;
-    frames.push_back(EncodeHeader(h));
-    (void)SendFrames(shards_[shard], frames);
+  std::deque<LoggedPush> log = std::move(push_log_[shard]);
+  push_log_[shard].clear();
+  auto send_push = [&](LoggedPush& entry) {
+    Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
+    if (!h.ok()) return;  // written by this client: cannot happen
+    h->request_id = next_request_id_++;
+    std::vector<zmq::message_t> payload;
+    for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
+    Send(ticket, shard, *h, std::move(payload));
   };
   size_t n = 0;
-  auto log = push_log_[shard].begin();
+  auto next = log.begin();
   for (int64_t c = first; c <= clock_; ++c) {
-    send_clock(c);
-    for (; log != push_log_[shard].end() && log->clock <= c; ++log, ++n) {
-      std::vector<zmq::message_t> frames;
-      for (auto& f : log->frames) frames.push_back(CopyMessage(f));
-      (void)SendFrames(shards_[shard], frames);
+    if (in_job) {
+      Header h = NewRequest(Op::Clock, 0);
+      h.clock = c;
+      h.done = left_ && c == clock_;
+      h.caught_up = c == clock_;
+      h.replay = true;
+      Send(ticket, shard, h, {});
     }
+    for (; next != log.end() && next->clock <= c; ++next, ++n) send_push(*next);
   }
-  for (; log != push_log_[shard].end(); ++log, ++n) {  // none: pushes carry clocks <= clock_
-    std::vector<zmq::message_t> frames;
-    for (auto& f : log->frames) frames.push_back(CopyMessage(f));
-    (void)SendFrames(shards_[shard], frames);
-  }
+  for (; next != log.end(); ++next, ++n) send_push(*next);  // none: pushes carry clocks <= clock_
   // Whatever was in flight to the old process is gone: send it again now, under a new request
   // id, so that a late answer to a copy that reached the new process before this replay (an
   // error from its restored state) cannot complete it.
   const auto now = Clock::now();
-  std::vector<uint64_t> ids;
-  for (const auto& [id, r] : in_flight_) {
-    if (r->shard == shard) ids.push_back(id);
-  }
-  for (uint64_t id : ids) {
+  for (uint64_t id : in_flight_before) {
     auto node = in_flight_.extract(id);
+    if (node.empty()) continue;
     ShardRequest& r = *node.mapped();
     Result<Header> h = DecodeHeader(r.kept[0].data(), r.kept[0].size());
     if (h.ok()) {
@@ -695,8 +701,27 @@ void PsClient::Replay(uint32_t shard) {
     r.deadline = now + r.timeout;
     in_flight_.insert(std::move(node));
   }
-  spdlog::info("worker {}: replayed {} pushes and clocks {}..{} to shard {}", worker_id_, n,
+  spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
                first, clock_, shard);
+}
+
+void PsClient::ReapReplays() {
+  for (auto it = replay_tickets_.begin(); it != replay_tickets_.end();) {
+    auto p = pending_.find(*it);
+    if (p == pending_.end() || p->second->outstanding > 0) {
+      ++it;
+      continue;
+    }
+    if (!p->second->status.ok() && replay_failure_.ok()) {
+      replay_failure_ = p->second->status.WithContext(
+          "worker " + std::to_string(worker_id_) +
+          ": a replay to a restarted shard was not accepted, so acknowledged updates would be "
+          "lost");
+      spdlog::error("{}", replay_failure_.ToString());
+    }
+    pending_.erase(p);
+    it = replay_tickets_.erase(it);
+  }
 }
 
 void PsClient::FailRequest(ShardRequest& r, Status status) {
@@ -729,7 +754,9 @@ Status PsClient::Wait(Ticket ticket) {
   while (it->second->outstanding > 0) {
     Status st = Pump(std::chrono::milliseconds(1000));
     if (!st.ok()) return st;
+    if (!replay_failure_.ok()) return replay_failure_;
   }
+  if (!replay_failure_.ok()) return replay_failure_;
   Pending& p = *it->second;
   Finish(p);
   Status result = p.status;

@@ -156,6 +156,8 @@ class PsClient {
   };
   void NoteEpoch(uint32_t shard, const Header& reply);
   void Replay(uint32_t shard);
+  // Drops the replays' finished tickets; a failed one sets replay_failure_.
+  void ReapReplays();
   void SendDetached(uint32_t shard, Op op, bool done);
 
   KeyIndex dedup_;
@@ -165,6 +167,8 @@ class PsClient {
   std::vector<uint64_t> shard_epochs_;
   std::vector<std::deque<LoggedPush>> push_log_;
   std::vector<bool> replay_due_;
+  std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
+  Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   // Connection events of each shard socket (reconnects after a shard went away).
   std::vector<zmq::socket_t> monitors_;

@@ -324,5 +324,44 @@ TEST(CheckpointFileTest, EveryTruncationIsDetected) {
   testing::RemoveTree(dir);
 }
 
+TEST_F(CheckpointTest, UnderBspAShardKilledBeforeItsFirstCheckpointGetsEveryPushReplayed) {
+  // No checkpoint was written: the restarted shard starts from the initial values and knows no
+  // clock; the worker replays its whole log (clock by clock) and the job ends where an
+  // undisturbed run ends.
+  auto run = [&](bool kill) {
+    const std::string dir = ckpt_ + (kill ? "/killed" : "/undisturbed");
+    TestCluster cluster(1, 1, kTables, CheckpointYaml(dir) + "training:\n  consistency: bsp\n");
+    EXPECT_TRUE(cluster.Start());
+    auto c = cluster.Connect(0);
+    EXPECT_NE(c, nullptr);
+    if (!c) return std::vector<float>{};
+    for (int step = 0; step < 5; ++step) {
+      Push(*c, keys_, 0.1f * static_cast<float>(step + 1));
+      EXPECT_TRUE(c->Tick().ok());
+      if (kill && step == 2) {
+        cluster.server(0).Signal(SIGKILL);
+        EXPECT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+        EXPECT_TRUE(cluster.Respawn(0));
+      }
+    }
+    std::vector<float> out = Snapshot(*c, keys_);
+    if (kill) {  // the shard's log shows both starts, and no checkpoint restored
+      const std::string log = cluster.ServerLog(0);
+      const size_t first = log.find("serving on");
+      EXPECT_NE(first, std::string::npos);
+      EXPECT_NE(log.find("serving on", first + 1), std::string::npos) << log;
+      EXPECT_EQ(log.find("restored"), std::string::npos) << log;
+    }
+    return out;
+  };
+  const std::vector<float> undisturbed = run(false);
+  const std::vector<float> restarted = run(true);
+  ASSERT_EQ(undisturbed.size(), restarted.size());
+  ASSERT_FALSE(undisturbed.empty());
+  for (size_t i = 0; i < undisturbed.size(); ++i) {
+    EXPECT_NEAR(restarted[i], undisturbed[i], 1e-6) << "value " << i;
+  }
+}
+
 }  // namespace
 }  // namespace parasol
