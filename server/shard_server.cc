@@ -210,6 +210,10 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   // connection's ZAP User-Id); a refused one is answered with the error and not applied.
   Status st = worker_keys_.Check(req, zmq_msg_gets(frames[1].handle(), "User-Id"));
   if (st.ok()) st = Dispatch(req, frames, &reply, &payload, &held);
+  if (req.replay) {
+    ++(req.op == Op::Clock ? counters_.replayed_clocks : counters_.replayed_pushes);
+    if (!st.ok()) ++counters_.refused_replays;
+  }
   if (held) return;  // `frames` now belong to a held request
   if (!st.ok()) {
     if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
@@ -635,6 +639,18 @@ std::string ShardServer::MetricsText() const {
     t.Sample("parasol_warnings_not_logged_total", static_cast<double>(log->left_out_total()),
              labels);
   }
+  t.Type("parasol_replayed_total", "counter",
+         "Requests of workers' replays after a restart, by kind (refused: the worker stops).");
+  t.Sample("parasol_replayed_total", static_cast<double>(counters_.replayed_pushes),
+           shard + ",kind=\"push\"");
+  t.Sample("parasol_replayed_total", static_cast<double>(counters_.replayed_clocks),
+           shard + ",kind=\"clock\"");
+  t.Sample("parasol_replayed_total", static_cast<double>(counters_.refused_replays),
+           shard + ",kind=\"refused\"");
+  t.Type("parasol_duplicate_pushes_total", "counter",
+         "Pushes answered as already applied (a resend or a replay).");
+  t.Sample("parasol_duplicate_pushes_total", static_cast<double>(counters_.duplicate_pushes),
+           shard);
   t.Type("parasol_replies_dropped_total", "counter",
          "Replies dropped because the peer's queue was full (server.socket_hwm).");
   t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
@@ -796,6 +812,9 @@ std::string ShardServer::StatsJson() const {
     << ",\"errors\":" << counters_.errors << ",\"checkpoints\":" << counters_.checkpoints
     << ",\"curve_refusals\":" << (zap_ ? zap_->refusals() : 0)
     << ",\"duplicate_pushes\":" << counters_.duplicate_pushes
+    << ",\"replayed_pushes\":" << counters_.replayed_pushes
+    << ",\"replayed_clocks\":" << counters_.replayed_clocks
+    << ",\"refused_replays\":" << counters_.refused_replays
     << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed
     << ",\"dense_elements_pulled\":" << counters_.dense_elements_pulled
     << ",\"dense_elements_pushed\":" << counters_.dense_elements_pushed << ",\"ops\":{";

@@ -86,6 +86,9 @@ class ShardServer {
     uint64_t bad_messages = 0;
     uint64_t errors = 0;
     uint64_t duplicate_pushes = 0;
+    uint64_t replayed_pushes = 0;    // pushes and clocks of workers' replays after a restart
+    uint64_t replayed_clocks = 0;
+    uint64_t refused_replays = 0;    // of those, refused (the worker stops with the error)
     uint64_t rows_pulled = 0;
     uint64_t rows_pushed = 0;
     uint64_t dense_elements_pulled = 0;

@@ -662,6 +662,7 @@ void PsClient::Replay(uint32_t shard) {
     Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
     if (!h.ok()) return;  // written by this client: cannot happen
     h->request_id = next_request_id_++;
+    h->replay = true;
     std::vector<zmq::message_t> payload;
     for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
     Send(ticket, shard, *h, std::move(payload));

@@ -351,6 +351,13 @@ TEST_F(CheckpointTest, UnderBspAShardKilledBeforeItsFirstCheckpointGetsEveryPush
       EXPECT_NE(first, std::string::npos);
       EXPECT_NE(log.find("serving on", first + 1), std::string::npos) << log;
       EXPECT_EQ(log.find("restored"), std::string::npos) << log;
+      auto stats = c->Stats();
+      EXPECT_TRUE(stats.ok());
+      if (stats.ok()) {  // 3 steps of a sparse and a dense push, clocks 0..3
+        EXPECT_EQ(JsonNumber((*stats)[0], "replayed_pushes", -1), 6) << (*stats)[0];
+        EXPECT_EQ(JsonNumber((*stats)[0], "replayed_clocks", -1), 4) << (*stats)[0];
+        EXPECT_EQ(JsonNumber((*stats)[0], "refused_replays", -1), 0) << (*stats)[0];
+      }
     }
     return out;
   };
