@@ -15,7 +15,7 @@
 namespace parasol::bench {
 namespace {
 
-constexpr uint64_t kFrameBytes = 4 << 20;
+constexpr uint64_t kFrameBytes = 1 << 20;  // Parasol's default server.frame_bytes
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -79,20 +79,25 @@ double RawEcho::RoundTrip(uint64_t bytes, int warmup, int iters) {
   }
   std::vector<double> t;
   for (int i = 0; i < warmup + iters; ++i) {
-    std::vector<zmq::message_t> frames;
-    for (auto& o : originals) {
-      zmq::message_t c;
-      c.copy(o);  // shares the buffer: nothing is copied
-      frames.push_back(std::move(c));
-    }
+    // Each frame a message of its own, echoed as it arrives: the transport's best for these
+    // bytes each way, pipelined like Parasol's chunked requests (a single multipart message
+    // is stored and forwarded whole, and Parasol's 64 MB push+pull beat that).
     const auto s = std::chrono::steady_clock::now();
-    if (!SendFrames(socket_, frames).ok()) return -1;
-    auto back = RecvFrames(socket_, false);
+    for (auto& o : originals) {
+      std::vector<zmq::message_t> frame(1);
+      frame[0].copy(o);  // shares the buffer: nothing is copied
+      if (!SendFrames(socket_, frame).ok()) return -1;
+    }
+    for (size_t m = 0; m < originals.size(); ++m) {
+      auto back = RecvFrames(socket_, false);
+      if (!back.ok() || !back->has_value()) return -1;
+    }
     const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-    if (!back.ok() || !back->has_value()) return -1;
     if (i >= warmup) t.push_back(d);
   }
-  return Median(t);
+  // A ceiling is what the transport can do at best: the fastest round trip, not the median
+  // (a median ceiling, as noisy as the figure it bounds, was sometimes beaten by it).
+  return *std::min_element(t.begin(), t.end());
 }
 
 }  // namespace parasol::bench

@@ -22,8 +22,8 @@ class RawEcho {
   static Result<std::unique_ptr<RawEcho>> Start();
   ~RawEcho();
 
-  // Median seconds for sending `bytes` (in frames of at most 4 MiB, like Parasol's values)
-  // and receiving them back.
+  // The fastest of `iters` round trips, in seconds: `bytes` sent in messages of 1 MiB (like
+  // Parasol's chunks), each echoed as it arrives.
   double RoundTrip(uint64_t bytes, int warmup, int iters);
 
  private:
