@@ -268,6 +268,7 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
   PARASOL_RETURN_IF_ERROR(r.DurationMs("request_timeout", &c->request_timeout_ms));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("request_retries", 0, 1000, &c->request_retries));
   PARASOL_RETURN_IF_ERROR(r.Bool("restart_servers", &c->restart_servers));
+  PARASOL_RETURN_IF_ERROR(r.Bool("restart_workers", &c->restart_workers));
   return r.Finish();
 }
 
@@ -475,7 +476,8 @@ Status ParseMetrics(MapReader& root, MetricsOptions* m, const std::string& file)
   return r.Finish();
 }
 
-Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, const std::string& file) {
+Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_request_bytes,
+                       const std::string& file) {
   if (!root.Has("checkpoint")) return Status::Ok();
   MapReader r(root.Child("checkpoint"), "checkpoint", file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
@@ -488,6 +490,14 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, const std::string&
   c->every_seconds = ms / 1000;
   PARASOL_RETURN_IF_ERROR(r.Unsigned("keep", 1, 1000, &c->keep));
   PARASOL_RETURN_IF_ERROR(r.Bool("restore", &c->restore));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
+  if (!c->dir.empty() && c->max_log_bytes / 2 < max_request_bytes) {
+    return r.ErrorAt(root.Child("checkpoint"), "checkpoint.max_log_bytes",
+                     std::to_string(c->max_log_bytes) + " must be at least twice "
+                     "server.max_request_bytes (" + std::to_string(max_request_bytes) +
+                     "): one push may be that large, and the push log must hold it beside "
+                     "what the shards checkpoint at half the limit");
+  }
   return r.Finish();
 }
 
@@ -728,7 +738,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(
         ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.workers, m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
-    PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.server.max_request_bytes, m.source));
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));

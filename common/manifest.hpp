@@ -81,6 +81,7 @@ struct ClusterOptions {
   int64_t request_timeout_ms = 30000;  // a request with no reply by then is resent
   uint32_t request_retries = 2;        // resends before a request fails
   bool restart_servers = false;        // launch: start a server again when it dies
+  bool restart_workers = false;        // launch: start a worker again when it dies
 };
 
 struct ServerOptions {
@@ -153,6 +154,10 @@ struct CheckpointOptions {
   int64_t every_seconds = 0;   // and/or this often (0: never)
   uint32_t keep = 3;           // newest checkpoints kept per shard
   bool restore = true;         // a starting shard loads its newest good checkpoint
+  // A worker's push log (what it must replay to a restarted shard) stays below this: a shard
+  // also checkpoints whenever one worker has pushed max_log_bytes / (2 x shards) bytes to it
+  // since its last checkpoint.
+  uint64_t max_log_bytes = 2ull << 30;
 };
 
 struct WorkerOptions {

@@ -48,6 +48,8 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_checkpoint_clock(h.checkpoint_clock);
   b.add_caught_up(h.caught_up);
   b.add_replay(h.replay);
+  b.add_checkpoint_count(h.checkpoint_count);
+  b.add_worker_clock(h.worker_clock);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -120,6 +122,8 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.done = fb->done();
   h.server_epoch = fb->server_epoch();
   h.checkpoint_clock = fb->checkpoint_clock();
+  h.checkpoint_count = fb->checkpoint_count();
+  h.worker_clock = fb->worker_clock();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
   return h;

@@ -61,6 +61,8 @@ struct Header {
   int64_t checkpoint_clock = -1;
   bool caught_up = false;
   bool replay = false;
+  uint64_t checkpoint_count = 0;
+  int64_t worker_clock = -1;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

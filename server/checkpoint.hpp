@@ -9,7 +9,7 @@
 //            kind 1 sparse rows: count x (u64 key, u32 last clock, row floats x f32)
 //            kind 2 dense slice: count elements x (1 + state arrays) f32, value array first
 //            kind 3 clocks:      count workers x i64 clock
-//            kind 4 push record: PushDedup::Save()
+//            kind 4 push record: PushRecord::Save()
 //            kind 5 pending sparse sums (BSP): i64 clock, then count x (u64 key, dim x f32)
 //            kind 6 pending dense sums (BSP):  i64 clock, then count elements x f32 (the slice)
 //            Kinds 5 and 6 come after the clocks, at most one per (clock, table).
@@ -23,7 +23,9 @@
 // table id went unnoticed. Version 3 added kinds 5 and 6: under BSP the pushes summed for a
 // clock not yet applied are in the push record, and a version 2 file without their sums lost
 // them (their resends after a restart were answered as duplicates). Files of other versions are
-// refused (kVersionMismatch).
+// refused (kVersionMismatch). Version 4 changed the push record: pushes are identified by
+// (worker, clock, index within the clock), so a restarted worker's recomputed step is
+// recognised (server/push_record.hpp).
 #pragma once
 
 #include <cstddef>
@@ -37,7 +39,7 @@
 
 namespace parasol {
 
-inline constexpr uint32_t kCheckpointVersion = 3;
+inline constexpr uint32_t kCheckpointVersion = 4;
 // Sizes of the file header and of a block header, in bytes (see the layout above).
 inline constexpr size_t kCheckpointHeaderBytes = 64;
 inline constexpr size_t kCheckpointBlockHeaderBytes = 40;

@@ -2,6 +2,7 @@
 // sums, and loading them back.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -19,7 +20,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
-  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_, aggregates_,
+  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                          engines_.size());
   const std::vector<CheckpointBlock> blocks = state.Save();
   uint64_t bytes = 0;
@@ -41,6 +42,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++counters_.checkpoints;
   last_checkpoint_ = std::chrono::steady_clock::now();
+  std::fill(pushed_since_checkpoint_.begin(), pushed_since_checkpoint_.end(), 0);
   checkpoint_clock_ = h.clock;
   spdlog::info("shard {}: checkpoint {} ({}) at clock {}: {:.1f} MB in {:.3f} s", rank_, path,
                reason, h.clock, bytes / 1e6, seconds);
@@ -52,7 +54,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
-    ShardState state(manifest_, rank_, sparse_, dense_, controller_, dedup_, aggregates_,
+    ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                      engines_.size());
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
@@ -116,10 +118,22 @@ void ShardServer::MaybeCheckpoint() {
     due = true;
     reason = "every " + std::to_string(c.every_seconds) + " s";
   }
+  // Bounds each worker's push log (checkpoint.max_log_bytes): what it pushed here since the
+  // last checkpoint is what it would have to replay.
+  const uint64_t log_share = c.max_log_bytes / (2 * uint64_t{num_shards_});
+  for (uint32_t w = 0; w < pushed_since_checkpoint_.size() && !due; ++w) {
+    if (pushed_since_checkpoint_[w] >= log_share) {
+      due = true;
+      reason = "worker " + std::to_string(w) + " pushed " +
+               std::to_string(pushed_since_checkpoint_[w]) +
+               " bytes since the last one (checkpoint.max_log_bytes)";
+    }
+  }
   if (!due) return;
   if (Status st = SaveCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
     last_checkpoint_ = std::chrono::steady_clock::now();  // retry at the next period, not now
+    std::fill(pushed_since_checkpoint_.begin(), pushed_since_checkpoint_.end(), 0);
   }
 }
 

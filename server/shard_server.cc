@@ -38,6 +38,8 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       held_count_(manifest.cluster.workers, 0),
       held_worker_bytes_(manifest.cluster.workers, 0),
       reply_dropped_since_(manifest.cluster.workers) {
+  worker_incarnations_.assign(manifest.cluster.workers, 0);
+  pushed_since_checkpoint_.assign(manifest.cluster.workers, 0);
   ResetTables();
 }
 
@@ -287,14 +289,21 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
                                std::to_string(req.worker_id) + " is not in this job (cluster." +
                                "workers = " + std::to_string(manifest_.cluster.workers) + ")");
       }
-      if (dedup_.Seen(req.worker_id, req.incarnation, req.seq)) {
+      // (worker, clock, index) names the push: a resend, a replay or a restarted worker's
+      // recomputed step is applied once (server/push_record.hpp).
+      if (push_record_.Check(req.worker_id, req.clock, req.seq) ==
+          PushRecord::Verdict::kApplied) {
         ++counters_.duplicate_pushes;
         reply->duplicate = true;
         return Status::Ok();
       }
+      PARASOL_RETURN_IF_ERROR(push_record_.CanMark(req.worker_id, req.clock, req.seq));
       PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
       PARASOL_RETURN_IF_ERROR(HandlePush(req, *view, reply));
-      dedup_.Mark(req.worker_id, req.incarnation, req.seq);
+      PARASOL_RETURN_IF_ERROR(push_record_.Mark(req.worker_id, req.clock, req.seq));
+      for (size_t f = 2; f < frames.size(); ++f) {
+        pushed_since_checkpoint_[req.worker_id] += frames[f].size();
+      }
       return Status::Ok();
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));
@@ -515,6 +524,28 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
                               " runs manifest " + Hex(req.manifest_hash) + ", this shard runs " +
                               Hex(fingerprint_) + "; start every role with the same manifest");
   }
+  const uint32_t w = req.worker_id;
+  if (!controller_.InJob(w)) return Status::Ok();
+  // Where the worker is, for a restarted worker to continue from.
+  reply->worker_clock = controller_.clocks()[w];
+  reply->done = controller_.IsDone(w);
+  if (req.incarnation != 0 && worker_incarnations_[w] != req.incarnation) {
+    const bool restarted = worker_incarnations_[w] != 0;
+    worker_incarnations_[w] = req.incarnation;
+    if (restarted) {
+      // The worker's push log died with it: the pushes it had acknowledged since this shard's
+      // last checkpoint are only in memory here. Checkpoint them now, so that a later restart
+      // of this shard does not need a replay that nobody can send.
+      ++counters_.worker_restarts;
+      spdlog::warn("shard {}: worker {} restarted at clock {}{}", rank_, w, reply->worker_clock,
+                   manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed");
+      if (!manifest_.checkpoint.dir.empty()) {
+        if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
+          spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+        }
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -651,6 +682,12 @@ std::string ShardServer::MetricsText() const {
          "Pushes answered as already applied (a resend or a replay).");
   t.Sample("parasol_duplicate_pushes_total", static_cast<double>(counters_.duplicate_pushes),
            shard);
+  t.Type("parasol_worker_restarts_total", "counter",
+         "Workers that said Hello again with a new incarnation (they restarted).");
+  t.Sample("parasol_worker_restarts_total", static_cast<double>(counters_.worker_restarts), shard);
+  t.Type("parasol_push_record_entries", "gauge",
+         "Entries of the applied-push record (bounded by workers x 64 clocks).");
+  t.Sample("parasol_push_record_entries", static_cast<double>(push_record_.Entries()), shard);
   t.Type("parasol_replies_dropped_total", "counter",
          "Replies dropped because the peer's queue was full (server.socket_hwm).");
   t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
@@ -757,6 +794,7 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   Header stamped = reply;
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
+  stamped.checkpoint_count = checkpoint_sequence_;
   zmq::message_t header = EncodeHeader(stamped);
   // Large headers (stats) count like payloads; small ones are bounded by server.socket_hwm.
   constexpr size_t kCountedHeaderBytes = 4096;
@@ -815,6 +853,8 @@ std::string ShardServer::StatsJson() const {
     << ",\"replayed_pushes\":" << counters_.replayed_pushes
     << ",\"replayed_clocks\":" << counters_.replayed_clocks
     << ",\"refused_replays\":" << counters_.refused_replays
+    << ",\"worker_restarts\":" << counters_.worker_restarts
+    << ",\"push_record_entries\":" << push_record_.Entries()
     << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed
     << ",\"dense_elements_pulled\":" << counters_.dense_elements_pulled
     << ",\"dense_elements_pushed\":" << counters_.dense_elements_pushed << ",\"ops\":{";

@@ -34,7 +34,7 @@
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
 #include "server/engine_pool.hpp"
-#include "server/push_dedup.hpp"
+#include "server/push_record.hpp"
 #include "server/sparse_table.hpp"
 #include "server/worker_key_binding.hpp"
 #include "server/zap_handler.hpp"
@@ -98,6 +98,7 @@ class ShardServer {
     uint64_t lost_workers = 0;
     uint64_t bsp_clocks_applied = 0;
     uint64_t checkpoints = 0;
+    uint64_t worker_restarts = 0;
   };
   struct HeldReply {
     zmq::message_t identity;
@@ -172,7 +173,11 @@ class ShardServer {
   std::vector<std::unique_ptr<SparseTable>> sparse_;  // by table id; null for dense tables
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
-  PushDedup dedup_;
+  PushRecord push_record_;
+  // Per worker: the incarnation it said Hello with last (0: none yet), and the payload bytes
+  // it pushed since this shard's last checkpoint (what its push log holds for this shard).
+  std::vector<uint64_t> worker_incarnations_;
+  std::vector<uint64_t> pushed_since_checkpoint_;
   ConsistencyController controller_;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;

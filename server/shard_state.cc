@@ -58,7 +58,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
       }
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "clocks");
     case Kind::kPushRecord:
-      return Status::Ok();  // PushDedup::Load() checks its own layout
+      return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
     case Kind::kDenseSlice:
     case Kind::kPendingSparse:
@@ -113,7 +113,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
 ShardState::ShardState(const Manifest& manifest, uint32_t shard,
                        std::vector<std::unique_ptr<SparseTable>>& sparse,
                        std::vector<std::unique_ptr<DenseTable>>& dense,
-                       ConsistencyController& controller, PushDedup& dedup,
+                       ConsistencyController& controller, PushRecord& record,
                        PendingAggregates& pending, uint32_t engines)
     : manifest_(manifest),
       shard_(shard),
@@ -121,7 +121,7 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
       sparse_(sparse),
       dense_(dense),
       controller_(controller),
-      dedup_(dedup),
+      record_(record),
       pending_(pending),
       engines_(engines) {}
 
@@ -167,7 +167,7 @@ std::vector<CheckpointBlock> ShardState::Save() const {
   // Which pushes are in this checkpoint: a push resent after a restart is applied once.
   CheckpointBlock record;
   record.kind = static_cast<uint32_t>(Kind::kPushRecord);
-  record.bytes = dedup_.Save();
+  record.bytes = record_.Save();
   blocks.push_back(std::move(record));
   SavePending(&blocks);
   return blocks;
@@ -222,7 +222,7 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
   try {
     std::vector<int64_t> clocks;
-    PushDedup record = dedup_;  // the same window
+    PushRecord record = record_;  // the same window
     PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
@@ -231,7 +231,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     for (size_t w = 0; w < clocks.size(); ++w) {
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
     }
-    dedup_ = std::move(record);
+    record_ = std::move(record);
     pending_ = std::move(pending);
     return Status::Ok();
   } catch (const std::bad_alloc&) {
@@ -242,7 +242,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 }
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                          std::vector<int64_t>* clocks, PushDedup* record) const {
+                          std::vector<int64_t>* clocks, PushRecord* record) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false;

@@ -29,7 +29,7 @@
 #include "server/clock_aggregate.hpp"
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
-#include "server/push_dedup.hpp"
+#include "server/push_record.hpp"
 #include "server/sparse_table.hpp"
 
 namespace parasol {
@@ -65,7 +65,7 @@ class ShardState {
   ShardState(const Manifest& manifest, uint32_t shard,
              std::vector<std::unique_ptr<SparseTable>>& sparse,
              std::vector<std::unique_ptr<DenseTable>>& dense, ConsistencyController& controller,
-             PushDedup& dedup, PendingAggregates& pending, uint32_t engines);
+             PushRecord& record, PendingAggregates& pending, uint32_t engines);
 
   // Every table, the clocks, the push record and the pending sums, as blocks for
   // WriteCheckpointFile().
@@ -84,7 +84,7 @@ class ShardState {
   Status CheckHeader(const CheckpointHeader& h) const;
   // The first pass: checks the whole file, decodes the clocks and the push record.
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                std::vector<int64_t>* clocks, PushDedup* record) const;
+                std::vector<int64_t>* clocks, PushRecord* record) const;
   // The second pass: the rows and slices into the tables, the pending sums into `pending`.
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
@@ -101,7 +101,7 @@ class ShardState {
   std::vector<std::unique_ptr<SparseTable>>& sparse_;
   std::vector<std::unique_ptr<DenseTable>>& dense_;
   ConsistencyController& controller_;
-  PushDedup& dedup_;
+  PushRecord& record_;
   PendingAggregates& pending_;
   const uint32_t engines_;
 };

@@ -101,7 +101,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   }
   log_pushes_ = !manifest_.checkpoint.dir.empty() && worker_id_ < manifest_.cluster.workers;
   shard_epochs_.assign(shards_.size(), 0);
-  push_log_.resize(shards_.size());
+  push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
   restored_clock_.assign(shards_.size(), -1);
 }
@@ -197,6 +197,25 @@ Status PsClient::Handshake() {
           std::to_string(shards_.size()));
     }
   }
+  // A worker of the job continues where the shards know it to be: a restarted worker redoes
+  // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
+  if (p.status.ok() && worker_id_ < manifest_.cluster.workers) {
+    int64_t clock = -1;
+    bool done = true;
+    for (uint32_t s = 0; s < p.replies.size(); ++s) {
+      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+      if (!h.ok() || h->worker_clock < 0) continue;
+      clock = clock < 0 ? h->worker_clock : std::min(clock, h->worker_clock);
+      done = done && h->done;
+    }
+    if (clock > 0 || (clock == 0 && done)) {
+      clock_ = clock;
+      resumed_clock_ = clock;
+      resumed_done_ = done;
+      spdlog::warn("worker {}: the shards know this worker at clock {}{}: continuing from there",
+                   worker_id_, clock, done ? " (it had finished)" : "");
+    }
+  }
   return Wait(t);
 }
 
@@ -235,7 +254,9 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.op = op;
   h.request_id = next_request_id_++;
   h.worker_id = worker_id_;
-  h.seq = next_seq_++;
+  // A push is named by (worker, clock, its index among this clock's pushes): a restarted
+  // worker that recomputes the step sends the same names (server/push_record.hpp).
+  if (op == Op::PushSparse || op == Op::PushDense) h.seq = push_index_++;
   h.incarnation = incarnation_;
   h.table_id = table;
   h.clock = clock_;
@@ -577,7 +598,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   // A duplicate too: its first acknowledgement was lost, and a restart before the next
   // checkpoint needs it replayed like any other.
   if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
-    push_log_[shard].push_back({r.clock, std::move(r.kept)});
+    push_log_.Add(shard, r.clock, h->checkpoint_count, std::move(r.kept));
   }
   in_flight_.erase(it);
 }
@@ -625,9 +646,8 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
     restored_clock_[shard] = reply.checkpoint_clock;
   }
   shard_epochs_[shard] = reply.server_epoch;
-  // Pushes of clocks before the shard's checkpoint are in it: no replay will need them.
-  auto& log = push_log_[shard];
-  while (!log.empty() && log.front().clock < reply.checkpoint_clock) log.pop_front();
+  // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
+  push_log_.Trim(shard, reply.checkpoint_count);
 }
 
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
@@ -656,9 +676,8 @@ void PsClient::Replay(uint32_t shard) {
   replay_tickets_.push_back(ticket);
   const bool in_job = worker_id_ < manifest_.cluster.workers;
   const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), clock_);
-  std::deque<LoggedPush> log = std::move(push_log_[shard]);
-  push_log_[shard].clear();
-  auto send_push = [&](LoggedPush& entry) {
+  std::deque<PushLog::Entry> log = push_log_.Take(shard);
+  auto send_push = [&](PushLog::Entry& entry) {
     Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
     if (!h.ok()) return;  // written by this client: cannot happen
     h->request_id = next_request_id_++;
@@ -758,6 +777,7 @@ Status PsClient::Wait(Ticket ticket) {
     if (!replay_failure_.ok()) return replay_failure_;
   }
   if (!replay_failure_.ok()) return replay_failure_;
+  if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));
   Pending& p = *it->second;
   Finish(p);
   Status result = p.status;
@@ -811,6 +831,7 @@ Status PsClient::PushDense(uint32_t table, std::span<const float> grads) {
 
 Status PsClient::Tick() {
   ++clock_;
+  push_index_ = 0;
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, 0, all));

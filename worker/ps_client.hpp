@@ -31,6 +31,7 @@
 #include "common/status.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
+#include "worker/push_log.hpp"
 
 namespace parasol {
 
@@ -113,6 +114,15 @@ class PsClient {
   // Push requests acknowledged (each counted once, however often it was resent).
   uint64_t pushes_acknowledged() const { return pushes_acknowledged_; }
 
+  // A worker that restarted: the clock the shards knew it at when it connected (it continues
+  // from there), or -1 for a worker that starts afresh; and whether it had already left.
+  int64_t resumed_clock() const { return resumed_clock_; }
+  bool resumed_done() const { return resumed_done_; }
+  // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
+  // most so far.
+  uint64_t push_log_bytes() const { return push_log_.bytes(); }
+  uint64_t push_log_peak_bytes() const { return push_log_.peak_bytes(); }
+
  private:
   struct ShardRequest;
   struct Pending;
@@ -142,7 +152,7 @@ class PsClient {
   zmq::context_t context_;
   std::vector<zmq::socket_t> shards_;
   int64_t clock_ = 0;
-  uint64_t next_seq_ = 1;
+  uint64_t push_index_ = 0;  // pushes sent at clock_ so far (the next push's index)
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;
@@ -150,10 +160,6 @@ class PsClient {
   // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
   // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
   // a new epoch; the shard's restored push record applies each one once.
-  struct LoggedPush {
-    int64_t clock = 0;
-    std::vector<zmq::message_t> frames;
-  };
   void NoteEpoch(uint32_t shard, const Header& reply);
   void Replay(uint32_t shard);
   // Drops the replays' finished tickets; a failed one sets replay_failure_.
@@ -164,8 +170,10 @@ class PsClient {
   bool log_pushes_ = false;
   uint64_t pushes_acknowledged_ = 0;
   bool left_ = false;
+  int64_t resumed_clock_ = -1;
+  bool resumed_done_ = false;
   std::vector<uint64_t> shard_epochs_;
-  std::vector<std::deque<LoggedPush>> push_log_;
+  PushLog push_log_;
   std::vector<bool> replay_due_;
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it

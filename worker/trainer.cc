@@ -82,7 +82,8 @@ std::string TrainReport::ToJson() const {
   s << "{\"worker\": " << worker << ", \"steps\": " << steps
     << ", \"train_samples\": " << train_samples << ", \"train_seconds\": " << train_seconds
     << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
-    << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes << ", \"evaluated\": " << (evaluated ? "true" : "false")
+    << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes
+    << ", \"push_log_peak_bytes\": " << push_log_peak_bytes << ", \"evaluated\": " << (evaluated ? "true" : "false")
     << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
     << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
     << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
@@ -192,6 +193,20 @@ Result<TrainReport> Trainer::Run() {
   std::optional<PsClient::Ticket> prefetched;
 
   phase = SteadyClock::now();
+  // A restarted worker continues at the clock the shards know it at: the batches of the
+  // earlier steps were trained on (each step is one batch of this worker's split).
+  const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
+  for (int64_t i = 0; i < resume; ++i) {
+    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> skipped, reader.Next());
+    if (!skipped) break;
+  }
+  if (resume > 0) {
+    report.steps = static_cast<uint64_t>(resume);
+    if (hooks_.line) {
+      hooks_.line("worker " + std::to_string(rank_) + ": resuming at step " +
+                  std::to_string(resume) + " (skipped the batches it had trained on)");
+    }
+  }
   PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, reader.Next());
   report.data_seconds += Since(phase);
   if (cur) DeduplicateKeys(cur->keys, index, &cur_keys);
@@ -295,6 +310,7 @@ Result<TrainReport> Trainer::Run() {
   report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
   report.bad_rows = reader.bad_rows();
   report.pushes = client_->pushes_acknowledged();
+  report.push_log_peak_bytes = client_->push_log_peak_bytes();
   report.first_bad_row = reader.first_bad_row();
 
   // Done: the others stop waiting for this worker's clock; then all meet before evaluating.

@@ -28,6 +28,7 @@ struct TrainReport {
   double last_loss = 0;       // mean log loss of the last 100 steps
   uint64_t bad_rows = 0;
   uint64_t pushes = 0;        // push requests acknowledged by the shards
+  uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;

@@ -85,7 +85,7 @@ void Load(parasol::testing::SmallShard& shard, const std::string& file) {
     }
   }
   (void)shard.controller().MinClock();
-  (void)shard.dedup().Seen(0, 1, 2);
+  (void)shard.record().Check(0, 1, 2);
   (void)shard.state().Save();
 }
 

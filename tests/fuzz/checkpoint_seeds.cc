@@ -42,7 +42,7 @@ void Train(SmallShard& shard, uint64_t rows) {
     for (uint64_t i = 0; i < d.slice().size(); ++i) values[i] += 0.5f;
   }
   for (uint32_t w = 0; w < 3; ++w) shard.controller().SetClock(w, 4 + w);
-  for (uint64_t seq = 0; seq < 70; seq += 3) shard.dedup().Mark(seq % 2, 77, seq);
+  for (uint64_t seq = 0; seq < 70; seq += 3) (void)shard.record().Mark(seq % 2, int64_t(seq / 4), seq);
 }
 
 // BSP sums pending for the slowest worker's clock and the one after it: rows of both sparse

@@ -46,7 +46,7 @@ class ShardStateTest : public ::testing::Test {
     s.controller().SetClock(0, 3);
     s.controller().SetClock(1, 4);
     s.controller().SetClock(2, 3);
-    s.dedup().Mark(1, 99, 5);
+    ASSERT_TRUE(s.record().Mark(1, 99, 5).ok());
   }
 
   // BSP sums pending for clocks 3 and 4 (Train's slowest worker is at 3): three keys in each
@@ -174,7 +174,7 @@ void ShardStateTest::ExpectRefused(const SmallShard& trained,
     EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
     EXPECT_EQ(Contents(s), before);  // nothing applied
     EXPECT_EQ(s.controller().MaxClock(), 0);
-    EXPECT_FALSE(s.dedup().Seen(1, 99, 5));
+    EXPECT_EQ(s.record().Check(1, 99, 5), PushRecord::Verdict::kNew);
     EXPECT_TRUE(s.pending().empty());
   }
 }
@@ -189,8 +189,8 @@ TEST_F(ShardStateTest, ASavedShardLoadsBackValueForValue) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(Contents(loaded), Contents(saved));
   EXPECT_EQ(loaded.controller().clocks(), saved.controller().clocks());
-  EXPECT_TRUE(loaded.dedup().Seen(1, 99, 5));
-  EXPECT_FALSE(loaded.dedup().Seen(1, 99, 6));
+  EXPECT_EQ(loaded.record().Check(1, 99, 5), PushRecord::Verdict::kApplied);
+  EXPECT_EQ(loaded.record().Check(1, 99, 6), PushRecord::Verdict::kNew);
 }
 
 TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {

@@ -13,7 +13,7 @@
 #include "common/sharding.hpp"
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
-#include "server/push_dedup.hpp"
+#include "server/push_record.hpp"
 #include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
 
@@ -45,8 +45,8 @@ tables:
     optimizer: {kind: ftrl}
 )";
 
-// A small push record window keeps its checkpoints small (the shard's default is 65536 pushes).
-inline constexpr uint64_t kSmallShardWindow = 64;
+// A small push record window keeps its checkpoints small (the shard keeps 64 clocks).
+inline constexpr uint32_t kSmallShardWindow = 8;
 
 class SmallShard {
  public:
@@ -76,9 +76,9 @@ class SmallShard {
     }
     controller_.emplace(manifest_.training, manifest_.cluster.workers,
                         ConsistencyController::SteadyClock::time_point());
-    dedup_ = PushDedup(kSmallShardWindow);
+    record_ = PushRecord(kSmallShardWindow);
     pending_.clear();
-    state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, dedup_, pending_,
+    state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, record_, pending_,
                    manifest_.server.engine_threads);
   }
 
@@ -87,7 +87,7 @@ class SmallShard {
   SparseTable& sparse(uint32_t table) { return *sparse_[table]; }
   DenseTable& dense(uint32_t table) { return *dense_[table]; }
   ConsistencyController& controller() { return *controller_; }
-  PushDedup& dedup() { return dedup_; }
+  PushRecord& record() { return record_; }
   // BSP sums of clocks not yet applied (as ShardServer's aggregates), by clock.
   PendingAggregates& pending() { return pending_; }
 
@@ -96,7 +96,7 @@ class SmallShard {
   std::vector<std::unique_ptr<SparseTable>> sparse_;
   std::vector<std::unique_ptr<DenseTable>> dense_;
   std::optional<ConsistencyController> controller_;
-  PushDedup dedup_{kSmallShardWindow};
+  PushRecord record_{kSmallShardWindow};
   PendingAggregates pending_;
   std::optional<ShardState> state_;
 };

@@ -1,0 +1,99 @@
+#include "server/push_record.hpp"
+
+#include <gtest/gtest.h>
+
+namespace parasol {
+namespace {
+
+using V = PushRecord::Verdict;
+
+TEST(PushRecordTest, APushIsAppliedOnlyAfterItIsMarked) {
+  PushRecord r;
+  EXPECT_EQ(r.Check(1, 5, 0), V::kNew);
+  ASSERT_TRUE(r.Mark(1, 5, 0).ok());
+  EXPECT_EQ(r.Check(1, 5, 0), V::kApplied);
+  EXPECT_EQ(r.Check(1, 5, 1), V::kNew);
+  EXPECT_EQ(r.Check(1, 6, 0), V::kNew);  // another clock
+  EXPECT_EQ(r.Check(2, 5, 0), V::kNew);  // another worker
+}
+
+TEST(PushRecordTest, OutOfOrderIndexesAreTrackedOneByOneAndCompacted) {
+  PushRecord r;
+  ASSERT_TRUE(r.Mark(0, 3, 2).ok());
+  ASSERT_TRUE(r.Mark(0, 3, 0).ok());
+  EXPECT_EQ(r.Check(0, 3, 0), V::kApplied);
+  EXPECT_EQ(r.Check(0, 3, 1), V::kNew);
+  EXPECT_EQ(r.Check(0, 3, 2), V::kApplied);
+  ASSERT_TRUE(r.Mark(0, 3, 1).ok());
+  EXPECT_EQ(r.Entries(), 1u);  // 0..2 is one prefix now
+  EXPECT_EQ(r.Check(0, 3, 3), V::kNew);
+}
+
+TEST(PushRecordTest, ARecomputedStepIsRecognised) {
+  // A worker that restarts at clock 7 sends push 0 of clock 7 again: the same identity.
+  PushRecord r;
+  for (int64_t c = 0; c <= 7; ++c) {
+    ASSERT_TRUE(r.Mark(4, c, 0).ok());
+    if (c < 7) ASSERT_TRUE(r.Mark(4, c, 1).ok());
+  }
+  EXPECT_EQ(r.Check(4, 7, 0), V::kApplied);
+  EXPECT_EQ(r.Check(4, 7, 1), V::kNew);
+}
+
+TEST(PushRecordTest, ClocksOlderThanTheWindowAreRefusedNeverAppliedTwice) {
+  PushRecord r(/*window_clocks=*/4);
+  for (int64_t c = 0; c < 10; ++c) ASSERT_TRUE(r.Mark(0, c, 0).ok());
+  EXPECT_EQ(r.Floor(0), 6);
+  EXPECT_EQ(r.Check(0, 5, 0), V::kTooOld);
+  EXPECT_EQ(r.Check(0, 5, 1), V::kTooOld);  // never seen, still cannot be told apart
+  EXPECT_EQ(r.Check(0, 6, 0), V::kApplied);
+  const Status st = r.Mark(0, 5, 1);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("older than the push record"), std::string::npos) << st.ToString();
+  EXPECT_LE(r.Entries(), 4u);
+}
+
+TEST(PushRecordTest, OutOfOrderEntriesAreBounded) {
+  PushRecord r(/*window_clocks=*/4, /*max_out_of_order=*/3);
+  ASSERT_TRUE(r.Mark(0, 1, 10).ok());
+  ASSERT_TRUE(r.Mark(0, 1, 20).ok());
+  ASSERT_TRUE(r.Mark(0, 1, 30).ok());
+  EXPECT_EQ(r.Mark(0, 1, 40).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.Check(0, 1, 40), V::kNew);  // refused, so not recorded
+  EXPECT_TRUE(r.Mark(0, 1, 0).ok());      // the prefix may always grow
+  EXPECT_TRUE(r.Mark(0, 1, 20).ok());     // a resend of a recorded one is fine
+  EXPECT_FALSE(r.Mark(0, -1, 0).ok());
+}
+
+TEST(PushRecordTest, SaveAndLoadRoundTripAndRefuseDamage) {
+  PushRecord r(8, 16);
+  ASSERT_TRUE(r.Mark(0, 1, 0).ok());
+  ASSERT_TRUE(r.Mark(0, 1, 5).ok());
+  ASSERT_TRUE(r.Mark(3, 9, 2).ok());
+  for (int64_t c = 0; c < 20; ++c) ASSERT_TRUE(r.Mark(7, c, 0).ok());
+  const std::vector<char> bytes = r.Save();
+  PushRecord back(8, 16);
+  ASSERT_TRUE(back.Load(bytes));
+  EXPECT_EQ(back.Save(), bytes);
+  EXPECT_EQ(back.Check(0, 1, 5), V::kApplied);
+  EXPECT_EQ(back.Check(0, 1, 4), V::kNew);
+  EXPECT_EQ(back.Check(7, 11, 0), V::kTooOld);
+
+  PushRecord other_window(9, 16);
+  EXPECT_FALSE(other_window.Load(bytes));
+  for (size_t cut = 0; cut < bytes.size(); cut += 8) {
+    PushRecord t(8, 16);
+    EXPECT_FALSE(t.Load(std::vector<char>(bytes.begin(), bytes.begin() + cut))) << cut;
+  }
+  // Each word flipped to all ones: refused or loaded, never a crash; a refusal changes nothing.
+  for (size_t w = 0; w < bytes.size() / 8; ++w) {
+    std::vector<char> bad = bytes;
+    for (int k = 0; k < 8; ++k) bad[w * 8 + k] = static_cast<char>(0xff);
+    PushRecord t(8, 16);
+    ASSERT_TRUE(t.Mark(1, 0, 0).ok());
+    if (!t.Load(bad)) EXPECT_EQ(t.Check(1, 0, 0), V::kApplied);
+  }
+}
+
+}  // namespace
+}  // namespace parasol
