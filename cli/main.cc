@@ -128,6 +128,17 @@ int main(int argc, char** argv) {
                          "only the rows changed since this checkpoint sequence");
   export_cmd->add_option("--out,-o", out, "output folder")->required();
 
+  std::string model_a, model_b;
+  double tolerance = 0;
+  auto* compare = app.add_subcommand(
+      "compare-models", "how far one exported model is from another (JSON on stdout)");
+  compare->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  compare->add_option("a", model_a, "exported model folder")->required();
+  compare->add_option("b", model_b, "exported model folder to compare against")->required();
+  compare->add_option("--tolerance", tolerance,
+                      "exit 1 when the largest relative difference is above this")
+      ->capture_default_str();
+
   std::string key_path;
   for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint}) {
     cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
@@ -167,6 +178,22 @@ int main(int argc, char** argv) {
   if (*stats) return parasol::cli::RunStats(manifest, key_path);
   if (*shutdown) return parasol::cli::RunShutdown(manifest, key_path);
   if (*checkpoint) return parasol::cli::RunCheckpoint(manifest, key_path);
+  if (*compare) {
+    auto m = parasol::LoadManifest(manifest);
+    if (!m.ok()) {
+      spdlog::error("{}", m.status().ToString());
+      return 2;
+    }
+    auto a = parasol::LoadExportedModel(*m, model_a);
+    auto b = a.ok() ? parasol::LoadExportedModel(*m, model_b) : a;
+    if (!a.ok() || !b.ok()) {
+      spdlog::error("{}", (a.ok() ? b : a).status().ToString());
+      return 2;
+    }
+    const parasol::ModelDifference d = parasol::CompareModels(*a, *b);
+    std::printf("%s\n", d.ToJson().c_str());
+    return d.max_relative > tolerance ? 1 : 0;
+  }
   if (*export_cmd) {
     auto m = parasol::LoadManifest(manifest);
     parasol::Status st = m.ok() ? parasol::ExportModel(*m, export_options, out) : m.status();

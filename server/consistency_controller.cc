@@ -111,6 +111,11 @@ void ConsistencyController::SetClock(uint32_t worker, int64_t clock) {
   restored_[worker] = true;
 }
 
+void ConsistencyController::SetDone(uint32_t worker, int64_t clock) {
+  if (!InJob(worker) || done_at_[worker] >= 0) return;
+  done_at_[worker] = clock;
+}
+
 void ConsistencyController::AddHeld(uint32_t worker, int delta) {
   if (InJob(worker)) held_[worker] += delta;
 }

@@ -69,6 +69,10 @@ class ConsistencyController {
   // REQUIRES: InJob(worker).
   Status CheckRequestClock(uint32_t worker, int64_t clock) const;
   bool IsDone(uint32_t worker) const { return InJob(worker) && done_at_[worker] >= 0; }
+  // The clock the worker left at, or -1.
+  int64_t DoneAt(uint32_t worker) const { return InJob(worker) ? done_at_[worker] : -1; }
+  // From a checkpoint: the worker had left at `clock`.
+  void SetDone(uint32_t worker, int64_t clock);
   // Workers expected to push for `clock`: live, and not done before it.
   uint32_t ActiveAt(int64_t clock) const;
   // Requests of `worker` held by the shard (+1 when held, -1 when answered).

@@ -1,6 +1,10 @@
 #include "server/model_export.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -170,6 +174,85 @@ Result<ExportedModel> LoadExportedModel(const Manifest& m, const std::string& di
     }
   }
   return model;
+}
+
+namespace {
+
+// ||a - b|| / ||b|| (with ||b|| at least 1e-12); counts the values that differ.
+double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b,
+                          uint64_t* differing) {
+  if (a.size() != b.size()) {
+    *differing += std::max(a.size(), b.size());
+    return 1.0;
+  }
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double{a[i]} - double{b[i]};
+    if (a[i] != b[i]) ++*differing;
+    diff += d * d;
+    norm += double{b[i]} * double{b[i]};
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+}
+
+}  // namespace
+
+ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b) {
+  ModelDifference out;
+  auto note = [&](double rel, const std::string& where) {
+    if (rel > out.max_relative) {
+      out.max_relative = rel;
+      out.where = where;
+    }
+  };
+  std::set<std::string> sparse_names, dense_names;
+  for (const auto& [name, rows] : a.sparse) sparse_names.insert(name);
+  for (const auto& [name, rows] : b.sparse) sparse_names.insert(name);
+  for (const auto& [name, t] : a.dense) dense_names.insert(name);
+  for (const auto& [name, t] : b.dense) dense_names.insert(name);
+  static const std::map<uint64_t, std::vector<float>> kNoRows;
+  for (const std::string& name : sparse_names) {
+    const auto ia = a.sparse.find(name), ib = b.sparse.find(name);
+    const auto& ra = ia == a.sparse.end() ? kNoRows : ia->second;
+    const auto& rb = ib == b.sparse.end() ? kNoRows : ib->second;
+    for (const auto& [key, row] : ra) {
+      const std::string where = name + "[" + std::to_string(key) + "]";
+      auto other = rb.find(key);
+      if (other == rb.end()) {
+        ++out.rows_in_one_only;
+        note(1.0, where);
+        continue;
+      }
+      out.values_compared += row.size();
+      note(RelativeDifference(row, other->second, &out.differing_values), where);
+    }
+    for (const auto& [key, row] : rb) {
+      if (ra.count(key)) continue;
+      ++out.rows_in_one_only;
+      note(1.0, name + "[" + std::to_string(key) + "]");
+    }
+  }
+  for (const std::string& name : dense_names) {
+    const auto ia = a.dense.find(name), ib = b.dense.find(name);
+    if (ia == a.dense.end() || ib == b.dense.end()) {
+      note(1.0, name);
+      continue;
+    }
+    out.values_compared += ib->second.size();
+    note(RelativeDifference(ia->second, ib->second, &out.differing_values), name);
+  }
+  return out;
+}
+
+std::string ModelDifference::ToJson() const {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "{\"max_relative_difference\": %.9g, \"where\": \"%s\", \"differing_values\": "
+                "%llu, \"rows_in_one_only\": %llu, \"values_compared\": %llu}",
+                max_relative, where.c_str(), static_cast<unsigned long long>(differing_values),
+                static_cast<unsigned long long>(rows_in_one_only),
+                static_cast<unsigned long long>(values_compared));
+  return buf;
 }
 
 }  // namespace parasol

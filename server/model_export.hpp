@@ -37,4 +37,17 @@ struct ExportedModel {
 };
 Result<ExportedModel> LoadExportedModel(const Manifest& manifest, const std::string& dir);
 
+// How far model `a` is from model `b`: the largest relative L2 difference ||a - b|| / ||b|| of
+// any sparse row or dense tensor (a row only one of them has counts as 1), where it is, and
+// how many values differ at all.
+struct ModelDifference {
+  double max_relative = 0;
+  std::string where;          // "table[key]" or "table" of the largest difference
+  uint64_t differing_values = 0;
+  uint64_t rows_in_one_only = 0;
+  uint64_t values_compared = 0;
+  std::string ToJson() const;
+};
+ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b);
+
 }  // namespace parasol

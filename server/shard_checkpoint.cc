@@ -42,6 +42,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++counters_.checkpoints;
   last_checkpoint_ = std::chrono::steady_clock::now();
+  saved_stamp_ = StateStamp();
   std::fill(pushed_since_checkpoint_.begin(), pushed_since_checkpoint_.end(), 0);
   checkpoint_clock_ = h.clock;
   spdlog::info("shard {}: checkpoint {} ({}) at clock {}: {:.1f} MB in {:.3f} s", rank_, path,
@@ -115,8 +116,12 @@ void ShardServer::MaybeCheckpoint() {
   }
   if (c.every_seconds > 0 &&
       std::chrono::steady_clock::now() - last_checkpoint_ > std::chrono::seconds(c.every_seconds)) {
-    due = true;
-    reason = "every " + std::to_string(c.every_seconds) + " s";
+    if (StateStamp() == saved_stamp_) {
+      last_checkpoint_ = std::chrono::steady_clock::now();  // nothing new to save
+    } else {
+      due = true;
+      reason = "every " + std::to_string(c.every_seconds) + " s";
+    }
   }
   // Bounds each worker's push log (checkpoint.max_log_bytes): what it pushed here since the
   // last checkpoint is what it would have to replay.

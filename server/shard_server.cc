@@ -308,6 +308,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));
       AfterClockChange();
+      if (req.done) CheckpointWhenAllDone();
       return Status::Ok();
     case Op::Barrier: {
       PARASOL_ASSIGN_OR_RETURN(*held, HandleBarrier(req, frames[0]));
@@ -549,6 +550,18 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
   return Status::Ok();
 }
 
+void ShardServer::CheckpointWhenAllDone() {
+  if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
+  for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
+    if (!controller_.IsDone(w) && !controller_.IsLost(w)) return;
+  }
+  // Workers exit after this; their push logs go with them. Everything they pushed is here now.
+  all_done_checkpointed_ = true;
+  if (Status st = SaveCheckpoint("every worker has finished"); !st.ok()) {
+    spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+  }
+}
+
 uint32_t ShardServer::ShardClock() const {
   return static_cast<uint32_t>(std::clamp<int64_t>(controller_.MaxClock(), 0, UINT32_MAX));
 }
@@ -612,7 +625,9 @@ void ShardServer::ReleaseBarriers() {
     for (const HeldReply& h : it->second) arrived.insert(h.request.worker_id);
     bool all = true;
     for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
-      if (!controller_.IsLost(w) && !arrived.count(w)) all = false;
+      // A worker that has left holds no barrier back: it may have exited already (a barrier
+      // it had entered before a restart of this shard cannot reach it again).
+      if (!controller_.IsLost(w) && !controller_.IsDone(w) && !arrived.count(w)) all = false;
     }
     if (!all && job_failure_.ok()) {
       ++it;

@@ -178,6 +178,9 @@ class ShardServer {
   // it pushed since this shard's last checkpoint (what its push log holds for this shard).
   std::vector<uint64_t> worker_incarnations_;
   std::vector<uint64_t> pushed_since_checkpoint_;
+  // Checkpoints once every worker has left: their push logs end with their processes.
+  void CheckpointWhenAllDone();
+  bool all_done_checkpointed_ = false;
   ConsistencyController controller_;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
@@ -224,6 +227,7 @@ class ShardServer {
   // Changes whenever pushes, clocks or checkpoints change what a checkpoint would hold.
   uint64_t StateStamp() const;
   uint64_t requested_checkpoint_stamp_ = ~uint64_t{0};
+  uint64_t saved_stamp_ = ~uint64_t{0};  // StateStamp() of the newest checkpoint written
   // How far past the last released barrier a new one may be.
   static constexpr int64_t kMaxBarrierStride = 16;
   // Warnings that peers can trigger, rate-limited; their counts are in /metrics.

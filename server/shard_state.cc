@@ -51,6 +51,7 @@ Status CheckProduct(uint64_t count, uint64_t unit, uint64_t bytes, const std::st
 Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const CheckpointBlockHeader& b) {
   switch (KindOf(b)) {
     case Kind::kClocks:
+    case Kind::kDone:
       if (b.count != manifest.cluster.workers) {
         return InvalidArgument("clocks of " + std::to_string(b.count) +
                                " workers; the manifest has " +
@@ -170,6 +171,12 @@ std::vector<CheckpointBlock> ShardState::Save() const {
   record.bytes = record_.Save();
   blocks.push_back(std::move(record));
   SavePending(&blocks);
+  // Which workers have left: one that has may have exited, and cannot say so again.
+  CheckpointBlock done;
+  done.kind = static_cast<uint32_t>(Kind::kDone);
+  done.count = controller_.clocks().size();
+  for (uint32_t w = 0; w < done.count; ++w) Append(done.bytes, controller_.DoneAt(w));
+  blocks.push_back(std::move(done));
   return blocks;
 }
 
@@ -221,15 +228,16 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
   try {
-    std::vector<int64_t> clocks;
+    std::vector<int64_t> clocks, done;
     PushRecord record = record_;  // the same window
-    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &record));
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
     PendingAggregates pending;
     PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
     for (size_t w = 0; w < clocks.size(); ++w) {
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
+      if (w < done.size() && done[w] >= 0) controller_.SetDone(static_cast<uint32_t>(w), done[w]);
     }
     record_ = std::move(record);
     pending_ = std::move(pending);
@@ -242,10 +250,11 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 }
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                          std::vector<int64_t>* clocks, PushRecord* record) const {
+                          std::vector<int64_t>* clocks, std::vector<int64_t>* done,
+                          PushRecord* record) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
-  bool clocks_seen = false, record_seen = false;
+  bool clocks_seen = false, record_seen = false, done_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
@@ -253,6 +262,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
     if (KindOf(b) == Kind::kClocks) {
       if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
+    } else if (KindOf(b) == Kind::kDone) {
+      if (std::exchange(done_seen, true)) return InvalidArgument("a second block of done clocks");
     } else if (KindOf(b) == Kind::kPushRecord) {
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
@@ -270,6 +281,15 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
         if ((*clocks)[w] < 0 || (*clocks)[w] > kMaxCheckpointClock) {
           return InvalidArgument("worker " + std::to_string(w) + "'s clock " +
                                  std::to_string((*clocks)[w]) + " is out of range");
+        }
+      }
+    } else if (KindOf(b) == Kind::kDone) {
+      done->resize(b.count);
+      std::memcpy(done->data(), b.bytes.data(), b.bytes.size());
+      for (size_t w = 0; w < done->size(); ++w) {
+        if ((*done)[w] < -1 || (*done)[w] > kMaxCheckpointClock) {
+          return InvalidArgument("worker " + std::to_string(w) + "'s done clock " +
+                                 std::to_string((*done)[w]) + " is out of range");
         }
       }
     } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {

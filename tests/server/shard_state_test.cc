@@ -46,6 +46,7 @@ class ShardStateTest : public ::testing::Test {
     s.controller().SetClock(0, 3);
     s.controller().SetClock(1, 4);
     s.controller().SetClock(2, 3);
+    s.controller().SetDone(2, 3);
     ASSERT_TRUE(s.record().Mark(1, 99, 5).ok());
   }
 
@@ -208,6 +209,8 @@ TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   EXPECT_EQ(PendingBits(loaded), sums);  // each key with the engine that owns it
   EXPECT_EQ(Contents(loaded), Contents(saved));
   EXPECT_EQ(loaded.controller().clocks(), saved.controller().clocks());
+  EXPECT_EQ(loaded.controller().DoneAt(2), 3);  // worker 2 had left at clock 3
+  EXPECT_EQ(loaded.controller().DoneAt(1), -1);
 }
 
 // Each case changes the blocks of a good checkpoint (its checksums stay right: these are files
@@ -216,7 +219,7 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
   SmallShard trained;
   Train(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  ASSERT_EQ(good.size(), 6u);  // emb, small, w, b, clocks, push record
+  ASSERT_EQ(good.size(), 7u);  // emb, small, w, b, clocks, push record, done clocks
   const uint64_t emb_rows = good[0].count;
   const std::vector<BadBlocks> cases = {
       {"table id past the manifest", [](auto& b, auto&) { b[0].table = 9; },
@@ -272,8 +275,8 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   Train(trained);
   TrainPending(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b.
-  ASSERT_EQ(good.size(), 13u);
+  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done.
+  ASSERT_EQ(good.size(), 14u);
   ASSERT_EQ(good[6].kind, 5u);
   ASSERT_EQ(good[8].kind, 6u);
   const std::vector<BadBlocks> cases = {

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# Chaos harness: the promise that whatever process dies, whenever, the job completes and no
+# acknowledged update is lost or applied twice.
+#
+# Trains dlrm-small on generated data (2 servers, 2 workers, checkpoints every second,
+# cluster.restart_servers and restart_workers) once undisturbed, then R times while sending
+# kill -9 to K randomly chosen servers or workers at random moments (about a third of the
+# server kills wait until that shard is writing a checkpoint). Each run's final model (from
+# `parasol export`) is compared with the undisturbed one: under BSP it must be equal value for
+# value; with --consistency ssp the eval AUC must be within 0.005 of the undisturbed run's.
+# Kills come one at a time: the next is sent once the killed process is running again (and a
+# second has passed, so that a restarted shard has its replays).
+#
+#   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S] [--rows N]
+#                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
+# Prints one line per kill (seed, moment, victim) and a table; exits 1 when a run failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS=5
+KILLS=2
+JSON=""
+SEED=1
+ROWS=120000
+BATCH=64
+CONSISTENCY=bsp
+PARASOL="${PARASOL:-}"
+KEEP=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS="$2"; shift 2 ;;
+    --kills) KILLS="$2"; shift 2 ;;
+    --json) JSON="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --rows) ROWS="$2"; shift 2 ;;
+    --batch) BATCH="$2"; shift 2 ;;
+    --consistency) CONSISTENCY="$2"; shift 2 ;;
+    --parasol) PARASOL="$2"; shift 2 ;;
+    --keep) KEEP="$2"; shift 2 ;;
+    *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
+if [ -z "$PARASOL" ]; then
+  source "$ROOT/scripts/lib.sh"
+  parasol_install_deps
+  parasol_build Release
+  PARASOL="$PARASOL_BUILD/parasol"
+fi
+PARASOL="$(realpath "$PARASOL")"
+
+work="$(mktemp -d /tmp/parasol-chaos-XXXXXX)"
+launch_pid=""
+cleanup() {
+  if [ -n "$launch_pid" ]; then kill -TERM "$launch_pid" 2>/dev/null || true; fi
+  # Anything of ours still running (a role of an aborted run).
+  for pid in $(find_pids "$work/"); do kill -KILL "$pid" 2>/dev/null || true; done
+  if [ -n "$KEEP" ]; then mkdir -p "$KEEP" && cp -r "$work"/. "$KEEP"/ 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+# Pids of the processes whose command line contains every argument, as a list.
+find_pids() {
+  local p cmd needle ok
+  for p in /proc/[0-9]*; do
+    cmd="$( { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)" || continue
+    [ -n "$cmd" ] || continue
+    ok=1
+    for needle in "$@"; do
+      case "$cmd" in *"$needle"*) ;; *) ok=0; break ;; esac
+    done
+    [ "$ok" -eq 1 ] && echo "${p#/proc/}"
+  done
+  return 0
+}
+# The pid of a role (server 0, worker 1, ...) of the job with manifest $1, or nothing.
+role_pid() {
+  find_pids "$PARASOL $2 --manifest $1 --rank $3" | head -n 1
+}
+# A TCP port nothing listens on.
+free_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
+  done
+  echo "chaos.sh: no free port" >&2
+  exit 1
+}
+
+"$PARASOL" gen-data --rows "$ROWS" --seed 1 --out "$work/train.tsv" >/dev/null
+"$PARASOL" gen-data --rows 20000 --seed 2 --out "$work/eval.tsv" >/dev/null
+
+write_manifest() {  # NAME
+  local p0 p1
+  p0="$(free_port)"
+  p1="$(free_port)"
+  while [ "$p1" = "$p0" ]; do p1="$(free_port)"; done
+  local consistency="$CONSISTENCY"
+  [ "$CONSISTENCY" = ssp ] && consistency="ssp, staleness: 2"
+  cat > "$work/$1.yaml" <<YAML
+job: {name: chaos, seed: 11}
+cluster:
+  servers: [127.0.0.1:$p0, 127.0.0.1:$p1]
+  workers: 2
+  request_timeout: 1s
+  request_retries: 60
+  restart_servers: true
+  restart_workers: true
+training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s}
+model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]}
+data: {train: $work/train.tsv, eval: $work/eval.tsv}
+checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3}
+YAML
+}
+
+# Runs the job NAME to the end; with kills, sends them as it goes. Sets run_status,
+# run_seconds, run_kills (how many were sent) and appends to $work/kills.txt.
+run_job() {  # NAME KILLS
+  local name="$1" kills="$2" m="$work/$1.yaml"
+  write_manifest "$name"
+  local start
+  start="$(now)"
+  "$PARASOL" launch --manifest "$m" --summary "$work/$name.json" > "$work/$name.log" 2>&1 &
+  launch_pid=$!
+  run_kills=0
+  local k
+  for k in $(seq 1 "$kills"); do
+    # A moment: a random pause after the previous kill's recovery, within the expected run.
+    local pause
+    pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
+      'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.8 / k) }')"
+    sleep "$pause"
+    kill -0 "$launch_pid" 2>/dev/null || break
+    local victim=$((RANDOM % 4)) role rank during=0
+    if [ "$victim" -lt 2 ]; then role=server; rank=$victim; else role=worker; rank=$((victim - 2)); fi
+    # The killable moments: while a worker still trains (after that, a dead server is not
+    # started again, which is the end of the job, not a failure).
+    if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then break; fi
+    if [ "$role" = server ] && [ $((RANDOM % 3)) -eq 0 ]; then
+      # While the shard writes a checkpoint (its .tmp file exists), up to 3 s.
+      local deadline
+      deadline=$(( $(date +%s) + 3 ))
+      while [ "$(date +%s)" -lt "$deadline" ]; do
+        if compgen -G "$work/$name-ckpt/shard-$rank/*.tmp" > /dev/null 2>&1; then
+          during=1
+          break
+        fi
+        sleep 0.002
+      done
+    fi
+    local pid
+    pid="$(role_pid "$m" "$role" "$rank")"
+    [ -n "$pid" ] || continue
+    local at
+    at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
+    kill -KILL "$pid" 2>/dev/null || continue
+    run_kills=$((run_kills + 1))
+    echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', while it wrote a checkpoint')" |
+      tee -a "$work/kills.txt"
+    # Wait until it runs again, then a second more before the next kill.
+    local t
+    for t in $(seq 1 200); do
+      local again
+      again="$(role_pid "$m" "$role" "$rank")"
+      if [ -n "$again" ] && [ "$again" != "$pid" ]; then break; fi
+      kill -0 "$launch_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    sleep 1
+  done
+  local s=0
+  wait "$launch_pid" || s=$?
+  launch_pid=""
+  run_status=$s
+  run_seconds="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.1f", a - b }')"
+}
+
+echo "chaos: ${RUNS} runs x ${KILLS} kills, ${CONSISTENCY}, ${ROWS} rows, seed ${SEED}"
+undisturbed_seconds=10
+run_job ref 0
+if [ "$run_status" -ne 0 ]; then
+  echo "chaos: the undisturbed run failed (exit $run_status):"
+  tail -n 30 "$work/ref.log"
+  exit 1
+fi
+undisturbed_seconds="$run_seconds"
+"$PARASOL" export --manifest "$work/ref.yaml" --out "$work/ref-model" >/dev/null
+ref_auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/ref.json" | head -n 1 | awk '{print $2}')"
+echo "undisturbed: ${undisturbed_seconds}s, eval AUC ${ref_auc}"
+
+failed=0
+total_kills=0
+max_diff=0
+rows=()
+for r in $(seq 1 "$RUNS"); do
+  RANDOM=$((SEED * 1000 + r))
+  echo "run $r (seed $((SEED * 1000 + r))):"
+  run_job "run$r" "$KILLS"
+  total_kills=$((total_kills + run_kills))
+  result=ok
+  diff="-"
+  auc="-"
+  if [ "$run_status" -ne 0 ]; then
+    result="FAILED (exit $run_status)"
+    tail -n 30 "$work/run$r.log" | sed 's/^/    /'
+  elif ! "$PARASOL" export --manifest "$work/run$r.yaml" --out "$work/run$r-model" >/dev/null 2>"$work/run$r-export.log"; then
+    result="FAILED (export)"
+    sed 's/^/    /' "$work/run$r-export.log"
+  else
+    cmp_json="$("$PARASOL" compare-models --manifest "$work/run$r.yaml" "$work/run$r-model" "$work/ref-model" || true)"
+    diff="$(echo "$cmp_json" | grep -o '"max_relative_difference": [0-9.e+-]*' | awk '{print $2}')"
+    [ -n "$diff" ] || diff=1
+    auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/run$r.json" | head -n 1 | awk '{print $2}')"
+    max_diff="$(awk -v a="$max_diff" -v b="$diff" 'BEGIN { print (b > a) ? b : a }')"
+    if [ "$CONSISTENCY" = bsp ]; then
+      if awk -v d="$diff" 'BEGIN { exit !(d > 0) }'; then
+        result="DIFFERS"
+        echo "    $cmp_json"
+      fi
+    else
+      if awk -v a="$auc" -v b="$ref_auc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0.005) }'; then
+        result="AUC OFF"
+      fi
+    fi
+  fi
+  [ "$result" = ok ] || failed=$((failed + 1))
+  rows+=("$(printf '%4s  %5s  %7ss  %-12s  %-8s  %s' "$r" "$run_kills" "$run_seconds" "$diff" "$auc" "$result")")
+done
+
+echo
+echo " run  kills  seconds  max_rel_diff  eval_auc  result"
+for row in "${rows[@]}"; do echo "$row"; done
+echo "total: $RUNS runs, $total_kills kills, $failed failed runs, largest relative difference $max_diff" \
+  "(undisturbed: ${undisturbed_seconds}s, AUC $ref_auc)"
+if [ -n "$JSON" ]; then
+  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "max_relative_difference": %s, "consistency": "%s"}\n' \
+    "$RUNS" "$total_kills" "$failed" "$max_diff" "$CONSISTENCY" > "$JSON"
+fi
+[ "$failed" -eq 0 ]
