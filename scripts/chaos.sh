@@ -11,7 +11,7 @@
 # Kills come one at a time: the next is sent once the killed process is running again (and a
 # second has passed, so that a restarted shard has its replays).
 #
-#   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S] [--rows N]
+#   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
 # Prints one line per kill (seed, moment, victim) and a table; exits 1 when a run failed.
 set -euo pipefail
@@ -40,6 +40,8 @@ while [ $# -gt 0 ]; do
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+# Seed 0: one drawn from the clock (printed, so a failing run can be repeated).
+if [ "$SEED" = 0 ]; then SEED=$(( $(date +%s%N) % 1000000 + 1 )); fi
 case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
 if [ -z "$PARASOL" ]; then
   source "$ROOT/scripts/lib.sh"

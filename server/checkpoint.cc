@@ -1,5 +1,7 @@
 #include "server/checkpoint.hpp"
 
+#include "common/fault_points.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -135,9 +137,13 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   f.blocks = blocks.size();
   f.checksum = all;
   if (st.ok()) st = WriteAll(fd, &f, sizeof(f), tmp);
+  if (st.ok() && FaultPoints::Get().Hit("checkpoint.write") == Fault::kFail) {
+    st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
+  }
   if (st.ok() && ::fsync(fd) != 0)
     st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
   ::close(fd);
+  if (st.ok()) (void)FaultPoints::Get().Hit("checkpoint.rename");
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
   }

@@ -1,5 +1,7 @@
 #include "server/shard_server.hpp"
 
+#include "common/fault_points.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -232,6 +234,10 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
     reply = ReplyTo(req, st.WithContext("shard " + std::to_string(rank_)));
     payload.clear();
   }
+  if (FaultPoints::Get().Hit("shard.reply") == Fault::kDrop ||
+      (req.replay && FaultPoints::Get().Hit("shard.replay_reply") == Fault::kDrop)) {
+    return;  // the worker resends after cluster.request_timeout
+  }
   SendReply(identity, reply, std::move(payload));
 }
 
@@ -304,6 +310,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       for (size_t f = 2; f < frames.size(); ++f) {
         pushed_since_checkpoint_[req.worker_id] += frames[f].size();
       }
+      (void)FaultPoints::Get().Hit("shard.applied");
       return Status::Ok();
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));

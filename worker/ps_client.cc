@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 
+#include "common/fault_points.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 
@@ -293,6 +294,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   Pending& p = *pending_.at(ticket);
   ++p.outstanding;
   const uint64_t id = header.request_id;
+  (void)FaultPoints::Get().Hit("client.send");
   Status st = SendFrames(shards_[shard], frames);
   in_flight_.emplace(id, std::move(r));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);

@@ -1,0 +1,234 @@
+// Exactly-once at chosen points: a BSP dlrm-small job (2 servers, 2 workers, both restart
+// flags) in which one process fails at a point of the durability design, injected through the
+// fault seam (common/fault_points.hpp) at a hit number drawn from a printed seed. Each job must
+// complete, the fault must have fired, and the final model (exported from the shards' last
+// checkpoints) must equal an undisturbed run's value for value.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <algorithm>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "common/fault_points.hpp"
+#include "common/json_number.hpp"
+#include "common/manifest.hpp"
+#include "common/net.hpp"
+#include "common/subprocess.hpp"
+#include "server/checkpoint.hpp"
+#include "server/model_export.hpp"
+#include "tests/support/test_cluster.hpp"
+#include "worker/data_generator.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::MakeTempDir;
+using testing::ReadFile;
+using testing::RemoveTree;
+using testing::WriteFile;
+
+class DurabilityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir());
+    GeneratorOptions g;
+    g.rows = 30000;
+    ASSERT_TRUE(GenerateCriteo(*dir_ + "/train.tsv", g).ok());
+    g.rows = 2000;
+    g.seed = 9;
+    ASSERT_TRUE(GenerateCriteo(*dir_ + "/eval.tsv", g).ok());
+    // The undisturbed run, once for every test of the suite.
+    reference_ = new ExportedModel();
+    std::string error;
+    ASSERT_TRUE(RunJob("ref", "", &error)) << error;
+    auto m = Load("ref");
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    *reference_ = std::move(*m);
+  }
+  static void TearDownTestSuite() {
+    RemoveTree(*dir_);
+    delete dir_;
+    delete reference_;
+  }
+
+  static std::string ManifestText(const std::string& name) {
+    const std::vector<uint16_t> ports = *PickFreePorts(2);
+    return "job: {name: durability, seed: 5}\n"
+           "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
+           std::to_string(ports[1]) + "]\n  workers: 2\n  request_timeout: 500ms\n"
+           "  request_retries: 100\n  restart_servers: true\n  restart_workers: true\n"
+           "training: {consistency: bsp, batch_size: 64, epochs: 1, worker_timeout: 60s}\n"
+           "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
+           "data: {train: " + *dir_ + "/train.tsv, eval: " + *dir_ + "/eval.tsv}\n"
+           "checkpoint: {dir: " + *dir_ + "/" + name + "-ckpt, every_seconds: 1, keep: 3}\n";
+  }
+
+  // Runs the job `name` with PARASOL_FAULTS=`faults` (each fault fires once in the job) and
+  // waits for it; *log gets its output.
+  static bool RunJob(const std::string& name, const std::string& faults, std::string* log) {
+    RemoveTree(*dir_ + "/" + name + "-ckpt");
+    RemoveTree(*dir_ + "/" + name + "-marks");
+    std::filesystem::create_directories(*dir_ + "/" + name + "-marks");
+    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name));
+    if (!faults.empty()) {
+      ::setenv("PARASOL_FAULTS", faults.c_str(), 1);
+      ::setenv("PARASOL_FAULTS_ONCE", (*dir_ + "/" + name + "-marks").c_str(), 1);
+    }
+    auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", *dir_ + "/" + name + ".yaml"},
+                                 *dir_ + "/" + name + ".log");
+    ::unsetenv("PARASOL_FAULTS");
+    ::unsetenv("PARASOL_FAULTS_ONCE");
+    if (!job.ok()) {
+      *log = job.status().ToString();
+      return false;
+    }
+    auto status = job->Wait(std::chrono::seconds(240));
+    *log = ReadFile(*dir_ + "/" + name + ".log");
+    if (!status) job->Signal(SIGKILL);
+    return status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
+  }
+
+  static Result<ExportedModel> Load(const std::string& name) {
+    PARASOL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(*dir_ + "/" + name + ".yaml"));
+    PARASOL_RETURN_IF_ERROR(ExportModel(m, {}, *dir_ + "/" + name + "-model"));
+    return LoadExportedModel(m, *dir_ + "/" + name + "-model");
+  }
+
+  // Runs the job with the fault, checks it fired, completed and ends as the undisturbed run.
+  void ExpectSameModel(const std::string& name, const std::string& faults,
+                       const std::vector<std::string>& fired) {
+    SCOPED_TRACE("PARASOL_FAULTS=" + faults);
+    std::printf("[ faults   ] %s\n", faults.c_str());
+    std::string log;
+    ASSERT_TRUE(RunJob(name, faults, &log)) << log;
+    for (const std::string& point : fired) {
+      EXPECT_TRUE(std::filesystem::exists(*dir_ + "/" + name + "-marks/" + point + ".fired"))
+          << point << " never fired: the run was shorter than the hit drawn\n" << log;
+    }
+    auto m = Load(name);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelDifference d = CompareModels(*m, *reference_);
+    EXPECT_GT(d.values_compared, 1000u);
+    EXPECT_EQ(d.max_relative, 0.0) << d.ToJson() << "\n" << log;
+    EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  }
+
+  // A hit number in [lo, hi] from the printed seed.
+  static uint64_t Draw(uint64_t seed, uint64_t lo, uint64_t hi) {
+    std::mt19937_64 rng(seed);
+    return lo + rng() % (hi - lo + 1);
+  }
+
+  static std::string* dir_;
+  static ExportedModel* reference_;
+};
+
+std::string* DurabilityTest::dir_ = nullptr;
+ExportedModel* DurabilityTest::reference_ = nullptr;
+
+// The seeds: fixed ones (reproducible) and one from the clock (printed), so that every run of
+// the suite also tries a moment no earlier run tried.
+std::vector<uint64_t> Seeds() {
+  return {1, 2, static_cast<uint64_t>(
+                    std::chrono::steady_clock::now().time_since_epoch().count() % 100000 + 3)};
+}
+
+TEST_F(DurabilityTest, AWorkerKilledWithRequestsInFlightIsRestartedAndRedoesItsStep) {
+  // A worker sends about 20 requests a step for 125 steps: any moment of the run, including
+  // between its pushes (or ticks) to the two shards.
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 20, 2000);
+    std::printf("[ seed     ] %llu: client.send=kill@%llu\n", (unsigned long long)seed,
+                (unsigned long long)n);
+    ExpectSameModel("worker" + std::to_string(seed), "client.send=kill@" + std::to_string(n),
+                    {"client.send"});
+  }
+}
+
+TEST_F(DurabilityTest, AShardKilledAfterApplyingAPushBeforeAcknowledgingIt) {
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 5, 900);
+    std::printf("[ seed     ] %llu: shard.applied=kill@%llu\n", (unsigned long long)seed,
+                (unsigned long long)n);
+    ExpectSameModel("applied" + std::to_string(seed), "shard.applied=kill@" + std::to_string(n),
+                    {"shard.applied"});
+  }
+}
+
+TEST_F(DurabilityTest, AReplayWhoseFirstReplyIsLostIsResent) {
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 5, 900);
+    std::printf("[ seed     ] %llu: shard.applied=kill@%llu + replay reply dropped\n",
+                (unsigned long long)seed, (unsigned long long)n);
+    std::string name = "replay" + std::to_string(seed);
+    ExpectSameModel(name,
+                    "shard.applied=kill@" + std::to_string(n) + ",shard.replay_reply=drop@1",
+                    {"shard.applied", "shard.replay_reply"});
+  }
+}
+
+TEST_F(DurabilityTest, AShardKilledWhileWritingACheckpointRestoresTheOneBefore) {
+  for (uint64_t seed : Seeds()) {
+    // The first checkpoint, a second into the run (a later one may be the last, on stop).
+    const uint64_t n = 1;
+    const char* point = seed % 2 ? "checkpoint.write" : "checkpoint.rename";
+    std::printf("[ seed     ] %llu: %s=kill@%llu\n", (unsigned long long)seed, point,
+                (unsigned long long)n);
+    ExpectSameModel("ckpt" + std::to_string(seed), std::string(point) + "=kill@" +
+                    std::to_string(n), {point});
+  }
+}
+
+TEST_F(DurabilityTest, AFailedCheckpointWriteLosesNothing) {
+  // The write fails (a full disk): the shard goes on, the logs keep the pushes.
+  ExpectSameModel("fail", "checkpoint.write=fail@1", {"checkpoint.write"});
+}
+
+TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums) {
+  // SIGTERM writes a last checkpoint wherever the shard is, often inside a clock (pushes of
+  // one worker summed, the other's not yet); launch starts it again and it restores.
+  for (uint64_t seed : Seeds()) {
+    const int delay_ms = static_cast<int>(Draw(seed, 200, 1200));
+    std::printf("[ seed     ] %llu: SIGTERM to server 1 after %d ms\n",
+                (unsigned long long)seed, delay_ms);
+    const std::string name = "term" + std::to_string(seed);
+    RemoveTree(*dir_ + "/" + name + "-ckpt");
+    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name));
+    auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", *dir_ + "/" + name + ".yaml"},
+                                 *dir_ + "/" + name + ".log");
+    ASSERT_TRUE(job.ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    const std::string needle = std::string(PARASOL_BINARY) + " server --manifest " + *dir_ +
+                               "/" + name + ".yaml --rank 1";
+    pid_t pid = -1;
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string p = e.path().filename().string();
+      if (p.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::string cmd = ReadFile(e.path().string() + "/cmdline");
+      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+      if (cmd.find(needle) != std::string::npos) pid = static_cast<pid_t>(std::stol(p));
+    }
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGTERM), 0);
+    auto status = job->Wait(std::chrono::seconds(240));
+    const std::string log = ReadFile(*dir_ + "/" + name + ".log");
+    ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;
+    ASSERT_NE(log.find("launch: server 1 exited with code 0; restarting it"), std::string::npos)
+        << "the job ended before the SIGTERM\n" << log;
+    ASSERT_NE(log.find("(on stop)"), std::string::npos) << log;
+    auto m = Load(name);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelDifference d = CompareModels(*m, *reference_);
+    EXPECT_EQ(d.max_relative, 0.0) << d.ToJson() << "\n" << log;
+  }
+}
+
+}  // namespace
+}  // namespace parasol
