@@ -33,6 +33,10 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
               const WorkloadOptions& options, const std::string& summary,
               const std::string& metrics_log);
 
+// The exit code of a worker whose replay to a restarted shard was refused: acknowledged
+// updates are only in its memory, so `parasol launch` does not restart it (the job fails).
+inline constexpr int kExitUpdatesWouldBeLost = 3;
+
 // parasol worker --manifest M --rank J: trains the manifest's model.
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
               const std::string& key_path, const std::string& metrics_log);

@@ -141,7 +141,8 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
       const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
       if (r.is_worker && clean) {
         --workers_left;
-      } else if (r.is_worker && manifest->cluster.restart_workers && r.restarts < 10) {
+      } else if (r.is_worker && manifest->cluster.restart_workers && r.restarts < 10 &&
+                 !(WIFEXITED(*status) && WEXITSTATUS(*status) == kExitUpdatesWouldBeLost)) {
         // The worker learns its clock from the shards, skips the batches it trained on and
         // redoes the step it died in (the pushes that arrived are answered as duplicates).
         spdlog::warn("launch: {} {}; restarting it", r.name, DescribeWaitStatus(*status));

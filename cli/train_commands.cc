@@ -95,6 +95,8 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {
     spdlog::error("worker {}: {}", rank, report.status().ToString());
+    // Its push log would die with it: a restart could not replay what the shard refused.
+    if ((*client)->replay_failed()) return kExitUpdatesWouldBeLost;
     return 1;
   }
   if (report->bad_rows > 0) {

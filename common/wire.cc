@@ -49,7 +49,9 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_caught_up(h.caught_up);
   b.add_replay(h.replay);
   b.add_checkpoint_count(h.checkpoint_count);
+  b.add_restored_count(h.restored_count);
   b.add_worker_clock(h.worker_clock);
+  b.add_last_barrier(h.last_barrier);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -123,7 +125,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.server_epoch = fb->server_epoch();
   h.checkpoint_clock = fb->checkpoint_clock();
   h.checkpoint_count = fb->checkpoint_count();
+  h.restored_count = fb->restored_count();
   h.worker_clock = fb->worker_clock();
+  h.last_barrier = fb->last_barrier();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
   return h;

@@ -62,7 +62,9 @@ struct Header {
   bool caught_up = false;
   bool replay = false;
   uint64_t checkpoint_count = 0;
+  uint64_t restored_count = 0;
   int64_t worker_clock = -1;
+  int64_t last_barrier = -1;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

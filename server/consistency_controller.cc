@@ -111,6 +111,13 @@ void ConsistencyController::SetClock(uint32_t worker, int64_t clock) {
   restored_[worker] = true;
 }
 
+bool ConsistencyController::AbandonReplay(uint32_t worker) {
+  if (!InJob(worker) || !restored_[worker]) return false;
+  restored_[worker] = false;
+  unconfirmed_[worker] = false;
+  return true;
+}
+
 void ConsistencyController::SetDone(uint32_t worker, int64_t clock) {
   if (!InJob(worker) || done_at_[worker] >= 0) return;
   done_at_[worker] = clock;

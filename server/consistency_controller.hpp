@@ -71,8 +71,15 @@ class ConsistencyController {
   bool IsDone(uint32_t worker) const { return InJob(worker) && done_at_[worker] >= 0; }
   // The clock the worker left at, or -1.
   int64_t DoneAt(uint32_t worker) const { return InJob(worker) ? done_at_[worker] : -1; }
+  // A new process of `worker` said Hello while its clock was still a checkpoint's (its replay
+  // had not ended): its clock is taken as it is. Returns whether a replay was still due.
+  bool AbandonReplay(uint32_t worker);
   // From a checkpoint: the worker had left at `clock`.
   void SetDone(uint32_t worker, int64_t clock);
+  // The newest barrier released (ids only move forward; -1: none). In checkpoints, so that a
+  // restarted shard does not hold a barrier the others passed long ago.
+  int64_t last_barrier() const { return last_barrier_; }
+  void set_last_barrier(int64_t id) { last_barrier_ = id; }
   // Workers expected to push for `clock`: live, and not done before it.
   uint32_t ActiveAt(int64_t clock) const;
   // Requests of `worker` held by the shard (+1 when held, -1 when answered).
@@ -98,6 +105,7 @@ class ConsistencyController {
   std::vector<int> held_;
   std::vector<bool> lost_;
   std::vector<int64_t> done_at_;  // -1 while working
+  int64_t last_barrier_ = -1;
   std::vector<bool> unconfirmed_;  // its clock not known yet (see the class comment)
   std::vector<bool> restored_;     // its clock is a checkpoint's, and its replay has not ended
   uint32_t live_;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <new>
@@ -34,9 +35,17 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
   // none live), everything is.
   const int64_t min_clock = controller_.MinClock();
   h.clock = min_clock != std::numeric_limits<int64_t>::max() ? min_clock : controller_.MaxClock();
-  h.sequence = ++checkpoint_sequence_;
+  // The count in replies moves on only once the file is in place: workers drop from their
+  // logs what a checkpoint holds, so a failed one must not look written.
+  h.sequence = checkpoint_sequence_ + 1;
   const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
-  PARASOL_RETURN_IF_ERROR(WriteCheckpointFile(path, h, blocks));
+  if (Status st = WriteCheckpointFile(path, h, blocks); !st.ok()) {
+    checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    last_checkpoint_failure_ = std::chrono::steady_clock::now();
+    return st;
+  }
+  checkpoint_sequence_ = h.sequence;
+  checkpoint_owed_ = false;
   PruneCheckpoints(c.dir, rank_, c.keep);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -60,6 +69,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
     checkpoint_sequence_ = h.sequence;
+    restored_sequence_ = h.sequence;
     checkpoint_clock_ = h.clock;
     return Status::Ok();
   } catch (const std::bad_alloc&) {
@@ -95,6 +105,19 @@ Status ShardServer::Restore() {
                               std::to_string(files.size()) + " checkpoints in " + c.dir +
                               " could be loaded");
   }
+  // No checkpoint yet. If this shard ran before (its mark is there), it died before its first
+  // checkpoint: every worker's clock counts as restored at 0, so that only its replay (which
+  // holds everything it pushed) moves it, not a tick that was on its way to the old process.
+  const std::string mark = c.dir + "/shard-" + std::to_string(rank_) + "/started";
+  std::error_code ec;
+  if (std::filesystem::exists(mark, ec)) {
+    for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) controller_.SetClock(w, 0);
+    spdlog::warn("shard {}: restarted before its first checkpoint; the workers replay everything",
+                 rank_);
+    return Status::Ok();
+  }
+  std::filesystem::create_directories(std::filesystem::path(mark).parent_path(), ec);
+  std::ofstream(mark) << "started\n";
   return Status::Ok();
 }
 
@@ -123,10 +146,17 @@ void ShardServer::MaybeCheckpoint() {
       reason = "every " + std::to_string(c.every_seconds) + " s";
     }
   }
+  // A checkpoint that had to be written (a worker restarted, every worker left, the push log
+  // bound) and failed is tried again every second.
+  if (checkpoint_owed_ &&
+      std::chrono::steady_clock::now() - last_checkpoint_failure_ > std::chrono::seconds(1)) {
+    due = true;
+    reason = "retrying the one that failed";
+  }
   // Bounds each worker's push log (checkpoint.max_log_bytes): what it pushed here since the
   // last checkpoint is what it would have to replay.
   const uint64_t log_share = c.max_log_bytes / (2 * uint64_t{num_shards_});
-  for (uint32_t w = 0; w < pushed_since_checkpoint_.size() && !due; ++w) {
+  for (uint32_t w = 0; w < pushed_since_checkpoint_.size() && !due && !checkpoint_owed_; ++w) {
     if (pushed_since_checkpoint_[w] >= log_share) {
       due = true;
       reason = "worker " + std::to_string(w) + " pushed " +
@@ -138,7 +168,6 @@ void ShardServer::MaybeCheckpoint() {
   if (Status st = SaveCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
     last_checkpoint_ = std::chrono::steady_clock::now();  // retry at the next period, not now
-    std::fill(pushed_since_checkpoint_.begin(), pushed_since_checkpoint_.end(), 0);
   }
 }
 

@@ -265,6 +265,10 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
   if (in_job) {
     controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
     HeardAfterDrop(req.worker_id);
+    // Which process is this worker: a Hello of another one means it restarted.
+    if (worker_incarnations_[req.worker_id] == 0 && req.op != Op::Hello) {
+      worker_incarnations_[req.worker_id] = req.incarnation;
+    }
   }
   if (IsJobOp(req.op)) {
     if (controller_.IsLost(req.worker_id)) {
@@ -537,6 +541,7 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
   // Where the worker is, for a restarted worker to continue from.
   reply->worker_clock = controller_.clocks()[w];
   reply->done = controller_.IsDone(w);
+  reply->last_barrier = controller_.last_barrier();
   if (req.incarnation != 0 && worker_incarnations_[w] != req.incarnation) {
     const bool restarted = worker_incarnations_[w] != 0;
     worker_incarnations_[w] = req.incarnation;
@@ -547,6 +552,14 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
       ++counters_.worker_restarts;
       spdlog::warn("shard {}: worker {} restarted at clock {}{}", rank_, w, reply->worker_clock,
                    manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed");
+      if (controller_.AbandonReplay(w)) {
+        // Two failures overlapped: this shard restarted, and the worker died before its replay
+        // reached it. The new process has no log; take its word for the clock.
+        ++counters_.lost_replays;
+        spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
+                      "pushes it had acknowledged since this shard's checkpoint at clock {} are "
+                      "lost", rank_, w, checkpoint_clock_);
+      }
       if (!manifest_.checkpoint.dir.empty()) {
         if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
           spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
@@ -592,15 +605,15 @@ Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t&
     return InvalidArgument("Barrier: id " + std::to_string(req.offset) + " is out of range");
   }
   const int64_t id = static_cast<int64_t>(req.offset);
-  if (id == last_barrier_) return false;  // a resend: everyone has passed it
-  if (id > last_barrier_ + kMaxBarrierStride) {
+  if (id == controller_.last_barrier()) return false;  // a resend: everyone has passed it
+  if (id > controller_.last_barrier() + kMaxBarrierStride) {
     return FailedPrecondition("Barrier: id " + std::to_string(id) + " is more than " +
                               std::to_string(kMaxBarrierStride) + " past the last released "
-                              "barrier (" + std::to_string(last_barrier_) + ")");
+                              "barrier (" + std::to_string(controller_.last_barrier()) + ")");
   }
-  if (id < last_barrier_) {
+  if (id < controller_.last_barrier()) {
     return FailedPrecondition("Barrier: id " + std::to_string(id) + " is behind barrier " +
-                              std::to_string(last_barrier_) + ", released already (barrier " +
+                              std::to_string(controller_.last_barrier()) + ", released already (barrier " +
                               "ids only move forward)");
   }
   for (auto& [other, waiting] : barriers_) {
@@ -651,7 +664,7 @@ void ShardServer::ReleaseBarriers() {
       SendReply(h.identity, ReplyTo(h.request, st.WithContext("shard " + std::to_string(rank_))),
                 {});
     }
-    last_barrier_ = std::max(last_barrier_, it->first);
+    controller_.set_last_barrier(std::max(controller_.last_barrier(), it->first));
     it = barriers_.erase(it);
   }
 }
@@ -707,6 +720,10 @@ std::string ShardServer::MetricsText() const {
   t.Type("parasol_worker_restarts_total", "counter",
          "Workers that said Hello again with a new incarnation (they restarted).");
   t.Sample("parasol_worker_restarts_total", static_cast<double>(counters_.worker_restarts), shard);
+  t.Type("parasol_lost_replays_total", "counter",
+         "Workers that restarted before their replay to this restarted shard ended (two "
+         "overlapping failures: their acknowledged pushes since the checkpoint are lost).");
+  t.Sample("parasol_lost_replays_total", static_cast<double>(counters_.lost_replays), shard);
   t.Type("parasol_push_record_entries", "gauge",
          "Entries of the applied-push record (bounded by workers x 64 clocks).");
   t.Sample("parasol_push_record_entries", static_cast<double>(push_record_.Entries()), shard);
@@ -817,6 +834,7 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
   stamped.checkpoint_count = checkpoint_sequence_;
+  stamped.restored_count = restored_sequence_;
   zmq::message_t header = EncodeHeader(stamped);
   // Large headers (stats) count like payloads; small ones are bounded by server.socket_hwm.
   constexpr size_t kCountedHeaderBytes = 4096;
@@ -876,6 +894,7 @@ std::string ShardServer::StatsJson() const {
     << ",\"replayed_clocks\":" << counters_.replayed_clocks
     << ",\"refused_replays\":" << counters_.refused_replays
     << ",\"worker_restarts\":" << counters_.worker_restarts
+    << ",\"lost_replays\":" << counters_.lost_replays
     << ",\"push_record_entries\":" << push_record_.Entries()
     << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed
     << ",\"dense_elements_pulled\":" << counters_.dense_elements_pulled

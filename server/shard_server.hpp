@@ -99,6 +99,7 @@ class ShardServer {
     uint64_t bsp_clocks_applied = 0;
     uint64_t checkpoints = 0;
     uint64_t worker_restarts = 0;
+    uint64_t lost_replays = 0;
   };
   struct HeldReply {
     zmq::message_t identity;
@@ -181,13 +182,15 @@ class ShardServer {
   // Checkpoints once every worker has left: their push logs end with their processes.
   void CheckpointWhenAllDone();
   bool all_done_checkpointed_ = false;
+  // A checkpoint failed: the next is due a second later, whatever the period.
+  bool checkpoint_owed_ = false;
+  std::chrono::steady_clock::time_point last_checkpoint_failure_{};
   ConsistencyController controller_;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_
   Status job_failure_;  // set when a worker is lost under on_worker_loss: fail
   std::map<int64_t, std::vector<HeldReply>> barriers_;  // by barrier id; one entry per worker
-  int64_t last_barrier_ = -1;  // the newest barrier released (ids only move forward)
   Counters counters_;
   uint64_t op_counts_[16] = {};
   uint64_t op_bytes_[16] = {};
@@ -199,6 +202,7 @@ class ShardServer {
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};
   uint64_t checkpoint_sequence_ = 0;
+  uint64_t restored_sequence_ = 0;  // of the checkpoint this process started from
   int64_t checkpoint_clock_ = -1;
   const uint64_t epoch_;  // random per start: tells workers this shard restarted
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();

@@ -58,6 +58,9 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
                                std::to_string(manifest.cluster.workers));
       }
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "clocks");
+    case Kind::kBarrier:
+      if (b.count != 1) return InvalidArgument("a barrier block of " + std::to_string(b.count));
+      return CheckProduct(b.count, sizeof(int64_t), b.bytes, "barrier");
     case Kind::kPushRecord:
       return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
@@ -177,6 +180,11 @@ std::vector<CheckpointBlock> ShardState::Save() const {
   done.count = controller_.clocks().size();
   for (uint32_t w = 0; w < done.count; ++w) Append(done.bytes, controller_.DoneAt(w));
   blocks.push_back(std::move(done));
+  CheckpointBlock barrier;
+  barrier.kind = static_cast<uint32_t>(Kind::kBarrier);
+  barrier.count = 1;
+  Append(barrier.bytes, controller_.last_barrier());
+  blocks.push_back(std::move(barrier));
   return blocks;
 }
 
@@ -229,8 +237,9 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
   try {
     std::vector<int64_t> clocks, done;
+    int64_t barrier = -1;
     PushRecord record = record_;  // the same window
-    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &record));
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &barrier, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
     PendingAggregates pending;
@@ -239,6 +248,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
       if (w < done.size() && done[w] >= 0) controller_.SetDone(static_cast<uint32_t>(w), done[w]);
     }
+    controller_.set_last_barrier(barrier);
     record_ = std::move(record);
     pending_ = std::move(pending);
     return Status::Ok();
@@ -251,10 +261,10 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                           std::vector<int64_t>* clocks, std::vector<int64_t>* done,
-                          PushRecord* record) const {
+                          int64_t* barrier, PushRecord* record) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
-  bool clocks_seen = false, record_seen = false, done_seen = false;
+  bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
@@ -264,6 +274,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
     } else if (KindOf(b) == Kind::kDone) {
       if (std::exchange(done_seen, true)) return InvalidArgument("a second block of done clocks");
+    } else if (KindOf(b) == Kind::kBarrier) {
+      if (std::exchange(barrier_seen, true)) return InvalidArgument("a second barrier block");
     } else if (KindOf(b) == Kind::kPushRecord) {
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
@@ -291,6 +303,11 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
           return InvalidArgument("worker " + std::to_string(w) + "'s done clock " +
                                  std::to_string((*done)[w]) + " is out of range");
         }
+      }
+    } else if (KindOf(b) == Kind::kBarrier) {
+      std::memcpy(barrier, b.bytes.data(), sizeof(*barrier));
+      if (*barrier < -1 || *barrier > kMaxCheckpointClock) {
+        return InvalidArgument("barrier " + std::to_string(*barrier) + " is out of range");
       }
     } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {
       return InvalidArgument("malformed push record");

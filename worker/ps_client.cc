@@ -104,6 +104,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   shard_epochs_.assign(shards_.size(), 0);
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
+  push_index_.assign(shards_.size(), 0);
   restored_clock_.assign(shards_.size(), -1);
 }
 
@@ -205,6 +206,7 @@ Status PsClient::Handshake() {
     bool done = true;
     for (uint32_t s = 0; s < p.replies.size(); ++s) {
       Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+      if (h.ok()) last_barrier_seen_ = std::max(last_barrier_seen_, h->last_barrier);
       if (!h.ok() || h->worker_clock < 0) continue;
       clock = clock < 0 ? h->worker_clock : std::min(clock, h->worker_clock);
       done = done && h->done;
@@ -250,14 +252,18 @@ PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
   return t;
 }
 
+uint64_t PsClient::NextPushIndex(uint32_t shard) {
+  // A push is named by (worker, clock, its index among this clock's pushes to the shard): a
+  // restarted worker that recomputes the step sends the same names (server/push_record.hpp),
+  // and each shard sees its indexes without gaps.
+  return push_index_[shard]++;
+}
+
 Header PsClient::NewRequest(Op op, uint32_t table) {
   Header h;
   h.op = op;
   h.request_id = next_request_id_++;
   h.worker_id = worker_id_;
-  // A push is named by (worker, clock, its index among this clock's pushes): a restarted
-  // worker that recomputes the step sends the same names (server/push_record.hpp).
-  if (op == Op::PushSparse || op == Op::PushDense) h.seq = push_index_++;
   h.incarnation = incarnation_;
   h.table_id = table;
   h.clock = clock_;
@@ -385,6 +391,7 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   for (uint32_t s = 0; s < num_shards(); ++s) {
     if (split.counts[s] == 0) continue;
     Header h = NewRequest(Op::PushSparse, table);
+    h.seq = NextPushIndex(s);
     h.key_count = split.counts[s];
     h.value_dim = dim;
     h.value_frames = plans[s].frames;
@@ -447,6 +454,7 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   for (uint32_t s = 0; s < num_shards(); ++s) {
     for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
       Header h = NewRequest(Op::PushDense, table);
+      h.seq = NextPushIndex(s);
       h.key_count = c.size();
       h.value_dim = 1;
       h.offset = c.begin;
@@ -600,7 +608,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   // A duplicate too: its first acknowledgement was lost, and a restart before the next
   // checkpoint needs it replayed like any other.
   if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
-    push_log_.Add(shard, r.clock, h->checkpoint_count, std::move(r.kept));
+    push_log_.Add(shard, r.clock, h->server_epoch, h->checkpoint_count, std::move(r.kept));
   }
   in_flight_.erase(it);
 }
@@ -649,7 +657,7 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   }
   shard_epochs_[shard] = reply.server_epoch;
   // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
-  push_log_.Trim(shard, reply.checkpoint_count);
+  push_log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
 }
 
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
@@ -679,6 +687,36 @@ void PsClient::Replay(uint32_t shard) {
   const bool in_job = worker_id_ < manifest_.cluster.workers;
   const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), clock_);
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
+  // A replay that the shard's previous process had not finished: its pushes not yet
+  // acknowledged go back into this replay, in clock order; its Clocks are sent again anyway.
+  bool merged = false;
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    ShardRequest& r = *it->second;
+    const bool of_replay = r.shard == shard && std::find(replay_tickets_.begin(),
+                                                         replay_tickets_.end(),
+                                                         r.ticket) != replay_tickets_.end();
+    if (!of_replay) {
+      ++it;
+      continue;
+    }
+    if (r.op == Op::PushSparse || r.op == Op::PushDense) {
+      PushLog::Entry e;
+      e.clock = r.clock;
+      e.frames = std::move(r.kept);
+      log.push_back(std::move(e));
+      merged = true;
+    }
+    --pending_.at(r.ticket)->outstanding;
+    in_flight_before.erase(
+        std::remove(in_flight_before.begin(), in_flight_before.end(), it->first),
+        in_flight_before.end());
+    it = in_flight_.erase(it);
+  }
+  if (merged) {
+    std::stable_sort(log.begin(), log.end(), [](const PushLog::Entry& a, const PushLog::Entry& b) {
+      return a.clock < b.clock;
+    });
+  }
   auto send_push = [&](PushLog::Entry& entry) {
     Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
     if (!h.ok()) return;  // written by this client: cannot happen
@@ -833,7 +871,7 @@ Status PsClient::PushDense(uint32_t table, std::span<const float> grads) {
 
 Status PsClient::Tick() {
   ++clock_;
-  push_index_ = 0;
+  std::fill(push_index_.begin(), push_index_.end(), 0);
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, 0, all));

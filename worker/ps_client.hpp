@@ -118,6 +118,10 @@ class PsClient {
   // from there), or -1 for a worker that starts afresh; and whether it had already left.
   int64_t resumed_clock() const { return resumed_clock_; }
   bool resumed_done() const { return resumed_done_; }
+  // Whether a replay to a restarted shard was refused (every Wait then fails with it).
+  bool replay_failed() const { return !replay_failure_.ok(); }
+  // The newest barrier any shard had released when this client connected (-1: none).
+  int64_t last_barrier_seen() const { return last_barrier_seen_; }
   // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
   // most so far.
   uint64_t push_log_bytes() const { return push_log_.bytes(); }
@@ -152,7 +156,8 @@ class PsClient {
   zmq::context_t context_;
   std::vector<zmq::socket_t> shards_;
   int64_t clock_ = 0;
-  uint64_t push_index_ = 0;  // pushes sent at clock_ so far (the next push's index)
+  std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
+  uint64_t NextPushIndex(uint32_t shard);
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;
@@ -171,6 +176,7 @@ class PsClient {
   uint64_t pushes_acknowledged_ = 0;
   bool left_ = false;
   int64_t resumed_clock_ = -1;
+  int64_t last_barrier_seen_ = -1;
   bool resumed_done_ = false;
   std::vector<uint64_t> shard_epochs_;
   PushLog push_log_;

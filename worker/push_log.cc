@@ -8,10 +8,11 @@ namespace parasol {
 PushLog::PushLog(uint32_t shards, uint64_t max_bytes)
     : logs_(shards), shard_bytes_(shards, 0), max_bytes_(max_bytes) {}
 
-void PushLog::Add(uint32_t shard, int64_t clock, uint64_t checkpoint_count,
+void PushLog::Add(uint32_t shard, int64_t clock, uint64_t epoch, uint64_t checkpoint_count,
                   std::vector<zmq::message_t> frames) {
   Entry e;
   e.clock = clock;
+  e.epoch = epoch;
   e.acked_at = checkpoint_count;
   for (const auto& f : frames) e.bytes += f.size();
   e.frames = std::move(frames);
@@ -21,9 +22,10 @@ void PushLog::Add(uint32_t shard, int64_t clock, uint64_t checkpoint_count,
   logs_[shard].push_back(std::move(e));
 }
 
-void PushLog::Trim(uint32_t shard, uint64_t count) {
+void PushLog::Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored) {
   auto& log = logs_[shard];
-  while (!log.empty() && log.front().acked_at < count) {
+  while (!log.empty() &&
+         log.front().acked_at < (log.front().epoch == epoch ? count : restored)) {
     shard_bytes_[shard] -= log.front().bytes;
     bytes_ -= log.front().bytes;
     log.pop_front();

@@ -1,9 +1,12 @@
 // PushLog: a worker's record of the pushes each shard acknowledged since that shard's newest
 // checkpoint: what it replays when the shard restarts from that checkpoint.
 //
-// Each entry keeps the push's frames, its clock, and the shard's checkpoint count in the
-// acknowledgement (how many checkpoints the shard had written when it answered). A push
-// acknowledged at count n is in checkpoint n + 1, so a reply with a larger count trims it.
+// Each entry keeps the push's frames, its clock, and the shard process (epoch) and checkpoint
+// count in the acknowledgement (how many checkpoints the shard had written when it answered). A
+// push acknowledged at count n is in that process's checkpoint n + 1, so a reply of the same
+// process with a larger count trims it. A reply of a later process (the shard restarted) trims
+// an earlier one's entries only by the count of the checkpoint it restored: the later process's
+// own checkpoints were written from that state, so they hold no more of them.
 // Entries stay in acknowledgement order, which is clock order (a worker ticks only after its
 // pushes are acknowledged).
 //
@@ -27,7 +30,8 @@ class PushLog {
  public:
   struct Entry {
     int64_t clock = 0;
-    uint64_t acked_at = 0;  // the shard's checkpoint count in the acknowledgement
+    uint64_t epoch = 0;     // the shard process that acknowledged it
+    uint64_t acked_at = 0;  // its checkpoint count in the acknowledgement
     uint64_t bytes = 0;
     std::vector<zmq::message_t> frames;
   };
@@ -35,10 +39,12 @@ class PushLog {
   PushLog() = default;
   PushLog(uint32_t shards, uint64_t max_bytes);
 
-  void Add(uint32_t shard, int64_t clock, uint64_t checkpoint_count,
+  void Add(uint32_t shard, int64_t clock, uint64_t epoch, uint64_t checkpoint_count,
            std::vector<zmq::message_t> frames);
-  // Drops the entries of `shard` acknowledged before its checkpoint count reached `count`.
-  void Trim(uint32_t shard, uint64_t count);
+  // Drops the entries of `shard` in a checkpoint of process `epoch`: its own acknowledged
+  // before its checkpoint count reached `count`, and an earlier process's acknowledged before
+  // `restored` (the count of the checkpoint `epoch` started from).
+  void Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored);
   // Everything logged for `shard`, in order; the shard's log is empty afterwards.
   std::deque<Entry> Take(uint32_t shard);
 

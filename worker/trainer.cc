@@ -181,9 +181,11 @@ Result<TrainReport> Trainer::Run() {
   TrainReport report;
   report.worker = rank_;
   auto phase = SteadyClock::now();
-  // A restarted worker skips barrier 0 altogether: the others passed it long ago (a shard that
-  // restarted since knows no released barrier, and would hold it for them).
-  if (client_->resumed_clock() < 0) PARASOL_RETURN_IF_ERROR(client_->Barrier(0));
+  // A restarted worker skips barrier 0 when the others have passed it (a shard that restarted
+  // since its release might hold it for them).
+  if (client_->resumed_clock() < 0 && client_->last_barrier_seen() < 0) {
+    PARASOL_RETURN_IF_ERROR(client_->Barrier(0));
+  }
   report.wait_seconds += Since(phase);
 
   const auto start = SteadyClock::now();

@@ -313,5 +313,35 @@ TEST(ManifestTest, ServerLimitsHaveDefaultsAndAReplyBudgetMustHoldTheLargestRepl
                    .ok());
 }
 
+TEST(ManifestTest, ThePushLogBoundMustHoldTheLargestPush) {
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\n  restart_workers: true\n"
+      "checkpoint: {dir: ckpt}\n",
+      "min.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->checkpoint.max_log_bytes, 2ull << 30);
+  EXPECT_TRUE(m->cluster.restart_workers);
+  Result<Manifest> bad = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\ncheckpoint:\n  dir: ckpt\n"
+      "  max_log_bytes: 1GiB\n",
+      "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checkpoint.max_log_bytes"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("server.max_request_bytes (1073741824)"),
+            std::string::npos)
+      << bad.status().ToString();
+  // With a smaller largest request the same bound is fine; without checkpoints there is no log.
+  EXPECT_TRUE(ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\nserver:\n"
+                            "  max_request_bytes: 256MiB\ncheckpoint:\n  dir: ckpt\n"
+                            "  max_log_bytes: 1GiB\n",
+                            "job.yaml")
+                  .ok());
+  EXPECT_TRUE(ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\ncheckpoint:\n"
+                            "  max_log_bytes: 1MiB\n",
+                            "job.yaml")
+                  .ok());
+}
+
 }  // namespace
 }  // namespace parasol

@@ -380,3 +380,38 @@ TEST_F(CheckpointTest, UnderBspAShardKilledBeforeItsFirstCheckpointGetsEveryPush
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// checkpoint.max_log_bytes bounds a worker's push log by construction: with no periodic
+// checkpoint at all, the shard checkpoints whenever the worker has pushed half the bound to it,
+// and the worker's log, trimmed by the checkpoint count in the replies, stays under the bound.
+TEST_F(CheckpointTest, ThePushLogStaysUnderItsBoundWithoutAnyCheckpointPeriod) {
+  constexpr const char* kBig =
+      "  - name: emb\n    dim: 4\n    optimizer: {kind: sgd, lr: 0.1}\n"
+      "  - name: w\n    kind: dense\n    shape: [65536]\n    optimizer: {kind: sgd, lr: 0.01}\n";
+  TestCluster cluster(1, 1, kBig,
+                      "server:\n  max_request_bytes: 1MiB\n"
+                      "checkpoint:\n  dir: " + ckpt_ + "\n  max_log_bytes: 2MiB\n");
+  ASSERT_TRUE(cluster.Start());
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<float> dense(65536, 0.001f);  // 256 KiB a push
+  uint64_t peak = 0;
+  for (int step = 0; step < 40; ++step) {  // 10 MiB in all, five times the bound
+    ASSERT_TRUE(c->PushDense(1, dense).ok()) << step;
+    ASSERT_TRUE(c->Tick().ok()) << step;
+    peak = std::max(peak, c->push_log_bytes());
+  }
+  EXPECT_LE(c->push_log_peak_bytes(), 2u << 20);
+  EXPECT_GT(peak, 256u << 10);  // it did log
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  // 10 MiB pushed, a checkpoint per 1 MiB (half the bound over one shard).
+  EXPECT_GE(JsonNumber((*stats)[0], "checkpoints"), 8) << (*stats)[0];
+  EXPECT_NE(cluster.ServerLog(0).find("(checkpoint.max_log_bytes)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace parasol

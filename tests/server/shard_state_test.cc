@@ -219,7 +219,7 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
   SmallShard trained;
   Train(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  ASSERT_EQ(good.size(), 7u);  // emb, small, w, b, clocks, push record, done clocks
+  ASSERT_EQ(good.size(), 8u);  // emb, small, w, b, clocks, push record, done clocks, barrier
   const uint64_t emb_rows = good[0].count;
   const std::vector<BadBlocks> cases = {
       {"table id past the manifest", [](auto& b, auto&) { b[0].table = 9; },
@@ -275,8 +275,8 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   Train(trained);
   TrainPending(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done.
-  ASSERT_EQ(good.size(), 14u);
+  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done, barrier.
+  ASSERT_EQ(good.size(), 15u);
   ASSERT_EQ(good[6].kind, 5u);
   ASSERT_EQ(good[8].kind, 6u);
   const std::vector<BadBlocks> cases = {
