@@ -162,16 +162,25 @@ run_job() {  # NAME KILLS
     run_kills=$((run_kills + 1))
     echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', while it wrote a checkpoint')" |
       tee -a "$work/kills.txt"
-    # Wait until it runs again, then a second more before the next kill.
+    # Wait until the job has recovered (failures come one at a time): a restarted worker has
+    # said Hello to both shards (each checkpoints what the dead one had pushed); a restarted
+    # shard has had both workers' replays (or the job ended, or 20 s passed).
+    local pattern want
+    if [ "$role" = worker ]; then
+      pattern="worker $rank restarted at clock"
+    else
+      pattern="replaying .* to shard $rank\$"
+    fi
+    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
     local t
-    for t in $(seq 1 200); do
-      local again
-      again="$(role_pid "$m" "$role" "$rank")"
-      if [ -n "$again" ] && [ "$again" != "$pid" ]; then break; fi
+    for t in $(seq 1 400); do
+      [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
       kill -0 "$launch_pid" 2>/dev/null || break
+      # A shard restarted after every worker had left gets no replay: nothing to wait for.
+      [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ] && break
       sleep 0.05
     done
-    sleep 1
+    sleep 0.5
   done
   local s=0
   wait "$launch_pid" || s=$?
@@ -228,7 +237,11 @@ for r in $(seq 1 "$RUNS"); do
       fi
     fi
   fi
-  [ "$result" = ok ] || failed=$((failed + 1))
+  if [ "$result" != ok ]; then
+    failed=$((failed + 1))
+    kept="${TMPDIR:-/tmp}/parasol-chaos-failed-$((SEED * 1000 + r)).log"
+    cp "$work/run$r.log" "$kept" && echo "    its output: $kept"
+  fi
   rows+=("$(printf '%4s  %5s  %7ss  %-12s  %-8s  %s' "$r" "$run_kills" "$run_seconds" "$diff" "$auc" "$result")")
 done
 
