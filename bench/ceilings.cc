@@ -1,6 +1,7 @@
 #include "bench/ceilings.hpp"
 
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +38,41 @@ double Median(std::vector<double> v) {
 }
 
 }  // namespace
+
+double DiskWriteBandwidth(const std::string& dir, uint64_t bytes) {
+  const std::string path = dir + "/disk-ceiling.bin";
+  std::vector<char> block(1 << 20, 7);
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return 0;
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), bytes - done));
+    const ssize_t w = ::write(fd, block.data(), n);
+    if (w <= 0) break;
+    done += static_cast<uint64_t>(w);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::unlink(path.c_str());
+  return bytes / s / 1e9;
+}
+
+double FileReadBandwidth(const std::string& path) {
+  std::vector<char> block(1 << 20);
+  const auto start = std::chrono::steady_clock::now();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  uint64_t total = 0;
+  while (true) {
+    const ssize_t r = ::read(fd, block.data(), block.size());
+    if (r <= 0) break;
+    total += static_cast<uint64_t>(r);
+  }
+  ::close(fd);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return total / s / 1e9;
+}
 
 double MemcpyBandwidth(uint64_t bytes, int iters) {
   std::vector<char> a(bytes, 1), b(bytes, 2);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <zmq.hpp>
 
@@ -14,6 +15,12 @@ namespace parasol::bench {
 
 // memcpy bandwidth in GB/s (bytes copied per second) over a buffer of `bytes`.
 double MemcpyBandwidth(uint64_t bytes, int iters);
+
+// Sequential write of `bytes` to a new file in `dir` in 1 MiB writes, then fsync: GB/s (the
+// best a checkpoint of that size can be written to that disk). The file is removed.
+double DiskWriteBandwidth(const std::string& dir, uint64_t bytes);
+// Sequential read of the file at `path` in 1 MiB reads: GB/s (in the cache state it is in).
+double FileReadBandwidth(const std::string& path);
 
 // A plain child process that sends every message straight back (zero-copy on both sides):
 // the best a request/reply over ZeroMQ on loopback can do.

@@ -508,51 +508,69 @@ void CheckpointRows(const Options& opt, double memcpy_gbs, std::vector<Row>* row
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const auto files = ListCheckpoints(dir, 0);
     const double bytes = files.empty() ? 0 : std::filesystem::file_size(files[0]);
-    rows->push_back({"checkpoint_write_" + size + "x16", bytes / s / 1e9, "GB/s", memcpy_gbs,
-                     "memcpy_bandwidth", std::nullopt});
-    // Restore into a fresh shard of the same manifest, in this process.
+    // The disk's ceiling for the same bytes: one sequential write, then fsync (as a checkpoint
+    // is written), measured now on the same folder.
+    const double disk = DiskWriteBandwidth(dir, static_cast<uint64_t>(bytes));
+    rows->push_back({"disk_write_fsync_" + Mb(static_cast<uint64_t>(bytes)), disk, "GB/s",
+                     std::nullopt, "", std::nullopt});
+    rows->push_back({"checkpoint_write_" + size + "x16", bytes / s / 1e9, "GB/s", disk,
+                     "disk_write_fsync", std::nullopt});
+    // Restore into a fresh shard of the same manifest, in this process, next to one sequential
+    // read of the same file (in the same cache state: it was just written).
+    const double read = files.empty() ? 0 : FileReadBandwidth(files[0]);
+    rows->push_back({"file_read_" + Mb(static_cast<uint64_t>(bytes)), read, "GB/s", std::nullopt,
+                     "", std::nullopt});
     ShardServer shard(cluster.manifest(), 0);
     const auto r0 = std::chrono::steady_clock::now();
     if (!shard.Restore().ok()) return;
     const double rs = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
-    rows->push_back({"checkpoint_restore_" + size + "x16", bytes / rs / 1e9, "GB/s", memcpy_gbs,
-                     "memcpy_bandwidth", std::nullopt});
+    rows->push_back({"checkpoint_restore_" + size + "x16", bytes / rs / 1e9, "GB/s", read,
+                     "file_read", std::nullopt});
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
 
-// Training time of a BSP job with one server killed and restarted, against the same job left
-// alone.
+// Training time of a BSP job with one server, or one worker, killed (kill -9, at a random
+// moment after its first checkpoint) and restarted by launch, against the same job left alone;
+// and the push log's bytes per step (what a worker keeps for replays).
 void RestartRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-restart-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   GeneratorOptions g;
   g.rows = opt.quick ? 60000 : 200000;
   if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
-  auto run = [&](const std::string& name, bool kill_one) -> double {
+  std::mt19937 rng(12345);
+  auto run = [&](const std::string& name, const std::string& victim) -> double {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     const std::string manifest = dir + "/" + name + ".yaml";
     std::ofstream(manifest)
         << "cluster:\n  servers: [127.0.0.1:" << ports[0] << ", 127.0.0.1:" << ports[1]
         << "]\n  workers: 2\n  request_timeout: 1s\n  request_retries: 30\n"
-        << "  restart_servers: true\n"
+        << "  restart_servers: true\n  restart_workers: true\n"
         << "training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}\n"
         << "model: {kind: dlrm, embedding_dim: 16, bottom: [64, 16], top: [64, 1]}\n"
         << "data: {train: " << dir << "/train.tsv}\n"
-        << "checkpoint: {dir: " << dir << "/" << name << "-ckpt, every_steps: 50}\n";
+        << "checkpoint: {dir: " << dir << "/" << name << "-ckpt, every_seconds: 1}\n";
     const auto start = std::chrono::steady_clock::now();
-    auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", manifest},
+    auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", manifest,
+                                "--summary", dir + "/" + name + ".json"},
                                dir + "/" + name + ".log");
     if (!p.ok()) return -1;
-    bool killed = !kill_one;
+    bool killed = victim.empty();
+    const int delay_ms = std::uniform_int_distribution<int>(0, 500)(rng);
+    auto first = std::chrono::steady_clock::time_point::max();
     for (int i = 0; i < 60000 && !killed && !p->Poll(); ++i) {
-      if (!ListCheckpoints(dir + "/" + name + "-ckpt", 1).empty()) {
+      if (first == std::chrono::steady_clock::time_point::max() &&
+          !ListCheckpoints(dir + "/" + name + "-ckpt", 1).empty()) {
+        first = std::chrono::steady_clock::now();
+      }
+      if (std::chrono::steady_clock::now() > first + std::chrono::milliseconds(delay_ms)) {
         for (const auto& e : std::filesystem::directory_iterator("/proc")) {
           std::ifstream in(e.path() / "cmdline");
           std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
           std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-          if (cmd.find("server --manifest " + manifest + " --rank 1") != std::string::npos) {
+          if (cmd.find(victim + " --manifest " + manifest + " --rank 1") != std::string::npos) {
             killed = ::kill(std::stol(e.path().filename().string()), SIGKILL) == 0;
           }
         }
@@ -560,14 +578,26 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     auto status = p->Wait(std::chrono::minutes(10));
-    if (!status || !killed) return -1;
+    if (!status || !killed || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) return -1;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const double calm = run("calm", false);
-  const double hit = run("restart", true);
-  if (calm > 0 && hit > 0) {
-    rows->push_back({"training_seconds_lost_to_one_restart", hit - calm, "s", std::nullopt, "",
-                     std::nullopt});
+  const double calm = run("calm", "");
+  const double server = run("server", "server");
+  const double worker = run("worker", "worker");
+  if (calm > 0 && server > 0) {
+    rows->push_back({"training_seconds_lost_per_server_restart", server - calm, "s",
+                     std::nullopt, "", std::nullopt});
+  }
+  if (calm > 0 && worker > 0) {
+    rows->push_back({"training_seconds_lost_per_worker_restart", worker - calm, "s",
+                     std::nullopt, "", std::nullopt});
+  }
+  if (calm > 0) {
+    std::ifstream in(dir + "/calm.json");
+    const std::string summary((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+    rows->push_back({"push_log_bytes_per_step_dlrm16", JsonNumber(summary, "push_log_bytes_per_step"),
+                     "B", std::nullopt, "", std::nullopt});
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

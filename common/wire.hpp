@@ -65,6 +65,7 @@ struct Header {
   uint64_t restored_count = 0;
   int64_t worker_clock = -1;
   int64_t last_barrier = -1;
+  bool read_only = false;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

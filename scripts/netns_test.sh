@@ -5,8 +5,9 @@
 # manifest on every host, and checks the result. Needs root and a working `ip netns`; exits 77
 # (skipped) otherwise. Removes its namespaces and files however it ends.
 # With --partition, worker host 1's link is cut for 5 s in the middle of training and then
-# restored: the job must complete, and the shards must have applied exactly the pushes the
-# workers had acknowledged (resent pushes are counted as duplicates, not applied again).
+# restored: the job must complete, the shards must have applied exactly the pushes the workers
+# had acknowledged (resent pushes are counted as duplicates, not applied again), and the final
+# model must equal an undisturbed run's on the same hosts, value for value.
 #   scripts/netns_test.sh [path/to/parasol] [--partition]
 set -euo pipefail
 
@@ -56,7 +57,8 @@ done
 
 "$PARASOL" gen-data --rows "$ROWS" --seed 1 --out "$work/train.tsv" >/dev/null
 "$PARASOL" gen-data --rows 8000 --seed 2 --out "$work/eval.tsv" >/dev/null
-cat > "$work/job.yaml" <<YAML
+write_manifest() {  # NAME
+  cat > "$work/$1.yaml" <<YAML
 job: {name: netns, seed: 7}
 cluster:
   servers: [10.77.0.1:7100, 10.77.0.2:7100]
@@ -77,47 +79,72 @@ model:
 data:
   train: $work/train.tsv
   eval: $work/eval.tsv
+checkpoint: {dir: $work/$1-ckpt}   # the servers' last checkpoint, on SIGTERM, holds the model
 YAML
+}
 
-for r in 0 1; do
-  ip netns exec "$tag-s$r" "$PARASOL" server --manifest "$work/job.yaml" --rank "$r" \
-    > "$work/server$r.log" 2>&1 &
-  pids+=($!)
-done
-worker_pids=()
-for r in 0 1; do
-  ip netns exec "$tag-w$r" timeout 300 "$PARASOL" worker --manifest "$work/job.yaml" --rank "$r" \
-    --summary "$work/worker$r.json" > "$work/worker$r.log" 2>&1 &
-  worker_pids+=($!)
-  pids+=($!)
-done
+# Runs the job NAME to the end on the four hosts; with CUT=1, worker host 1's link is cut for
+# 5 s in the middle of training.
+run_job() {  # NAME CUT
+  local name="$1" cut="$2"
+  write_manifest "$name"
+  local server_pids=() worker_pids=() r
+  for r in 0 1; do
+    ip netns exec "$tag-s$r" "$PARASOL" server --manifest "$work/$name.yaml" --rank "$r" \
+      > "$work/$name-server$r.log" 2>&1 &
+    server_pids+=($!)
+    pids+=($!)
+  done
+  for r in 0 1; do
+    ip netns exec "$tag-w$r" timeout 300 "$PARASOL" worker --manifest "$work/$name.yaml" \
+      --rank "$r" --summary "$work/$name-worker$r.json" > "$work/$name-worker$r.log" 2>&1 &
+    worker_pids+=($!)
+    pids+=($!)
+  done
+  if [ "$cut" -eq 1 ]; then
+    sleep 1
+    echo "cutting the link of worker host 10.77.0.4 for 5 s"
+    ip -n "$tag-sw" link set w1 down
+    sleep 5
+    ip -n "$tag-sw" link set w1 up
+    echo "link restored"
+  fi
+  local failed=0
+  for r in 0 1; do
+    if ! wait "${worker_pids[$r]}"; then
+      echo "FAIL: $name: worker $r (host 10.77.0.$((r + 3))) failed:"
+      tail -20 "$work/$name-worker$r.log"
+      failed=1
+    fi
+  done
+  # Stop the servers: each logs its counters and writes its last checkpoint as it stops.
+  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${server_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for r in 0 1; do
+    if ! grep -q "serving on tcp://10.77.0.$((r + 1)):7100" "$work/$name-server$r.log"; then
+      echo "FAIL: $name: server $r did not serve on its own host's address"
+      cat "$work/$name-server$r.log"
+      failed=1
+    fi
+  done
+  [ "$failed" -eq 0 ] || exit 1
+  for r in 0 1; do cp "$work/$name-worker$r.json" "$work/worker$r.json"; cp "$work/$name-server$r.log" "$work/server$r.log"; done
+}
+
 if [ "$PARTITION" -eq 1 ]; then
-  sleep 1
-  echo "cutting the link of worker host 10.77.0.4 for 5 s"
-  ip -n "$tag-sw" link set w1 down
-  sleep 5
-  ip -n "$tag-sw" link set w1 up
-  echo "link restored"
+  # The same job undisturbed first: the partitioned run must end with its model, value for value.
+  run_job calm 0
+  "$PARASOL" export --manifest "$work/calm.yaml" --out "$work/calm-model" >/dev/null
+  run_job cut 1
+  "$PARASOL" export --manifest "$work/cut.yaml" --out "$work/cut-model" >/dev/null
+  if ! diff_json="$("$PARASOL" compare-models --manifest "$work/cut.yaml" "$work/cut-model" "$work/calm-model")"; then
+    echo "FAIL: the partitioned run's model differs from the undisturbed run's: $diff_json"
+    exit 1
+  fi
+  echo "final model equal to the undisturbed run's: $diff_json"
+else
+  run_job job 0
 fi
-failed=0
-for r in 0 1; do
-  if ! wait "${worker_pids[$r]}"; then
-    echo "FAIL: worker $r (host 10.77.0.$((r + 3))) failed:"
-    tail -20 "$work/worker$r.log"
-    failed=1
-  fi
-done
-# Stop the servers: each logs its counters as it stops.
-for p in "${pids[@]:0:2}"; do kill -TERM "$p" 2>/dev/null || true; done
-for p in "${pids[@]:0:2}"; do wait "$p" 2>/dev/null || true; done
-for r in 0 1; do
-  if ! grep -q "serving on tcp://10.77.0.$((r + 1)):7100" "$work/server$r.log"; then
-    echo "FAIL: server $r did not serve on its own host's address"
-    cat "$work/server$r.log"
-    failed=1
-  fi
-done
-[ "$failed" -eq 0 ] || exit 1
 
 auc="$(sed -n 's/.*"eval_auc": \([0-9.]*\).*/\1/p' "$work/worker0.json")"
 samples=0

@@ -133,7 +133,10 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   }
   const uint32_t clock = ShardClock();
   // Observers (tools, exports) read without creating rows: only the job's workers train them.
-  const bool create = table->admits_on_pull() && controller_.InJob(req.worker_id);
+  // So do workers evaluating (read_only): a model is what training made it, and a row an
+  // evaluation touched would be lost with a restart anyway.
+  const bool create =
+      table->admits_on_pull() && controller_.InJob(req.worker_id) && !req.read_only;
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);

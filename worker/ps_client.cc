@@ -307,7 +307,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
 }
 
 Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<const uint64_t> keys,
-                                                   float* out, bool with_state) {
+                                                   float* out, bool with_state, bool read_only) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kSparse));
   const Ticket ticket = NewTicket(Op::PullSparse, table);
   Pending& p = *pending_.at(ticket);
@@ -331,6 +331,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     h.key_count = split.counts[s];
     h.value_dim = dim;
     h.with_state = with_state;
+    h.read_only = read_only;
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     const uint64_t id = h.request_id;
@@ -832,6 +833,12 @@ Status PsClient::Wait(Ticket ticket) {
 
 Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out) {
   PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out));
+  return Wait(t);
+}
+
+Status PsClient::PullSparseReadOnly(uint32_t table, std::span<const uint64_t> keys,
+                                    float* out) {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out, false, true));
   return Wait(t);
 }
 

@@ -66,8 +66,10 @@ class PsClient {
 
   // Rows of `keys` into out[i * dim .. (i + 1) * dim).
   // REQUIRES: `out` holds keys.size() * dim floats and stays valid until Wait() returns.
+  // With read_only, keys the shards do not have are read as their initial values and not
+  // created (evaluation).
   Result<Ticket> PullSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out,
-                                 bool with_state = false);
+                                 bool with_state = false, bool read_only = false);
   // Gradient rows for `keys` (keys.size() * dim floats). Copied before the call returns.
   Result<Ticket> PushSparseAsync(uint32_t table, std::span<const uint64_t> keys,
                                  std::span<const float> grads);
@@ -82,6 +84,8 @@ class PsClient {
   Status Wait(Ticket ticket);
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // A pull that creates no rows (see PullSparseAsync).
+  Status PullSparseReadOnly(uint32_t table, std::span<const uint64_t> keys, float* out);
   // Rows with their optimizer state: RowFloats(table) floats per key (values, then state as
   // laid out in server/optimizer.hpp). For checks and exports.
   Status PullSparseWithState(uint32_t table, std::span<const uint64_t> keys, float* out);
@@ -126,6 +130,7 @@ class PsClient {
   // most so far.
   uint64_t push_log_bytes() const { return push_log_.bytes(); }
   uint64_t push_log_peak_bytes() const { return push_log_.peak_bytes(); }
+  uint64_t push_log_added_bytes() const { return push_log_.added_bytes(); }
 
  private:
   struct ShardRequest;

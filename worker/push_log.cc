@@ -18,6 +18,7 @@ void PushLog::Add(uint32_t shard, int64_t clock, uint64_t epoch, uint64_t checkp
   e.frames = std::move(frames);
   shard_bytes_[shard] += e.bytes;
   bytes_ += e.bytes;
+  added_bytes_ += e.bytes;
   peak_bytes_ = std::max(peak_bytes_, bytes_);
   logs_[shard].push_back(std::move(e));
 }

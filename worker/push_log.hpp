@@ -52,6 +52,7 @@ class PushLog {
   uint64_t bytes(uint32_t shard) const { return shard_bytes_[shard]; }
   uint64_t entries(uint32_t shard) const { return logs_[shard].size(); }
   uint64_t peak_bytes() const { return peak_bytes_; }
+  uint64_t added_bytes() const { return added_bytes_; }  // all ever logged
   uint64_t max_bytes() const { return max_bytes_; }
   // An error naming the shards that hold the most once the log is past max_bytes.
   Status Check() const;
@@ -61,6 +62,7 @@ class PushLog {
   std::vector<uint64_t> shard_bytes_;
   uint64_t bytes_ = 0;
   uint64_t peak_bytes_ = 0;
+  uint64_t added_bytes_ = 0;
   uint64_t max_bytes_ = 0;
 };
 

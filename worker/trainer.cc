@@ -83,7 +83,8 @@ std::string TrainReport::ToJson() const {
     << ", \"train_samples\": " << train_samples << ", \"train_seconds\": " << train_seconds
     << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
     << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes
-    << ", \"push_log_peak_bytes\": " << push_log_peak_bytes << ", \"evaluated\": " << (evaluated ? "true" : "false")
+    << ", \"push_log_peak_bytes\": " << push_log_peak_bytes
+    << ", \"push_log_bytes_per_step\": " << push_log_bytes_per_step << ", \"evaluated\": " << (evaluated ? "true" : "false")
     << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
     << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
     << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
@@ -141,7 +142,8 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file) {
   for (const Batch& b : batches) {
     DeduplicateKeys(b.keys, index, &keys);
     rows.resize(keys.unique.size() * model->sparse_dim());
-    PARASOL_RETURN_IF_ERROR(client_->PullSparse(model->sparse_table(), keys.unique, rows.data()));
+    PARASOL_RETURN_IF_ERROR(
+        client_->PullSparseReadOnly(model->sparse_table(), keys.unique, rows.data()));
     model->Forward(b, rows.data(), static_cast<uint32_t>(keys.unique.size()),
                    keys.indices.data());
     PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("evaluation"));
@@ -315,6 +317,10 @@ Result<TrainReport> Trainer::Run() {
   report.bad_rows = reader.bad_rows();
   report.pushes = client_->pushes_acknowledged();
   report.push_log_peak_bytes = client_->push_log_peak_bytes();
+  if (report.steps > static_cast<uint64_t>(resume)) {
+    report.push_log_bytes_per_step = static_cast<double>(client_->push_log_added_bytes()) /
+                                     static_cast<double>(report.steps - resume);
+  }
   report.first_bad_row = reader.first_bad_row();
 
   // Done: the others stop waiting for this worker's clock; then all meet before evaluating.

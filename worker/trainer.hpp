@@ -29,6 +29,7 @@ struct TrainReport {
   uint64_t bad_rows = 0;
   uint64_t pushes = 0;        // push requests acknowledged by the shards
   uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
+  double push_log_bytes_per_step = 0;  // what each step added to it
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;
