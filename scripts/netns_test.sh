@@ -7,7 +7,8 @@
 # With --partition, worker host 1's link is cut for 5 s in the middle of training and then
 # restored: the job must complete, the shards must have applied exactly the pushes the workers
 # had acknowledged (resent pushes are counted as duplicates, not applied again), and the final
-# model must equal an undisturbed run's on the same hosts, value for value.
+# model must equal an undisturbed run's on the same hosts, value for value. Then worker 1 is
+# killed (in a third run) and started again by hand on its host: the model must be the same.
 #   scripts/netns_test.sh [path/to/parasol] [--partition]
 set -euo pipefail
 
@@ -85,8 +86,8 @@ YAML
 
 # Runs the job NAME to the end on the four hosts; with CUT=1, worker host 1's link is cut for
 # 5 s in the middle of training.
-run_job() {  # NAME CUT
-  local name="$1" cut="$2"
+run_job() {  # NAME CUT KILL
+  local name="$1" cut="$2" kill_one="${3:-0}"
   write_manifest "$name"
   local server_pids=() worker_pids=() r
   for r in 0 1; do
@@ -109,6 +110,29 @@ run_job() {  # NAME CUT
     ip -n "$tag-sw" link set w1 up
     echo "link restored"
   fi
+  if [ "$kill_one" -eq 1 ]; then
+    # Worker 1 dies (kill -9) and is started again by hand on its host, as a person or a
+    # scheduler would: it continues from the clock the shards know it at.
+    sleep 1
+    local victim=""
+    for p in /proc/[0-9]*; do
+      case "$(tr '\0' ' ' 2>/dev/null < "$p/cmdline")" in
+        *"$PARASOL worker --manifest $work/$name.yaml --rank 1 "*) victim="${p#/proc/}" ;;
+      esac
+    done
+    if [ -n "$victim" ]; then
+      kill -KILL "$victim"
+      wait "${worker_pids[1]}" 2>/dev/null || true
+      echo "killed worker 1 (pid $victim); starting it again on 10.77.0.4"
+      ip netns exec "$tag-w1" timeout 300 "$PARASOL" worker --manifest "$work/$name.yaml" \
+        --rank 1 --summary "$work/$name-worker1.json" >> "$work/$name-worker1.log" 2>&1 &
+      worker_pids[1]=$!
+      pids+=($!)
+    else
+      echo "FAIL: worker 1 had finished before it could be killed"
+      exit 1
+    fi
+  fi
   local failed=0
   for r in 0 1; do
     if ! wait "${worker_pids[$r]}"; then
@@ -128,7 +152,14 @@ run_job() {  # NAME CUT
     fi
   done
   [ "$failed" -eq 0 ] || exit 1
-  for r in 0 1; do cp "$work/$name-worker$r.json" "$work/worker$r.json"; cp "$work/$name-server$r.log" "$work/server$r.log"; done
+  # The counters checked below are those of a run without a killed worker (a restarted worker's
+  # summary counts its own samples and pushes only).
+  if [ "$kill_one" -eq 0 ]; then
+    for r in 0 1; do
+      cp "$work/$name-worker$r.json" "$work/worker$r.json"
+      cp "$work/$name-server$r.log" "$work/server$r.log"
+    done
+  fi
 }
 
 if [ "$PARTITION" -eq 1 ]; then
@@ -142,6 +173,13 @@ if [ "$PARTITION" -eq 1 ]; then
     exit 1
   fi
   echo "final model equal to the undisturbed run's: $diff_json"
+  run_job killed 0 1
+  "$PARASOL" export --manifest "$work/killed.yaml" --out "$work/killed-model" >/dev/null
+  if ! diff_json="$("$PARASOL" compare-models --manifest "$work/killed.yaml" "$work/killed-model" "$work/calm-model")"; then
+    echo "FAIL: with worker 1 killed and started again by hand, the model differs: $diff_json"
+    exit 1
+  fi
+  echo "worker 1 killed and started again by hand: final model equal to the undisturbed run's"
 else
   run_job job 0
 fi
