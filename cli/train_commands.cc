@@ -25,6 +25,9 @@ std::string WorkerMetricsText(const ProgressPoint& p) {
   t.Sample("parasol_worker_samples_per_second", p.samples_per_second, w);
   t.Type("parasol_worker_loss", "gauge", "Mean log loss of the last 100 steps.");
   t.Sample("parasol_worker_loss", p.loss, w);
+  t.Type("parasol_worker_push_log_bytes", "gauge",
+         "Bytes of pushes kept for replays to restarted shards (checkpoint.max_log_bytes).");
+  t.Sample("parasol_worker_push_log_bytes", static_cast<double>(p.push_log_bytes), w);
   if (p.has_eval) {
     t.Type("parasol_worker_eval_auc", "gauge", "AUC of the last evaluation.");
     t.Sample("parasol_worker_eval_auc", p.eval_auc, w);

@@ -58,8 +58,10 @@ Status PullDense(PsClient& client, Model& model) {
   return first;
 }
 
-ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResult* eval) {
+ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResult* eval,
+                      uint64_t push_log_bytes) {
   ProgressPoint p;
+  p.push_log_bytes = push_log_bytes;
   p.worker = report.worker;
   p.steps = report.steps;
   p.samples = report.train_samples;
@@ -114,7 +116,7 @@ std::string ProgressPoint::ToJson() const {
   s.precision(6);
   s << "{\"worker\": " << worker << ", \"steps\": " << steps << ", \"samples\": " << samples
     << ", \"seconds\": " << seconds << ", \"samples_per_second\": " << samples_per_second
-    << ", \"loss\": " << loss;
+    << ", \"loss\": " << loss << ", \"push_log_bytes\": " << push_log_bytes;
   if (has_eval) s << ", \"eval_logloss\": " << eval_logloss << ", \"eval_auc\": " << eval_auc;
   s << "}";
   return s.str();
@@ -280,7 +282,9 @@ Result<TrainReport> Trainer::Run() {
                        recent_losses.size();
 
     auto point = [&](const EvalResult* e) {
-      if (hooks_.point) hooks_.point(PointOf(report, Since(start), e));
+      if (hooks_.point) {
+        hooks_.point(PointOf(report, Since(start), e, client_->push_log_bytes()));
+      }
     };
     if (report.steps % 10 == 0) point(nullptr);
     if (hooks_.line && Since(last_progress) * 1000 >= t.progress_ms) {
@@ -337,7 +341,8 @@ Result<TrainReport> Trainer::Run() {
   }
   if (hooks_.point) {
     EvalResult e{report.eval_samples, report.eval_logloss, report.eval_auc};
-    hooks_.point(PointOf(report, report.train_seconds, report.evaluated ? &e : nullptr));
+    hooks_.point(PointOf(report, report.train_seconds, report.evaluated ? &e : nullptr,
+                         client_->push_log_bytes()));
   }
   return report;
 }

@@ -51,6 +51,7 @@ struct ProgressPoint {
   double seconds = 0;
   double samples_per_second = 0;
   double loss = 0;  // mean of the last 100 steps
+  uint64_t push_log_bytes = 0;  // what the push log holds now
   bool has_eval = false;
   double eval_logloss = 0;
   double eval_auc = 0;
