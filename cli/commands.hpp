@@ -33,8 +33,9 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
               const WorkloadOptions& options, const std::string& summary,
               const std::string& metrics_log);
 
-// The exit code of a worker whose replay to a restarted shard was refused: acknowledged
-// updates are only in its memory, so `parasol launch` does not restart it (the job fails).
+// The exit code of a worker that fails while acknowledged updates are only in its memory (a
+// replay to a restarted shard refused, due or unfinished, or a shard unreachable): `parasol
+// launch` does not restart it, so the job fails instead of losing them.
 inline constexpr int kExitUpdatesWouldBeLost = 3;
 
 // parasol worker --manifest M --rank J: trains the manifest's model.

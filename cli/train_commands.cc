@@ -99,7 +99,13 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   if (!report.ok()) {
     spdlog::error("worker {}: {}", rank, report.status().ToString());
     // Its push log would die with it: a restart could not replay what the shard refused.
-    if ((*client)->replay_failed()) return kExitUpdatesWouldBeLost;
+    // So is a failure while a replay is due, or with a shard unreachable (it may be restarting
+    // and need this worker's log).
+    const StatusCode code = report.status().code();
+    if ((*client)->replay_failed() || (*client)->replay_pending() ||
+        code == StatusCode::kTimeout || code == StatusCode::kUnavailable) {
+      return kExitUpdatesWouldBeLost;
+    }
     return 1;
   }
   if (report->bad_rows > 0) {

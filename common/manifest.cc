@@ -739,6 +739,11 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
         ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.workers, m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
     PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.server.max_request_bytes, m.source));
+    if (m.cluster.restart_servers && (m.checkpoint.dir.empty() || !m.checkpoint.restore)) {
+      return InvalidArgument(m.source + ": key 'cluster.restart_servers': a restarted server "
+                             "needs checkpoint.dir with checkpoint.restore: true, or it comes back "
+                             "empty and every update it held is lost");
+    }
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));

@@ -53,6 +53,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_worker_clock(h.worker_clock);
   b.add_last_barrier(h.last_barrier);
   b.add_read_only(h.read_only);
+  b.add_known_epoch(h.known_epoch);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -130,6 +131,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.worker_clock = fb->worker_clock();
   h.last_barrier = fb->last_barrier();
   h.read_only = fb->read_only();
+  h.known_epoch = fb->known_epoch();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
   return h;

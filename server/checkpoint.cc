@@ -22,7 +22,7 @@ constexpr char kEnd[8] = {'P', 'S', 'O', 'L', 'E', 'N', 'D', '!'};
 
 struct RawHeader {
   char magic[8];
-  uint32_t version, shard, shards, reserved;
+  uint32_t version, shard, shards, flags;
   uint64_t fingerprint;
   int64_t clock;
   uint64_t sequence, blocks, checksum;
@@ -119,6 +119,7 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   h.fingerprint = header.fingerprint;
   h.clock = header.clock;
   h.sequence = header.sequence;
+  h.flags = header.final ? 1u : 0u;
   h.blocks = blocks.size();
   h.checksum = Checksum64(&h, offsetof(RawHeader, checksum));
   Status st = WriteAll(fd, &h, sizeof(h), tmp);
@@ -182,6 +183,7 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
   header->fingerprint = h.fingerprint;
   header->clock = h.clock;
   header->sequence = h.sequence;
+  header->final = (h.flags & 1u) != 0;
   if (c.left() < sizeof(RawFooter) ||
       h.blocks > (c.left() - sizeof(RawFooter)) / sizeof(RawBlock)) {
     return damaged(

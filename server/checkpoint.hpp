@@ -1,7 +1,7 @@
 // Checkpoint files of one shard: its tables with their optimizer state, and its clocks.
 //
 // Layout (little-endian):
-//   header   magic "PSOLCKPT", u32 version, u32 shard, u32 shards, u32 reserved,
+//   header   magic "PSOLCKPT", u32 version, u32 shard, u32 shards, u32 flags (bit 0: final),
 //            u64 manifest fingerprint, i64 clock, u64 sequence, u64 blocks, u64 checksum
 //   blocks   each: u32 kind, u32 table, u64 count, u64 bytes, u64 payload checksum,
 //            u64 header checksum (of the 32 bytes before it, seeded with the block's index),
@@ -66,6 +66,9 @@ struct CheckpointHeader {
   uint64_t fingerprint = 0;
   int64_t clock = 0;
   uint64_t sequence = 0;
+  // Written as the shard stopped cleanly: nothing was applied after it, so no worker has
+  // anything to replay to a shard that starts from it.
+  bool final = false;
 };
 
 // Refuses a block before its payload is read (say, a size that does not match its table).

@@ -16,7 +16,8 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       done_at_(workers, -1),
       unconfirmed_(workers, true),
       restored_(workers, false),
-      live_(workers) {}
+      live_(workers),
+      incarnations_(workers, 0) {}
 
 namespace {
 

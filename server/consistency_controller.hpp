@@ -80,6 +80,12 @@ class ConsistencyController {
   // restarted shard does not hold a barrier the others passed long ago.
   int64_t last_barrier() const { return last_barrier_; }
   void set_last_barrier(int64_t id) { last_barrier_ = id; }
+  // The process (incarnation) of each worker this shard last heard from (0: none). In
+  // checkpoints, so that a restarted shard still tells a restarted worker from the one before.
+  uint64_t incarnation(uint32_t worker) const { return InJob(worker) ? incarnations_[worker] : 0; }
+  void set_incarnation(uint32_t worker, uint64_t id) {
+    if (InJob(worker)) incarnations_[worker] = id;
+  }
   // Workers expected to push for `clock`: live, and not done before it.
   uint32_t ActiveAt(int64_t clock) const;
   // Requests of `worker` held by the shard (+1 when held, -1 when answered).
@@ -106,6 +112,7 @@ class ConsistencyController {
   std::vector<bool> lost_;
   std::vector<int64_t> done_at_;  // -1 while working
   int64_t last_barrier_ = -1;
+  std::vector<uint64_t> incarnations_;
   std::vector<bool> unconfirmed_;  // its clock not known yet (see the class comment)
   std::vector<bool> restored_;     // its clock is a checkpoint's, and its replay has not ended
   uint32_t live_;

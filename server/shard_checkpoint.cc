@@ -17,7 +17,7 @@
 
 namespace parasol {
 
-Status ShardServer::SaveCheckpoint(const std::string& reason) {
+Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
@@ -38,6 +38,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason) {
   // The count in replies moves on only once the file is in place: workers drop from their
   // logs what a checkpoint holds, so a failed one must not look written.
   h.sequence = checkpoint_sequence_ + 1;
+  h.final = final;
   const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
   if (Status st = WriteCheckpointFile(path, h, blocks); !st.ok()) {
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
@@ -71,6 +72,10 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     checkpoint_sequence_ = h.sequence;
     restored_sequence_ = h.sequence;
     checkpoint_clock_ = h.clock;
+    if (h.final) {
+      // The shard had stopped cleanly: its workers' clocks are as they were, and nothing is due.
+      for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) (void)controller_.AbandonReplay(w);
+    }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("out of memory while loading checkpoint '" + path + "'");

@@ -58,7 +58,8 @@ class ShardServer {
   Status Restore();
   // Writes a checkpoint of every table, the worker clocks, the push record and the pending
   // BSP sums now.
-  Status SaveCheckpoint(const std::string& reason);
+  // `final`: written as the shard stops; nothing is applied after it.
+  Status SaveCheckpoint(const std::string& reason, bool final = false);
   const std::string& restored_from() const { return restored_from_; }
 
   // Serves requests until `stop` becomes true or a Shutdown request arrives. With
@@ -100,6 +101,7 @@ class ShardServer {
     uint64_t checkpoints = 0;
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
+    uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
   };
   struct HeldReply {
     zmq::message_t identity;
@@ -175,9 +177,8 @@ class ShardServer {
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
   PushRecord push_record_;
-  // Per worker: the incarnation it said Hello with last (0: none yet), and the payload bytes
-  // it pushed since this shard's last checkpoint (what its push log holds for this shard).
-  std::vector<uint64_t> worker_incarnations_;
+  // Per worker: the payload bytes it pushed since this shard's last checkpoint (what its push
+  // log holds for this shard).
   std::vector<uint64_t> pushed_since_checkpoint_;
   // Checkpoints once every worker has left: their push logs end with their processes.
   void CheckpointWhenAllDone();

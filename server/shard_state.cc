@@ -52,6 +52,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
   switch (KindOf(b)) {
     case Kind::kClocks:
     case Kind::kDone:
+    case Kind::kIncarnations:
       if (b.count != manifest.cluster.workers) {
         return InvalidArgument("clocks of " + std::to_string(b.count) +
                                " workers; the manifest has " +
@@ -185,6 +186,13 @@ std::vector<CheckpointBlock> ShardState::Save() const {
   barrier.count = 1;
   Append(barrier.bytes, controller_.last_barrier());
   blocks.push_back(std::move(barrier));
+  CheckpointBlock incarnations;
+  incarnations.kind = static_cast<uint32_t>(Kind::kIncarnations);
+  incarnations.count = controller_.clocks().size();
+  for (uint32_t w = 0; w < incarnations.count; ++w) {
+    Append(incarnations.bytes, controller_.incarnation(w));
+  }
+  blocks.push_back(std::move(incarnations));
   return blocks;
 }
 
@@ -236,10 +244,11 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
   try {
-    std::vector<int64_t> clocks, done;
+    std::vector<int64_t> clocks, done, incarnations;
     int64_t barrier = -1;
     PushRecord record = record_;  // the same window
-    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &barrier, &record));
+    PARASOL_RETURN_IF_ERROR(
+        Verify(in, name, header, &clocks, &done, &barrier, &incarnations, &record));
     in.clear();
     in.seekg(0, std::ios::beg);
     PendingAggregates pending;
@@ -247,6 +256,10 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     for (size_t w = 0; w < clocks.size(); ++w) {
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
       if (w < done.size() && done[w] >= 0) controller_.SetDone(static_cast<uint32_t>(w), done[w]);
+      if (w < incarnations.size()) {
+        controller_.set_incarnation(static_cast<uint32_t>(w),
+                                    static_cast<uint64_t>(incarnations[w]));
+      }
     }
     controller_.set_last_barrier(barrier);
     record_ = std::move(record);
@@ -261,10 +274,12 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                           std::vector<int64_t>* clocks, std::vector<int64_t>* done,
-                          int64_t* barrier, PushRecord* record) const {
+                          int64_t* barrier, std::vector<int64_t>* incarnations,
+                          PushRecord* record) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
-  bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false;
+  bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
+       incarnations_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
@@ -276,6 +291,10 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(done_seen, true)) return InvalidArgument("a second block of done clocks");
     } else if (KindOf(b) == Kind::kBarrier) {
       if (std::exchange(barrier_seen, true)) return InvalidArgument("a second barrier block");
+    } else if (KindOf(b) == Kind::kIncarnations) {
+      if (std::exchange(incarnations_seen, true)) {
+        return InvalidArgument("a second block of incarnations");
+      }
     } else if (KindOf(b) == Kind::kPushRecord) {
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
@@ -304,6 +323,9 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
                                  std::to_string((*done)[w]) + " is out of range");
         }
       }
+    } else if (KindOf(b) == Kind::kIncarnations) {
+      incarnations->resize(b.count);
+      std::memcpy(incarnations->data(), b.bytes.data(), b.bytes.size());
     } else if (KindOf(b) == Kind::kBarrier) {
       std::memcpy(barrier, b.bytes.data(), sizeof(*barrier));
       if (*barrier < -1 || *barrier > kMaxCheckpointClock) {

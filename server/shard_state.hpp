@@ -44,6 +44,7 @@ enum class CheckpointBlockKind : uint32_t {
   kPendingDense = 6,   // BSP: one clock's summed slice of one dense table
   kDone = 7,           // count workers x i64: the clock each worker left at, -1 if it has not
   kBarrier = 8,        // count 1 x i64: the newest barrier released, -1 if none
+  kIncarnations = 9,   // count workers x u64: each worker's process last heard from, 0 if none
 };
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
@@ -87,7 +88,8 @@ class ShardState {
   // The first pass: checks the whole file, decodes the clocks and the push record.
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                 std::vector<int64_t>* clocks,
-                std::vector<int64_t>* done, int64_t* barrier, PushRecord* record) const;
+                std::vector<int64_t>* done, int64_t* barrier,
+                std::vector<int64_t>* incarnations, PushRecord* record) const;
   // The second pass: the rows and slices into the tables, the pending sums into `pending`.
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);

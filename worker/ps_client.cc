@@ -105,6 +105,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
   push_index_.assign(shards_.size(), 0);
+  trimmed_to_.assign(shards_.size(), 0);
   restored_clock_.assign(shards_.size(), -1);
 }
 
@@ -206,11 +207,17 @@ Status PsClient::Handshake() {
     bool done = true;
     for (uint32_t s = 0; s < p.replies.size(); ++s) {
       Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-      if (h.ok()) last_barrier_seen_ = std::max(last_barrier_seen_, h->last_barrier);
+      // Barrier 0 is behind this worker only if every shard released it (a worker killed in
+      // the middle of entering it reached some shards only).
+      if (h.ok()) {
+        last_barrier_seen_ = s == 0 ? h->last_barrier : std::min(last_barrier_seen_,
+                                                                 h->last_barrier);
+      }
       if (!h.ok() || h->worker_clock < 0) continue;
       clock = clock < 0 ? h->worker_clock : std::min(clock, h->worker_clock);
       done = done && h->done;
     }
+    barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
     if (clock > 0 || (clock == 0 && done)) {
       clock_ = clock;
       resumed_clock_ = clock;
@@ -483,6 +490,7 @@ Result<PsClient::Ticket> PsClient::Broadcast(Op op, uint64_t offset,
   for (uint32_t s : shards) {
     Header h = NewRequest(op, 0);
     h.offset = offset;
+    if (op == Op::Hello) h.known_epoch = shard_epochs_[s];
     Send(ticket, s, std::move(h), {});
   }
   return ticket;
@@ -655,7 +663,20 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
                  worker_id_, shard, reply.checkpoint_clock);
     replay_due_[shard] = true;
     restored_clock_[shard] = reply.checkpoint_clock;
+    if (reply.restored_count < trimmed_to_[shard] && replay_failure_.ok()) {
+      // The new process started from an older checkpoint than one this worker had trimmed its
+      // log by (the newer one was damaged, or not loaded): the pushes only it held are gone.
+      replay_failure_ = FailedPrecondition(
+          "worker " + std::to_string(worker_id_) + ": shard " + std::to_string(shard) +
+          " restarted from checkpoint " + std::to_string(reply.restored_count) +
+          ", but this worker had dropped from its log the pushes checkpoint " +
+          std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
+      spdlog::error("{}", replay_failure_.ToString());
+    }
   }
+  // What this worker trims by, for the check above (per epoch, the newest count it used).
+  if (shard_epochs_[shard] != reply.server_epoch) trimmed_to_[shard] = reply.restored_count;
+  trimmed_to_[shard] = std::max(trimmed_to_[shard], reply.checkpoint_count);
   shard_epochs_[shard] = reply.server_epoch;
   // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
   push_log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
@@ -664,6 +685,7 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
   Header h = NewRequest(op, 0);
   h.done = done;
+  if (op == Op::Hello) h.known_epoch = shard_epochs_[shard];
   std::vector<zmq::message_t> frames;
   frames.push_back(EncodeHeader(h));
   (void)SendFrames(shards_[shard], frames, /*dontwait=*/true);  // best effort
@@ -723,6 +745,7 @@ void PsClient::Replay(uint32_t shard) {
     if (!h.ok()) return;  // written by this client: cannot happen
     h->request_id = next_request_id_++;
     h->replay = true;
+    h->known_epoch = shard_epochs_[shard];  // for this process of the shard only
     std::vector<zmq::message_t> payload;
     for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
     Send(ticket, shard, *h, std::move(payload));
@@ -736,6 +759,8 @@ void PsClient::Replay(uint32_t shard) {
       h.done = left_ && c == clock_;
       h.caught_up = c == clock_;
       h.replay = true;
+      h.known_epoch = shard_epochs_[shard];
+      if (c == clock_) h.last_barrier = barrier_passed_;
       Send(ticket, shard, h, {});
     }
     for (; next != log.end() && next->clock <= c; ++next, ++n) send_push(*next);
@@ -901,7 +926,9 @@ Status PsClient::Barrier(int64_t id) {
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), all));
-  return Wait(t);
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  barrier_passed_ = std::max(barrier_passed_, id);
+  return Status::Ok();
 }
 
 Result<std::vector<std::string>> PsClient::Stats() {

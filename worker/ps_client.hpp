@@ -13,6 +13,7 @@
 // Thread-safety: none. Use one PsClient per thread (each with its own worker id).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -122,8 +123,13 @@ class PsClient {
   // from there), or -1 for a worker that starts afresh; and whether it had already left.
   int64_t resumed_clock() const { return resumed_clock_; }
   bool resumed_done() const { return resumed_done_; }
-  // Whether a replay to a restarted shard was refused (every Wait then fails with it).
+  // Whether a replay to a restarted shard was refused (every Wait then fails with it), and
+  // whether one is due or under way: this client's log is then the only copy of updates.
   bool replay_failed() const { return !replay_failure_.ok(); }
+  bool replay_pending() const {
+    return !replay_tickets_.empty() ||
+           std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
+  }
   // The newest barrier any shard had released when this client connected (-1: none).
   int64_t last_barrier_seen() const { return last_barrier_seen_; }
   // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
@@ -182,12 +188,14 @@ class PsClient {
   bool left_ = false;
   int64_t resumed_clock_ = -1;
   int64_t last_barrier_seen_ = -1;
+  int64_t barrier_passed_ = -1;  // the newest barrier this client has passed (every shard released it)
   bool resumed_done_ = false;
   std::vector<uint64_t> shard_epochs_;
   PushLog push_log_;
   std::vector<bool> replay_due_;
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
+  std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   // Connection events of each shard socket (reconnects after a shard went away).
   std::vector<zmq::socket_t> monitors_;

@@ -341,6 +341,15 @@ TEST(ManifestTest, ThePushLogBoundMustHoldTheLargestPush) {
                             "  max_log_bytes: 1MiB\n",
                             "job.yaml")
                   .ok());
+  // A server restarted without a checkpoint to restore would come back empty.
+  for (const char* ckpt : {"", "checkpoint: {dir: ckpt, restore: false}\n"}) {
+    Result<Manifest> r = ParseManifest(
+        std::string("cluster:\n  servers: [127.0.0.1:9000]\n  restart_servers: true\n") + ckpt,
+        "job.yaml");
+    ASSERT_FALSE(r.ok()) << ckpt;
+    EXPECT_NE(r.status().message().find("cluster.restart_servers"), std::string::npos)
+        << r.status().ToString();
+  }
 }
 
 }  // namespace

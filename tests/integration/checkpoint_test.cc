@@ -400,8 +400,10 @@ TEST_F(CheckpointTest, ThePushLogStaysUnderItsBoundWithoutAnyCheckpointPeriod) {
   std::vector<float> dense(65536, 0.001f);  // 256 KiB a push
   uint64_t peak = 0;
   for (int step = 0; step < 40; ++step) {  // 10 MiB in all, five times the bound
-    ASSERT_TRUE(c->PushDense(1, dense).ok()) << step;
-    ASSERT_TRUE(c->Tick().ok()) << step;
+    const Status pushed = c->PushDense(1, dense);
+    ASSERT_TRUE(pushed.ok()) << step << ": " << pushed.ToString();
+    const Status ticked = c->Tick();
+    ASSERT_TRUE(ticked.ok()) << step << ": " << ticked.ToString();
     peak = std::max(peak, c->push_log_bytes());
   }
   EXPECT_LE(c->push_log_peak_bytes(), 2u << 20);

@@ -58,7 +58,8 @@ class DurabilityTest : public ::testing::Test {
     delete reference_;
   }
 
-  static std::string ManifestText(const std::string& name) {
+  static std::string ManifestText(const std::string& name,
+                                  const std::string& when = "every_seconds: 1") {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     return "job: {name: durability, seed: 5}\n"
            "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
@@ -67,16 +68,17 @@ class DurabilityTest : public ::testing::Test {
            "training: {consistency: bsp, batch_size: 64, epochs: 1, worker_timeout: 60s}\n"
            "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
            "data: {train: " + *dir_ + "/train.tsv, eval: " + *dir_ + "/eval.tsv}\n"
-           "checkpoint: {dir: " + *dir_ + "/" + name + "-ckpt, every_seconds: 1, keep: 3}\n";
+           "checkpoint: {dir: " + *dir_ + "/" + name + "-ckpt, " + when + ", keep: 3}\n";
   }
 
   // Runs the job `name` with PARASOL_FAULTS=`faults` (each fault fires once in the job) and
   // waits for it; *log gets its output.
-  static bool RunJob(const std::string& name, const std::string& faults, std::string* log) {
+  static bool RunJob(const std::string& name, const std::string& faults, std::string* log,
+                     const std::string& when = "every_seconds: 1") {
     RemoveTree(*dir_ + "/" + name + "-ckpt");
     RemoveTree(*dir_ + "/" + name + "-marks");
     std::filesystem::create_directories(*dir_ + "/" + name + "-marks");
-    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name));
+    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name, when));
     if (!faults.empty()) {
       ::setenv("PARASOL_FAULTS", faults.c_str(), 1);
       ::setenv("PARASOL_FAULTS_ONCE", (*dir_ + "/" + name + "-marks").c_str(), 1);
@@ -103,21 +105,36 @@ class DurabilityTest : public ::testing::Test {
 
   // Runs the job with the fault, checks it fired, completed and ends as the undisturbed run.
   void ExpectSameModel(const std::string& name, const std::string& faults,
-                       const std::vector<std::string>& fired) {
+                       const std::vector<std::string>& fired,
+                       const std::string& when = "every_seconds: 1") {
     SCOPED_TRACE("PARASOL_FAULTS=" + faults);
     std::printf("[ faults   ] %s\n", faults.c_str());
     std::string log;
-    ASSERT_TRUE(RunJob(name, faults, &log)) << log;
+    ASSERT_TRUE(RunJob(name, faults, &log, when)) << log;
     for (const std::string& point : fired) {
       EXPECT_TRUE(std::filesystem::exists(*dir_ + "/" + name + "-marks/" + point + ".fired"))
           << point << " never fired: the run was shorter than the hit drawn\n" << log;
     }
+    ExpectNoReplayRefusedOrLost(log);
     auto m = Load(name);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     const ModelDifference d = CompareModels(*m, *reference_);
     EXPECT_GT(d.values_compared, 1000u);
     EXPECT_EQ(d.max_relative, 0.0) << d.ToJson() << "\n" << log;
     EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  }
+
+  // Every shard's last stats line says no replay was refused and none was lost.
+  static void ExpectNoReplayRefusedOrLost(const std::string& log) {
+    size_t at = 0, lines = 0;
+    while ((at = log.find("stopping: {", at)) != std::string::npos) {
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      EXPECT_NE(line.find("\"refused_replays\":0,"), std::string::npos) << line;
+      EXPECT_NE(line.find("\"lost_replays\":0,"), std::string::npos) << line;
+      ++lines;
+      ++at;
+    }
+    EXPECT_GE(lines, 2u) << "no shard logged its stats as it stopped\n" << log;
   }
 
   // A hit number in [lo, hi] from the printed seed.
@@ -141,10 +158,15 @@ std::vector<uint64_t> Seeds() {
 }
 
 TEST_F(DurabilityTest, AWorkerKilledWithRequestsInFlightIsRestartedAndRedoesItsStep) {
-  // A worker sends about 20 requests a step for 125 steps: any moment of the run, including
+  // At its first requests: before barrier 0, and after entering it on shard 0 only.
+  for (uint64_t n : {3, 4}) {
+    ExpectSameModel("early" + std::to_string(n), "client.send=kill@" + std::to_string(n),
+                    {"client.send"});
+  }
+  // A worker sends about 30 requests a step for 234 steps: any moment of the run, including
   // between its pushes (or ticks) to the two shards.
   for (uint64_t seed : Seeds()) {
-    const uint64_t n = Draw(seed, 20, 2000);
+    const uint64_t n = Draw(seed, 20, 6000);
     std::printf("[ seed     ] %llu: client.send=kill@%llu\n", (unsigned long long)seed,
                 (unsigned long long)n);
     ExpectSameModel("worker" + std::to_string(seed), "client.send=kill@" + std::to_string(n),
@@ -154,7 +176,7 @@ TEST_F(DurabilityTest, AWorkerKilledWithRequestsInFlightIsRestartedAndRedoesItsS
 
 TEST_F(DurabilityTest, AShardKilledAfterApplyingAPushBeforeAcknowledgingIt) {
   for (uint64_t seed : Seeds()) {
-    const uint64_t n = Draw(seed, 5, 900);
+    const uint64_t n = Draw(seed, 5, 3500);  // of about 4000 pushes a shard applies
     std::printf("[ seed     ] %llu: shard.applied=kill@%llu\n", (unsigned long long)seed,
                 (unsigned long long)n);
     ExpectSameModel("applied" + std::to_string(seed), "shard.applied=kill@" + std::to_string(n),
@@ -174,21 +196,44 @@ TEST_F(DurabilityTest, AReplayWhoseFirstReplyIsLostIsResent) {
   }
 }
 
+TEST_F(DurabilityTest, ShardKilledAgainDuringItsReplays) {
+  // The restarted shard dies at its k-th replayed push; the unfinished replays go into the
+  // next ones.
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 5, 900), k = Draw(seed + 100, 1, 30);
+    std::printf("[ seed     ] %llu: shard.applied=kill@%llu, then shard.replay_applied=kill@%llu\n",
+                (unsigned long long)seed, (unsigned long long)n, (unsigned long long)k);
+    ExpectSameModel("again" + std::to_string(seed),
+                    "shard.applied=kill@" + std::to_string(n) +
+                        ",shard.replay_applied=kill@" + std::to_string(k),
+                    {"shard.applied", "shard.replay_applied"});
+  }
+}
+
 TEST_F(DurabilityTest, AShardKilledWhileWritingACheckpointRestoresTheOneBefore) {
   for (uint64_t seed : Seeds()) {
-    // The first checkpoint, a second into the run (a later one may be the last, on stop).
-    const uint64_t n = 1;
+    // Checkpoints every 50 of the 234 steps: the second or third, with one before it to
+    // restore (the last ones, when every worker has left and on stop, come after training).
+    const uint64_t n = Draw(seed, 2, 3);
     const char* point = seed % 2 ? "checkpoint.write" : "checkpoint.rename";
     std::printf("[ seed     ] %llu: %s=kill@%llu\n", (unsigned long long)seed, point,
                 (unsigned long long)n);
     ExpectSameModel("ckpt" + std::to_string(seed), std::string(point) + "=kill@" +
-                    std::to_string(n), {point});
+                    std::to_string(n), {point}, "every_steps: 50");
   }
 }
 
 TEST_F(DurabilityTest, AFailedCheckpointWriteLosesNothing) {
-  // The write fails (a full disk): the shard goes on, the logs keep the pushes.
-  ExpectSameModel("fail", "checkpoint.write=fail@1", {"checkpoint.write"});
+  // The first write fails (a full disk): the shard goes on, and the workers keep in their logs
+  // what it would have held; then a shard dies, and what the logs kept is replayed.
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 1600, 2600);
+    std::printf("[ seed     ] %llu: checkpoint.write=fail@1, shard.applied=kill@%llu\n",
+                (unsigned long long)seed, (unsigned long long)n);
+    ExpectSameModel("fail" + std::to_string(seed),
+                    "checkpoint.write=fail@1,shard.applied=kill@" + std::to_string(n),
+                    {"checkpoint.write", "shard.applied"});
+  }
 }
 
 TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums) {

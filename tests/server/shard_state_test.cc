@@ -219,7 +219,8 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
   SmallShard trained;
   Train(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  ASSERT_EQ(good.size(), 8u);  // emb, small, w, b, clocks, push record, done clocks, barrier
+  // emb, small, w, b, clocks, push record, done clocks, barrier, incarnations
+  ASSERT_EQ(good.size(), 9u);
   const uint64_t emb_rows = good[0].count;
   const std::vector<BadBlocks> cases = {
       {"table id past the manifest", [](auto& b, auto&) { b[0].table = 9; },
@@ -239,7 +240,7 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
       {"a count whose product with the row size wraps",
        [emb_rows](auto& b, auto&) { b[0].count = emb_rows + (uint64_t{1} << 62); },
        "table 'emb' rows: 4611686018427387908 x 44 bytes overflow"},
-      {"a kind no shard writes", [](auto& b, auto&) { b[1].kind = 9; }, "unknown block kind 9"},
+      {"a kind no shard writes", [](auto& b, auto&) { b[1].kind = 42; }, "unknown block kind 42"},
       {"a second block of one table", [](auto& b, auto&) { b.insert(b.begin() + 1, b[0]); },
        "a second block of table 'emb'"},
       {"a table left out", [](auto& b, auto&) { b.erase(b.begin() + 1); },
@@ -275,8 +276,9 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   Train(trained);
   TrainPending(trained);
   const std::vector<CheckpointBlock> good = trained.state().Save();
-  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done, barrier.
-  ASSERT_EQ(good.size(), 15u);
+  // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done, barrier,
+  // incarnations.
+  ASSERT_EQ(good.size(), 16u);
   ASSERT_EQ(good[6].kind, 5u);
   ASSERT_EQ(good[8].kind, 6u);
   const std::vector<BadBlocks> cases = {
