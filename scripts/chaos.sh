@@ -141,8 +141,12 @@ run_job() {  # NAME KILLS
     # The killable moments: while a worker still trains (after that, a dead server is not
     # started again, which is the end of the job, not a failure).
     if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then break; fi
+    local pid
+    pid="$(role_pid "$m" "$role" "$rank")"
+    [ -n "$pid" ] || continue
     if [ "$role" = server ] && [ $((RANDOM % 3)) -eq 0 ]; then
-      # While the shard writes a checkpoint (its .tmp file exists), up to 3 s.
+      # While the shard writes a checkpoint: as soon as its temporary file appears (a write
+      # with fsync takes tens of milliseconds here), for up to 3 s.
       local deadline
       deadline=$(( $(date +%s) + 3 ))
       while [ "$(date +%s)" -lt "$deadline" ]; do
@@ -153,14 +157,11 @@ run_job() {  # NAME KILLS
         sleep 0.002
       done
     fi
-    local pid
-    pid="$(role_pid "$m" "$role" "$rank")"
-    [ -n "$pid" ] || continue
+    kill -KILL "$pid" 2>/dev/null || continue
     local at
     at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
-    kill -KILL "$pid" 2>/dev/null || continue
     run_kills=$((run_kills + 1))
-    echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', while it wrote a checkpoint')" |
+    echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
       tee -a "$work/kills.txt"
     # Wait until the job has recovered (failures come one at a time): a restarted worker has
     # said Hello to both shards (each checkpoints what the dead one had pushed); a restarted
