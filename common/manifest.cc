@@ -315,6 +315,7 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   PARASOL_RETURN_IF_ERROR(r.Unsigned("max_steps", 0, int64_t{1} << 50, &t->max_steps));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("eval_every", 0, int64_t{1} << 50, &t->eval_every));
   PARASOL_RETURN_IF_ERROR(r.Bool("prefetch", &t->prefetch));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("accumulate", 1, 1 << 16, &t->accumulate));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("progress_every", &t->progress_ms));
   int loss = static_cast<int>(t->on_worker_loss);
   PARASOL_RETURN_IF_ERROR(r.Choice("on_worker_loss", {"fail", "continue"}, &loss));

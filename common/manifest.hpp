@@ -110,6 +110,7 @@ struct TrainingOptions {
   uint64_t max_steps = 0;                 // stop after this many steps per worker (0: no limit)
   uint64_t eval_every = 0;                // evaluate every this many steps (0: only at the end)
   bool prefetch = true;                   // ssp/asp: pull the next batch's rows during compute
+  uint32_t accumulate = 1;                // micro-batches of batch_size per push and per clock
   int64_t progress_ms = 5000;             // a progress line this often
 };
 

@@ -78,6 +78,42 @@ ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResul
 
 }  // namespace
 
+void GradientSum::Start(Model& model) {
+  index.clear();
+  keys.clear();
+  rows.clear();
+  samples = 0;
+  dense.resize(model.DenseGrads().size());
+  for (size_t i = 0; i < dense.size(); ++i) dense[i].assign(model.DenseGrads()[i].size(), 0.0f);
+}
+
+void GradientSum::Add(Model& model, const std::vector<uint64_t>& unique,
+                      const std::vector<float>& row_grads, uint64_t batch, uint32_t dim) {
+  const float w = static_cast<float>(batch);
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const auto& g = model.DenseGrads()[i];
+    for (size_t e = 0; e < g.size(); ++e) dense[i][e] += w * g[e];
+  }
+  for (size_t u = 0; u < unique.size(); ++u) {
+    auto [it, inserted] = index.try_emplace(unique[u], static_cast<uint32_t>(keys.size()));
+    if (inserted) {
+      keys.push_back(unique[u]);
+      rows.resize(rows.size() + dim, 0.0f);
+    }
+    float* dst = rows.data() + size_t{it->second} * dim;
+    for (uint32_t d = 0; d < dim; ++d) dst[d] += w * row_grads[u * dim + d];
+  }
+  samples += batch;
+}
+
+void GradientSum::Finish(uint32_t /*dim*/) {
+  const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
+  for (auto& d : dense) {
+    for (float& v : d) v *= inv;
+  }
+  for (float& v : rows) v *= inv;
+}
+
 std::string TrainReport::ToJson() const {
   std::ostringstream s;
   s.precision(6);
@@ -180,8 +216,10 @@ Result<TrainReport> Trainer::Run() {
   BatchReader reader(ro);
 
   const bool prefetch =
-      t.prefetch && (t.consistency == TrainingOptions::Consistency::kAsp ||
-                     (t.consistency == TrainingOptions::Consistency::kSsp && t.staleness >= 1));
+      t.prefetch && t.accumulate == 1 &&
+      (t.consistency == TrainingOptions::Consistency::kAsp ||
+       (t.consistency == TrainingOptions::Consistency::kSsp && t.staleness >= 1));
+  const uint32_t accumulate = t.accumulate;
   TrainReport report;
   report.worker = rank_;
   auto phase = SteadyClock::now();
@@ -199,12 +237,13 @@ Result<TrainReport> Trainer::Run() {
   BatchKeys cur_keys, next_keys;
   std::vector<float> rows, next_rows, row_grads;
   std::optional<PsClient::Ticket> prefetched;
+  GradientSum acc;  // training.accumulate > 1
 
   phase = SteadyClock::now();
   // A restarted worker continues at the clock the shards know it at: the batches of the
   // earlier steps were trained on (each step is one batch of this worker's split).
   const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
-  for (int64_t i = 0; i < resume; ++i) {
+  for (int64_t i = 0; i < resume * int64_t{accumulate}; ++i) {
     PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> skipped, reader.Next());
     if (!skipped) break;
   }
@@ -248,24 +287,64 @@ Result<TrainReport> Trainer::Run() {
     }
 
     phase = SteadyClock::now();
-    const double loss = model->Forward(*cur, rows.data(),
-                                       static_cast<uint32_t>(cur_keys.unique.size()),
-                                       cur_keys.indices.data());
+    double loss = model->Forward(*cur, rows.data(), static_cast<uint32_t>(cur_keys.unique.size()),
+                                 cur_keys.indices.data());
     row_grads.resize(cur_keys.unique.size() * dim);
     model->Backward(row_grads.data());
     PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("step " + std::to_string(report.steps)));
     report.compute_seconds += Since(phase);
+    uint64_t step_samples = cur->size;
+
+    if (accumulate > 1) {
+      // k micro-batches make one step: their gradients (each of its batch's mean loss) are
+      // weighted by their sizes and averaged, which is the gradient of the mean loss over all
+      // k x batch_size samples; one push and one tick for the k of them.
+      acc.Start(*model);
+      acc.Add(*model, cur_keys.unique, row_grads, cur->size, dim);
+      double loss_sum = loss * cur->size;
+      for (uint32_t j = 1; j < accumulate && next; ++j) {
+        cur = std::move(next);
+        std::swap(cur_keys, next_keys);
+        phase = SteadyClock::now();
+        rows.resize(cur_keys.unique.size() * dim);
+        PARASOL_RETURN_IF_ERROR(
+            client_->PullSparse(model->sparse_table(), cur_keys.unique, rows.data()));
+        report.pull_seconds += Since(phase);
+        phase = SteadyClock::now();
+        PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
+        report.data_seconds += Since(phase);
+        if (next) DeduplicateKeys(next->keys, index, &next_keys);
+        phase = SteadyClock::now();
+        const double l = model->Forward(*cur, rows.data(),
+                                        static_cast<uint32_t>(cur_keys.unique.size()),
+                                        cur_keys.indices.data());
+        row_grads.resize(cur_keys.unique.size() * dim);
+        model->Backward(row_grads.data());
+        PARASOL_RETURN_IF_ERROR(
+            backend_->Sync().WithContext("step " + std::to_string(report.steps)));
+        report.compute_seconds += Since(phase);
+        acc.Add(*model, cur_keys.unique, row_grads, cur->size, dim);
+        loss_sum += l * cur->size;
+        step_samples += cur->size;
+      }
+      acc.Finish(dim);
+      loss = loss_sum / static_cast<double>(step_samples);
+    }
 
     phase = SteadyClock::now();
     std::vector<PsClient::Ticket> pushes;
-    PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket sparse_push,
-                             client_->PushSparseAsync(model->sparse_table(), cur_keys.unique,
-                                                      row_grads));
+    const bool acc_on = accumulate > 1;
+    PARASOL_ASSIGN_OR_RETURN(
+        PsClient::Ticket sparse_push,
+        client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
+                                 acc_on ? acc.rows : row_grads));
     pushes.push_back(sparse_push);
     for (size_t i = 0; i < model->dense_tables().size(); ++i) {
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket tk,
-          client_->PushDenseAsync(model->dense_tables()[i], model->DenseGrads()[i]));
+          client_->PushDenseAsync(model->dense_tables()[i],
+                                  acc_on ? std::span<const float>(acc.dense[i])
+                                         : std::span<const float>(model->DenseGrads()[i])));
       pushes.push_back(tk);
     }
     for (PsClient::Ticket tk : pushes) PARASOL_RETURN_IF_ERROR(client_->Wait(tk));
@@ -275,7 +354,7 @@ Result<TrainReport> Trainer::Run() {
     report.wait_seconds += Since(phase);
 
     ++report.steps;
-    report.train_samples += cur->size;
+    report.train_samples += step_samples;
     recent_losses.push_back(loss);
     if (recent_losses.size() > 100) recent_losses.pop_front();
     report.last_loss = std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /

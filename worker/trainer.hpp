@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/manifest.hpp"
 #include "common/status.hpp"
@@ -56,6 +58,22 @@ struct ProgressPoint {
   double eval_logloss = 0;
   double eval_auc = 0;
   std::string ToJson() const;
+};
+
+class Model;
+
+// training.accumulate: the gradients of a step's micro-batches, each weighted by its size,
+// summed per dense element and per key, then divided by the step's samples.
+struct GradientSum {
+  std::unordered_map<uint64_t, uint32_t> index;  // key -> position in keys
+  std::vector<uint64_t> keys;
+  std::vector<float> rows;                      // keys.size() x dim
+  std::vector<std::vector<float>> dense;        // per dense table of the model
+  uint64_t samples = 0;
+  void Start(Model& model);
+  void Add(Model& model, const std::vector<uint64_t>& unique, const std::vector<float>& row_grads,
+           uint64_t batch, uint32_t dim);
+  void Finish(uint32_t dim);
 };
 
 struct TrainerHooks {
