@@ -273,7 +273,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.worker_id = worker_id_;
   h.incarnation = incarnation_;
   h.table_id = table;
-  h.clock = clock_;
+  h.clock = clock_ + request_clock_offset_;
   h.manifest_hash = manifest_.Fingerprint();
   // A tick says where this worker really is (a replay's intermediate clocks do not).
   h.caught_up = op == Op::Clock;
@@ -859,6 +859,15 @@ Status PsClient::Wait(Ticket ticket) {
 Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out) {
   PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out));
   return Wait(t);
+}
+
+Result<PsClient::Ticket> PsClient::PrefetchSparseAsync(uint32_t table,
+                                                       std::span<const uint64_t> keys,
+                                                       float* out) {
+  request_clock_offset_ = 1;
+  Result<Ticket> t = PullSparseAsync(table, keys, out);
+  request_clock_offset_ = 0;
+  return t;
 }
 
 Status PsClient::PullSparseReadOnly(uint32_t table, std::span<const uint64_t> keys,

@@ -85,6 +85,10 @@ class PsClient {
   Status Wait(Ticket ticket);
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // A pull for the next step, issued before this one has ticked: it carries clock() + 1, the
+  // clock its rows will be used at, so the shards hold it to the consistency bound of that
+  // step (under SSP a prefetch at clock() would read one clock staler than the bound).
+  Result<Ticket> PrefetchSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out);
   // A pull that creates no rows (see PullSparseAsync).
   Status PullSparseReadOnly(uint32_t table, std::span<const uint64_t> keys, float* out);
   // Rows with their optimizer state: RowFloats(table) floats per key (values, then state as
@@ -169,6 +173,7 @@ class PsClient {
   int64_t clock_ = 0;
   std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
   uint64_t NextPushIndex(uint32_t shard);
+  int64_t request_clock_offset_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;

@@ -282,7 +282,7 @@ Result<TrainReport> Trainer::Run() {
       next_rows.resize(next_keys.unique.size() * dim);
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket ticket,
-          client_->PullSparseAsync(model->sparse_table(), next_keys.unique, next_rows.data()));
+          client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, next_rows.data()));
       prefetched = ticket;
     }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/hash.hpp"
+#include "common/json_number.hpp"
 #include "tests/support/test_cluster.hpp"
 
 namespace parasol {
@@ -234,6 +235,44 @@ TEST(ConsistencyTest, WithContinueTheOtherWorkersFinish) {
   EXPECT_TRUE(r.first_error.ok()) << r.first_error.ToString();
   EXPECT_EQ(r.steps_done, 6);
   EXPECT_NE(r.stats.find("\"lost_workers\":[1]"), std::string::npos) << r.stats;
+}
+
+}  // namespace
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// Under SSP a prefetch for the next step carries that step's clock: with staleness 1, a worker
+// at clock 1 may read now (the slowest is at 0), but its rows for clock 2 wait until the slowest
+// reaches 1. Before, the prefetch carried clock 1 and read one clock staler than the bound.
+TEST(ConsistencyTest, ASspPrefetchIsHeldToTheBoundOfTheStepItIsFor) {
+  TestCluster cluster(1, 2, kTables, Training("  consistency: ssp\n  staleness: 1\n"));
+  ASSERT_TRUE(cluster.Start());
+  auto fast = cluster.Connect(0), slow = cluster.Connect(1);
+  auto observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_TRUE(fast && slow && observer);
+  ASSERT_TRUE(fast->Tick().ok());  // fast at 1, slow at 0
+  const std::vector<uint64_t> keys = {101, 102, 103};
+  std::vector<float> now(keys.size() * 4), next(keys.size() * 4);
+  ASSERT_TRUE(fast->PullSparse(0, keys, now.data()).ok());  // clock 1: within the bound
+  auto ticket = fast->PrefetchSparseAsync(0, keys, next.data());
+  ASSERT_TRUE(ticket.ok());
+  // The shard holds it: poll its stats (bounded) until the pull is counted as held.
+  double held = 0;
+  for (int i = 0; i < 100 && held < 1; ++i) {
+    auto stats = observer->Stats();
+    ASSERT_TRUE(stats.ok());
+    held = JsonNumber((*stats)[0], "held_pulls");
+    if (held < 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(held, 1) << "the prefetch for clock 2 was not held while the slowest was at 0";
+  ASSERT_TRUE(slow->Tick().ok());  // slowest at 1: clock 2 may read
+  ASSERT_TRUE(fast->Wait(*ticket).ok());
+  EXPECT_EQ(next, now);  // nobody pushed in between
+  auto stats = observer->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonNumber((*stats)[0], "held_pulls"), 0) << (*stats)[0];
 }
 
 }  // namespace
