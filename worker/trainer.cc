@@ -261,17 +261,24 @@ Result<TrainReport> Trainer::Run() {
 
   while (cur && (t.max_steps == 0 || report.steps < t.max_steps)) {
     // Rows of this batch (already on their way when prefetched) and the dense weights.
+    // The sparse and dense pulls travel together: one wait, not two round trips in a row.
     phase = SteadyClock::now();
+    std::optional<PsClient::Ticket> sparse_pull;
+    if (!prefetched) {
+      rows.resize(cur_keys.unique.size() * dim);
+      PARASOL_ASSIGN_OR_RETURN(
+          sparse_pull,
+          client_->PullSparseAsync(model->sparse_table(), cur_keys.unique, rows.data()));
+    }
+    const Status dense_pulled = PullDense(*client_, *model);
     if (prefetched) {
       PARASOL_RETURN_IF_ERROR(client_->Wait(*prefetched));
       prefetched.reset();
       std::swap(rows, next_rows);
     } else {
-      rows.resize(cur_keys.unique.size() * dim);
-      PARASOL_RETURN_IF_ERROR(
-          client_->PullSparse(model->sparse_table(), cur_keys.unique, rows.data()));
+      PARASOL_RETURN_IF_ERROR(client_->Wait(*sparse_pull));
     }
-    PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model));
+    PARASOL_RETURN_IF_ERROR(dense_pulled);
     report.pull_seconds += Since(phase);
 
     phase = SteadyClock::now();
