@@ -31,10 +31,12 @@
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
+#include "common/wire.hpp"
 #include "common/zipf.hpp"
 #include "common/json_number.hpp"
 #include "common/key_index.hpp"
 #include "server/checkpoint.hpp"
+#include "server/optimizer.hpp"
 #include "server/shard_server.hpp"
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
@@ -221,15 +223,25 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     const double bytes_per_row = JsonNumber((*stats)[0], "bytes_per_row");
     const double row_floats = JsonNumber((*stats)[0], "row_floats");
     const double raw = 8 + row_floats * 4;  // key + values + state
-    // Pushes of Zipf-distributed keys over the whole table.
+    // Pushes of Zipf-distributed keys over the whole table: kBatch distinct keys each (as a
+    // worker sends them, deduplicated), drawn before the timed region.
     std::mt19937_64 rng(7);
     const ZipfSampler zipf(table_rows, 1.05);
-    std::vector<uint64_t> keys(kBatch);
     std::vector<float> grad(kBatch * kDim, 0.01f);
     const int iters = opt.quick ? 5 : 15;
+    std::vector<std::vector<uint64_t>> batches(2 + iters);
+    for (auto& keys : batches) {
+      KeyIndex seen(kBatch);
+      while (keys.size() < kBatch) {
+        bool inserted = false;
+        const uint64_t k = zipf(rng) - 1;
+        seen.FindOrInsert(k, 0, &inserted);
+        if (inserted) keys.push_back(k);
+      }
+    }
+    size_t next = 0;
     const double s = TimeIt(2, iters, [&] {
-      for (auto& k : keys) k = zipf(rng) - 1;
-      return (*client)->PushSparse(0, keys, grad).ok();
+      return (*client)->PushSparse(0, batches[next++ % batches.size()], grad).ok();
     });
     // An update reads and writes its row (values and state) once: a memcpy of the row.
     const double bound = memcpy_gbs * 1e9 / (row_floats * 4);
@@ -238,6 +250,107 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     rows->push_back({std::string("bytes_per_row_") + kind + "_" + size + "x16", bytes_per_row,
                      "B/row", raw, "raw_key_value_state", std::nullopt});
   }
+}
+
+// The shard's sparse update path in process (decode, checks, split by engine, hash lookup, the
+// optimizer; no transport): pushes of Zipf keys, built before the timed region, handed to
+// ShardServer::HandleMessage. The ceiling: a plain loop applying the same optimizer to the same
+// row layout (values then state) in one flat array, indexed by the same keys, in memory.
+void InProcessUpdateRows(const Options& opt, std::vector<Row>* rows) {
+  const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
+  constexpr uint32_t kDim = 16;
+  constexpr uint64_t kBatch = 100000;
+  const int batches = opt.quick ? 4 : 10;
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
+      "server:\n  engine_threads: 1\n"
+      "training: {consistency: asp}\n"
+      "tables:\n  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
+      "bench");
+  if (!m.ok()) {
+    spdlog::error("in-process bench: {}", m.status().ToString());
+    return;
+  }
+  ShardServer shard(*m, 0);
+  shard.set_reply_sink([](std::vector<zmq::message_t>&) {});
+  uint64_t seq = 0;
+  auto push = [&](const std::vector<uint64_t>& keys) {
+    Header h;
+    h.op = Op::PushSparse;
+    h.request_id = seq + 1;
+    h.worker_id = 0;
+    h.seq = seq++;
+    h.incarnation = 1;
+    h.table_id = 0;
+    h.clock = 0;
+    h.key_count = keys.size();
+    h.value_dim = kDim;
+    const FramePlan plan = PlanValueFrames(keys.size(), kDim, m->server.frame_bytes);
+    h.value_frames = plan.frames;
+    h.rows_per_frame = plan.rows_per_frame;
+    h.manifest_hash = m->Fingerprint();
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back("w0", 2);
+    frames.push_back(EncodeHeader(h));
+    frames.emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      const uint64_t n = plan.RowsInFrame(f, keys.size());
+      std::vector<float> g(n * kDim, 0.01f);
+      frames.emplace_back(g.data(), g.size() * sizeof(float));
+    }
+    return frames;
+  };
+  // Fill the table (not timed), then the Zipf batches (unique keys, as a worker sends them).
+  for (uint64_t first = 0; first < table_rows; first += kBatch) {
+    std::vector<uint64_t> keys(std::min(kBatch, table_rows - first));
+    for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = first + i;
+    auto frames = push(keys);
+    shard.HandleMessage(frames);
+  }
+  std::mt19937_64 rng(11);
+  const ZipfSampler zipf(table_rows, 1.05);
+  std::vector<std::vector<uint64_t>> batches_keys;
+  for (int b = 0; b < batches; ++b) {
+    std::vector<uint64_t> keys;
+    KeyIndex seen(kBatch);
+    while (keys.size() < kBatch) {
+      bool inserted = false;
+      const uint64_t k = zipf(rng) - 1;
+      seen.FindOrInsert(k, 0, &inserted);
+      if (inserted) keys.push_back(k);
+    }
+    batches_keys.push_back(std::move(keys));
+  }
+  std::vector<std::vector<zmq::message_t>> messages;
+  for (const auto& keys : batches_keys) messages.push_back(push(keys));
+  const auto a = std::chrono::steady_clock::now();
+  for (auto& frames : messages) shard.HandleMessage(frames);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  const double rate = static_cast<double>(batches) * kBatch / s;
+
+  // The ceiling: the same updates on a flat array of rows.
+  const Optimizer optimizer(m->tables[0].optimizer);
+  const uint32_t row_floats = kDim + optimizer.SparseStateFloats(kDim);
+  std::vector<float> table(table_rows * row_floats, 0.01f);
+  for (uint64_t r = 0; r < table_rows; ++r) {
+    float* row = table.data() + r * row_floats;
+    optimizer.InitState(row, optimizer.SparseState(row, kDim), kDim);
+  }
+  const std::vector<float> grad(kDim, 0.01f);
+  const auto* g = reinterpret_cast<const std::byte*>(grad.data());
+  const auto c0 = std::chrono::steady_clock::now();
+  for (const auto& keys : batches_keys) {
+    for (uint64_t k : keys) {
+      float* row = table.data() + k * row_floats;
+      optimizer.Apply(row, optimizer.SparseState(row, kDim), g, kDim, 1.0);
+    }
+  }
+  const double cs = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  const double ceiling = static_cast<double>(batches) * kBatch / cs;
+  rows->push_back({"sparse_update_inprocess_random_access_ceiling", ceiling, "rows/s",
+                   std::nullopt, "", std::nullopt});
+  rows->push_back({"sparse_update_inprocess_rows_per_s", rate, "rows/s", ceiling,
+                   "sparse_update_inprocess_random_access_ceiling", std::nullopt});
 }
 
 void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
@@ -716,7 +829,10 @@ int Main(int argc, char** argv) {
   }
   if (opt.only.empty() || opt.only == "dense") DenseRows(opt, **echo, memcpy_gbs, &rows);
   if (opt.only.empty() || opt.only == "sparse") SparseRows(opt, **echo, memcpy_gbs, &rows);
-  if (opt.only.empty() || opt.only == "optimizer") OptimizerRows(opt, memcpy_gbs, &rows);
+  if (opt.only.empty() || opt.only == "optimizer") {
+    OptimizerRows(opt, memcpy_gbs, &rows);
+    InProcessUpdateRows(opt, &rows);
+  }
   if (opt.only.empty() || opt.only == "consistency") ConsistencyRows(opt, &rows);
   if (opt.only.empty() || opt.only == "training" || opt.only == "torch") {
     char tmpl[] = "/tmp/parasol-bench-data-XXXXXX";
