@@ -84,6 +84,22 @@ KeySplit SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& in
   return split;
 }
 
+// The same for keys the caller has deduplicated already: only split by shard, no hashing.
+KeySplit SplitUniqueKeys(std::span<const uint64_t> keys, uint32_t shards) {
+  KeySplit split;
+  split.inverse.resize(keys.size());
+  split.unique_shard.resize(keys.size());
+  split.unique_local.resize(keys.size());
+  split.counts.assign(shards, 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t s = ShardOfKey(keys[i], shards);
+    split.inverse[i] = static_cast<uint32_t>(i);
+    split.unique_shard[i] = s;
+    split.unique_local[i] = static_cast<uint32_t>(split.counts[s]++);
+  }
+  return split;
+}
+
 zmq::message_t CopyMessage(zmq::message_t& m) {
   zmq::message_t c;
   c.copy(m);
@@ -322,7 +338,8 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
   p.dim = dim;
   p.out = out;
   if (keys.empty()) return ticket;
-  KeySplit split = SplitKeys(keys, num_shards(), dedup_);
+  KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
+                               : SplitKeys(keys, num_shards(), dedup_);
   std::vector<OwnedBuffer> key_bufs(num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
     key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
@@ -366,7 +383,8 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   }
   const Ticket ticket = NewTicket(Op::PushSparse, table);
   if (keys.empty()) return ticket;
-  KeySplit split = SplitKeys(keys, num_shards(), dedup_);
+  KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
+                               : SplitKeys(keys, num_shards(), dedup_);
   const size_t row_bytes = size_t{dim} * sizeof(float);
   std::vector<OwnedBuffer> key_bufs(num_shards());
   std::vector<FramePlan> plans(num_shards());

@@ -89,6 +89,9 @@ class PsClient {
   // clock its rows will be used at, so the shards hold it to the consistency bound of that
   // step (under SSP a prefetch at clock() would read one clock staler than the bound).
   Result<Ticket> PrefetchSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // The caller's sparse keys are deduplicated already (the trainer's are): the client splits
+  // them by shard without hashing them again. REQUIRES, while on: no key twice in one call.
+  void AssumeUniqueKeys(bool on) { keys_unique_ = on; }
   // A pull that creates no rows (see PullSparseAsync).
   Status PullSparseReadOnly(uint32_t table, std::span<const uint64_t> keys, float* out);
   // Rows with their optimizer state: RowFloats(table) floats per key (values, then state as
@@ -173,7 +176,8 @@ class PsClient {
   int64_t clock_ = 0;
   std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
   uint64_t NextPushIndex(uint32_t shard);
-  int64_t request_clock_offset_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)
+  int64_t request_clock_offset_ = 0;
+  bool keys_unique_ = false;  // added to clock_ in the requests made (PrefetchSparseAsync)
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;

@@ -214,6 +214,8 @@ Result<TrainReport> Trainer::Run() {
   ro.queue_batches = manifest_.data.queue_batches;
   const uint64_t expected_samples = EstimateLines(ro.files) * t.epochs / workers;
   BatchReader reader(ro);
+  // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
+  client_->AssumeUniqueKeys(true);
 
   const bool prefetch =
       t.prefetch && t.accumulate == 1 &&

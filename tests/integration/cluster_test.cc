@@ -214,3 +214,34 @@ TEST(ClusterClientTest, WrongGradientSizeIsRefusedByTheClient) {
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// Keys the caller deduplicated already are only split by shard (AssumeUniqueKeys): the push
+// lands on the same rows as the hashing path would (checked against SGD's rule, row by row, over
+// three shards), and the pull returns what the hashing path returns.
+TEST(ClusterUniqueKeysTest, TheNoHashingPathEqualsTheHashingOne) {
+  TestCluster cluster(3, 2, kTables);
+  ASSERT_TRUE(cluster.Start());
+  auto a = cluster.Connect(0), b = cluster.Connect(1);
+  ASSERT_TRUE(a && b);
+  b->AssumeUniqueKeys(true);
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 500; ++k) keys.push_back(k * 2654435761u + 7);
+  std::vector<float> grads(keys.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.001f * static_cast<float>(i % 97 + 1);
+  std::vector<float> before(keys.size() * kDim);
+  ASSERT_TRUE(a->PullSparse(0, keys, before.data()).ok());
+  ASSERT_TRUE(b->PushSparse(0, keys, grads).ok());  // no hashing
+  std::vector<float> via_a(keys.size() * kDim), via_b(keys.size() * kDim);
+  ASSERT_TRUE(a->PullSparse(0, keys, via_a.data()).ok());
+  ASSERT_TRUE(b->PullSparse(0, keys, via_b.data()).ok());  // no hashing
+  EXPECT_EQ(via_a, via_b);
+  for (size_t i = 0; i < via_a.size(); ++i) {
+    ASSERT_FLOAT_EQ(via_a[i], static_cast<float>(before[i] - 0.5 * grads[i])) << "float " << i;
+  }
+}
+
+}  // namespace
+}  // namespace parasol
