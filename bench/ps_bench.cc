@@ -454,6 +454,57 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
 }
 
 
+// The worker row cache under SSP (staleness 4) on Zipf data: pull bytes per step and eval AUC
+// with and without it (2 workers, 1 server, dlrm with an SGD embedding: the worker's own pushes
+// reach its cached rows by SGD's rule).
+void CacheRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-cache-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  GeneratorOptions g;
+  g.rows = opt.quick ? 50000 : 200000;
+  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  g.rows = 20000;
+  g.seed = 5;
+  if (!GenerateCriteo(dir + "/eval.tsv", g).ok()) return;
+  auto run = [&](uint64_t cache_rows) -> std::string {
+    const std::vector<uint16_t> ports = *PickFreePorts(1);
+    const std::string name = "cache" + std::to_string(cache_rows);
+    std::ofstream(dir + "/" + name + ".yaml")
+        << "cluster:\n  servers: [127.0.0.1:" << ports[0] << "]\n  workers: 2\n"
+        << "training: {consistency: ssp, staleness: 4, batch_size: 256, epochs: 1, "
+           "progress_every: 1h}\n"
+        << "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
+           "  sparse_optimizer: {kind: sgd, lr: 0.05}\n"
+           "  dense_optimizer: {kind: adam, lr: 0.001}\n"
+        << "data: {train: " << dir << "/train.tsv, eval: " << dir << "/eval.tsv}\n"
+        << "worker: {cache_rows: " << cache_rows << "}\n";
+    auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch",
+                                dir + "/" + name + ".yaml", "--summary",
+                                dir + "/" + name + ".json"},
+                               dir + "/" + name + ".log");
+    if (!p.ok() || !p->Wait(std::chrono::minutes(10))) return "";
+    std::ifstream in(dir + "/" + name + ".json");
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::string off = run(0), on = run(1000000);
+  if (!off.empty() && !on.empty()) {
+    const double off_bytes = JsonNumber(off, "pull_bytes_per_step");
+    const double on_bytes = JsonNumber(on, "pull_bytes_per_step");
+    rows->push_back({"pull_bytes_per_step_ssp4_nocache", off_bytes, "B", std::nullopt, "",
+                     std::nullopt});
+    rows->push_back({"pull_bytes_per_step_ssp4_cache", on_bytes, "B", std::nullopt, "",
+                     std::nullopt});
+    rows->push_back({"eval_auc_ssp4_nocache", JsonNumber(off, "eval_auc"), "", std::nullopt, "",
+                     std::nullopt});
+    rows->push_back({"eval_auc_ssp4_cache", JsonNumber(on, "eval_auc"), "", std::nullopt, "",
+                     std::nullopt});
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 std::string TrainingData(const Options& opt, const std::string& dir) {
   GeneratorOptions g;
   g.rows = opt.quick ? 50000 : 200000;
@@ -803,9 +854,10 @@ int Main(int argc, char** argv) {
   }
   static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
                                                    "optimizer",   "consistency", "training",
-                                                   "torch",       "compute",     "checkpoint"};
+                                                   "torch",       "compute",     "checkpoint",
+                                                   "cache"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint, cache)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -847,6 +899,7 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(dir, ec);
   }
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
+  if (opt.only.empty() || opt.only == "cache") CacheRows(opt, &rows);
   if (opt.only.empty() || opt.only == "checkpoint") {
     CheckpointRows(opt, memcpy_gbs, &rows);
     RestartRows(opt, &rows);

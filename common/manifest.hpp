@@ -165,6 +165,7 @@ struct WorkerOptions {
   std::string device = "cpu";  // cpu, cuda (device 0) or cuda:N
   bool tf32 = false;           // cuda: let cuBLAS use TF32 tensor cores for fp32 products
   uint32_t blas_threads = 1;   // OpenBLAS threads of a CPU worker
+  uint64_t cache_rows = 0;     // ssp: sparse rows kept and reused within the staleness (0: off)
 };
 
 struct DataOptions {

@@ -54,6 +54,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_last_barrier(h.last_barrier);
   b.add_read_only(h.read_only);
   b.add_known_epoch(h.known_epoch);
+  b.add_read_clock(h.read_clock);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -132,6 +133,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.last_barrier = fb->last_barrier();
   h.read_only = fb->read_only();
   h.known_epoch = fb->known_epoch();
+  h.read_clock = fb->read_clock();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
   return h;

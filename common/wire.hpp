@@ -67,6 +67,7 @@ struct Header {
   int64_t last_barrier = -1;
   bool read_only = false;
   uint64_t known_epoch = 0;
+  int64_t read_clock = -1;
 };
 
 zmq::message_t EncodeHeader(const Header& h);

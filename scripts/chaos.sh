@@ -141,9 +141,11 @@ run_job() {  # NAME KILLS
     # The killable moments: while a worker still trains (after that, a dead server is not
     # started again, which is the end of the job, not a failure).
     if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then break; fi
-    local pid
+    local pid w0 w1
     pid="$(role_pid "$m" "$role" "$rank")"
     [ -n "$pid" ] || continue
+    w0="$(role_pid "$m" worker 0)"
+    w1="$(role_pid "$m" worker 1)"
     if [ "$role" = server ] && [ $((RANDOM % 3)) -eq 0 ]; then
       # While the shard writes a checkpoint: as soon as its temporary file appears (a write
       # with fsync takes tens of milliseconds here), for up to 3 s.
@@ -156,6 +158,11 @@ run_job() {  # NAME KILLS
         fi
         sleep 0.002
       done
+    fi
+    # Still while a worker trains (the wait for a checkpoint may have outlasted the job).
+    if ! { [ -n "$w0" ] && kill -0 "$w0" 2>/dev/null; } &&
+       ! { [ -n "$w1" ] && kill -0 "$w1" 2>/dev/null; }; then
+      break
     fi
     kill -KILL "$pid" 2>/dev/null || continue
     local at

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 
 #include "common/initializer.hpp"
@@ -156,6 +157,10 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
                   });
   reply->key_count = n;
   reply->value_dim = out_floats;
+  // Every update of the clocks before the slowest worker's is in these rows.
+  const int64_t slowest = controller_.MinClock();
+  reply->read_clock =
+      slowest == std::numeric_limits<int64_t>::max() ? controller_.MaxClock() : slowest;
   reply->value_frames = plan.frames;
   reply->rows_per_frame = plan.rows_per_frame;
   for (auto& b : buffers) payload->push_back(std::move(b).ToMessage());

@@ -49,6 +49,12 @@ struct PsClient::Pending {
   std::vector<uint32_t> unique_local;
   // Dense pushes: the caller's memory travels in frames counted here.
   std::unique_ptr<BorrowTracker> borrows;
+  // Sparse pulls with the row cache: rows answered from it (unique_shard kFromCache), the keys
+  // pulled from each shard (for the cache), and each shard's read clock.
+  std::vector<float> hit_rows;
+  std::vector<std::vector<uint64_t>> cache_keys;
+  std::vector<int64_t> read_clocks;
+  uint32_t cache_table = 0;
 };
 
 namespace {
@@ -121,6 +127,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
   push_index_.assign(shards_.size(), 0);
+  cache_ = RowCache(manifest_.worker.cache_rows);
   trimmed_to_.assign(shards_.size(), 0);
   restored_clock_.assign(shards_.size(), -1);
 }
@@ -340,12 +347,40 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
   if (keys.empty()) return ticket;
   KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
                                : SplitKeys(keys, num_shards(), dedup_);
+  if (CacheActive() && !with_state) {
+    // Rows the cache holds for this clock are answered from it; only the others travel.
+    const int64_t at = clock_ + request_clock_offset_;
+    std::vector<uint8_t> first(split.unique_shard.size(), 1);
+    std::fill(split.counts.begin(), split.counts.end(), 0);
+    p.cache_keys.assign(num_shards(), {});
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint32_t u = split.inverse[i];
+      if (!first[u]) continue;
+      first[u] = 0;
+      const size_t at_row = p.hit_rows.size();
+      p.hit_rows.resize(at_row + dim);
+      if (cache_.Lookup(table, keys[i], at, p.hit_rows.data() + at_row, dim)) {
+        split.unique_shard[u] = kFromCache;
+        split.unique_local[u] = static_cast<uint32_t>(at_row / dim);
+        ++cache_hits_;
+      } else {
+        p.hit_rows.resize(at_row);
+        const uint32_t s = split.unique_shard[u];
+        split.unique_local[u] = static_cast<uint32_t>(split.counts[s]++);
+        p.cache_keys[s].push_back(keys[i]);
+        ++cache_misses_;
+      }
+    }
+    p.cache_table = table;
+    p.read_clocks.assign(num_shards(), -1);
+  }
   std::vector<OwnedBuffer> key_bufs(num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
     key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t u = split.inverse[i];
+    if (split.unique_shard[u] == kFromCache) continue;
     std::memcpy(key_bufs[split.unique_shard[u]].data() + split.unique_local[u] * sizeof(uint64_t),
                 &keys[i], sizeof(uint64_t));
   }
@@ -359,6 +394,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     const uint64_t id = h.request_id;
+    pulled_row_bytes_ += split.counts[s] * (sizeof(uint64_t) + uint64_t{dim} * sizeof(float));
     Send(ticket, s, std::move(h), std::move(payload));
     if (auto it = in_flight_.find(id); it != in_flight_.end()) {
       it->second->expect_rows = split.counts[s];
@@ -383,6 +419,7 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   }
   const Ticket ticket = NewTicket(Op::PushSparse, table);
   if (keys.empty()) return ticket;
+  if (CacheActive()) ApplyToCache(table, *t, keys, grads);
   KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
                                : SplitKeys(keys, num_shards(), dedup_);
   const size_t row_bytes = size_t{dim} * sizeof(float);
@@ -628,6 +665,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     stored.clear();
   } else {
     p.views[shard] = std::move(*view);
+    if (!p.read_clocks.empty()) p.read_clocks[shard] = h->read_clock;
   }
   p.messages[shard] = h->message;
   --p.outstanding;
@@ -848,7 +886,32 @@ void PsClient::Finish(Pending& p) {
   const size_t row_bytes = size_t{p.dim} * sizeof(float);
   for (size_t i = 0; i < p.inverse.size(); ++i) {
     const uint32_t u = p.inverse[i];
-    std::memcpy(p.out + i * p.dim, p.views[p.unique_shard[u]]->Row(p.unique_local[u]), row_bytes);
+    const float* row = nullptr;
+    float copy[256];
+    if (p.unique_shard[u] == kFromCache) {
+      row = p.hit_rows.data() + size_t{p.unique_local[u]} * p.dim;
+    } else if (p.dim <= 256) {
+      std::memcpy(copy, p.views[p.unique_shard[u]]->Row(p.unique_local[u]), row_bytes);
+      row = copy;
+    } else {
+      std::memcpy(p.out + i * p.dim, p.views[p.unique_shard[u]]->Row(p.unique_local[u]),
+                  row_bytes);
+      continue;
+    }
+    std::memcpy(p.out + i * p.dim, row, row_bytes);
+  }
+  // The rows pulled join the cache, valid while the read bound allows them.
+  if (!p.cache_keys.empty()) {
+    const int64_t staleness = manifest_.training.staleness;
+    std::vector<float> row(p.dim);
+    for (uint32_t s = 0; s < p.cache_keys.size(); ++s) {
+      if (!p.views[s]) continue;
+      for (size_t l = 0; l < p.cache_keys[s].size(); ++l) {
+        std::memcpy(row.data(), p.views[s]->Row(l), row_bytes);
+        cache_.Insert(p.cache_table, p.cache_keys[s][l], row.data(), p.dim,
+                      p.read_clocks[s] + staleness);
+      }
+    }
   }
 }
 
@@ -877,6 +940,33 @@ Status PsClient::Wait(Ticket ticket) {
 Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out) {
   PARASOL_ASSIGN_OR_RETURN(Ticket t, PullSparseAsync(table, keys, out));
   return Wait(t);
+}
+
+bool PsClient::CacheActive() const {
+  return manifest_.worker.cache_rows > 0 && worker_id_ < manifest_.cluster.workers &&
+         manifest_.training.consistency == TrainingOptions::Consistency::kSsp &&
+         manifest_.training.staleness > 0;
+}
+
+void PsClient::ApplyToCache(uint32_t table, const TableOptions& t, std::span<const uint64_t> keys,
+                            std::span<const float> grads) {
+  // The worker reads its own writes: SGD's update, as the shard applies it (SSP: scale 1);
+  // with another optimizer (whose state the worker does not hold) the row is dropped.
+  const bool sgd = t.optimizer.kind == OptimizerOptions::Kind::kSgd;
+  const double lr = t.optimizer.lr, wd = t.optimizer.weight_decay;
+  const uint32_t dim = t.dim;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* w = cache_.Find(table, keys[i]);
+    if (w == nullptr) continue;
+    if (!sgd || !keys_unique_) {
+      cache_.Erase(table, keys[i]);
+      continue;
+    }
+    for (uint32_t d = 0; d < dim; ++d) {
+      const double g = static_cast<double>(grads[i * dim + d]) + wd * w[d];
+      w[d] = static_cast<float>(w[d] - lr * g);
+    }
+  }
 }
 
 Result<PsClient::Ticket> PsClient::PrefetchSparseAsync(uint32_t table,

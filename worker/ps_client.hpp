@@ -33,6 +33,7 @@
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "worker/push_log.hpp"
+#include "worker/row_cache.hpp"
 
 namespace parasol {
 
@@ -137,6 +138,11 @@ class PsClient {
     return !replay_tickets_.empty() ||
            std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
   }
+  // The row cache (worker.cache_rows, SSP with staleness >= 1; worker/row_cache.hpp): rows
+  // answered from it and pulled, and the bytes of sparse rows (keys and values) pulled.
+  uint64_t cache_hits() const { return cache_hits_; }
+  uint64_t cache_misses() const { return cache_misses_; }
+  uint64_t pulled_row_bytes() const { return pulled_row_bytes_; }
   // The newest barrier any shard had released when this client connected (-1: none).
   int64_t last_barrier_seen() const { return last_barrier_seen_; }
   // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
@@ -177,7 +183,16 @@ class PsClient {
   std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
   uint64_t NextPushIndex(uint32_t shard);
   int64_t request_clock_offset_ = 0;
-  bool keys_unique_ = false;  // added to clock_ in the requests made (PrefetchSparseAsync)
+  bool keys_unique_ = false;
+  // The row cache: kFromCache marks a unique key answered from it.
+  static constexpr uint32_t kFromCache = 0xffffffffu;
+  bool CacheActive() const;
+  void ApplyToCache(uint32_t table, const TableOptions& t, std::span<const uint64_t> keys,
+                    std::span<const float> grads);
+  RowCache cache_;
+  uint64_t cache_hits_ = 0;
+  uint64_t cache_misses_ = 0;
+  uint64_t pulled_row_bytes_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
   std::map<Ticket, std::unique_ptr<Pending>> pending_;

@@ -122,7 +122,9 @@ std::string TrainReport::ToJson() const {
     << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
     << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes
     << ", \"push_log_peak_bytes\": " << push_log_peak_bytes
-    << ", \"push_log_bytes_per_step\": " << push_log_bytes_per_step << ", \"evaluated\": " << (evaluated ? "true" : "false")
+    << ", \"push_log_bytes_per_step\": " << push_log_bytes_per_step
+    << ", \"cache_hits\": " << cache_hits << ", \"cache_misses\": " << cache_misses
+    << ", \"pull_bytes_per_step\": " << pull_bytes_per_step << ", \"evaluated\": " << (evaluated ? "true" : "false")
     << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
     << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
     << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
@@ -409,9 +411,13 @@ Result<TrainReport> Trainer::Run() {
   report.bad_rows = reader.bad_rows();
   report.pushes = client_->pushes_acknowledged();
   report.push_log_peak_bytes = client_->push_log_peak_bytes();
+  report.cache_hits = client_->cache_hits();
+  report.cache_misses = client_->cache_misses();
   if (report.steps > static_cast<uint64_t>(resume)) {
     report.push_log_bytes_per_step = static_cast<double>(client_->push_log_added_bytes()) /
                                      static_cast<double>(report.steps - resume);
+    report.pull_bytes_per_step = static_cast<double>(client_->pulled_row_bytes()) /
+                                 static_cast<double>(report.steps - resume);
   }
   report.first_bad_row = reader.first_bad_row();
 

@@ -32,6 +32,9 @@ struct TrainReport {
   uint64_t pushes = 0;        // push requests acknowledged by the shards
   uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
   double push_log_bytes_per_step = 0;  // what each step added to it
+  uint64_t cache_hits = 0;             // rows answered by the worker's row cache
+  uint64_t cache_misses = 0;           // rows it pulled while the cache was on
+  double pull_bytes_per_step = 0;      // sparse keys and rows pulled, per step
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;

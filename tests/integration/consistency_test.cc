@@ -277,3 +277,82 @@ TEST(ConsistencyTest, ASspPrefetchIsHeldToTheBoundOfTheStepItIsFor) {
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// The worker row cache under SSP (staleness 2): a row is reused while the read bound allows
+// it, the worker's own pushes reach its copy as the shard applies them (SGD), and a row another
+// worker changed at clock 0 is seen by clock 0 + 2 + 1 at the latest.
+TEST(ConsistencyTest, TheRowCacheKeepsTheSspBound) {
+  TestCluster cluster(2, 2, kTables,
+                      Training("  consistency: ssp\n  staleness: 2\n") +
+                          "worker:\n  cache_rows: 1000\n");
+  ASSERT_TRUE(cluster.Start());
+  auto cached = cluster.Connect(0), other = cluster.Connect(1);
+  auto observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_TRUE(cached && other && observer);
+  cached->AssumeUniqueKeys(true);
+  const std::vector<uint64_t> keys = {101, 102, 103};
+  auto pull = [&](PsClient& c) {
+    std::vector<float> rows(keys.size() * 4);
+    EXPECT_TRUE(c.PullSparse(0, keys, rows.data()).ok());
+    return rows;
+  };
+  const std::vector<float> first = pull(*cached);  // clock 0: pulled, valid until 0 + 2
+  EXPECT_EQ(cached->cache_misses(), keys.size());
+  // Its own push (SGD, lr 0.5) reaches its copy as the shard applies it.
+  const std::vector<float> grads(keys.size() * 4, 0.25f);
+  ASSERT_TRUE(cached->PushSparse(0, keys, grads).ok());
+  const std::vector<float> own = pull(*cached);
+  EXPECT_EQ(cached->cache_hits(), keys.size());
+  EXPECT_EQ(own, pull(*observer));  // the same as the shards have, bit for bit
+  // Another worker changes the rows at clock 0.
+  ASSERT_TRUE(other->PushSparse(0, keys, grads).ok());
+  ASSERT_TRUE(other->Tick().ok());
+  ASSERT_TRUE(other->Tick().ok());
+  ASSERT_TRUE(other->Tick().ok());  // the other worker at clock 3
+  const std::vector<float> changed = pull(*observer);
+  ASSERT_NE(changed, own);
+  for (int c = 1; c <= 3; ++c) {
+    ASSERT_TRUE(cached->Tick().ok());
+    const std::vector<float> seen = pull(*cached);
+    if (c <= 2) {
+      EXPECT_EQ(seen, own) << "clock " << c << ": the copy is still within the bound";
+    } else {
+      EXPECT_EQ(seen, changed) << "clock " << c << ": past the bound, the row is pulled again";
+    }
+  }
+  EXPECT_EQ(cached->cache_hits(), 3 * keys.size());
+  EXPECT_EQ(cached->cache_misses(), 2 * keys.size());
+}
+
+}  // namespace
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// With staleness 0 (and under BSP) the cache is off: every pull reads the shards, so results
+// are those of a worker without it.
+TEST(ConsistencyTest, TheRowCacheIsOffWithoutStaleness) {
+  for (const char* mode : {"  consistency: ssp\n  staleness: 0\n", "  consistency: bsp\n"}) {
+    TestCluster cluster(1, 1, kTables, Training(mode) + "worker:\n  cache_rows: 1000\n");
+    ASSERT_TRUE(cluster.Start());
+    auto c = cluster.Connect(0);
+    ASSERT_TRUE(c);
+    c->AssumeUniqueKeys(true);
+    const std::vector<uint64_t> keys = {5, 6};
+    std::vector<float> rows(keys.size() * 4), grads(keys.size() * 4, 0.5f);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(c->PullSparse(0, keys, rows.data()).ok());
+      ASSERT_TRUE(c->PushSparse(0, keys, grads).ok());
+      ASSERT_TRUE(c->Tick().ok());
+    }
+    EXPECT_EQ(c->cache_hits(), 0u) << mode;
+    EXPECT_EQ(c->cache_misses(), 0u) << mode;
+  }
+}
+
+}  // namespace
+}  // namespace parasol
