@@ -28,6 +28,12 @@ std::string WorkerMetricsText(const ProgressPoint& p) {
   t.Type("parasol_worker_push_log_bytes", "gauge",
          "Bytes of pushes kept for replays to restarted shards (checkpoint.max_log_bytes).");
   t.Sample("parasol_worker_push_log_bytes", static_cast<double>(p.push_log_bytes), w);
+  t.Type("parasol_worker_cache_rows_total", "counter",
+         "Sparse rows the row cache answered (hit) or had to pull (miss; worker.cache_rows).");
+  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_hits),
+           w + ",result=\"hit\"");
+  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_misses),
+           w + ",result=\"miss\"");
   if (p.has_eval) {
     t.Type("parasol_worker_eval_auc", "gauge", "AUC of the last evaluation.");
     t.Sample("parasol_worker_eval_auc", p.eval_auc, w);

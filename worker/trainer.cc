@@ -59,9 +59,11 @@ Status PullDense(PsClient& client, Model& model) {
 }
 
 ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResult* eval,
-                      uint64_t push_log_bytes) {
+                      const PsClient& client) {
   ProgressPoint p;
-  p.push_log_bytes = push_log_bytes;
+  p.push_log_bytes = client.push_log_bytes();
+  p.cache_hits = client.cache_hits();
+  p.cache_misses = client.cache_misses();
   p.worker = report.worker;
   p.steps = report.steps;
   p.samples = report.train_samples;
@@ -373,7 +375,7 @@ Result<TrainReport> Trainer::Run() {
 
     auto point = [&](const EvalResult* e) {
       if (hooks_.point) {
-        hooks_.point(PointOf(report, Since(start), e, client_->push_log_bytes()));
+        hooks_.point(PointOf(report, Since(start), e, *client_));
       }
     };
     if (report.steps % 10 == 0) point(nullptr);
@@ -436,7 +438,7 @@ Result<TrainReport> Trainer::Run() {
   if (hooks_.point) {
     EvalResult e{report.eval_samples, report.eval_logloss, report.eval_auc};
     hooks_.point(PointOf(report, report.train_seconds, report.evaluated ? &e : nullptr,
-                         client_->push_log_bytes()));
+                         *client_));
   }
   return report;
 }

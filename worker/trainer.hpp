@@ -57,6 +57,8 @@ struct ProgressPoint {
   double samples_per_second = 0;
   double loss = 0;  // mean of the last 100 steps
   uint64_t push_log_bytes = 0;  // what the push log holds now
+  uint64_t cache_hits = 0;      // row cache: rows answered from it, and pulled, so far
+  uint64_t cache_misses = 0;
   bool has_eval = false;
   double eval_logloss = 0;
   double eval_auc = 0;
