@@ -332,8 +332,11 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       return Status::Ok();
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));
-      AfterClockChange();
+      // Before anything is released: a worker passes the last barrier and exits, its push log
+      // with it, only once this checkpoint holds everything it pushed.
+      ApplyReadyAggregates();
       if (req.done) CheckpointWhenAllDone();
+      AfterClockChange();
       return Status::Ok();
     case Op::Barrier: {
       PARASOL_ASSIGN_OR_RETURN(*held, HandleBarrier(req, frames[0]));
@@ -451,11 +454,15 @@ Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& fra
   return Status::Ok();
 }
 
-void ShardServer::AfterClockChange() {
+void ShardServer::ApplyReadyAggregates() {
   while (!aggregates_.empty() && aggregates_.begin()->first < controller_.MinClock()) {
     ApplyAggregate(aggregates_.begin()->first, *aggregates_.begin()->second);
     aggregates_.erase(aggregates_.begin());
   }
+}
+
+void ShardServer::AfterClockChange() {
+  ApplyReadyAggregates();
   ReleaseHeldPulls();
   ReleaseBarriers();
 }

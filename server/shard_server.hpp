@@ -122,6 +122,8 @@ class ShardServer {
 
   // After any change of clocks or live workers: applies finished BSP clocks, then answers the
   // held pulls and barriers the bound now allows.
+  // Applies the BSP sums of every clock all workers have passed.
+  void ApplyReadyAggregates();
   void AfterClockChange();
   void ReleaseHeldPulls();
   void ReleaseBarriers();
