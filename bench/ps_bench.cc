@@ -203,6 +203,19 @@ double Fill(PsClient& client, uint64_t first, uint64_t count, uint32_t dim, uint
   return count / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// `n` distinct keys drawn from `zipf` (as a worker sends them, deduplicated).
+std::vector<uint64_t> DistinctZipfKeys(const ZipfSampler& zipf, std::mt19937_64& rng, uint64_t n) {
+  std::vector<uint64_t> keys;
+  KeyIndex seen(n);
+  while (keys.size() < n) {
+    bool inserted = false;
+    const uint64_t k = zipf(rng) - 1;
+    seen.FindOrInsert(k, 0, &inserted);
+    if (inserted) keys.push_back(k);
+  }
+  return keys;
+}
+
 void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows) {
   const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
   constexpr uint32_t kDim = 16;
@@ -229,16 +242,8 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     const ZipfSampler zipf(table_rows, 1.05);
     std::vector<float> grad(kBatch * kDim, 0.01f);
     const int iters = opt.quick ? 5 : 15;
-    std::vector<std::vector<uint64_t>> batches(2 + iters);
-    for (auto& keys : batches) {
-      KeyIndex seen(kBatch);
-      while (keys.size() < kBatch) {
-        bool inserted = false;
-        const uint64_t k = zipf(rng) - 1;
-        seen.FindOrInsert(k, 0, &inserted);
-        if (inserted) keys.push_back(k);
-      }
-    }
+    std::vector<std::vector<uint64_t>> batches;
+    for (int b = 0; b < 2 + iters; ++b) batches.push_back(DistinctZipfKeys(zipf, rng, kBatch));
     size_t next = 0;
     const double s = TimeIt(2, iters, [&] {
       return (*client)->PushSparse(0, batches[next++ % batches.size()], grad).ok();
@@ -310,17 +315,7 @@ void InProcessUpdateRows(const Options& opt, std::vector<Row>* rows) {
   std::mt19937_64 rng(11);
   const ZipfSampler zipf(table_rows, 1.05);
   std::vector<std::vector<uint64_t>> batches_keys;
-  for (int b = 0; b < batches; ++b) {
-    std::vector<uint64_t> keys;
-    KeyIndex seen(kBatch);
-    while (keys.size() < kBatch) {
-      bool inserted = false;
-      const uint64_t k = zipf(rng) - 1;
-      seen.FindOrInsert(k, 0, &inserted);
-      if (inserted) keys.push_back(k);
-    }
-    batches_keys.push_back(std::move(keys));
-  }
+  for (int b = 0; b < batches; ++b) batches_keys.push_back(DistinctZipfKeys(zipf, rng, kBatch));
   std::vector<std::vector<zmq::message_t>> messages;
   for (const auto& keys : batches_keys) messages.push_back(push(keys));
   const auto a = std::chrono::steady_clock::now();

@@ -141,21 +141,14 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
       const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
       if (r.is_worker && clean) {
         --workers_left;
-      } else if (r.is_worker && manifest->cluster.restart_workers && r.restarts < 10 &&
-                 !(WIFEXITED(*status) && WEXITSTATUS(*status) == kExitUpdatesWouldBeLost)) {
-        // The worker learns its clock from the shards, skips the batches it trained on and
-        // redoes the step it died in (the pushes that arrived are answered as duplicates).
-        spdlog::warn("launch: {} {}; restarting it", r.name, DescribeWaitStatus(*status));
-        auto p = Subprocess::SpawnPiped(r.argv);
-        if (!p.ok()) {
-          failure = r.name + " could not be restarted: " + p.status().ToString();
-          break;
-        }
-        r.process = std::move(*p);
-        r.finished = false;
-        ++r.restarts;
-      } else if (!r.is_worker && manifest->cluster.restart_servers && r.restarts < 10) {
-        // The server comes back from its newest checkpoint; the workers replay the rest.
+      } else if (r.restarts < 10 &&
+                 (r.is_worker ? manifest->cluster.restart_workers &&
+                                    !(WIFEXITED(*status) &&
+                                      WEXITSTATUS(*status) == kExitUpdatesWouldBeLost)
+                              : manifest->cluster.restart_servers)) {
+        // A server comes back from its newest checkpoint and the workers replay the rest; a
+        // worker learns its clock from the shards, skips the batches it trained on and redoes
+        // the step it died in (the pushes that arrived are answered as duplicates).
         spdlog::warn("launch: {} {}; restarting it", r.name, DescribeWaitStatus(*status));
         auto p = Subprocess::SpawnPiped(r.argv);
         if (!p.ok()) {
