@@ -509,6 +509,7 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("blas_threads", 1, 1024, &w->blas_threads));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("cache_rows", 0, int64_t{1} << 40, &w->cache_rows));
   PARASOL_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
+  PARASOL_RETURN_IF_ERROR(r.Bool("fuse_requests", &w->fuse_requests));
   if (r.Has("device")) {
     YAML::Node n = r.Child("device");
     const std::string d = n.IsScalar() ? n.Scalar() : "";

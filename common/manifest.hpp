@@ -166,6 +166,9 @@ struct WorkerOptions {
   bool tf32 = false;           // cuda: let cuBLAS use TF32 tensor cores for fp32 products
   uint32_t blas_threads = 1;   // OpenBLAS threads of a CPU worker
   uint64_t cache_rows = 0;     // ssp: sparse rows kept and reused within the staleness (0: off)
+  // A step's pulls travel in one message per shard, and its pushes with the tick in another
+  // (false: one message per request, the tick once the pushes are acknowledged).
+  bool fuse_requests = true;
 };
 
 struct DataOptions {

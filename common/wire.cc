@@ -166,6 +166,54 @@ PayloadLayout PayloadLayoutOf(Op op, bool is_reply, StatusCode status) {
   }
 }
 
+uint64_t PayloadFrameCount(const Header& h) {
+  const PayloadLayout layout = PayloadLayoutOf(h.op, h.is_reply, h.status);
+  return (layout.keys ? 1 : 0) + (layout.values ? uint64_t{h.value_frames} : 0);
+}
+
+Result<std::vector<StepPart>> SplitStep(const Header& step,
+                                        std::span<const zmq::message_t> frames) {
+  const std::string what = std::string("Step") + (step.is_reply ? " reply" : " request");
+  if (step.key_count == 0 || step.key_count > kMaxStepParts) {
+    return BadMessage(what + ": " + std::to_string(step.key_count) + " parts (1 to " +
+                      std::to_string(kMaxStepParts) + " allowed)");
+  }
+  std::vector<StepPart> parts;
+  parts.reserve(step.key_count);
+  size_t next = 0;
+  for (uint64_t i = 0; i < step.key_count; ++i) {
+    const std::string where = what + ", part " + std::to_string(i);
+    if (next >= frames.size()) {
+      return BadMessage(where + ": missing (" + std::to_string(frames.size()) +
+                        " frames for " + std::to_string(step.key_count) + " parts)");
+    }
+    Result<Header> h = DecodeHeader(frames[next].data(), frames[next].size());
+    if (!h.ok()) return h.status().WithContext(where);
+    if (h->op == Op::Step) return BadMessage(where + ": a Step inside a Step");
+    if (h->is_reply != step.is_reply) {
+      return BadMessage(where + ": a " + (h->is_reply ? "reply" : "request") + " inside a " +
+                        what);
+    }
+    if (h->worker_id != step.worker_id) {
+      return BadMessage(where + ": worker " + std::to_string(h->worker_id) +
+                        " inside a Step of worker " + std::to_string(step.worker_id));
+    }
+    const uint64_t payload = PayloadFrameCount(*h);
+    if (payload > frames.size() - next - 1) {
+      return BadMessage(where + ": its header needs " + std::to_string(payload) +
+                        " payload frames, only " + std::to_string(frames.size() - next - 1) +
+                        " follow");
+    }
+    parts.push_back({std::move(*h), next, static_cast<size_t>(payload)});
+    next += 1 + payload;
+  }
+  if (next != frames.size()) {
+    return BadMessage(what + ": " + std::to_string(frames.size() - next) +
+                      " frames after its last part");
+  }
+  return parts;
+}
+
 FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
   FramePlan plan;
   const uint64_t row_bytes = uint64_t{dim} * sizeof(float);

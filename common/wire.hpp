@@ -25,7 +25,8 @@ namespace parasol {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: the Step op (a step's requests to one shard in one message).
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -84,6 +85,22 @@ struct PayloadLayout {
   bool values = false;
 };
 PayloadLayout PayloadLayoutOf(Op op, bool is_reply, StatusCode status);
+
+// Payload frames that follow a header: the layout's keys frame and value frames. Not checked
+// against sizes (PayloadView::Parse does that).
+uint64_t PayloadFrameCount(const Header& h);
+
+// A Step message's parts (see protocols/message.fbs): each part's decoded header and where its
+// payload frames are in the frames after the Step header.
+inline constexpr uint64_t kMaxStepParts = 4096;
+struct StepPart {
+  Header header;
+  size_t header_frame = 0;  // index of the part's header frame; payload frames follow it
+  size_t payload_frames = 0;
+};
+// Splits `frames` (everything after the Step header) into `step.key_count` parts. Each part
+// must be of the Step's direction (request or reply), not a Step, and of the Step's worker.
+Result<std::vector<StepPart>> SplitStep(const Header& step, std::span<const zmq::message_t> frames);
 
 // How `rows` rows of `dim` floats are cut into frames of at most `frame_bytes` bytes.
 struct FramePlan {

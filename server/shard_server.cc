@@ -219,6 +219,10 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
     ++counters_.stale_replays;
     return;
   }
+  if (st.ok() && req.op == Op::Step) {
+    HandleStep(req, frames);
+    return;
+  }
   if (st.ok()) st = Dispatch(req, frames, &reply, &payload, &held);
   if (req.replay) {
     ++(req.op == Op::Clock ? counters_.replayed_clocks : counters_.replayed_pushes);
@@ -252,21 +256,12 @@ namespace {
 // Ops that take part in the job (and are refused once it has failed).
 bool IsJobOp(Op op) {
   return op == Op::PullSparse || op == Op::PushSparse || op == Op::PullDense ||
-         op == Op::PushDense || op == Op::Clock || op == Op::Barrier;
+         op == Op::PushDense || op == Op::Clock || op == Op::Barrier || op == Op::Step;
 }
 
 }  // namespace
 
-Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
-                             Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
-  if (req.is_reply) return BadMessage(std::string(OpName(req.op)) + ": expected a request");
-  if (req.status != StatusCode::kOk) {
-    return BadMessage(std::string(OpName(req.op)) + ": a request must not carry a status");
-  }
-  Result<PayloadView> view = PayloadView::Parse(req, std::span<zmq::message_t>(frames).subspan(2),
-                                                manifest_.server.max_request_bytes);
-  if (!view.ok()) return view.status();
-  op_counts_[static_cast<int>(req.op) & 15]++;
+Status ShardServer::Admit(const Header& req) {
   const bool in_job = controller_.InJob(req.worker_id);
   if (in_job) {
     controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
@@ -284,6 +279,21 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     }
     if (!job_failure_.ok()) return job_failure_;
   }
+  return Status::Ok();
+}
+
+Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
+                             Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
+  if (req.is_reply) return BadMessage(std::string(OpName(req.op)) + ": expected a request");
+  if (req.status != StatusCode::kOk) {
+    return BadMessage(std::string(OpName(req.op)) + ": a request must not carry a status");
+  }
+  Result<PayloadView> view = PayloadView::Parse(req, std::span<zmq::message_t>(frames).subspan(2),
+                                                manifest_.server.max_request_bytes);
+  if (!view.ok()) return view.status();
+  op_counts_[static_cast<int>(req.op) & 15]++;
+  const bool in_job = controller_.InJob(req.worker_id);
+  PARASOL_RETURN_IF_ERROR(Admit(req));
   switch (req.op) {
     case Op::Hello:
       return HandleHello(req, reply);
@@ -363,6 +373,8 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     }
     case Op::Error:
       return BadMessage("Error is a reply op, not a request");
+    case Op::Step:
+      return BadMessage("a Step inside a Step");
   }
   return BadMessage("unknown op " + std::to_string(static_cast<int>(req.op)));
 }
@@ -497,6 +509,10 @@ void ShardServer::ReleaseHeldPulls() {
     if (st.ok() && controller_.IsLost(h.request.worker_id)) {
       st = FailedPrecondition("worker " + std::to_string(h.request.worker_id) +
                               " was dropped from the job (training.on_worker_loss: continue)");
+    }
+    if (st.ok() && h.request.op == Op::Step) {
+      AnswerStep(h.request, h.frames);
+      continue;
     }
     if (st.ok()) {
       Result<PayloadView> view =
@@ -872,17 +888,188 @@ zmq::message_t ShardServer::QueuedReplyFrame(zmq::message_t m) {
   return SharedMessage(std::move(frame), data, size);
 }
 
-void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
-                            std::vector<zmq::message_t> payload) {
-  std::vector<zmq::message_t> frames;
-  frames.reserve(2 + payload.size());
-  frames.emplace_back(identity.data(), identity.size());
+Header ShardServer::Stamped(const Header& reply) const {
   Header stamped = reply;
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
   stamped.checkpoint_count = checkpoint_sequence_;
   stamped.restored_count = restored_sequence_;
-  zmq::message_t header = EncodeHeader(stamped);
+  return stamped;
+}
+
+Status ShardServer::CheckStep(const Header& step, std::span<const zmq::message_t> frames) const {
+  PARASOL_ASSIGN_OR_RETURN(std::vector<StepPart> parts, SplitStep(step, frames));
+  const bool ticks = parts[0].header.op == Op::Clock;
+  const bool pulls_ =
+      parts[0].header.op == Op::PullSparse || parts[0].header.op == Op::PullDense;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Header& h = parts[i].header;
+    const std::string where = "Step, part " + std::to_string(i) + " (" + OpName(h.op) + ")";
+    for (size_t f = 1; f <= parts[i].payload_frames; ++f) bytes += frames[parts[i].header_frame + f].size();
+    if (h.incarnation != step.incarnation) {
+      return BadMessage(where + ": another incarnation than the Step's");
+    }
+    if (h.replay) return BadMessage(where + ": replays travel on their own, not in a Step");
+    const bool pull = h.op == Op::PullSparse || h.op == Op::PullDense;
+    const bool push = h.op == Op::PushSparse || h.op == Op::PushDense;
+    const bool tick = h.op == Op::Clock && i == 0 && !h.done && parts.size() > 1;
+    if (!(push && !ticks && !pulls_) && !(pull && (pulls_ || ticks || i == 0)) && !tick) {
+      return BadMessage(where + ": a Step holds pushes, or pulls after at most one tick");
+    }
+    if (h.clock != step.clock) {
+      return BadMessage(where + ": clock " + std::to_string(h.clock) + ", the Step's is " +
+                        std::to_string(step.clock));
+    }
+  }
+  if (bytes > manifest_.server.max_request_bytes) {
+    return ResourceExhausted("Step: its parts carry " + std::to_string(bytes) +
+                             " payload bytes, over the limit of " +
+                             std::to_string(manifest_.server.max_request_bytes) +
+                             " bytes (server.max_request_bytes)");
+  }
+  return Status::Ok();
+}
+
+void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& frames) {
+  // Counted as a Step; its parts count by their own ops.
+  op_counts_[static_cast<int>(Op::Step)]++;
+  Status st = step.is_reply ? BadMessage("Step: expected a request")
+              : step.status != StatusCode::kOk
+                  ? BadMessage("Step: a request must not carry a status")
+                  : CheckStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  if (st.ok()) st = Admit(step);
+  const bool pulls = st.ok() && frames.size() > 2 &&
+                     [&] {
+                       Result<Header> first = DecodeHeader(frames[2].data(), frames[2].size());
+                       return first.ok() &&
+                              (first->op == Op::PullSparse || first->op == Op::PullDense);
+                     }();
+  if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
+    // The pulls share the Step's clock: held together until the read bound allows it.
+    st = controller_.CheckRequestClock(step.worker_id, step.clock);
+    if (st.ok() && !controller_.PullAllowed(step.clock)) {
+      st = HoldPull(step, frames);
+      if (st.ok()) return;
+    }
+  }
+  if (st.ok() && !pulls && !controller_.InJob(step.worker_id)) {
+    st = InvalidArgument("Step of pushes or a tick: worker " + std::to_string(step.worker_id) +
+                         " is not in this job");
+  }
+  if (!st.ok()) {
+    if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
+      ++counters_.bad_messages;
+    }
+    ++counters_.errors;
+    uint64_t left_out = 0;
+    if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("shard {}: Step from worker {} failed: {}{}", rank_, step.worker_id,
+                   st.ToString(),
+                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                            : std::string());
+    }
+    SendReply(frames[0], ReplyTo(step, st.WithContext("shard " + std::to_string(rank_))), {});
+    return;
+  }
+  if (pulls && controller_.InJob(step.worker_id)) ObserveWait(0);
+  AnswerStep(step, frames);
+}
+
+void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& frames) {
+  // Checked by HandleStep before (the frames have not changed since).
+  Result<std::vector<StepPart>> parts =
+      SplitStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  if (!parts.ok()) {
+    SendReply(frames[0], ReplyTo(step, parts.status()), {});
+    return;
+  }
+  struct PartReply {
+    Header header;
+    std::vector<zmq::message_t> payload;
+  };
+  std::vector<PartReply> replies;
+  replies.reserve(parts->size());
+  bool failed = false;
+  const bool in_job = controller_.InJob(step.worker_id);
+  for (size_t i = 0; i < parts->size(); ++i) {
+    StepPart& part = (*parts)[i];
+    const bool pull = part.header.op == Op::PullSparse || part.header.op == Op::PullDense;
+    if (pull && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
+        !controller_.PullAllowed(part.header.clock)) {
+      // After the tick: the pulls left wait for the read bound together, as a Step of their
+      // own with the same request id (answered in a second reply).
+      Header rest = step;
+      rest.clock = part.header.clock;
+      rest.key_count = parts->size() - i;
+      std::vector<zmq::message_t> held;
+      held.emplace_back(frames[0].data(), frames[0].size());
+      held.push_back(EncodeHeader(rest));
+      for (size_t f = 2 + part.header_frame; f < frames.size(); ++f) {
+        held.push_back(std::move(frames[f]));
+      }
+      Status st = controller_.CheckRequestClock(step.worker_id, rest.clock);
+      if (st.ok()) st = HoldPull(rest, held);
+      if (!st.ok()) {
+        ++counters_.errors;
+        for (; i < parts->size(); ++i) {
+          replies.push_back({ReplyTo((*parts)[i].header,
+                                     st.WithContext("shard " + std::to_string(rank_))), {}});
+        }
+      }
+      break;
+    }
+    // The part as a message of its own: [identity, header, payload...].
+    std::vector<zmq::message_t> own;
+    own.reserve(2 + part.payload_frames);
+    own.emplace_back(frames[0].data(), frames[0].size());
+    for (size_t f = 0; f <= part.payload_frames; ++f) {
+      own.push_back(std::move(frames[2 + part.header_frame + f]));
+    }
+    PartReply r{ReplyTo(part.header, Status::Ok()), {}};
+    Status st;
+    bool held = false;
+    if (pull && failed) {
+      st = FailedPrecondition(std::string(OpName(part.header.op)) +
+                              " not answered: the tick before it in this Step failed");
+    } else {
+      st = Dispatch(part.header, own, &r.header, &r.payload, &held);
+    }
+    if (held) continue;  // answered on its own when the bound allows (its request id says which)
+    if (!st.ok()) {
+      failed = failed || part.header.op == Op::Clock;
+      ++counters_.errors;
+      uint64_t left_out = 0;
+      if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+        spdlog::warn("shard {}: {} (in a Step) from worker {} failed: {}{}", rank_,
+                     OpName(part.header.op), part.header.worker_id, st.ToString(),
+                     left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                              : std::string());
+      }
+      r.header = ReplyTo(part.header, st.WithContext("shard " + std::to_string(rank_)));
+      r.payload.clear();
+    }
+    replies.push_back(std::move(r));
+  }
+  if (replies.empty()) return;  // every part is held
+  if (FaultPoints::Get().Hit("shard.reply") == Fault::kDrop) return;
+  Header reply = ReplyTo(step, Status::Ok());
+  reply.key_count = replies.size();
+  std::vector<zmq::message_t> payload;
+  for (PartReply& r : replies) {
+    // Stamped now: a checkpoint that a part's push started counts for all parts before it.
+    payload.push_back(EncodeHeader(Stamped(r.header)));
+    for (auto& m : r.payload) payload.push_back(std::move(m));
+  }
+  SendReply(frames[0], reply, std::move(payload));
+}
+
+void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
+                            std::vector<zmq::message_t> payload) {
+  std::vector<zmq::message_t> frames;
+  frames.reserve(2 + payload.size());
+  frames.emplace_back(identity.data(), identity.size());
+  zmq::message_t header = EncodeHeader(Stamped(reply));
   // Large headers (stats) count like payloads; small ones are bounded by server.socket_hwm.
   constexpr size_t kCountedHeaderBytes = 4096;
   uint64_t bytes = header.size() > kCountedHeaderBytes ? header.size() : 0;
@@ -933,7 +1120,9 @@ void ShardServer::HeardAfterDrop(uint32_t worker) {
 std::string ShardServer::StatsJson() const {
   std::ostringstream s;
   s << "{\"shard\":" << rank_ << ",\"shards\":" << num_shards_
-    << ",\"requests\":" << counters_.requests << ",\"bad_messages\":" << counters_.bad_messages
+    << ",\"requests\":" << counters_.requests
+    << ",\"steps\":" << op_counts_[static_cast<int>(Op::Step)]
+    << ",\"bad_messages\":" << counters_.bad_messages
     << ",\"errors\":" << counters_.errors << ",\"checkpoints\":" << counters_.checkpoints
     << ",\"curve_refusals\":" << (zap_ ? zap_->refusals() : 0)
     << ",\"duplicate_pushes\":" << counters_.duplicate_pushes

@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,16 @@ class ShardServer {
     std::chrono::steady_clock::time_point since;
   };
 
+  // Checks common to every request of a job op: the worker is in the job, not lost, and the
+  // job has not failed; notes that the worker was heard.
+  Status Admit(const Header& req);
+  // A Step (protocols/message.fbs): checked, held when its pulls must wait, else answered.
+  void HandleStep(const Header& step, std::vector<zmq::message_t>& frames);
+  Status CheckStep(const Header& step, std::span<const zmq::message_t> frames) const;
+  // Dispatches each part as its own request and replies with all of them in one message.
+  void AnswerStep(const Header& step, std::vector<zmq::message_t>& frames);
+  // The reply with the shard's epoch and checkpoint counts.
+  Header Stamped(const Header& reply) const;
   Status Dispatch(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
                   std::vector<zmq::message_t>* payload, bool* held);
   Status HandlePull(const Header& req, const PayloadView& p, Header* reply,

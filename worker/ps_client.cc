@@ -22,6 +22,7 @@ struct PsClient::ShardRequest {
   uint64_t request_id = 0;
   uint32_t shard = 0;
   Op op = Op::Hello;
+  bool done = false;  // a Clock that leaves the job (else a tick)
   std::vector<zmq::message_t> kept;  // copies of the sent frames, for a resend
   std::chrono::milliseconds timeout{0};
   Clock::time_point deadline;
@@ -311,6 +312,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   r->request_id = header.request_id;
   r->shard = shard;
   r->op = header.op;
+  r->done = header.done;
   r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
   const bool may_be_held = header.op == Op::PullSparse || header.op == Op::PullDense ||
                            header.op == Op::Barrier;
@@ -330,10 +332,130 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   Pending& p = *pending_.at(ticket);
   ++p.outstanding;
   const uint64_t id = header.request_id;
+  const bool gather = gathering_ && !header.replay &&
+                      (header.op == Op::PullSparse || header.op == Op::PullDense ||
+                       header.op == Op::PushSparse || header.op == Op::PushDense ||
+                       header.op == Op::Clock);
+  if (gather) {
+    Gathered g;
+    g.request_id = id;
+    g.op = header.op;
+    g.clock = header.clock;
+    for (size_t f = 1; f < frames.size(); ++f) g.payload_bytes += frames[f].size();
+    g.frames = std::move(frames);
+    gathered_[shard].push_back(std::move(g));
+    in_flight_.emplace(id, std::move(r));
+    return;
+  }
   (void)FaultPoints::Get().Hit("client.send");
   Status st = SendFrames(shards_[shard], frames);
   in_flight_.emplace(id, std::move(r));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);
+}
+
+void PsClient::BeginStep() {
+  gathering_ = true;
+  gathered_.resize(shards_.size());
+}
+
+void PsClient::SendStep() {
+  gathering_ = false;
+  // Steps whose every part was answered on its own (after resends) need no entry.
+  for (auto it = step_parts_.begin(); it != step_parts_.end();) {
+    const bool live = std::any_of(it->second.begin(), it->second.end(),
+                                  [&](uint64_t id) { return in_flight_.count(id) > 0; });
+    it = live ? std::next(it) : step_parts_.erase(it);
+  }
+  for (uint32_t s = 0; s < gathered_.size(); ++s) {
+    std::vector<Gathered>& queue = gathered_[s];
+    std::vector<Gathered> group;
+    bool pushes = false;
+    uint64_t bytes = 0;
+    for (Gathered& g : queue) {
+      const bool pull = g.op == Op::PullSparse || g.op == Op::PullDense;
+      // What one Step may hold (ShardServer::CheckStep): pushes of one clock, or pulls of one
+      // clock after at most one tick to that clock; within the part and byte limits.
+      const bool fits = !group.empty() && group.size() < kMaxStepParts &&
+                        bytes + g.payload_bytes <= manifest_.server.max_request_bytes &&
+                        g.clock == group.front().clock && g.op != Op::Clock &&
+                        pull != pushes;
+      if (!fits && !group.empty()) {
+        SendGathered(s, group);
+        group.clear();
+        bytes = 0;
+      }
+      if (group.empty()) pushes = !pull && g.op != Op::Clock;
+      bytes += g.payload_bytes;
+      group.push_back(std::move(g));
+    }
+    if (!group.empty()) SendGathered(s, group);
+    queue.clear();
+  }
+}
+
+void PsClient::SendGathered(uint32_t shard, std::vector<Gathered>& group) {
+  std::vector<zmq::message_t> frames;
+  std::vector<uint64_t> ids;
+  if (group.size() == 1) {
+    frames = std::move(group.front().frames);
+    ids.push_back(group.front().request_id);
+  } else {
+    Header h = NewRequest(Op::Step, 0);
+    h.clock = group.front().clock;
+    h.key_count = group.size();
+    frames.push_back(EncodeHeader(h));
+    for (Gathered& g : group) {
+      ids.push_back(g.request_id);
+      for (auto& f : g.frames) frames.push_back(std::move(f));
+    }
+    step_parts_[h.request_id] = ids;
+  }
+  (void)FaultPoints::Get().Hit("client.send");
+  Status st = SendFrames(shards_[shard], frames);
+  if (st.ok()) return;
+  for (uint64_t id : ids) {
+    auto it = in_flight_.find(id);
+    if (it != in_flight_.end()) FailRequest(*it->second, st);
+  }
+}
+
+void PsClient::OnStepReply(uint32_t shard, const Header& step,
+                           std::vector<zmq::message_t>& frames) {
+  auto entry = step_parts_.find(step.request_id);
+  if (entry == step_parts_.end()) return;  // its parts were answered on their own
+  // Copied: the parts' replies below may erase the entry's requests, not the entry.
+  const std::vector<uint64_t> ids = entry->second;
+  auto fail_all = [&](const Status& st) {
+    for (uint64_t id : ids) {
+      auto it = in_flight_.find(id);
+      if (it != in_flight_.end() && it->second->shard == shard) FailRequest(*it->second, st);
+    }
+  };
+  if (step.status != StatusCode::kOk) {
+    // As for a single request: a restarted shard's answer waits for this worker's replay.
+    if (replay_due_[shard]) return;
+    fail_all(Status(step.status, step.message));
+    step_parts_.erase(step.request_id);
+    return;
+  }
+  Result<std::vector<StepPart>> parts =
+      SplitStep(step, std::span<const zmq::message_t>(frames).subspan(1));
+  if (!parts.ok()) {
+    fail_all(parts.status().WithContext("shard " + std::to_string(shard) + " reply to Step"));
+    return;
+  }
+  for (const StepPart& part : *parts) {
+    std::vector<zmq::message_t> own;
+    own.reserve(1 + part.payload_frames);
+    for (size_t f = 0; f <= part.payload_frames; ++f) {
+      own.push_back(std::move(frames[1 + part.header_frame + f]));
+    }
+    OnReply(shard, own);
+  }
+  // Held pulls of the Step come in a second reply; once every part is answered, forget it.
+  if (std::none_of(ids.begin(), ids.end(), [&](uint64_t id) { return in_flight_.count(id); })) {
+    step_parts_.erase(step.request_id);
+  }
 }
 
 Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<const uint64_t> keys,
@@ -622,6 +744,10 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;
   }
   NoteEpoch(shard, *h);
+  if (h->op == Op::Step) {
+    OnStepReply(shard, *h, frames);
+    return;
+  }
   auto it = in_flight_.find(h->request_id);
   if (it == in_flight_.end() || it->second->shard != shard) {
     if (h->op == Op::Error) {
@@ -764,7 +890,19 @@ void PsClient::Replay(uint32_t shard) {
   const Ticket ticket = NewTicket(Op::Clock, 0);
   replay_tickets_.push_back(ticket);
   const bool in_job = worker_id_ < manifest_.cluster.workers;
-  const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), clock_);
+  // A tick still in flight (sent with the step's pushes, TickAsync) is resent after the
+  // replay with them: the replay's clocks stop before it, so that the pushes of the clock it
+  // ends reach the shard before it does.
+  int64_t replay_to = clock_;
+  for (uint64_t id : in_flight_before) {
+    const ShardRequest& r = *in_flight_.at(id);
+    if (r.op == Op::Clock && !r.done && r.clock == clock_ &&
+        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) ==
+            replay_tickets_.end()) {
+      replay_to = clock_ - 1;
+    }
+  }
+  const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), replay_to);
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
   // A replay that the shard's previous process had not finished: its pushes not yet
   // acknowledged go back into this replay, in clock order; its Clocks are sent again anyway.
@@ -808,15 +946,15 @@ void PsClient::Replay(uint32_t shard) {
   };
   size_t n = 0;
   auto next = log.begin();
-  for (int64_t c = first; c <= clock_; ++c) {
+  for (int64_t c = first; c <= replay_to; ++c) {
     if (in_job) {
       Header h = NewRequest(Op::Clock, 0);
       h.clock = c;
       h.done = left_ && c == clock_;
-      h.caught_up = c == clock_;
+      h.caught_up = c == replay_to;
       h.replay = true;
       h.known_epoch = shard_epochs_[shard];
-      if (c == clock_) h.last_barrier = barrier_passed_;
+      if (c == replay_to) h.last_barrier = barrier_passed_;
       Send(ticket, shard, h, {});
     }
     for (; next != log.end() && next->clock <= c; ++next, ++n) send_push(*next);
@@ -844,7 +982,7 @@ void PsClient::Replay(uint32_t shard) {
     in_flight_.insert(std::move(node));
   }
   spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
-               first, clock_, shard);
+               first, replay_to, shard);
 }
 
 void PsClient::ReapReplays() {
@@ -1019,12 +1157,16 @@ Status PsClient::PushDense(uint32_t table, std::span<const float> grads) {
 }
 
 Status PsClient::Tick() {
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, TickAsync());
+  return Wait(t);
+}
+
+Result<PsClient::Ticket> PsClient::TickAsync() {
   ++clock_;
   std::fill(push_index_.begin(), push_index_.end(), 0);
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Clock, 0, all));
-  return Wait(t);
+  return Broadcast(Op::Clock, 0, all);
 }
 
 Status PsClient::Leave() {

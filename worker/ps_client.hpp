@@ -106,12 +106,23 @@ class PsClient {
   Status PullDense(uint32_t table, float* out);
   Status PushDense(uint32_t table, std::span<const float> grads);
 
+  // Requests made from BeginStep() until SendStep() travel as one message per shard and kind
+  // (protocols/message.fbs, Step): a step's pulls of one clock in one, its pushes and the Tick
+  // that ends them in another. Each request keeps its own ticket, its own push name and its own
+  // time-out, and is resent on its own, so exactly-once and replays work as for single
+  // requests. Only pulls, pushes and ticks are gathered; other requests go out at once.
+  void BeginStep();
+  void SendStep();
+
   // This worker's clock: the step it is on. Every request carries it; a pull at clock c is
   // answered when the job's consistency mode allows (bsp: every worker at >= c).
   int64_t clock() const { return clock_; }
   // Ends this worker's step: advances its clock and tells every shard (also those its pushes
   // did not touch). Call after the step's pushes have been acknowledged.
   Status Tick();
+  // The same without waiting: the shards apply it after this step's pushes sent before it (on
+  // the same connection, or in the same Step). Wait on the ticket before relying on it.
+  Result<Ticket> TickAsync();
   // This worker has finished its steps: the shards stop waiting for its clock (and, under BSP,
   // for its pushes). No more pushes may follow.
   Status Leave();
@@ -154,6 +165,21 @@ class PsClient {
  private:
   struct ShardRequest;
   struct Pending;
+  // A request gathered between BeginStep() and SendStep().
+  struct Gathered {
+    uint64_t request_id = 0;
+    Op op = Op::Hello;
+    int64_t clock = 0;
+    uint64_t payload_bytes = 0;
+    std::vector<zmq::message_t> frames;
+  };
+  bool gathering_ = false;
+  std::vector<std::vector<Gathered>> gathered_;  // per shard
+  // Step messages in flight: their parts' request ids (a Step refused as a whole fails them).
+  std::map<uint64_t, std::vector<uint64_t>> step_parts_;
+  // Sends `group` (requests to `shard`) as one Step, or alone when it is one request.
+  void SendGathered(uint32_t shard, std::vector<Gathered>& group);
+  void OnStepReply(uint32_t shard, const Header& step, std::vector<zmq::message_t>& frames);
 
   PsClient(const Manifest& manifest, uint32_t worker_id);
   Status LoadKeys(const std::string& key_path);

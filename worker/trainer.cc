@@ -242,7 +242,6 @@ Result<TrainReport> Trainer::Run() {
   KeyIndex index;
   BatchKeys cur_keys, next_keys;
   std::vector<float> rows, next_rows, row_grads;
-  std::optional<PsClient::Ticket> prefetched;
   GradientSum acc;  // training.accumulate > 1
 
   phase = SteadyClock::now();
@@ -264,39 +263,74 @@ Result<TrainReport> Trainer::Run() {
   report.data_seconds += Since(phase);
   if (cur) DeduplicateKeys(cur->keys, index, &cur_keys);
   const uint32_t dim = model->sparse_dim();
+  const bool fuse = manifest_.worker.fuse_requests;
+
+  // The pulls of the step about to run: its rows land in next_rows (swapped into rows when it
+  // starts), its dense weights in the model. A step's pulls are issued as soon as the step
+  // before has pushed (in the same flush: under BSP the shard answers them the moment the
+  // tick is applied), or earlier under SSP/ASP with prefetch.
+  std::optional<PsClient::Ticket> rows_pull;
+  std::vector<PsClient::Ticket> dense_pulls;
+  auto issue_pulls = [&](const BatchKeys& keys, bool sparse) -> Status {
+    if (sparse) {
+      next_rows.resize(keys.unique.size() * dim);
+      PARASOL_ASSIGN_OR_RETURN(
+          PsClient::Ticket tk,
+          client_->PullSparseAsync(model->sparse_table(), keys.unique, next_rows.data()));
+      rows_pull = tk;
+    }
+    for (size_t i = 0; i < model->dense_tables().size(); ++i) {
+      PARASOL_ASSIGN_OR_RETURN(
+          PsClient::Ticket tk,
+          client_->PullDenseAsync(model->dense_tables()[i], model->DenseParams()[i].data()));
+      dense_pulls.push_back(tk);
+    }
+    return Status::Ok();
+  };
+  auto wait_pulls = [&]() -> Status {
+    Status first;
+    if (rows_pull) first = client_->Wait(*rows_pull);
+    rows_pull.reset();
+    for (PsClient::Ticket tk : dense_pulls) {
+      Status st = client_->Wait(tk);
+      if (first.ok()) first = st;
+    }
+    dense_pulls.clear();
+    return first;
+  };
+  if (cur) {
+    if (fuse) client_->BeginStep();
+    const Status st = issue_pulls(cur_keys, true);
+    if (fuse) client_->SendStep();
+    PARASOL_RETURN_IF_ERROR(st);
+  }
+  std::optional<Batch> next;
+  bool next_read = false;
 
   while (cur && (t.max_steps == 0 || report.steps < t.max_steps)) {
-    // Rows of this batch (already on their way when prefetched) and the dense weights.
-    // The sparse and dense pulls travel together: one wait, not two round trips in a row.
+    // The next batch is read and deduplicated while this step's pulls travel.
     phase = SteadyClock::now();
-    std::optional<PsClient::Ticket> sparse_pull;
-    if (!prefetched) {
-      rows.resize(cur_keys.unique.size() * dim);
-      PARASOL_ASSIGN_OR_RETURN(
-          sparse_pull,
-          client_->PullSparseAsync(model->sparse_table(), cur_keys.unique, rows.data()));
+    if (!next_read) {
+      PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
+      if (next) DeduplicateKeys(next->keys, index, &next_keys);
+      next_read = true;
     }
-    const Status dense_pulled = PullDense(*client_, *model);
-    if (prefetched) {
-      PARASOL_RETURN_IF_ERROR(client_->Wait(*prefetched));
-      prefetched.reset();
-      std::swap(rows, next_rows);
-    } else {
-      PARASOL_RETURN_IF_ERROR(client_->Wait(*sparse_pull));
-    }
-    PARASOL_RETURN_IF_ERROR(dense_pulled);
-    report.pull_seconds += Since(phase);
-
-    phase = SteadyClock::now();
-    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> next, reader.Next());
     report.data_seconds += Since(phase);
-    if (next) DeduplicateKeys(next->keys, index, &next_keys);
-    if (prefetch && next && (t.max_steps == 0 || report.steps + 1 < t.max_steps)) {
+    phase = SteadyClock::now();
+    PARASOL_RETURN_IF_ERROR(wait_pulls());
+    std::swap(rows, next_rows);
+    report.pull_seconds += Since(phase);
+    const bool more = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
+    bool rows_prefetched = false;
+    if (prefetch && more) {
+      // SSP/ASP: the next step's rows travel during this step's compute, at the clock they
+      // will be used at.
       next_rows.resize(next_keys.unique.size() * dim);
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket ticket,
           client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, next_rows.data()));
-      prefetched = ticket;
+      rows_pull = ticket;
+      rows_prefetched = true;
     }
 
     phase = SteadyClock::now();
@@ -343,27 +377,49 @@ Result<TrainReport> Trainer::Run() {
       acc.Finish(dim);
       loss = loss_sum / static_cast<double>(step_samples);
     }
+    const bool pull_next = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
 
+    // The pushes travel in one message per shard (fused), then, once every shard has
+    // acknowledged them, the tick with the next step's pulls in one message per shard (under
+    // BSP the shard answers them the moment the tick is applied). The tick waits for the
+    // acknowledgements so that a worker restarted between two shards' ticks redoes a step
+    // whose pushes every shard has (and answers as duplicates).
     phase = SteadyClock::now();
     std::vector<PsClient::Ticket> pushes;
     const bool acc_on = accumulate > 1;
-    PARASOL_ASSIGN_OR_RETURN(
-        PsClient::Ticket sparse_push,
-        client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
-                                 acc_on ? acc.rows : row_grads));
-    pushes.push_back(sparse_push);
-    for (size_t i = 0; i < model->dense_tables().size(); ++i) {
+    if (fuse) client_->BeginStep();
+    Status sent = [&]() -> Status {
       PARASOL_ASSIGN_OR_RETURN(
-          PsClient::Ticket tk,
-          client_->PushDenseAsync(model->dense_tables()[i],
-                                  acc_on ? std::span<const float>(acc.dense[i])
-                                         : std::span<const float>(model->DenseGrads()[i])));
-      pushes.push_back(tk);
+          PsClient::Ticket sparse_push,
+          client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
+                                   acc_on ? acc.rows : row_grads));
+      pushes.push_back(sparse_push);
+      for (size_t i = 0; i < model->dense_tables().size(); ++i) {
+        PARASOL_ASSIGN_OR_RETURN(
+            PsClient::Ticket tk,
+            client_->PushDenseAsync(model->dense_tables()[i],
+                                    acc_on ? std::span<const float>(acc.dense[i])
+                                           : std::span<const float>(model->DenseGrads()[i])));
+        pushes.push_back(tk);
+      }
+      return Status::Ok();
+    }();
+    if (fuse) client_->SendStep();
+    // Wait for all of them: on a failure none may be left borrowing the gradients.
+    for (PsClient::Ticket tk : pushes) {
+      Status st = client_->Wait(tk);
+      if (sent.ok()) sent = st;
     }
-    for (PsClient::Ticket tk : pushes) PARASOL_RETURN_IF_ERROR(client_->Wait(tk));
+    PARASOL_RETURN_IF_ERROR(sent);
     report.push_seconds += Since(phase);
     phase = SteadyClock::now();
-    PARASOL_RETURN_IF_ERROR(client_->Tick());
+    if (fuse) client_->BeginStep();
+    Result<PsClient::Ticket> tick = client_->TickAsync();
+    Status pulled = tick.ok() && pull_next ? issue_pulls(next_keys, !rows_prefetched)
+                                           : tick.status();
+    if (fuse) client_->SendStep();
+    PARASOL_RETURN_IF_ERROR(pulled);
+    PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
     report.wait_seconds += Since(phase);
 
     ++report.steps;
@@ -406,8 +462,9 @@ Result<TrainReport> Trainer::Run() {
     }
     cur = std::move(next);
     std::swap(cur_keys, next_keys);
+    next_read = false;
   }
-  if (prefetched) PARASOL_RETURN_IF_ERROR(client_->Wait(*prefetched));
+  PARASOL_RETURN_IF_ERROR(wait_pulls());
   report.train_seconds = Since(start);
   report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
   report.bad_rows = reader.bad_rows();

@@ -105,7 +105,14 @@ TEST(WireTest, WrongVersionIsRejectedWithVersionMismatch) {
   Result<Header> d = DecodeHeader(frame.data(), frame.size());
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(d.status().message().find("protocol version 2"), std::string::npos);
+  EXPECT_NE(d.status().message().find("protocol version " + std::to_string(kProtocolVersion + 1)),
+            std::string::npos);
+  // A peer of the version before (no Step op) is refused too.
+  h.version = kProtocolVersion - 1;
+  frame = EncodeHeader(h);
+  d = DecodeHeader(frame.data(), frame.size());
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kVersionMismatch);
 }
 
 TEST(WireTest, OversizedHeaderIsRejected) {

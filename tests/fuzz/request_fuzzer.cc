@@ -302,6 +302,9 @@ class Session {
       case StepKind::kRaw:
         SendRaw(s);
         break;
+      case StepKind::kStep:
+        SendStep(s);
+        break;
     }
     Drain();
     // Only a pull (held for the read bound) and a barrier may wait for their answer.
@@ -324,11 +327,20 @@ class Session {
     const size_t at = stats.find(key);
     FUZZ_CHECK(at != std::string::npos);
     if (!raw_ids_.empty()) return;  // a raw message that reads as a pull may be held too
+    // A Step's pulls wait together: one held pull.
     uint64_t waiting = 0;
+    std::unordered_set<uint64_t> steps;
     for (const auto& [id, sent] : sent_) {
       const Op op = sent.request.op;
-      waiting += sent.generation == generation_ && !sent.answered &&
-                 (op == Op::PullSparse || op == Op::PullDense);
+      if (sent.generation != generation_ || sent.answered ||
+          (op != Op::PullSparse && op != Op::PullDense)) {
+        continue;
+      }
+      if (sent.step == 0) {
+        ++waiting;
+      } else if (steps.insert(sent.step).second) {
+        ++waiting;
+      }
     }
     FUZZ_CHECK(std::strtoull(stats.c_str() + at + key.size(), nullptr, 10) == waiting);
   }
@@ -341,6 +353,8 @@ class Session {
     std::string identity;
     uint32_t generation = 0;  // of the shard it was sent to
     bool answered = false;
+    uint64_t step = 0;  // the request id of the Step it is a part of (0: none)
+    std::vector<uint64_t> parts;  // a Step: its parts' request ids
   };
 
   void Start(bool restore) {
@@ -643,6 +657,52 @@ class Session {
     server_->HandleMessage(frames);
   }
 
+  // A Step of the step's parts: each built as a message of its own, then (mode 0-2) given the
+  // first part's worker, incarnation and clock, as a client gathers them.
+  void SendStep(const Step& s) {
+    std::vector<zmq::message_t> frames;
+    const std::string& identity = Identity(s.parts.front().peer);
+    frames.emplace_back(identity.data(), identity.size());
+    frames.emplace_back();  // the Step header, below
+    std::vector<Header> parts;
+    bool pulls = false;
+    for (const Step& part : s.parts) {
+      Header h = BuildHeader(part);
+      if (s.step_mode < 3 && !parts.empty()) {
+        h.worker_id = parts[0].worker_id;
+        h.incarnation = parts[0].incarnation;
+        h.clock = parts[0].clock;
+      }
+      frames.push_back(EncodeHeader(h));
+      // What the shard will decode (an anomaly may make it unreadable).
+      Result<Header> own = DecodeHeader(frames.back().data(), frames.back().size());
+      for (const std::string& p : Payload(part, h)) frames.emplace_back(p.data(), p.size());
+      if (own.ok()) {
+        parts.push_back(*own);
+        pulls = pulls || own->op == Op::PullSparse || own->op == Op::PullDense;
+      } else {
+        parts.push_back(h);
+      }
+    }
+    Header step;
+    step.op = Op::Step;
+    step.request_id = next_id_++;
+    step.worker_id = parts[0].worker_id;
+    step.incarnation = parts[0].incarnation;
+    step.clock = parts[0].clock;
+    step.key_count = parts.size();
+    frames[1] = EncodeHeader(step);
+    Sent& sent = sent_[step.request_id] = Sent{step, identity, generation_};
+    for (const Header& p : parts) {
+      if (p.request_id < kIdBase || sent_.count(p.request_id)) continue;
+      sent_[p.request_id] = Sent{p, identity, generation_, false, step.request_id, {}};
+      sent.parts.push_back(p.request_id);
+    }
+    may_wait_ = pulls;
+    if (!pulls) awaited_ = step.request_id;
+    server_->HandleMessage(frames);
+  }
+
   void SendRaw(const Step& s) {
     std::vector<zmq::message_t> frames;
     const std::string& identity = Identity(s.peer);
@@ -703,10 +763,34 @@ class Session {
     return it == sent_.end() ? nullptr : &it->second;
   }
 
+  // A Step reply's parts, each as a reply of its own ([identity, header, payload...]), or
+  // nothing when it has none.
+  static std::vector<std::vector<zmq::message_t>> PartReplies(
+      const Header& r, const std::vector<zmq::message_t>& frames) {
+    std::vector<std::vector<zmq::message_t>> out;
+    Result<std::vector<StepPart>> parts =
+        SplitStep(r, std::span<const zmq::message_t>(frames).subspan(2));
+    if (!parts.ok()) return out;
+    for (const StepPart& p : *parts) {
+      std::vector<zmq::message_t> own;
+      own.emplace_back(frames[0].data(), frames[0].size());
+      for (size_t f = 0; f <= p.payload_frames; ++f) {
+        const zmq::message_t& m = frames[2 + p.header_frame + f];
+        own.emplace_back(m.data(), m.size());
+      }
+      out.push_back(std::move(own));
+    }
+    return out;
+  }
+
   // Clocks and barrier ids the shard accepted.
   void Learn(const std::vector<zmq::message_t>& frames) {
     Header r;
     Sent* s = Find(frames, &r);
+    if (s && r.op == Op::Step && r.status == StatusCode::kOk) {
+      for (const auto& part : PartReplies(r, frames)) Learn(part);
+      return;
+    }
     if (!s || s->answered || r.status != StatusCode::kOk) return;
     const Header& q = s->request;
     if (q.op == Op::Clock && q.worker_id < job_.spec.workers) {
@@ -735,10 +819,30 @@ class Session {
     auto it = sent_.find(r.request_id);
     FUZZ_CHECK(it != sent_.end());
     Sent& s = it->second;
-    FUZZ_CHECK(!s.answered);
-    s.answered = true;
     FUZZ_CHECK(frames[0].size() == s.identity.size() &&
                std::memcmp(frames[0].data(), s.identity.data(), s.identity.size()) == 0);
+    if (s.request.op == Op::Step && r.op == Op::Step) {
+      // Answered in one reply, or in two when its pulls waited for the read bound; refused
+      // whole (its parts are never answered), or each part answered once, as its own reply.
+      s.answered = true;
+      if (r.status != StatusCode::kOk) {
+        FUZZ_CHECK(frames.size() == 2);
+        for (uint64_t id : s.parts) sent_.at(id).answered = true;
+        return;
+      }
+      FUZZ_CHECK(r.key_count >= 1 && r.key_count <= s.parts.size());
+      std::vector<std::vector<zmq::message_t>> parts = PartReplies(r, frames);
+      FUZZ_CHECK(parts.size() == r.key_count);
+      for (auto& part : parts) {
+        Header p;
+        FUZZ_CHECK(Find(part, &p) != nullptr);
+        FUZZ_CHECK(sent_.at(p.request_id).step == r.request_id);
+        Check(part);
+      }
+      return;
+    }
+    FUZZ_CHECK(!s.answered);
+    s.answered = true;
     FUZZ_CHECK(r.op == s.request.op);
     if (r.status != StatusCode::kOk) {
       FUZZ_CHECK(frames.size() == 2);

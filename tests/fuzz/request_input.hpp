@@ -4,7 +4,8 @@
 // Byte 0 picks the job (JobSpecOf): consistency mode, shard layout, workers, what a silent
 // worker means, engine threads. The rest is read with FuzzedDataProvider as a sequence of
 // steps: a message to the shard, the serve loop's timed work, a stats call, a restart from the
-// checkpoints, damage to the newest checkpoint, a pause, or a message of raw frames.
+// checkpoints, damage to the newest checkpoint, a pause, a message of raw frames, or a Step
+// message of up to four messages.
 //
 // A step holds decisions, not bytes: "the worker's clock", "the next sequence number", "as many
 // frames as the header implies". The fuzzer resolves them against what it knows of the session
@@ -170,7 +171,7 @@ struct Frames {
   bool operator==(const Frames&) const = default;
 };
 
-enum class StepKind { kMessage, kPeriodic, kStats, kRestart, kDamage, kPause, kRaw };
+enum class StepKind { kMessage, kPeriodic, kStats, kRestart, kDamage, kPause, kRaw, kStep };
 
 struct Step {
   uint8_t kind = 0;  // [0, 31]: see KindOf()
@@ -213,6 +214,11 @@ struct Step {
   // Raw frames after the identity.
   std::vector<std::string> raw_frames;  // [0, 5] frames of [0, 512] bytes
 
+  // A Step message: its parts are messages built as above.
+  uint8_t step_mode = 0;  // [0, 3]: 0-2 the parts take the first part's worker, incarnation
+                          //         and clock (as a client sends them), 3 as built
+  std::vector<Step> parts;  // [1, 4]
+
   bool operator==(const Step&) const = default;
 
   StepKind Kind() const {
@@ -222,6 +228,7 @@ struct Step {
     if (kind == 26) return StepKind::kRestart;
     if (kind == 27) return StepKind::kDamage;
     if (kind == 28) return StepKind::kPause;
+    if (kind == 30) return StepKind::kStep;
     return StepKind::kRaw;
   }
   // The op byte: Hello, PullSparse, PushSparse, PullDense, PushDense, Clock, Barrier, Stats,
@@ -416,6 +423,14 @@ void VisitStep(IO& io, Step& s) {
       io.template Int<uint8_t>(0, 5, n);
       s.raw_frames.resize(n);
       for (std::string& f : s.raw_frames) io.Bytes(512, f);
+      break;
+    }
+    case StepKind::kStep: {
+      uint8_t n = static_cast<uint8_t>(s.parts.size());
+      io.template Int<uint8_t>(1, 4, n);
+      io.template Int<uint8_t>(0, 3, s.step_mode);
+      s.parts.resize(n);
+      for (Step& part : s.parts) VisitMessage(io, part);
       break;
     }
     default:

@@ -32,7 +32,7 @@ enum OpChoice : uint8_t {
 
 // Step::kind values of the steps that are not messages.
 constexpr uint8_t kPeriodic = 21, kStatsCall = 24, kRestart = 26, kDamage = 27, kPause = 28,
-                  kRaw = 29;
+                  kRaw = 29, kStepKind = 30;
 
 bool IsSparse(uint32_t table) { return table < kDenseSgd; }
 
@@ -84,6 +84,14 @@ Step Damage(uint8_t how, uint32_t at, uint8_t x = 0x40) {
   s.damage = how;
   s.damage_at = at;
   s.damage_xor = x;
+  return s;
+}
+
+// A Step message of `parts` (mode 0: as a client gathers them).
+Step StepOf(std::vector<Step> parts, uint8_t mode = 0) {
+  Step s = Kind(kStepKind);
+  s.step_mode = mode;
+  s.parts = std::move(parts);
   return s;
 }
 
@@ -263,6 +271,36 @@ std::vector<Session> FocusedSessions() {
     s.Add(p);
     s.Add(Pull(0, kSparseSgd, 2));
     out.push_back(s);
+  }
+  {
+    // Steps as workers send them under BSP: each worker's pushes in one Step, then its tick
+    // with the next clock's pulls (held until the other worker ticks); a Step resent (its
+    // pushes answered as duplicates); Steps a client never sends (mixed kinds and workers).
+    for (const uint8_t config : {ConfigByte(JobSpec::Mode::kBsp, 1, 2),
+                                 ConfigByte(JobSpec::Mode::kSsp1, 0, 2)}) {
+      Session s{config == ConfigByte(JobSpec::Mode::kBsp, 1, 2) ? "steps-bsp" : "steps-ssp",
+                config, {}};
+      for (uint32_t w = 0; w < 2; ++w) s.Add(Message(kHello, w));
+      for (int clock = 0; clock < 3; ++clock) {
+        for (uint32_t w = 0; w < 2; ++w) {
+          s.Add(StepOf({Push(w, kSparseAdagrad, 3), Push(w, kSparseAdam, 2),
+                        Push(w, kDenseSgd, 10), Push(w, kDenseAdam, 255)}));
+          s.Add(StepOf({Tick(w), Pull(w, kSparseAdagrad, 3), Pull(w, kDenseSgd, 10),
+                        Pull(w, kDenseAdam, 255)}));
+        }
+        s.Add(Kind(kStatsCall));
+      }
+      Step again = Push(0, kSparseAdagrad, 3);
+      again.seq = 2;
+      s.Add(StepOf({again, again}));
+      s.Add(StepOf({Push(0, kSparseSgd, 2), Pull(0, kSparseSgd, 2)}));
+      s.Add(StepOf({Push(0, kSparseSgd, 2), Push(1, kSparseSgd, 2)}, 3));
+      s.Add(StepOf({Pull(0, kSparseSgd, 2), Tick(0)}));
+      s.Add(Kind(kRestart));
+      s.Add(StepOf({Tick(1), Pull(1, kSparseFtrl, 4)}));
+      s.Add(Kind(kStatsCall));
+      out.push_back(s);
+    }
   }
   {
     // Each header anomaly once, then a message of raw frames.

@@ -1,6 +1,7 @@
 // libFuzzer target for the wire decoder: arbitrary bytes become a message of up to 8 frames
 // (the first byte says how many, then a 2-byte length before each frame). Whatever the decoder
-// accepts is then read in full, so AddressSanitizer sees any read outside the frames.
+// accepts is then read in full (a Step's parts each as a message of its own), so
+// AddressSanitizer sees any read outside the frames.
 #include <zmq.hpp>
 
 #include <cstdint>
@@ -24,6 +25,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (frames.empty()) return 0;
   parasol::Result<parasol::Header> h = parasol::DecodeHeader(frames[0].data(), frames[0].size());
   if (!h.ok()) return 0;
+  if (h->op == parasol::Op::Step) {
+    // A Step: its parts, each read in full as a message of its own.
+    auto parts = parasol::SplitStep(*h, std::span<const zmq::message_t>(frames).subspan(1));
+    if (!parts.ok()) return 0;
+    volatile uint64_t sink = 0;
+    for (const parasol::StepPart& p : *parts) {
+      auto v = parasol::PayloadView::Parse(
+          p.header, std::span<zmq::message_t>(frames).subspan(2 + p.header_frame, p.payload_frames),
+          1 << 20);
+      if (!v.ok()) continue;
+      if (v->has_keys()) {
+        for (uint64_t i = 0; i < v->rows(); ++i) sink = sink + v->Key(i);
+      }
+      v->ForEachValueFrame([&](uint64_t, const std::byte* bytes, uint64_t rows) {
+        for (uint64_t i = 0; i < rows * v->dim() * sizeof(float); ++i) sink = sink + static_cast<uint8_t>(bytes[i]);
+      });
+    }
+    return 0;
+  }
   auto view = parasol::PayloadView::Parse(*h, std::span<zmq::message_t>(frames).subspan(1),
                                           1 << 20);
   if (!view.ok()) return 0;

@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
   dense.value_frames = 2;
   dense.rows_per_frame = 4;
   Write(dir + "/dense", {Frame(dense), std::string(16, '\x04'), std::string(8, '\x05')});
+  parasol::Header step;
+  step.op = parasol::Op::Step;
+  step.key_count = 2;
+  Write(dir + "/step", {Frame(step), Frame(pull), std::string(16, '\x01'), Frame(push),
+                        std::string(16, '\x02'), std::string(32, '\x03')});
   parasol::Header hello;
   hello.message = "hello";
   Write(dir + "/hello", {Frame(hello)});

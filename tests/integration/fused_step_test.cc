@@ -1,0 +1,344 @@
+// One message per shard per step (the Step op): a job trains to the same model, value for value,
+// whether its requests travel fused or one by one; a Step's pushes are applied once each, and
+// the pulls after its tick are answered once the tick is applied.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <string>
+
+#include "common/json_number.hpp"
+#include "common/manifest.hpp"
+#include "common/net.hpp"
+#include "common/subprocess.hpp"
+#include "common/transport.hpp"
+#include "common/wire.hpp"
+#include "server/model_export.hpp"
+#include "tests/support/test_cluster.hpp"
+#include "worker/data_generator.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::MakeTempDir;
+using testing::ReadFile;
+using testing::RemoveTree;
+using testing::TestCluster;
+using testing::WriteFile;
+
+// The "steps" counts of every shard's last stats line in a job's log.
+std::vector<uint64_t> StepCounts(const std::string& log) {
+  std::vector<uint64_t> counts;
+  size_t at = 0;
+  while ((at = log.find("stopping: {", at)) != std::string::npos) {
+    const size_t k = log.find("\"steps\":", at);
+    if (k == std::string::npos) break;
+    counts.push_back(std::stoull(log.substr(k + 8, 20)));
+    ++at;
+  }
+  return counts;
+}
+
+class FusedStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    GeneratorOptions g;
+    g.rows = 6000;
+    ASSERT_TRUE(GenerateCriteo(dir_ + "/train.tsv", g).ok());
+  }
+  void TearDown() override { RemoveTree(dir_); }
+
+  // Trains dlrm (2 servers, 2 workers, BSP); returns the exported model, *log the job's output.
+  Result<ExportedModel> Train(const std::string& name, bool fuse, std::string* log) {
+    const std::vector<uint16_t> ports = *PickFreePorts(2);
+    const std::string manifest = dir_ + "/" + name + ".yaml";
+    WriteFile(manifest,
+              "job: {name: fused, seed: 9}\n"
+              "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
+              std::to_string(ports[1]) + "]\n  workers: 2\n"
+              "training: {consistency: bsp, batch_size: 128, epochs: 1}\n"
+              "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
+              "worker: {fuse_requests: " + std::string(fuse ? "true" : "false") + "}\n"
+              "data: {train: " + dir_ + "/train.tsv}\n"
+              "checkpoint: {dir: " + dir_ + "/" + name + "-ckpt}\n");
+    auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", manifest}, dir_ + "/" + name + ".log");
+    if (!job.ok()) return job.status();
+    auto status = job->Wait(std::chrono::seconds(120));
+    *log = ReadFile(dir_ + "/" + name + ".log");
+    if (!status) job->Signal(SIGKILL);
+    if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      return Internal("the job failed:\n" + *log);
+    }
+    PARASOL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(manifest));
+    PARASOL_RETURN_IF_ERROR(ExportModel(m, {}, dir_ + "/" + name + "-model"));
+    return LoadExportedModel(m, dir_ + "/" + name + "-model");
+  }
+
+  std::string dir_;
+};
+
+TEST_F(FusedStepTest, FusedStepsTrainTheSameModelAsSeparateRequests) {
+  std::string fused_log, separate_log;
+  auto fused = Train("fused", true, &fused_log);
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  auto separate = Train("separate", false, &separate_log);
+  ASSERT_TRUE(separate.ok()) << separate.status().ToString();
+  // Each run took the path it names: about 4 Steps per worker step on each shard, or none.
+  const std::vector<uint64_t> steps_fused = StepCounts(fused_log);
+  const std::vector<uint64_t> steps_separate = StepCounts(separate_log);
+  ASSERT_EQ(steps_fused.size(), 2u) << fused_log;
+  ASSERT_EQ(steps_separate.size(), 2u) << separate_log;
+  for (uint64_t n : steps_fused) EXPECT_GT(n, 2u * 6000 / 128) << fused_log;
+  for (uint64_t n : steps_separate) EXPECT_EQ(n, 0u) << separate_log;
+  const ModelDifference d = CompareModels(*fused, *separate);
+  EXPECT_GT(d.values_compared, 10000u);
+  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+}
+
+// A raw DEALER socket speaking Steps to one shard.
+class RawStepPeer {
+ public:
+  explicit RawStepPeer(const ServerAddress& a) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(TcpEndpoint(a.host, a.port));
+  }
+  bool Send(std::vector<zmq::message_t> frames) { return SendFrames(socket_, frames).ok(); }
+  // The next message's frames, or none after 10 s.
+  std::vector<zmq::message_t> Receive() {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(10000));
+    if (!(item.revents & ZMQ_POLLIN)) return {};
+    auto frames = RecvFrames(socket_, true);
+    if (!frames.ok() || !frames->has_value()) return {};
+    return std::move(**frames);
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+Header Request(Op op, uint64_t id, int64_t clock) {
+  Header h;
+  h.op = op;
+  h.request_id = id;
+  h.worker_id = 0;
+  h.incarnation = 5;
+  h.clock = clock;
+  return h;
+}
+
+// A push of one row of 4 gradients `g` for `key`, named (worker 0, clock, seq).
+void AddPush(std::vector<zmq::message_t>* frames, uint64_t id, int64_t clock, uint64_t seq,
+             uint64_t key, float g) {
+  Header h = Request(Op::PushSparse, id, clock);
+  h.seq = seq;
+  h.key_count = 1;
+  h.value_dim = 4;
+  h.rows_per_frame = 1;
+  h.value_frames = 1;
+  frames->push_back(EncodeHeader(h));
+  frames->emplace_back(&key, sizeof(key));
+  const float row[4] = {g, g, g, g};
+  frames->emplace_back(row, sizeof(row));
+}
+
+void AddPull(std::vector<zmq::message_t>* frames, uint64_t id, int64_t clock, uint64_t key) {
+  Header h = Request(Op::PullSparse, id, clock);
+  h.key_count = 1;
+  h.value_dim = 4;
+  frames->push_back(EncodeHeader(h));
+  frames->emplace_back(&key, sizeof(key));
+}
+
+std::vector<zmq::message_t> StepOf(uint64_t id, int64_t clock, uint64_t parts,
+                                   std::vector<zmq::message_t> body) {
+  Header s = Request(Op::Step, id, clock);
+  s.key_count = parts;
+  std::vector<zmq::message_t> frames;
+  frames.push_back(EncodeHeader(s));
+  for (auto& f : body) frames.push_back(std::move(f));
+  return frames;
+}
+
+// The part replies of a Step reply: headers, and the payload of each pull.
+struct StepReply {
+  Header step;
+  std::vector<Header> parts;
+  std::vector<std::vector<float>> rows;  // per part: the pulled floats (empty for others)
+};
+
+Result<StepReply> ParseStepReply(std::vector<zmq::message_t>& frames) {
+  if (frames.empty()) return Timeout("no reply within 10 s");
+  StepReply r;
+  PARASOL_ASSIGN_OR_RETURN(r.step, DecodeHeader(frames[0].data(), frames[0].size()));
+  if (r.step.status != StatusCode::kOk) return Status(r.step.status, r.step.message);
+  PARASOL_ASSIGN_OR_RETURN(std::vector<StepPart> parts,
+                           SplitStep(r.step, std::span<const zmq::message_t>(frames).subspan(1)));
+  for (const StepPart& p : parts) {
+    r.parts.push_back(p.header);
+    std::vector<float> values;
+    for (size_t f = 1; f <= p.payload_frames; ++f) {
+      const zmq::message_t& m = frames[1 + p.header_frame + f];
+      const size_t n = m.size() / sizeof(float);
+      values.resize(values.size() + n);
+      std::memcpy(values.data() + values.size() - n, m.data(), m.size());
+    }
+    r.rows.push_back(std::move(values));
+  }
+  return r;
+}
+
+constexpr const char* kTables =
+    "  - name: emb\n    dim: 4\n    init: {kind: constant, value: 1.0}\n"
+    "    optimizer: {kind: sgd, lr: 0.5}\n";
+
+TEST(StepTest, AStepsPushesApplyOnceAndThePullsAfterItsTickSeeThem) {
+  // Two workers under BSP: worker 0's pulls after its tick wait for worker 1's tick.
+  TestCluster cluster(1, 2, kTables, "training: {consistency: bsp}\n");
+  ASSERT_TRUE(cluster.Start());
+  RawStepPeer peer(cluster.manifest().cluster.servers[0]);
+  constexpr uint64_t kKey = 77;
+  // Pushes of clock 0: gradients 1 and 2 for the same row, in one Step.
+  std::vector<zmq::message_t> body;
+  AddPush(&body, 2, 0, 0, kKey, 1.0f);
+  AddPush(&body, 3, 0, 1, kKey, 2.0f);
+  std::vector<zmq::message_t> resend;
+  for (auto& f : body) resend.emplace_back(f.data(), f.size());
+  ASSERT_TRUE(peer.Send(StepOf(1, 0, 2, std::move(body))));
+  auto frames = peer.Receive();
+  Result<StepReply> r = ParseStepReply(frames);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->parts.size(), 2u);
+  EXPECT_EQ(r->parts[0].request_id, 2u);
+  EXPECT_EQ(r->parts[1].request_id, 3u);
+  EXPECT_FALSE(r->parts[0].duplicate);
+  EXPECT_EQ(r->parts[1].status, StatusCode::kOk) << r->parts[1].message;
+  // The same Step again (a resend): both parts are acknowledged as duplicates, not applied.
+  ASSERT_TRUE(peer.Send(StepOf(1, 0, 2, std::move(resend))));
+  frames = peer.Receive();
+  r = ParseStepReply(frames);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->parts.size(), 2u);
+  EXPECT_TRUE(r->parts[0].duplicate);
+  EXPECT_TRUE(r->parts[1].duplicate);
+  // The tick to clock 1 and a pull of clock 1: the pull waits for worker 1's tick.
+  body.clear();
+  Header tick = Request(Op::Clock, 5, 1);
+  tick.caught_up = true;
+  body.push_back(EncodeHeader(tick));
+  AddPull(&body, 6, 1, kKey);
+  ASSERT_TRUE(peer.Send(StepOf(4, 1, 2, std::move(body))));
+  frames = peer.Receive();
+  r = ParseStepReply(frames);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->parts.size(), 1u) << "the pull must wait for worker 1";
+  EXPECT_EQ(r->parts[0].op, Op::Clock);
+  EXPECT_EQ(r->parts[0].status, StatusCode::kOk) << r->parts[0].message;
+  auto other = cluster.Connect(1);
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->Tick().ok());
+  frames = peer.Receive();
+  r = ParseStepReply(frames);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->step.request_id, 4u);
+  ASSERT_EQ(r->parts.size(), 1u);
+  EXPECT_EQ(r->parts[0].request_id, 6u);
+  ASSERT_EQ(r->rows[0].size(), 4u);
+  // BSP over 2 workers: 1 - 0.5 x (1 + 2) / 2 = 0.25, the pushes applied once.
+  for (float v : r->rows[0]) EXPECT_FLOAT_EQ(v, 0.25f);
+}
+
+TEST(StepTest, MalformedStepsAreRefusedWholeNamingThePart) {
+  TestCluster cluster(1, 1, kTables);
+  ASSERT_TRUE(cluster.Start());
+  RawStepPeer peer(cluster.manifest().cluster.servers[0]);
+  constexpr uint64_t kKey = 9;
+  auto expect_refused = [&](std::vector<zmq::message_t> frames, const std::string& needle) {
+    ASSERT_TRUE(peer.Send(std::move(frames)));
+    auto reply = peer.Receive();
+    ASSERT_FALSE(reply.empty()) << needle << ": no reply";
+    Result<Header> h = DecodeHeader(reply[0].data(), reply[0].size());
+    ASSERT_TRUE(h.ok());
+    EXPECT_NE(h->status, StatusCode::kOk) << needle;
+    EXPECT_NE(h->message.find(needle), std::string::npos)
+        << "'" << h->message << "' does not say '" << needle << "'";
+  };
+  auto good_push = [&](uint64_t seq) {
+    std::vector<zmq::message_t> f;
+    AddPush(&f, 100 + seq, 0, seq, kKey, 1.0f);
+    return f;
+  };
+  auto join = [](std::vector<zmq::message_t> a, std::vector<zmq::message_t> b) {
+    for (auto& f : b) a.push_back(std::move(f));
+    return a;
+  };
+  expect_refused(StepOf(1, 0, 0, {}), "0 parts");
+  expect_refused(StepOf(1, 0, kMaxStepParts + 1, good_push(0)), "parts (1 to 4096");
+  expect_refused(StepOf(1, 0, 2, good_push(0)), "part 1: missing");
+  expect_refused(StepOf(1, 0, 1, join(good_push(0), good_push(1))), "frames after its last part");
+  {
+    std::vector<zmq::message_t> f = good_push(0);
+    f.pop_back();  // the values frame
+    expect_refused(StepOf(1, 0, 1, std::move(f)), "payload frames");
+  }
+  {
+    std::vector<zmq::message_t> f;
+    Header h = Request(Op::PushSparse, 7, 0);
+    h.worker_id = 3;
+    h.key_count = 1;
+    h.value_dim = 4;
+    h.rows_per_frame = 1;
+    h.value_frames = 1;
+    f.push_back(EncodeHeader(h));
+    const float row[4] = {1, 1, 1, 1};
+    f.emplace_back(&kKey, sizeof(kKey));
+    f.emplace_back(row, sizeof(row));
+    expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "Step of worker 0");
+  }
+  {
+    std::vector<zmq::message_t> pull;
+    AddPull(&pull, 8, 0, kKey);
+    expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(pull))), "part 1 (PullSparse)");
+  }
+  {
+    std::vector<zmq::message_t> f;
+    f.push_back(EncodeHeader(Request(Op::Clock, 9, 0)));
+    expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "part 1 (Clock)");
+  }
+  {
+    std::vector<zmq::message_t> f;
+    AddPush(&f, 10, 3, 0, kKey, 1.0f);
+    expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "the Step's is 0");
+  }
+  {
+    std::vector<zmq::message_t> f;
+    Header h = Request(Op::PushSparse, 11, 0);
+    h.replay = true;
+    h.key_count = 1;
+    h.value_dim = 4;
+    h.rows_per_frame = 1;
+    h.value_frames = 1;
+    f.push_back(EncodeHeader(h));
+    const float row[4] = {1, 1, 1, 1};
+    f.emplace_back(&kKey, sizeof(kKey));
+    f.emplace_back(row, sizeof(row));
+    expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "replays travel");
+  }
+  {
+    std::vector<zmq::message_t> inner = StepOf(12, 0, 1, good_push(0));
+    expect_refused(StepOf(1, 0, 1, std::move(inner)), "a Step inside a Step");
+  }
+  // None of the refused Steps applied its good push: the row is still its initial value.
+  auto c = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> row(4);
+  const uint64_t key = kKey;
+  ASSERT_TRUE((*c)->PullSparse(0, std::span<const uint64_t>(&key, 1), row.data()).ok());
+  for (float v : row) EXPECT_EQ(v, 1.0f);
+}
+
+}  // namespace
+}  // namespace parasol
