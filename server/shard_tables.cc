@@ -20,8 +20,6 @@ namespace {
 // would cost more than the work.
 constexpr uint64_t kInlineFloats = 32 * 1024;
 
-// Dense pull replies up to this size are copied rather than shared (see HandlePullDense).
-constexpr uint64_t kCopyReplyBytes = 64 * 1024;
 
 // Calls fn(partition, i, key) for every key of the request, on the engine that owns the key,
 // with the lookahead of Partition::ForEachKey.
@@ -227,9 +225,11 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
   const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
   std::shared_ptr<const float[]> values = table->Share();
   const float* first = values.get() + local;
-  if (n < table->slice().size() && n * sizeof(float) <= kCopyReplyBytes) {
-    // A small part is copied: a shared reply keeps the whole slice alive, and the next push
-    // would copy all of it while the reply waits to be sent.
+  if (n < table->slice().size()) {
+    // A part (a chunk of a chunked pull) is copied: a shared reply keeps the whole slice
+    // alive, and the next push (of the next chunk, right behind it) would copy all of it while
+    // the reply waits to be sent. Copying the chunk costs its size once; that copy, the
+    // slice's size per chunk.
     for (uint32_t f = 0; f < plan.frames; ++f) {
       const uint64_t rows = plan.RowsInFrame(f, n);
       OwnedBuffer b = OwnedBuffer::Allocate(rows * sizeof(float));

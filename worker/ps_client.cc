@@ -601,6 +601,44 @@ std::vector<SliceRange> PsClient::DenseChunks(uint64_t total, uint32_t shard) co
   return chunks;
 }
 
+void PsClient::SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& c,
+                             uint32_t dim, bool with_state) {
+  Header h = NewRequest(Op::PullDense, table);
+  h.key_count = c.size();
+  h.value_dim = dim;
+  h.offset = c.begin;
+  h.with_state = with_state;
+  const uint64_t id = h.request_id;
+  Send(ticket, shard, std::move(h), {});
+  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
+    it->second->expect_rows = c.size();
+    it->second->expect_dim = dim;
+    it->second->expect_offset = c.begin;
+  }
+}
+
+void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& c,
+                             std::span<const float> grads) {
+  Header h = NewRequest(Op::PushDense, table);
+  h.seq = NextPushIndex(shard);
+  h.key_count = c.size();
+  h.value_dim = 1;
+  h.offset = c.begin;
+  h.value_frames = 1;
+  h.rows_per_frame = c.size();
+  std::vector<zmq::message_t> payload;
+  if (log_pushes_) {
+    // The log outlives the caller's buffer: copy.
+    OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
+    std::memcpy(copy.data(), grads.data() + c.begin, c.size() * sizeof(float));
+    payload.push_back(std::move(copy).ToMessage());
+  } else {
+    payload.push_back(BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float),
+                                      pending_.at(ticket)->borrows.get()));
+  }
+  Send(ticket, shard, std::move(h), std::move(payload));
+}
+
 Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bool with_state) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   const Ticket ticket = NewTicket(Op::PullDense, table);
@@ -609,53 +647,49 @@ Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bo
   pending_.at(ticket)->dim = dim;
   for (uint32_t s = 0; s < num_shards(); ++s) {
     for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
-      Header h = NewRequest(Op::PullDense, table);
-      h.key_count = c.size();
-      h.value_dim = dim;
-      h.offset = c.begin;
-      h.with_state = with_state;
-      const uint64_t id = h.request_id;
-      Send(ticket, s, std::move(h), {});
-      if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-        it->second->expect_rows = c.size();
-        it->second->expect_dim = dim;
-        it->second->expect_offset = c.begin;
-      }
+      SendDensePull(ticket, table, s, c, dim, with_state);
     }
   }
   return ticket;
 }
 
-Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<const float> grads) {
-  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
-  if (grads.size() != t->NumElements()) {
-    return InvalidArgument("PushDense on '" + t->name + "': the tensor has " +
-                           std::to_string(t->NumElements()) + " elements, got " +
+Status PsClient::CheckDenseGrads(const TableOptions& t, std::span<const float> grads) const {
+  if (grads.size() != t.NumElements()) {
+    return InvalidArgument("PushDense on '" + t.name + "': the tensor has " +
+                           std::to_string(t.NumElements()) + " elements, got " +
                            std::to_string(grads.size()));
   }
+  return Status::Ok();
+}
+
+Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<const float> grads) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
+  PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
+  const Ticket ticket = NewTicket(Op::PushDense, table);
+  pending_.at(ticket)->borrows = std::make_unique<BorrowTracker>();
+  for (uint32_t s = 0; s < num_shards(); ++s) {
+    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
+      SendDensePush(ticket, table, s, c, grads);
+    }
+  }
+  return ticket;
+}
+
+Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<const float> grads,
+                                                      float* out) {
+  PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
+  PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
   Pending& p = *pending_.at(ticket);
   p.borrows = std::make_unique<BorrowTracker>();
+  p.out = out;
+  p.dim = 1;
+  // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
+  // the chunk, then reads it back, while the next chunk is still on its way up.
   for (uint32_t s = 0; s < num_shards(); ++s) {
     for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
-      Header h = NewRequest(Op::PushDense, table);
-      h.seq = NextPushIndex(s);
-      h.key_count = c.size();
-      h.value_dim = 1;
-      h.offset = c.begin;
-      h.value_frames = 1;
-      h.rows_per_frame = c.size();
-      std::vector<zmq::message_t> payload;
-      if (log_pushes_) {
-        // The log outlives the caller's buffer: copy.
-        OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
-        std::memcpy(copy.data(), grads.data() + c.begin, c.size() * sizeof(float));
-        payload.push_back(std::move(copy).ToMessage());
-      } else {
-        payload.push_back(
-            BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float), p.borrows.get()));
-      }
-      Send(ticket, s, std::move(h), std::move(payload));
+      SendDensePush(ticket, table, s, c, grads);
+      SendDensePull(ticket, table, s, c, 1, false);
     }
   }
   return ticket;

@@ -82,6 +82,13 @@ class PsClient {
   // REQUIRES: `grads` stays valid and unchanged until Wait() returns.
   Result<Ticket> PushDenseAsync(uint32_t table, std::span<const float> grads);
 
+  // A gradient for the whole tensor, then the tensor into `out` as the shards hold it after
+  // applying it (and whatever else they applied before): chunk by chunk, each pull right behind
+  // its push, so the weights come down while the gradient still goes up. Under BSP the pull
+  // reads the weights before this clock's sums are applied, as any pull of this clock does.
+  // REQUIRES: `grads` and `out` stay valid (and `grads` unchanged) until Wait() returns.
+  Result<Ticket> PushPullDenseAsync(uint32_t table, std::span<const float> grads, float* out);
+
   // Completes `ticket`: its result, or the first error of any shard, naming the shard.
   Status Wait(Ticket ticket);
 
@@ -189,6 +196,12 @@ class PsClient {
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
   std::vector<SliceRange> DenseChunks(uint64_t total, uint32_t shard) const;
+  // One chunk's request of a dense pull or push, tracked under `ticket`.
+  void SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& chunk,
+                     uint32_t dim, bool with_state);
+  void SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& chunk,
+                     std::span<const float> grads);
+  Status CheckDenseGrads(const TableOptions& t, std::span<const float> grads) const;
   Result<const TableOptions*> CheckTable(uint32_t table, TableKind kind) const;
 
   Ticket NewTicket(Op op, uint32_t table);

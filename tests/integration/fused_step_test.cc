@@ -340,5 +340,29 @@ TEST(StepTest, MalformedStepsAreRefusedWholeNamingThePart) {
   for (float v : row) EXPECT_EQ(v, 1.0f);
 }
 
+TEST(StepTest, APushPullOfADenseTensorReadsBackEveryChunkAfterItsUpdate) {
+  // Two shards, chunks of 1024 floats (server.frame_bytes 4096): 5000 elements make several
+  // chunks per shard, each pulled right behind its push.
+  TestCluster cluster(2, 1,
+                      "  - name: w\n    kind: dense\n    shape: [5000]\n"
+                      "    init: {kind: constant, value: 1.0}\n    optimizer: {kind: sgd, lr: 0.5}\n",
+                      "server: {frame_bytes: 4096}\n");
+  ASSERT_TRUE(cluster.Start());
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<float> grad(5000), out(5000, -7.0f), again(5000);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 17) * 0.25f;
+  for (int round = 1; round <= 2; ++round) {
+    auto t = c->PushPullDenseAsync(0, grad, out.data());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_TRUE(c->Wait(*t).ok());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], 1.0f - round * 0.5f * grad[i]) << "element " << i << ", round " << round;
+    }
+  }
+  ASSERT_TRUE(c->PullDense(0, again.data()).ok());
+  EXPECT_EQ(again, out);
+}
+
 }  // namespace
 }  // namespace parasol
