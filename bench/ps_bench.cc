@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <unordered_set>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -41,6 +43,7 @@
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
 #include "worker/data_generator.hpp"
+#include "worker/data_reader.hpp"
 #include "worker/model.hpp"
 #include "worker/ps_client.hpp"
 
@@ -455,6 +458,40 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
 // The worker row cache under SSP (staleness 4) on Zipf data: pull bytes per step and eval AUC
 // with and without it (2 workers, 1 server, dlrm with an SGD embedding: the worker's own pushes
 // reach its cached rows by SGD's rule).
+// The share of pulled row bytes a perfect cache bounded by `staleness` could save: each
+// worker's batches as its reader hands them out, a batch's distinct keys, and a key counted as
+// saved when this worker pulled it in one of its previous `staleness` batches (the most any
+// cache can reuse: a row pulled at clock c answers pulls up to clock c + staleness at best).
+// Every key costs the same bytes (key and row), so the share of keys is the share of bytes.
+std::optional<double> PerfectCacheSavedShare(const std::string& file, uint32_t workers,
+                                             uint32_t batch, uint32_t staleness) {
+  uint64_t keys = 0, saved = 0;
+  for (uint32_t w = 0; w < workers; ++w) {
+    ReaderOptions ro;
+    ro.files = {file};
+    ro.batch_size = batch;
+    ro.rank = w;
+    ro.workers = workers;
+    BatchReader reader(ro);
+    std::deque<std::unordered_set<uint64_t>> recent;
+    while (true) {
+      Result<std::optional<Batch>> b = reader.Next();
+      if (!b.ok()) return std::nullopt;
+      if (!*b) break;
+      std::unordered_set<uint64_t> distinct((*b)->keys.begin(), (*b)->keys.end());
+      keys += distinct.size();
+      for (uint64_t k : distinct) {
+        saved += std::any_of(recent.begin(), recent.end(),
+                             [&](const std::unordered_set<uint64_t>& r) { return r.count(k); });
+      }
+      recent.push_back(std::move(distinct));
+      if (recent.size() > staleness) recent.pop_front();
+    }
+  }
+  if (keys == 0) return std::nullopt;
+  return static_cast<double>(saved) / static_cast<double>(keys);
+}
+
 void CacheRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-cache-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -494,6 +531,10 @@ void CacheRows(const Options& opt, std::vector<Row>* rows) {
                      std::nullopt});
     rows->push_back({"pull_bytes_per_step_ssp4_cache", on_bytes, "B", std::nullopt, "",
                      std::nullopt});
+    // What the cache saved, next to what a perfect cache within the same bound could.
+    const std::optional<double> best = PerfectCacheSavedShare(dir + "/train.tsv", 2, 256, 4);
+    rows->push_back({"pull_bytes_saved_ssp4_cache", off_bytes > 0 ? 1.0 - on_bytes / off_bytes : 0.0,
+                     "share", best, best ? "perfect_cache_ssp4" : "", std::nullopt});
     rows->push_back({"eval_auc_ssp4_nocache", JsonNumber(off, "eval_auc"), "", std::nullopt, "",
                      std::nullopt});
     rows->push_back({"eval_auc_ssp4_cache", JsonNumber(on, "eval_auc"), "", std::nullopt, "",
