@@ -104,6 +104,16 @@ int main(int argc, char** argv) {
   render->add_option("--worker-memory", render_options.worker_memory)->capture_default_str();
   render->add_option("--worker-gpus", render_options.worker_gpus, "GPUs per worker")
       ->capture_default_str();
+  render->add_option("--time", render_options.time, "slurm: the job's time limit (sbatch --time)");
+  render->add_option("--partition", render_options.partition, "slurm: sbatch --partition");
+  render->add_option("--account", render_options.account, "slurm: sbatch --account");
+  render->add_option("--output", render_options.output,
+                     "slurm: the job's output file (sbatch --output, e.g. parasol-%j.out)");
+  render->add_option("--sbatch", render_options.sbatch_lines,
+                     "slurm: an extra #SBATCH line, e.g. --sbatch '--qos=high' (repeatable)");
+  render->add_flag("!--no-exclusive", render_options.exclusive,
+                   "slurm: let other jobs share the servers' nodes (by default they are the "
+                   "job's alone: the servers listen on the manifest's fixed ports)");
 
   std::string keys_out, key_name = "parasol";
   auto* keygen = app.add_subcommand("keygen", "write a CURVE key pair (NAME.key, NAME.pub)");

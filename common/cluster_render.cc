@@ -44,26 +44,31 @@ Result<std::string> RewriteManifest(const std::string& path, const std::vector<s
     const std::string p = n.as<std::string>();
     return p.empty() || p[0] == '/' ? p : (base / p).lexically_normal().string();
   };
-  if (doc["data"] && doc["data"].IsMap()) {
-    YAML::Node data = doc["data"];
-    if (data["eval"] && data["eval"].IsScalar()) data["eval"] = absolute(data["eval"]);
-    if (data["train"] && data["train"].IsScalar()) data["train"] = absolute(data["train"]);
-    if (data["train"] && data["train"].IsSequence()) {
-      for (size_t i = 0; i < data["train"].size(); ++i) {
-        data["train"][i] = absolute(data["train"][i]);
+  // Every path of the manifest (a scalar, or a list of them) under `section`.
+  auto make_absolute = [&](const char* section, const char* key) {
+    if (!doc[section] || !doc[section].IsMap()) return;
+    YAML::Node node = doc[section][key];
+    if (!node) return;
+    if (node.IsScalar()) {
+      doc[section][key] = absolute(node);
+    } else if (node.IsSequence()) {
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (node[i].IsScalar()) node[i] = absolute(node[i]);
       }
     }
-  }
+  };
+  make_absolute("data", "train");
+  make_absolute("data", "eval");
+  make_absolute("checkpoint", "dir");
+  make_absolute("security", "server_keys");
+  make_absolute("security", "client_key");
+  make_absolute("security", "allowed_clients");
+  make_absolute("security", "worker_keys");
   YAML::Emitter out;
   out << doc;
   return std::string(out.c_str()) + "\n";
 }
 
-// Kubernetes writes 16Gi, Slurm 16G.
-std::string SlurmMemory(std::string m) {
-  if (m.size() > 2 && m.back() == 'i') m.pop_back();
-  return m;
-}
 
 void Resources(YAML::Emitter& y, uint32_t cpus, const std::string& memory, uint32_t gpus) {
   y << YAML::Key << "resources" << YAML::Value << YAML::BeginMap;
@@ -199,8 +204,70 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
   return std::string(y.c_str()) + "\n";
 }
 
+Result<std::string> SlurmMemory(const std::string& size) {
+  // A number (a decimal fraction allowed) and a unit: none (bytes), K, M, G, T (powers of 10,
+  // as Kubernetes reads them) or Ki, Mi, Gi, Ti (powers of 2).
+  const std::string what = "memory size '" + size + "'";
+  size_t i = 0;
+  uint64_t whole = 0, frac = 0, frac_scale = 1;
+  bool digits = false;
+  for (; i < size.size() && std::isdigit(static_cast<unsigned char>(size[i])); ++i) {
+    if (whole > (UINT64_MAX - 9) / 10) return InvalidArgument(what + " is too large");
+    whole = whole * 10 + static_cast<uint64_t>(size[i] - '0');
+    digits = true;
+  }
+  if (i < size.size() && size[i] == '.') {
+    for (++i; i < size.size() && std::isdigit(static_cast<unsigned char>(size[i])); ++i) {
+      if (frac_scale >= 1000000000000ull) return InvalidArgument(what + " has too many decimals");
+      frac = frac * 10 + static_cast<uint64_t>(size[i] - '0');
+      frac_scale *= 10;
+      digits = true;
+    }
+  }
+  const std::string unit = size.substr(i);
+  static const std::pair<const char*, unsigned __int128> kUnits[] = {
+      {"", 1},          {"K", 1000},       {"M", 1000000},    {"G", 1000000000},
+      {"T", 1000000000000ull}, {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30},
+      {"Ti", 1ull << 40}};
+  unsigned __int128 scale = 0;
+  for (const auto& [name, value] : kUnits) {
+    if (unit == name) scale = value;
+  }
+  if (!digits || scale == 0) {
+    return InvalidArgument(what + ": expected a number and one of the units K, M, G, T (powers "
+                           "of 10), Ki, Mi, Gi, Ti (powers of 2) or none (bytes)");
+  }
+  const unsigned __int128 scaled_frac = static_cast<unsigned __int128>(frac) * scale;
+  if (scaled_frac % frac_scale != 0) {
+    return InvalidArgument(what + " is not a whole number of bytes");
+  }
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(whole) * scale +
+                                  scaled_frac / frac_scale;
+  if (bytes > (static_cast<unsigned __int128>(1) << 62)) return InvalidArgument(what + " is too large");
+  // Slurm's --mem counts in units of 1024 bytes at the least (K, M, G, T); without a unit it
+  // reads megabytes.
+  if (bytes == 0 || bytes % 1024 != 0) {
+    return InvalidArgument(what + " is " + std::to_string(static_cast<uint64_t>(bytes)) +
+                           " bytes, which Slurm cannot take: --mem counts whole KiB (use Ki, "
+                           "Mi, Gi or a multiple of 1024 bytes)");
+  }
+  static const std::pair<const char*, uint64_t> kSlurm[] = {
+      {"T", 1ull << 40}, {"G", 1ull << 30}, {"M", 1ull << 20}, {"K", 1ull << 10}};
+  for (const auto& [name, value] : kSlurm) {
+    if (bytes % value == 0) return std::to_string(static_cast<uint64_t>(bytes / value)) + name;
+  }
+  return Internal("unreachable");
+}
+
 Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOptions& o) {
   PARASOL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(manifest_path));
+  PARASOL_ASSIGN_OR_RETURN(const std::string server_mem, SlurmMemory(o.server_memory));
+  PARASOL_ASSIGN_OR_RETURN(const std::string worker_mem, SlurmMemory(o.worker_memory));
+  for (const std::string& line : o.sbatch_lines) {
+    if (line.find('\n') != std::string::npos) {
+      return InvalidArgument("--sbatch '" + line + "': one line each");
+    }
+  }
   const std::string name = DnsName(m.job.name);
   const size_t servers = m.cluster.servers.size();
   std::vector<std::string> hosts;
@@ -216,34 +283,62 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
     if ((text[i] == '$' && !placeholder) || text[i] == '`' || text[i] == '\\') escaped += '\\';
     escaped += text[i];
   }
+  // A value for an sbatch option line: quoted for bash's word splitting by sbatch.
+  auto option = [](const std::string& flag, const std::string& value) {
+    return value.empty() ? std::string() : "#SBATCH " + flag + "=" + value + "\n";
+  };
   std::ostringstream s;
   s << "#!/bin/bash\n"
     << "# Parasol job '" << m.job.name << "': component 0 runs the " << servers
     << " server shards, component 1 the " << m.cluster.workers << " workers.\n"
     << "#SBATCH --job-name=" << name << "\n"
-    << "#SBATCH --nodes=" << servers << " --ntasks=" << servers << " --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << SlurmMemory(o.server_memory)
-    << "\n"
-    << "#SBATCH hetjob\n"
+    << "# A node lost mid-job fails the job (its shards' updates since their checkpoints are\n"
+    << "# gone with them); not requeued, which would start every role afresh.\n"
+    << "#SBATCH --no-requeue\n"
+    << option("--time", o.time) << option("--partition", o.partition)
+    << option("--account", o.account) << option("--output", o.output);
+  for (const std::string& line : o.sbatch_lines) s << "#SBATCH " << line << "\n";
+  s << "#SBATCH --nodes=" << servers << " --ntasks=" << servers << " --ntasks-per-node=1\n"
+    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << server_mem << "\n";
+  // The servers listen on the manifest's fixed ports: a node of theirs is theirs alone.
+  if (o.exclusive) s << "#SBATCH --exclusive\n";
+  s << "#SBATCH hetjob\n"
     << "#SBATCH --nodes=" << m.cluster.workers << " --ntasks=" << m.cluster.workers
     << " --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << o.worker_cpus << " --mem=" << SlurmMemory(o.worker_memory)
-    << "\n";
+    << "#SBATCH --cpus-per-task=" << o.worker_cpus << " --mem=" << worker_mem << "\n";
   if (o.worker_gpus > 0) s << "#SBATCH --gpus-per-task=" << o.worker_gpus << "\n";
   s << "set -euo pipefail\n\n"
-    << "# The servers' hosts are the nodes of component 0, in rank order.\n"
-    << "mapfile -t SERVER_HOSTS < <(scontrol show hostnames \"$SLURM_JOB_NODELIST_HET_GROUP_0\")\n"
-    << "MANIFEST=\"${SLURM_SUBMIT_DIR:-$PWD}/" << name << ".${SLURM_JOB_ID}.yaml\"\n"
+    << "PARASOL=" << o.binary << "\n"
+    << "# The job's folder (the manifest the roles read): on the submit directory's file system,\n"
+    << "# which every node sees; removed at the end (PARASOL_KEEP_JOB_DIR=1 keeps it).\n"
+    << "JOB_DIR=\"${SLURM_SUBMIT_DIR:-$PWD}/parasol-" << name << "-${SLURM_JOB_ID}\"\n"
+    << "mkdir -p \"$JOB_DIR\"\n"
+    << "trap '[ \"${PARASOL_KEEP_JOB_DIR:-0}\" = 1 ] || rm -rf \"$JOB_DIR\"' EXIT\n"
+    << "MANIFEST=\"$JOB_DIR/manifest.yaml\"\n\n"
+    << "# The servers' hosts are the nodes of component 0, in rank order, at the address Slurm\n"
+    << "# reaches each node by (NodeAddr; the node's name unless slurm.conf says otherwise).\n"
+    << "SERVER_HOSTS=()\n"
+    << "for node in $(scontrol show hostnames \"$SLURM_JOB_NODELIST_HET_GROUP_0\"); do\n"
+    << "  addr=$(scontrol show node \"$node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)\n"
+    << "  SERVER_HOSTS+=(\"${addr:-$node}\")\n"
+    << "done\n"
     << "cat > \"$MANIFEST\" <<PARASOL_MANIFEST\n"
     << escaped << "PARASOL_MANIFEST\n\n"
-    << "srun --het-group=0 bash -c 'exec " << o.binary
-    << " server --manifest \"$0\" --rank \"$SLURM_PROCID\"' \"$MANIFEST\" &\n"
+    << "srun --het-group=0 bash -c 'exec \"$0\" server --manifest \"$1\" --rank \"$SLURM_PROCID\"' "
+       "\"$PARASOL\" \"$MANIFEST\" &\n"
     << "servers=$!\n"
     << "status=0\n"
-    << "srun --het-group=1 bash -c 'exec " << o.binary
-    << " worker --manifest \"$0\" --rank \"$SLURM_PROCID\"' \"$MANIFEST\" || status=$?\n"
-    << "kill -TERM \"$servers\" 2>/dev/null || true\n"
-    << "wait \"$servers\" || true\n"
+    << "srun --het-group=1 bash -c 'exec \"$0\" worker --manifest \"$1\" --rank \"$SLURM_PROCID\"' "
+       "\"$PARASOL\" \"$MANIFEST\" || status=$?\n"
+    << "# A clean stop: each shard writes its final checkpoint (with checkpoint.dir), logs its\n"
+    << "# stats and exits. If that cannot be asked, SIGTERM goes to the shard processes (srun\n"
+    << "# itself would answer a signal by killing them).\n"
+    << "if ! \"$PARASOL\" shutdown --manifest \"$MANIFEST\"; then\n"
+    << "  scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null || true\n"
+    << "fi\n"
+    << "server_status=0\n"
+    << "wait \"$servers\" || server_status=$?\n"
+    << "if [ \"$status\" -eq 0 ]; then status=$server_status; fi\n"
     << "exit \"$status\"\n";
   return s.str();
 }

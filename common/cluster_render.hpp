@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.hpp"
 
@@ -19,7 +20,19 @@ struct RenderOptions {
   uint32_t worker_cpus = 4;
   std::string worker_memory = "8Gi";
   uint32_t worker_gpus = 0;                // GPUs requested per worker
+  // Slurm: sbatch options (empty: not set), extra #SBATCH lines, and whether the servers'
+  // nodes are the job's alone (they listen on the manifest's fixed ports).
+  std::string time;
+  std::string partition;
+  std::string account;
+  std::string output;
+  std::vector<std::string> sbatch_lines;
+  bool exclusive = true;
 };
+
+// A memory size as Slurm's --mem takes it (e.g. "1536M" for "1.5Gi"): exact, or an error when
+// the size is not a whole number of KiB or is not understood.
+Result<std::string> SlurmMemory(const std::string& size);
 
 // A ConfigMap with the manifest, a headless Service and a StatefulSet for the servers (stable
 // DNS names NAME-server-I.NAME-server used as their hosts), and an Indexed Job for the workers.

@@ -1,5 +1,7 @@
 #include "common/net.hpp"
 
+#include <netdb.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -57,6 +59,18 @@ Result<std::vector<uint16_t>> PickFreePorts(size_t n, const std::string& host) {
   for (int fd : fds) ::close(fd);
   if (!failure.ok()) return failure;
   return ports;
+}
+
+Status CheckResolves(const std::string& host) {
+  if (host.empty() || host == "*" || host == "0.0.0.0") return Status::Ok();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (rc == 0) return Status::Ok();
+  return Unavailable("cannot resolve '" + host + "': " + ::gai_strerror(rc));
 }
 
 }  // namespace parasol

@@ -17,4 +17,9 @@ Result<uint16_t> PickFreePort(const std::string& host = "127.0.0.1");
 // hand out the same port twice.
 Result<std::vector<uint16_t>> PickFreePorts(size_t n, const std::string& host = "127.0.0.1");
 
+// Whether `host` (a name or an address) resolves: Ok, or an error saying
+// "cannot resolve 'HOST': WHY" (a host the workers cannot find is named as such, not left to
+// look like a shard that does not answer).
+Status CheckResolves(const std::string& host);
+
 }  // namespace parasol

@@ -41,6 +41,34 @@ parasol_install_deps() {
     "${missing[@]}"
 }
 
+# What only the tests need: a real Slurm for the `slurm` test (it runs Slurm's daemons, so as
+# root only). Best effort: without it that test reports itself skipped, with the reason.
+PARASOL_TEST_PACKAGES=(slurm-wlm munge)
+
+parasol_install_test_deps() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "parasol: not root: the Slurm test will be skipped (it runs Slurm's daemons)"
+    return 0
+  fi
+  local missing=()
+  local p
+  for p in "${PARASOL_TEST_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  echo "parasol: installing Debian packages for the tests: ${missing[*]}"
+  # The packages' own services are not started (the test runs its own daemons).
+  if ! env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends "${missing[@]}"; then
+    env DEBIAN_FRONTEND=noninteractive apt-get update -q || true
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends "${missing[@]}" ||
+      echo "parasol: could not install ${missing[*]}: the Slurm test will be skipped"
+  fi
+}
+
 parasol_build() {
   local build_type="${1:-Release}"
   cmake -S "$PARASOL_ROOT" -B "$PARASOL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE="$build_type"

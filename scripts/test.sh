@@ -6,6 +6,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 parasol_install_deps
+parasol_install_test_deps
 parasol_build Release
 # The fuzzers' own build folder (clang, ASan + UBSan); their ctest entries run them.
 bash "$PARASOL_ROOT/scripts/fuzz.sh" build

@@ -1,5 +1,7 @@
 #include "server/shard_server.hpp"
 
+#include "common/net.hpp"
+
 #include "common/fault_points.hpp"
 
 #include <spdlog/spdlog.h>
@@ -76,6 +78,9 @@ Status ShardServer::Bind() {
     }
   }
   endpoint_ = TcpEndpoint(host, me.port);
+  if (Status resolves = CheckResolves(host); !resolves.ok()) {
+    return resolves.WithContext("shard " + std::to_string(rank_) + ": cannot bind " + endpoint_);
+  }
   const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
   if (!sec.curve && !loopback) {
     spdlog::warn("shard {}: binds {} without security: any host that reaches it may read, push "
@@ -149,8 +154,12 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     }
   }
   if (metrics_) metrics_->SetHealthy(false);
-  if (stop.load() && !manifest_.checkpoint.dir.empty()) {
-    if (Status st = SaveCheckpoint("on stop", /*final=*/true); !st.ok()) {
+  // Stopped by a signal or asked to stop (parasol shutdown): the last checkpoint holds every
+  // update this shard acknowledged, so nothing is due from the workers' logs after it.
+  if (!manifest_.checkpoint.dir.empty()) {
+    if (Status st = SaveCheckpoint(shutdown_requested_ ? "on shutdown" : "on stop",
+                                   /*final=*/true);
+        !st.ok()) {
       spdlog::error("shard {}: the last checkpoint failed: {}", rank_, st.ToString());
     }
   }
@@ -356,7 +365,9 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       reply->message = StatsJson();
       return Status::Ok();
     case Op::Shutdown:
-      spdlog::info("shard {}: shutdown requested by worker {}", rank_, req.worker_id);
+      spdlog::info("shard {}: shutdown requested by {}", rank_,
+                   controller_.InJob(req.worker_id) ? "worker " + std::to_string(req.worker_id)
+                                                    : std::string("a client outside the job"));
       shutdown_requested_ = true;
       return Status::Ok();
     case Op::Checkpoint: {

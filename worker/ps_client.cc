@@ -9,6 +9,7 @@
 #include <random>
 
 #include "common/fault_points.hpp"
+#include "common/net.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 
@@ -207,13 +208,26 @@ Status PsClient::Handshake() {
     if (Clock::now() >= next_note && pending_.at(t)->outstanding > 0) {
       for (const auto& [id, r] : in_flight_) {
         if (r->ticket != t) continue;
-        spdlog::info("worker {}: waiting for shard {} at {}", worker_id_, r->shard,
-                     manifest_.cluster.servers[r->shard].ToString());
+        const Status resolves = CheckResolves(manifest_.cluster.servers[r->shard].host);
+        spdlog::info("worker {}: waiting for shard {} at {}{}", worker_id_, r->shard,
+                     manifest_.cluster.servers[r->shard].ToString(),
+                     resolves.ok() ? "" : " (" + resolves.message() + ")");
       }
       next_note = Clock::now() + std::chrono::seconds(5);
     }
   }
   Pending& p = *pending_.at(t);
+  if (!p.status.ok()) {
+    // A host that does not resolve is why its shard never answered: say so first.
+    std::string unresolved;
+    for (const ServerAddress& a : manifest_.cluster.servers) {
+      const Status resolves = CheckResolves(a.host);
+      if (!resolves.ok() && unresolved.find(resolves.message()) == std::string::npos) {
+        unresolved += resolves.message() + "; ";
+      }
+    }
+    if (!unresolved.empty()) p.status = Status(p.status.code(), unresolved + p.status.message());
+  }
   for (uint32_t s = 0; s < p.replies.size() && p.status.ok(); ++s) {
     Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
     if (h.ok() && (h->shard_rank != s || h->shard_count != shards_.size())) {

@@ -22,7 +22,8 @@ class ClusterRenderTest : public ::testing::Test {
                        "cluster:\n  servers: [10.0.0.1:7000, 10.0.0.2:7001, 10.0.0.3:7002]\n"
                        "  workers: 4\n  worker_hosts: [a, b, c, d]\n"
                        "model: {kind: dlrm}\n"
-                       "data: {train: data/train.tsv, eval: /abs/eval.tsv}\n");
+                       "data: {train: data/train.tsv, eval: /abs/eval.tsv}\n"
+                       "checkpoint: {dir: ckpt}\n");
   }
   void TearDown() override { testing::RemoveTree(dir_); }
   std::string dir_;
@@ -100,6 +101,69 @@ TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
   ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << manifest;
   EXPECT_EQ(m->cluster.servers[1].ToString(), "node1:7001");
   EXPECT_EQ(m->cluster.workers, 4u);
+  // Every path absolute, from the original manifest's folder (the copy lives elsewhere).
+  EXPECT_EQ(m->checkpoint.dir, dir_ + "/ckpt");
+  ASSERT_EQ(m->data.train.size(), 1u);
+  EXPECT_EQ(m->data.train[0], dir_ + "/data/train.tsv");
+  EXPECT_EQ(m->data.eval, "/abs/eval.tsv");
+  // A clean stop, the job's own folder, the servers' nodes its alone, no requeue.
+  EXPECT_NE(s.find("\"$PARASOL\" shutdown --manifest \"$MANIFEST\""), std::string::npos);
+  EXPECT_NE(s.find("scancel --signal=TERM"), std::string::npos);
+  EXPECT_EQ(s.find("kill -TERM"), std::string::npos);
+  EXPECT_NE(s.find("JOB_DIR=\"${SLURM_SUBMIT_DIR:-$PWD}/parasol-ctr-job-${SLURM_JOB_ID}\""),
+            std::string::npos);
+  EXPECT_NE(s.find("rm -rf \"$JOB_DIR\""), std::string::npos);
+  EXPECT_NE(s.find("#SBATCH --exclusive\n#SBATCH hetjob"), std::string::npos);
+  EXPECT_NE(s.find("#SBATCH --no-requeue\n"), std::string::npos);
+  EXPECT_EQ(s.find("#SBATCH --time"), std::string::npos);
+}
+
+TEST_F(ClusterRenderTest, SlurmOptionsBecomeSbatchLines) {
+  RenderOptions o;
+  o.time = "1:30:00";
+  o.partition = "gpu";
+  o.account = "ranking";
+  o.output = "logs/parasol-%j.out";
+  o.sbatch_lines = {"--qos=high", "--mail-type=END"};
+  o.exclusive = false;
+  o.server_memory = "1.5Gi";
+  o.worker_memory = "1073741824";
+  Result<std::string> text = RenderSlurm(dir_ + "/job.yaml", o);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string& s = *text;
+  for (const char* line : {"#SBATCH --time=1:30:00\n", "#SBATCH --partition=gpu\n",
+                           "#SBATCH --account=ranking\n", "#SBATCH --output=logs/parasol-%j.out\n",
+                           "#SBATCH --qos=high\n", "#SBATCH --mail-type=END\n",
+                           "--mem=1536M\n", "--mem=1G\n"}) {
+    EXPECT_NE(s.find(line), std::string::npos) << line << " missing from\n" << s;
+  }
+  EXPECT_EQ(s.find("--exclusive"), std::string::npos);
+  // Options come before the first component's lines: sbatch reads them for the whole job.
+  EXPECT_LT(s.find("--qos=high"), s.find("#SBATCH --nodes=3"));
+  o.sbatch_lines = {"--qos=high\nrm -rf /"};
+  EXPECT_FALSE(RenderSlurm(dir_ + "/job.yaml", o).ok());
+}
+
+TEST(SlurmMemoryTest, SizesAreConvertedExactlyOrRefused) {
+  const std::pair<const char*, const char*> good[] = {
+      {"16Gi", "16G"},   {"1.5Gi", "1536M"},     {"0.25Gi", "256M"}, {"256Mi", "256M"},
+      {"1Ti", "1T"},     {"1024", "1K"},         {"1048576", "1M"},  {"2048Ki", "2M"},
+      {"16G", "15625000K"}, {"1.024M", "1000K"}, {"3Ki", "3K"}};
+  for (const auto& [in, want] : good) {
+    Result<std::string> got = SlurmMemory(in);
+    ASSERT_TRUE(got.ok()) << in << ": " << got.status().ToString();
+    EXPECT_EQ(*got, want) << in;
+  }
+  // Not a whole number of KiB, not understood, or nothing at all: refused, naming the size.
+  for (const char* bad : {"1000", "1.3Gi", "16GB", "16g", "", "Gi", "-1Gi", "0", "1.5",
+                          "99999999999999999999Gi", "1e9"}) {
+    Result<std::string> got = SlurmMemory(bad);
+    EXPECT_FALSE(got.ok()) << bad << " gave " << (got.ok() ? *got : "");
+    if (!got.ok()) {
+      EXPECT_NE(got.status().message().find(std::string("'") + bad + "'"), std::string::npos)
+          << got.status().message();
+    }
+  }
 }
 
 TEST_F(ClusterRenderTest, ABadManifestIsReported) {

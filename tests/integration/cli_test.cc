@@ -3,10 +3,12 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include "common/manifest.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "kernels/cuda_check.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "worker/ps_client.hpp"
 
 namespace parasol {
 namespace {
@@ -123,6 +125,62 @@ TEST_F(CliTest, ShutdownStopsEveryShard) {
     ASSERT_TRUE(st.has_value());
     EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
   }
+}
+
+TEST_F(CliTest, ShutdownWritesAFinalCheckpointThatHoldsEveryUpdate) {
+  const std::string m = dir_ + "/m.yaml";
+  WriteFile(m, PortsManifest(1, 1) + "training: {consistency: asp}\n" +
+                   "checkpoint: {dir: ckpt, restore: true}\n");
+  auto server = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", m, "--rank", "0"},
+                                  dir_ + "/s.log");
+  ASSERT_TRUE(server.ok());
+  Result<Manifest> manifest = LoadManifest(m);
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  const std::vector<uint64_t> keys = {5, 6};
+  std::vector<float> pushed(16);
+  {
+    auto c = PsClient::Connect(*manifest, 0);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<float> grads(16, 0.5f);
+    ASSERT_TRUE((*c)->PushSparse(0, keys, grads).ok());
+    ASSERT_TRUE((*c)->PullSparse(0, keys, pushed.data()).ok());
+  }
+  ProcessRun r = RunParasol({"shutdown", "--manifest", m}, dir_);
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+  auto st = server->Wait(std::chrono::seconds(20));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
+  const std::string log = ReadFile(dir_ + "/s.log");
+  EXPECT_NE(log.find("(on shutdown) at clock 0:"), std::string::npos) << log;
+  EXPECT_NE(log.find("shutdown requested by a client outside the job"), std::string::npos) << log;
+  // Started again from it, the shard has the pushed rows.
+  auto again = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", m, "--rank", "0"},
+                                 dir_ + "/s2.log");
+  ASSERT_TRUE(again.ok());
+  auto c = PsClient::Connect(*manifest, PsClient::kObserver);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> restored(16);
+  ASSERT_TRUE((*c)->PullSparse(0, keys, restored.data()).ok());
+  EXPECT_EQ(restored, pushed);
+  again->Signal(SIGTERM);
+  EXPECT_TRUE(again->Wait(std::chrono::seconds(20)).has_value());
+}
+
+TEST_F(CliTest, AServerHostThatDoesNotResolveIsNamed) {
+  const std::string m = dir_ + "/m.yaml";
+  WriteFile(m, "cluster:\n  servers: [no-such-host.invalid:7000]\n  workers: 1\n"
+               "  connect_timeout: 2s\n  bind: listed\n"
+               "tables:\n  - {name: emb, kind: sparse, dim: 8}\n");
+  ProcessRun stats = RunParasol({"stats", "--manifest", m}, dir_);
+  ASSERT_TRUE(WIFEXITED(stats.status));
+  EXPECT_NE(WEXITSTATUS(stats.status), 0);
+  EXPECT_NE(stats.output.find("cannot resolve 'no-such-host.invalid'"), std::string::npos)
+      << stats.output;
+  ProcessRun server = RunParasol({"server", "--manifest", m, "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(server.status));
+  EXPECT_NE(WEXITSTATUS(server.status), 0);
+  EXPECT_NE(server.output.find("cannot resolve 'no-such-host.invalid'"), std::string::npos)
+      << server.output;
 }
 
 }  // namespace
