@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "common/manifest.hpp"
@@ -205,8 +206,9 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
 }
 
 Result<std::string> SlurmMemory(const std::string& size) {
-  // A number (a decimal fraction allowed) and a unit: none (bytes), K, M, G, T (powers of 10,
-  // as Kubernetes reads them) or Ki, Mi, Gi, Ti (powers of 2).
+  // A number (a decimal fraction allowed) and a unit: k or K, M, G, T (powers of 10, as
+  // Kubernetes reads them) or Ki, Mi, Gi, Ti (powers of 2). A bare number is refused: Kubernetes
+  // reads it as bytes, Slurm as megabytes.
   const std::string what = "memory size '" + size + "'";
   size_t i = 0;
   uint64_t whole = 0, frac = 0, frac_scale = 1;
@@ -225,17 +227,17 @@ Result<std::string> SlurmMemory(const std::string& size) {
     }
   }
   const std::string unit = size.substr(i);
-  static const std::pair<const char*, unsigned __int128> kUnits[] = {
-      {"", 1},          {"K", 1000},       {"M", 1000000},    {"G", 1000000000},
-      {"T", 1000000000000ull}, {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30},
-      {"Ti", 1ull << 40}};
-  unsigned __int128 scale = 0;
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"k", 1000},          {"K", 1000},          {"M", 1000000},       {"G", 1000000000},
+      {"T", 1000000000000}, {"Ki", uint64_t{1} << 10}, {"Mi", uint64_t{1} << 20},
+      {"Gi", uint64_t{1} << 30}, {"Ti", uint64_t{1} << 40}};
+  uint64_t scale = 0;
   for (const auto& [name, value] : kUnits) {
     if (unit == name) scale = value;
   }
   if (!digits || scale == 0) {
-    return InvalidArgument(what + ": expected a number and one of the units K, M, G, T (powers "
-                           "of 10), Ki, Mi, Gi, Ti (powers of 2) or none (bytes)");
+    return InvalidArgument(what + ": expected a number and one of the units k, M, G, T (powers "
+                           "of 10) or Ki, Mi, Gi, Ti (powers of 2)");
   }
   const unsigned __int128 scaled_frac = static_cast<unsigned __int128>(frac) * scale;
   if (scaled_frac % frac_scale != 0) {
@@ -244,15 +246,15 @@ Result<std::string> SlurmMemory(const std::string& size) {
   const unsigned __int128 bytes = static_cast<unsigned __int128>(whole) * scale +
                                   scaled_frac / frac_scale;
   if (bytes > (static_cast<unsigned __int128>(1) << 62)) return InvalidArgument(what + " is too large");
-  // Slurm's --mem counts in units of 1024 bytes at the least (K, M, G, T); without a unit it
-  // reads megabytes.
-  if (bytes == 0 || bytes % 1024 != 0) {
+  // Slurm's --mem counts whole MiB (a K value is rounded up to them).
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (bytes == 0 || bytes % kMiB != 0) {
     return InvalidArgument(what + " is " + std::to_string(static_cast<uint64_t>(bytes)) +
-                           " bytes, which Slurm cannot take: --mem counts whole KiB (use Ki, "
-                           "Mi, Gi or a multiple of 1024 bytes)");
+                           " bytes, not a whole number of MiB, which is what Slurm's --mem "
+                           "counts (use Mi or Gi, e.g. 1536Mi)");
   }
   static const std::pair<const char*, uint64_t> kSlurm[] = {
-      {"T", 1ull << 40}, {"G", 1ull << 30}, {"M", 1ull << 20}, {"K", 1ull << 10}};
+      {"T", uint64_t{1} << 40}, {"G", uint64_t{1} << 30}, {"M", kMiB}};
   for (const auto& [name, value] : kSlurm) {
     if (bytes % value == 0) return std::to_string(static_cast<uint64_t>(bytes / value)) + name;
   }
@@ -264,62 +266,98 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
   PARASOL_ASSIGN_OR_RETURN(const std::string server_mem, SlurmMemory(o.server_memory));
   PARASOL_ASSIGN_OR_RETURN(const std::string worker_mem, SlurmMemory(o.worker_memory));
   for (const std::string& line : o.sbatch_lines) {
-    if (line.find('\n') != std::string::npos) {
+    if (line.find_first_of("\n\r") != std::string::npos) {
       return InvalidArgument("--sbatch '" + line + "': one line each");
+    }
+  }
+  // sbatch reads an option line up to the first blank: a value must be one word.
+  for (const auto& [flag, value] : {std::pair{"--time", &o.time}, std::pair{"--partition", &o.partition},
+                                    std::pair{"--account", &o.account},
+                                    std::pair{"--output", &o.output}}) {
+    if (value->find_first_of(" \t\n\r") != std::string::npos) {
+      return InvalidArgument(std::string(flag) + " '" + *value + "': no blanks allowed");
     }
   }
   const std::string name = DnsName(m.job.name);
   const size_t servers = m.cluster.servers.size();
+  // The servers' hosts are filled in at run time: a marker no manifest text can contain goes
+  // in now, everything is escaped, and then the markers become the script's variables.
   std::vector<std::string> hosts;
+  auto marker = [](size_t i) { return "@@parasol-server-host-" + std::to_string(i) + "@@"; };
   for (size_t i = 0; i < servers; ++i) {
-    hosts.push_back("${SERVER_HOSTS[" + std::to_string(i) + "]}:" +
-                    std::to_string(m.cluster.servers[i].port));
+    hosts.push_back(marker(i) + ":" + std::to_string(m.cluster.servers[i].port));
+  }
+  {
+    std::ifstream in(manifest_path);
+    std::stringstream original;
+    original << in.rdbuf();
+    if (original.str().find("@@parasol-server-host-") != std::string::npos) {
+      return InvalidArgument(manifest_path + ": contains '@@parasol-server-host-', which the "
+                             "Slurm script uses for the servers' hosts");
+    }
   }
   PARASOL_ASSIGN_OR_RETURN(std::string text, RewriteManifest(manifest_path, hosts, "0.0.0.0"));
-  // Inside an unquoted here-document only the placeholders may expand.
+  // Inside an unquoted here-document nothing but the hosts may expand.
   std::string escaped;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const bool placeholder = text.compare(i, 14, "${SERVER_HOSTS") == 0;
-    if ((text[i] == '$' && !placeholder) || text[i] == '`' || text[i] == '\\') escaped += '\\';
-    escaped += text[i];
+  for (char c : text) {
+    if (c == '$' || c == '`' || c == '\\') escaped += '\\';
+    escaped += c;
   }
-  // A value for an sbatch option line: quoted for bash's word splitting by sbatch.
+  for (size_t i = 0; i < servers; ++i) {
+    const std::string from = marker(i), to = "${SERVER_HOSTS[" + std::to_string(i) + "]}";
+    const size_t at = escaped.find(from);
+    if (at == std::string::npos) return Internal("rendering lost server " + std::to_string(i));
+    escaped.replace(at, from.size(), to);
+  }
+  // A bash single-quoted word.
+  auto quoted = [](const std::string& v) {
+    std::string q = "'";
+    for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
   auto option = [](const std::string& flag, const std::string& value) {
     return value.empty() ? std::string() : "#SBATCH " + flag + "=" + value + "\n";
   };
   std::ostringstream s;
   s << "#!/bin/bash\n"
-    << "# Parasol job '" << m.job.name << "': component 0 runs the " << servers
+    << "# Parasol job '" << name << "': component 0 runs the " << servers
     << " server shards, component 1 the " << m.cluster.workers << " workers.\n"
     << "#SBATCH --job-name=" << name << "\n"
     << "# A node lost mid-job fails the job (its shards' updates since their checkpoints are\n"
     << "# gone with them); not requeued, which would start every role afresh.\n"
     << "#SBATCH --no-requeue\n"
-    << option("--time", o.time) << option("--partition", o.partition)
-    << option("--account", o.account) << option("--output", o.output);
+    << option("--time", o.time) << option("--account", o.account)
+    << option("--output", o.output);
+  // Job-wide options (time, account, output, qos, ...) carry over to the later component;
+  // per-component ones in these lines (e.g. --constraint) apply to the servers' component.
   for (const std::string& line : o.sbatch_lines) s << "#SBATCH " << line << "\n";
   s << "#SBATCH --nodes=" << servers << " --ntasks=" << servers << " --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << server_mem << "\n";
+    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << server_mem << "\n"
+    << option("--partition", o.partition);
   // The servers listen on the manifest's fixed ports: a node of theirs is theirs alone.
   if (o.exclusive) s << "#SBATCH --exclusive\n";
   s << "#SBATCH hetjob\n"
     << "#SBATCH --nodes=" << m.cluster.workers << " --ntasks=" << m.cluster.workers
     << " --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << o.worker_cpus << " --mem=" << worker_mem << "\n";
+    << "#SBATCH --cpus-per-task=" << o.worker_cpus << " --mem=" << worker_mem << "\n"
+    << option("--partition", o.partition);  // per component: each needs it
   if (o.worker_gpus > 0) s << "#SBATCH --gpus-per-task=" << o.worker_gpus << "\n";
   s << "set -euo pipefail\n\n"
-    << "PARASOL=" << o.binary << "\n"
+    << "PARASOL=" << quoted(o.binary) << "\n"
     << "# The job's folder (the manifest the roles read): on the submit directory's file system,\n"
     << "# which every node sees; removed at the end (PARASOL_KEEP_JOB_DIR=1 keeps it).\n"
     << "JOB_DIR=\"${SLURM_SUBMIT_DIR:-$PWD}/parasol-" << name << "-${SLURM_JOB_ID}\"\n"
     << "mkdir -p \"$JOB_DIR\"\n"
     << "trap '[ \"${PARASOL_KEEP_JOB_DIR:-0}\" = 1 ] || rm -rf \"$JOB_DIR\"' EXIT\n"
+    << "# scancel, a time limit or preemption: SIGTERM; exiting runs the EXIT trap.\n"
+    << "trap 'exit 143' TERM INT\n"
     << "MANIFEST=\"$JOB_DIR/manifest.yaml\"\n\n"
     << "# The servers' hosts are the nodes of component 0, in rank order, at the address Slurm\n"
     << "# reaches each node by (NodeAddr; the node's name unless slurm.conf says otherwise).\n"
     << "SERVER_HOSTS=()\n"
     << "for node in $(scontrol show hostnames \"$SLURM_JOB_NODELIST_HET_GROUP_0\"); do\n"
-    << "  addr=$(scontrol show node \"$node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)\n"
+    << "  addr=$(scontrol show node \"$node\" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 "
+       "|| true)\n"
     << "  SERVER_HOSTS+=(\"${addr:-$node}\")\n"
     << "done\n"
     << "cat > \"$MANIFEST\" <<PARASOL_MANIFEST\n"

@@ -59,7 +59,12 @@ parasol_install_test_deps() {
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "parasol: installing Debian packages for the tests: ${missing[*]}"
-  # The packages' own services are not started (the test runs its own daemons).
+  # The packages' own services must not start (the test runs its own daemons): a policy-rc.d
+  # that denies every start, for the install only, where there is none.
+  local policy=/usr/sbin/policy-rc.d placed=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && placed=1
+  fi
   if ! env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
       --no-install-recommends "${missing[@]}"; then
     env DEBIAN_FRONTEND=noninteractive apt-get update -q || true
@@ -67,6 +72,8 @@ parasol_install_test_deps() {
       --no-install-recommends "${missing[@]}" ||
       echo "parasol: could not install ${missing[*]}: the Slurm test will be skipped"
   fi
+  [ "$placed" = 1 ] && rm -f "$policy"
+  return 0
 }
 
 parasol_build() {

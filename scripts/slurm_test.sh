@@ -5,9 +5,9 @@
 # unmodified with sbatch. Checks: the job ends COMPLETED; its output has the eval figures; each
 # shard wrote its final checkpoint on the shutdown and logged a clean stop (with a real clock);
 # the checkpoints are where the manifest says (not in the submit directory); the job's folder
-# is gone. Then, with --kill-node, a second job whose first server node's slurmd and shard are
-# killed (kill -9) mid-training: it must end FAILED, and its output must name the shard that
-# went away. Needs root and Slurm (slurm-wlm, munge); exits 77 (skipped) otherwise. Stops every
+# is gone. Then, with --kill-node, a second job whose shard 0 node's slurmd and shard are
+# killed (kill -9) mid-training: it must end FAILED or NODE_FAIL, no worker may report finishing,
+# and its output must name the shard that went away. Needs root and Slurm (slurm-wlm, munge); exits 77 (skipped) otherwise. Stops every
 # daemon it started, by PID, however it ends.
 #   scripts/slurm_test.sh [path/to/parasol] [--kill-node]
 set -euo pipefail
@@ -35,16 +35,15 @@ cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   sleep 0.5
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  # What the jobs left behind (a killed node's slurmd leaves its steps running): this
-  # cluster's slurmstepd processes (by the SLURM_CONF they inherited), the batch scripts in its
-  # spool folders and the parasol processes reading its manifests.
-  for p in $(pgrep -x slurmstepd || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$work/slurm.conf"; then
+  # What the jobs left behind (a killed node's slurmd leaves its steps running): every process
+  # that inherited this cluster's SLURM_CONF (slurmstepd, batch scripts, srun, parasol), not
+  # this script or its parent.
+  for p in $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$p" = $$ ] || [ "$p" = "$PPID" ] && continue
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$work/slurm.conf"; then
       kill -KILL "$p" 2>/dev/null || true
     fi
   done
-  pkill -KILL -f "$work/spool/" 2>/dev/null || true
-  pkill -KILL -f "$PARASOL .*--manifest $work" 2>/dev/null || true
   if [ "$rc" -ne 0 ] && [ "$rc" -ne $SKIP ]; then
     for f in "$work"/*.log "$work"/submit/*.out; do
       [ -f "$f" ] || continue
@@ -61,8 +60,9 @@ fail() {
 }
 
 # Ports: the controller's and one per slurmd, from a range no other test uses.
-# Below the kernel's ephemeral range (32768-), where other tests pick their ports.
-base=$((21000 + ($$ % 2000) * 5))
+# Below the kernel's ephemeral range (32768-), where other tests pick their ports; each run
+# takes 12 ports from its base.
+base=$((21000 + ($$ % 900) * 12))
 ctld_port=$base
 
 export SLURM_CONF="$work/slurm.conf"
@@ -208,11 +208,18 @@ if [ "$KILL_NODE" -eq 1 ]; then
     sleep 0.5
   done
   grep -E 'shard 0: checkpoint .* at clock [1-9]' "$out" || fail "job $job never got training"
-  # The node goes away: its slurmd and the shard it ran.
-  kill -KILL "${slurmd_pid[n1]}"
-  pkill -KILL -f "$PARASOL server --manifest $work/submit/parasol-lost-$job/manifest.yaml --rank 0" ||
-    fail "no shard 0 process to kill"
-  # The controller declares n1 down after SlurmdTimeout (10 s here) and ends the job.
+  # The node of shard 0 goes away: its slurmd and the shard.
+  shard0=$(pgrep -f -- "server --manifest $work/submit/parasol-lost-$job/manifest.yaml --rank 0$" |
+    head -1 || true)
+  [ -n "$shard0" ] || fail "no shard 0 process"
+  node=$(tr '\0' '\n' <"/proc/$shard0/environ" | grep '^SLURMD_NODENAME=' | cut -d= -f2)
+  [ -n "${slurmd_pid[$node]:-}" ] || fail "shard 0 runs on '$node', not a node of this cluster"
+  echo "slurm: killing node $node (its slurmd and shard 0)"
+  kill -KILL "${slurmd_pid[$node]}"
+  for i in "${!pids[@]}"; do [ "${pids[$i]}" = "${slurmd_pid[$node]}" ] && unset 'pids[i]'; done
+  kill -KILL "$shard0"
+  # The workers fail naming the shard; the job ends FAILED (the batch script ends first) or
+  # NODE_FAIL (the controller declares the node down after SlurmdTimeout, 10 s here, first).
   wait_job "$job" 300
   state=$(state_of "$job")
   case "$state" in

@@ -38,6 +38,13 @@ bool ConsistencyController::ClocksKnown() const {
   return true;
 }
 
+bool ConsistencyController::ReplayOwed() const {
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (restored_[w] && !lost_[w] && done_at_[w] < 0) return true;
+  }
+  return false;
+}
+
 Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
                                       bool caught_up, bool replay) {
   const int64_t current = clocks_[worker];

@@ -64,6 +64,8 @@ class ConsistencyController {
                  bool replay = false);
   // Whether every live worker's clock is known (none restored and not yet caught up).
   bool ClocksKnown() const;
+  // Whether a live worker still owes this shard a replay (its clock is a checkpoint's).
+  bool ReplayOwed() const;
   // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
   // naming the bound it is beyond.
   // REQUIRES: InJob(worker).

@@ -155,16 +155,21 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   }
   if (metrics_) metrics_->SetHealthy(false);
   // Stopped by a signal or asked to stop (parasol shutdown): the last checkpoint holds every
-  // update this shard acknowledged, so nothing is due from the workers' logs after it.
+  // update this shard acknowledged, so nothing is due from the workers' logs after it (it is
+  // final) -- unless a worker still owes this process a replay: those updates are only in
+  // its log, and a restore from this checkpoint must still expect them.
+  Status last;
   if (!manifest_.checkpoint.dir.empty()) {
-    if (Status st = SaveCheckpoint(shutdown_requested_ ? "on shutdown" : "on stop",
-                                   /*final=*/true);
-        !st.ok()) {
-      spdlog::error("shard {}: the last checkpoint failed: {}", rank_, st.ToString());
+    const bool owed = controller_.ReplayOwed();
+    last = SaveCheckpoint(std::string(shutdown_requested_ ? "on shutdown" : "on stop") +
+                              (owed ? ", a worker's replay still due" : ""),
+                          /*final=*/!owed);
+    if (!last.ok()) {
+      spdlog::error("shard {}: the last checkpoint failed: {}", rank_, last.ToString());
     }
   }
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
-  return Status::Ok();
+  return last.WithContext("the last checkpoint");
 }
 
 uint64_t ShardServer::StateStamp() const {
@@ -447,13 +452,14 @@ Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const 
   return Status::Ok();
 }
 
-Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames) {
+Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames,
+                             uint32_t pulls) {
   // Per worker: one client posing as a worker cannot crowd the others out.
   const ServerOptions& o = manifest_.server;
   const uint32_t w = req.worker_id;
   uint64_t bytes = 0;
   for (const zmq::message_t& f : frames) bytes += f.size();
-  if (held_count_[w] >= o.max_held_pulls) {
+  if (held_count_[w] + pulls > o.max_held_pulls) {
     return ResourceExhausted(std::string(OpName(req.op)) + " at clock " +
                              std::to_string(req.clock) + " cannot wait for the read bound: " +
                              "worker " + std::to_string(w) + " has " +
@@ -468,10 +474,10 @@ Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& fra
                              " bytes (server.max_held_bytes = " +
                              std::to_string(o.max_held_bytes) + ")");
   }
-  ++held_count_[w];
+  held_count_[w] += pulls;
   held_worker_bytes_[w] += bytes;
   held_bytes_ += bytes;
-  held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now()});
+  held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now(), pulls});
   controller_.AddHeld(req.worker_id, +1);
   ++counters_.pulls_held;
   return Status::Ok();
@@ -505,7 +511,7 @@ void ShardServer::ReleaseHeldPulls() {
     for (const zmq::message_t& f : h.frames) bytes += f.size();
     held_bytes_ -= bytes;
     held_worker_bytes_[h.request.worker_id] -= bytes;
-    --held_count_[h.request.worker_id];
+    held_count_[h.request.worker_id] -= h.pulls;
   }
   for (HeldPull& h : ready) {
     // Waiting on the shard was not silence: the worker's timer starts again now.
@@ -909,6 +915,7 @@ Header ShardServer::Stamped(const Header& reply) const {
 }
 
 Status ShardServer::CheckStep(const Header& step, std::span<const zmq::message_t> frames) const {
+  if (step.replay) return BadMessage("Step: replays travel one request per message");
   PARASOL_ASSIGN_OR_RETURN(std::vector<StepPart> parts, SplitStep(step, frames));
   const bool ticks = parts[0].header.op == Op::Clock;
   const bool pulls_ =
@@ -960,7 +967,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
     // The pulls share the Step's clock: held together until the read bound allows it.
     st = controller_.CheckRequestClock(step.worker_id, step.clock);
     if (st.ok() && !controller_.PullAllowed(step.clock)) {
-      st = HoldPull(step, frames);
+      st = HoldPull(step, frames, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
     }
   }
@@ -1002,11 +1009,12 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
   std::vector<PartReply> replies;
   replies.reserve(parts->size());
   bool failed = false;
+  uint64_t reply_bytes = 0;
   const bool in_job = controller_.InJob(step.worker_id);
   for (size_t i = 0; i < parts->size(); ++i) {
     StepPart& part = (*parts)[i];
     const bool pull = part.header.op == Op::PullSparse || part.header.op == Op::PullDense;
-    if (pull && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
+    if (pull && !failed && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
         !controller_.PullAllowed(part.header.clock)) {
       // After the tick: the pulls left wait for the read bound together, as a Step of their
       // own with the same request id (answered in a second reply).
@@ -1020,7 +1028,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
         held.push_back(std::move(frames[f]));
       }
       Status st = controller_.CheckRequestClock(step.worker_id, rest.clock);
-      if (st.ok()) st = HoldPull(rest, held);
+      if (st.ok()) st = HoldPull(rest, held, static_cast<uint32_t>(parts->size() - i));
       if (!st.ok()) {
         ++counters_.errors;
         for (; i < parts->size(); ++i) {
@@ -1043,8 +1051,16 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     if (pull && failed) {
       st = FailedPrecondition(std::string(OpName(part.header.op)) +
                               " not answered: the tick before it in this Step failed");
+    } else if (reply_bytes > manifest_.server.max_request_bytes) {
+      // The replies of one Step are bounded like one request's: a Step of many large pulls
+      // is refused past the limit instead of copying them all.
+      st = ResourceExhausted(std::string(OpName(part.header.op)) + " not answered: the Step's "
+                             "replies before it take " + std::to_string(reply_bytes) +
+                             " bytes, over server.max_request_bytes (" +
+                             std::to_string(manifest_.server.max_request_bytes) + ")");
     } else {
       st = Dispatch(part.header, own, &r.header, &r.payload, &held);
+      for (const zmq::message_t& m : r.payload) reply_bytes += m.size();
     }
     if (held) continue;  // answered on its own when the bound allows (its request id says which)
     if (!st.ok()) {

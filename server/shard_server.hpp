@@ -113,6 +113,7 @@ class ShardServer {
     std::vector<zmq::message_t> frames;
     Header request;
     std::chrono::steady_clock::time_point since;
+    uint32_t pulls = 1;  // a Step's pulls count one each against server.max_held_pulls
   };
 
   // Checks common to every request of a job op: the worker is in the job, not lost, and the
@@ -157,7 +158,7 @@ class ShardServer {
   // (a resend of the barrier released last is answered at once).
   Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);
   // Holds a pull until the read bound allows it, within server.max_held_pulls/bytes.
-  Status HoldPull(const Header& req, std::vector<zmq::message_t>& frames);
+  Status HoldPull(const Header& req, std::vector<zmq::message_t>& frames, uint32_t pulls = 1);
   Status CheckPendingLimits(int64_t clock, uint64_t new_bytes) const;
 
   // The shard's clock: the newest clock any worker has reported.

@@ -382,6 +382,14 @@ void PsClient::SendStep() {
   }
   for (uint32_t s = 0; s < gathered_.size(); ++s) {
     std::vector<Gathered>& queue = gathered_[s];
+    // A pull's reply counts against the Step's bytes too (the shard bounds both).
+    for (Gathered& g : queue) {
+      if (g.op != Op::PullSparse && g.op != Op::PullDense) continue;
+      auto it = in_flight_.find(g.request_id);
+      if (it != in_flight_.end()) {
+        g.payload_bytes += it->second->expect_rows * it->second->expect_dim * sizeof(float);
+      }
+    }
     std::vector<Gathered> group;
     bool pushes = false;
     uint64_t bytes = 0;

@@ -127,8 +127,10 @@ class PsClient {
   // Ends this worker's step: advances its clock and tells every shard (also those its pushes
   // did not touch). Call after the step's pushes have been acknowledged.
   Status Tick();
-  // The same without waiting: the shards apply it after this step's pushes sent before it (on
-  // the same connection, or in the same Step). Wait on the ticket before relying on it.
+  // The same without waiting: the shards apply it after the requests sent before it on the
+  // same connection; between BeginStep() and SendStep() it leads a Step of the pulls that
+  // follow it. Send it once the step's pushes are acknowledged; wait on the ticket before
+  // relying on it.
   Result<Ticket> TickAsync();
   // This worker has finished its steps: the shards stop waiting for its clock (and, under BSP,
   // for its pushes). No more pushes may follow.
@@ -177,7 +179,7 @@ class PsClient {
     uint64_t request_id = 0;
     Op op = Op::Hello;
     int64_t clock = 0;
-    uint64_t payload_bytes = 0;
+    uint64_t payload_bytes = 0;  // of the request, and of a pull's reply
     std::vector<zmq::message_t> frames;
   };
   bool gathering_ = false;

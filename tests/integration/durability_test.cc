@@ -253,15 +253,22 @@ TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     const std::string needle = std::string(PARASOL_BINARY) + " server --manifest " + *dir_ +
                                "/" + name + ".yaml --rank 1";
+    // Bounded: the server process is found within 5 s (on a loaded machine launch may still be
+    // starting it, or restarting it after a failed bind).
     pid_t pid = -1;
-    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-      const std::string p = e.path().filename().string();
-      if (p.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::string cmd = ReadFile(e.path().string() + "/cmdline");
-      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-      if (cmd.find(needle) != std::string::npos) pid = static_cast<pid_t>(std::stol(p));
+    for (int tries = 0; tries < 100 && pid < 0; ++tries) {
+      if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string p = e.path().filename().string();
+        if (p.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::string cmd = ReadFile(e.path().string() + "/cmdline");
+        std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+        if (cmd.find(needle) != std::string::npos) pid = static_cast<pid_t>(std::stol(p));
+      }
     }
-    ASSERT_GT(pid, 0);
+    ASSERT_GT(pid, 0) << "no server 1 process within 5 s\n"
+                      << ReadFile(*dir_ + "/" + name + ".log");
     ASSERT_EQ(::kill(pid, SIGTERM), 0);
     auto status = job->Wait(std::chrono::seconds(240));
     const std::string log = ReadFile(*dir_ + "/" + name + ".log");
