@@ -15,14 +15,19 @@ PARASOL_PACKAGES=(
   clang libclang-rt-14-dev
 )
 
-parasol_install_deps() {
-  local missing=()
+# Prints those of the named Debian packages that are not installed, one per line.
+parasol_missing_packages() {
   local p
-  for p in "${PARASOL_PACKAGES[@]}"; do
+  for p in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-      missing+=("$p")
+      echo "$p"
     fi
   done
+}
+
+parasol_install_deps() {
+  local missing=()
+  mapfile -t missing < <(parasol_missing_packages "${PARASOL_PACKAGES[@]}")
   if [ "${#missing[@]}" -eq 0 ]; then
     return 0
   fi
@@ -51,12 +56,7 @@ parasol_install_test_deps() {
     return 0
   fi
   local missing=()
-  local p
-  for p in "${PARASOL_TEST_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-      missing+=("$p")
-    fi
-  done
+  mapfile -t missing < <(parasol_missing_packages "${PARASOL_TEST_PACKAGES[@]}")
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "parasol: installing Debian packages for the tests: ${missing[*]}"
   # The packages' own services must not start (the test runs its own daemons): a policy-rc.d

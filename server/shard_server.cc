@@ -226,7 +226,9 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   // With security.worker_keys, a request is served only from the claimed worker's key (the
   // connection's ZAP User-Id); a refused one is answered with the error and not applied.
   Status st = worker_keys_.Check(req, zmq_msg_gets(frames[1].handle(), "User-Id"));
-  if (st.ok() && req.replay && req.known_epoch != epoch_) {
+  const bool replayable =
+      req.op == Op::Clock || req.op == Op::PushSparse || req.op == Op::PushDense;
+  if (st.ok() && req.replay && replayable && req.known_epoch != epoch_) {
     // Part of a replay to an earlier process of this shard, left in the worker's queue when
     // that process died: applying it here would take this process's clocks past pushes it
     // never had. The worker replays to this process on its own.
@@ -244,17 +246,7 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
   }
   if (held) return;  // `frames` now belong to a held request
   if (!st.ok()) {
-    if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
-      ++counters_.bad_messages;
-    }
-    ++counters_.errors;
-    uint64_t left_out = 0;
-    if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-      spdlog::warn("shard {}: {} from worker {} failed: {}{}", rank_, OpName(req.op),
-                   req.worker_id, st.ToString(),
-                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
-                            : std::string());
-    }
+    NoteFailure(OpName(req.op), req.worker_id, st);
     reply = ReplyTo(req, st.WithContext("shard " + std::to_string(rank_)));
     payload.clear();
   }
@@ -905,6 +897,19 @@ zmq::message_t ShardServer::QueuedReplyFrame(zmq::message_t m) {
   return SharedMessage(std::move(frame), data, size);
 }
 
+void ShardServer::NoteFailure(const std::string& what, uint32_t worker, const Status& st) {
+  if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
+    ++counters_.bad_messages;
+  }
+  ++counters_.errors;
+  uint64_t left_out = 0;
+  if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+    spdlog::warn("shard {}: {} from worker {} failed: {}{}", rank_, what, worker, st.ToString(),
+                 left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
+                          : std::string());
+  }
+}
+
 Header ShardServer::Stamped(const Header& reply) const {
   Header stamped = reply;
   stamped.server_epoch = epoch_;
@@ -976,17 +981,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
                          " is not in this job");
   }
   if (!st.ok()) {
-    if (st.code() == StatusCode::kBadMessage || st.code() == StatusCode::kResourceExhausted) {
-      ++counters_.bad_messages;
-    }
-    ++counters_.errors;
-    uint64_t left_out = 0;
-    if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-      spdlog::warn("shard {}: Step from worker {} failed: {}{}", rank_, step.worker_id,
-                   st.ToString(),
-                   left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
-                            : std::string());
-    }
+    NoteFailure("Step", step.worker_id, st);
     SendReply(frames[0], ReplyTo(step, st.WithContext("shard " + std::to_string(rank_))), {});
     return;
   }
@@ -1065,14 +1060,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     if (held) continue;  // answered on its own when the bound allows (its request id says which)
     if (!st.ok()) {
       failed = failed || part.header.op == Op::Clock;
-      ++counters_.errors;
-      uint64_t left_out = 0;
-      if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-        spdlog::warn("shard {}: {} (in a Step) from worker {} failed: {}{}", rank_,
-                     OpName(part.header.op), part.header.worker_id, st.ToString(),
-                     left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
-                              : std::string());
-      }
+      NoteFailure(std::string(OpName(part.header.op)) + " (in a Step)", part.header.worker_id, st);
       r.header = ReplyTo(part.header, st.WithContext("shard " + std::to_string(rank_)));
       r.payload.clear();
     }

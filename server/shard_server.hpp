@@ -124,6 +124,8 @@ class ShardServer {
   Status CheckStep(const Header& step, std::span<const zmq::message_t> frames) const;
   // Dispatches each part as its own request and replies with all of them in one message.
   void AnswerStep(const Header& step, std::vector<zmq::message_t>& frames);
+  // Counts a failed request (a bad message too, for those codes) and logs it, rate-limited.
+  void NoteFailure(const std::string& what, uint32_t worker, const Status& st);
   // The reply with the shard's epoch and checkpoint counts.
   Header Stamped(const Header& reply) const;
   Status Dispatch(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,

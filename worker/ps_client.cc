@@ -203,12 +203,17 @@ Status PsClient::Handshake() {
     r->max_attempts = 1;
   }
   auto next_note = Clock::now() + std::chrono::seconds(2);
+  // Whether each shard's host resolves, looked up once (a lookup may block for the resolver's
+  // time-out), at the first note about it.
+  std::map<uint32_t, Status> resolved;
   while (pending_.at(t)->outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(200)));
     if (Clock::now() >= next_note && pending_.at(t)->outstanding > 0) {
       for (const auto& [id, r] : in_flight_) {
         if (r->ticket != t) continue;
-        const Status resolves = CheckResolves(manifest_.cluster.servers[r->shard].host);
+        auto [it, first] = resolved.try_emplace(r->shard);
+        if (first) it->second = CheckResolves(manifest_.cluster.servers[r->shard].host);
+        const Status& resolves = it->second;
         spdlog::info("worker {}: waiting for shard {} at {}{}", worker_id_, r->shard,
                      manifest_.cluster.servers[r->shard].ToString(),
                      resolves.ok() ? "" : " (" + resolves.message() + ")");

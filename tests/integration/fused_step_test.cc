@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "common/json_number.hpp"
@@ -130,15 +131,17 @@ Header Request(Op op, uint64_t id, int64_t clock) {
   return h;
 }
 
-// A push of one row of 4 gradients `g` for `key`, named (worker 0, clock, seq).
+// A push of one row of 4 gradients `g` for `key`, named (worker 0, clock, seq); `edit` may
+// change its header first.
 void AddPush(std::vector<zmq::message_t>* frames, uint64_t id, int64_t clock, uint64_t seq,
-             uint64_t key, float g) {
+             uint64_t key, float g, const std::function<void(Header&)>& edit = nullptr) {
   Header h = Request(Op::PushSparse, id, clock);
   h.seq = seq;
   h.key_count = 1;
   h.value_dim = 4;
   h.rows_per_frame = 1;
   h.value_frames = 1;
+  if (edit) edit(h);
   frames->push_back(EncodeHeader(h));
   frames->emplace_back(&key, sizeof(key));
   const float row[4] = {g, g, g, g};
@@ -286,16 +289,7 @@ TEST(StepTest, MalformedStepsAreRefusedWholeNamingThePart) {
   }
   {
     std::vector<zmq::message_t> f;
-    Header h = Request(Op::PushSparse, 7, 0);
-    h.worker_id = 3;
-    h.key_count = 1;
-    h.value_dim = 4;
-    h.rows_per_frame = 1;
-    h.value_frames = 1;
-    f.push_back(EncodeHeader(h));
-    const float row[4] = {1, 1, 1, 1};
-    f.emplace_back(&kKey, sizeof(kKey));
-    f.emplace_back(row, sizeof(row));
+    AddPush(&f, 7, 0, 1, kKey, 1.0f, [](Header& h) { h.worker_id = 3; });
     expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "Step of worker 0");
   }
   {
@@ -315,21 +309,20 @@ TEST(StepTest, MalformedStepsAreRefusedWholeNamingThePart) {
   }
   {
     std::vector<zmq::message_t> f;
-    Header h = Request(Op::PushSparse, 11, 0);
-    h.replay = true;
-    h.key_count = 1;
-    h.value_dim = 4;
-    h.rows_per_frame = 1;
-    h.value_frames = 1;
-    f.push_back(EncodeHeader(h));
-    const float row[4] = {1, 1, 1, 1};
-    f.emplace_back(&kKey, sizeof(kKey));
-    f.emplace_back(row, sizeof(row));
+    AddPush(&f, 11, 0, 1, kKey, 1.0f, [](Header& h) { h.replay = true; });
     expect_refused(StepOf(1, 0, 2, join(good_push(0), std::move(f))), "replays travel");
   }
   {
     std::vector<zmq::message_t> inner = StepOf(12, 0, 1, good_push(0));
     expect_refused(StepOf(1, 0, 1, std::move(inner)), "a Step inside a Step");
+  }
+  {
+    std::vector<zmq::message_t> frames = StepOf(13, 0, 1, good_push(0));
+    Header s = Request(Op::Step, 13, 0);
+    s.key_count = 1;
+    s.replay = true;
+    frames[0] = EncodeHeader(s);
+    expect_refused(std::move(frames), "replays travel one request per message");
   }
   // None of the refused Steps applied its good push: the row is still its initial value.
   auto c = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
@@ -338,6 +331,79 @@ TEST(StepTest, MalformedStepsAreRefusedWholeNamingThePart) {
   const uint64_t key = kKey;
   ASSERT_TRUE((*c)->PullSparse(0, std::span<const uint64_t>(&key, 1), row.data()).ok());
   for (float v : row) EXPECT_EQ(v, 1.0f);
+}
+
+// The parts' statuses of the next reply, which must be a Step reply of `parts` parts.
+std::vector<Header> PartsOf(RawStepPeer& peer, size_t parts) {
+  auto frames = peer.Receive();
+  Result<StepReply> r = ParseStepReply(frames);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return {};
+  EXPECT_EQ(r->parts.size(), parts);
+  return r->parts;
+}
+
+TEST(StepTest, AStepsRepliesAndHeldPullsAreBoundedLikeSeparateRequests) {
+  // 64 KiB requests; a dense tensor of 48K floats (192 KiB); two workers under BSP; at most 3
+  // pulls held per worker.
+  TestCluster cluster(1, 2,
+                      "  - name: w\n    kind: dense\n    shape: [49152]\n"
+                      "    init: {kind: constant, value: 1.0}\n",
+                      "server: {max_request_bytes: 64KiB, max_held_pulls: 3}\n"
+                      "training: {consistency: bsp}\n");
+  ASSERT_TRUE(cluster.Start());
+  RawStepPeer peer(cluster.manifest().cluster.servers[0]);
+  auto dense_pull = [](std::vector<zmq::message_t>* f, uint64_t id, int64_t clock,
+                       uint64_t offset) {
+    Header h = Request(Op::PullDense, id, clock);
+    h.key_count = 12288;  // 48 KiB each: two replies pass 64 KiB
+    h.value_dim = 1;
+    h.offset = offset;
+    f->push_back(EncodeHeader(h));
+  };
+  // Three pulls of 48 KiB: the first two are answered (96 KiB, past the limit after the
+  // second), the third is refused, naming the limit.
+  std::vector<zmq::message_t> body;
+  for (uint64_t i = 0; i < 3; ++i) dense_pull(&body, 2 + i, 0, i * 12288);
+  ASSERT_TRUE(peer.Send(StepOf(1, 0, 3, std::move(body))));
+  std::vector<Header> parts = PartsOf(peer, 3);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].status, StatusCode::kOk) << parts[0].message;
+  EXPECT_EQ(parts[1].status, StatusCode::kOk) << parts[1].message;
+  EXPECT_EQ(parts[2].status, StatusCode::kResourceExhausted);
+  EXPECT_NE(parts[2].message.find("server.max_request_bytes"), std::string::npos)
+      << parts[2].message;
+  // Four pulls that must wait (clock 1, worker 1 still at 0) count as four held pulls: past
+  // server.max_held_pulls = 3 the Step is refused, not held.
+  body.clear();
+  for (uint64_t i = 0; i < 4; ++i) dense_pull(&body, 10 + i, 1, 0);
+  Header tick = Request(Op::Clock, 9, 1);
+  tick.caught_up = true;
+  std::vector<zmq::message_t> ticked;
+  ticked.push_back(EncodeHeader(tick));
+  for (auto& f : body) ticked.push_back(std::move(f));
+  ASSERT_TRUE(peer.Send(StepOf(8, 1, 5, std::move(ticked))));
+  parts = PartsOf(peer, 5);
+  ASSERT_EQ(parts.size(), 5u);
+  EXPECT_EQ(parts[0].status, StatusCode::kOk) << parts[0].message;  // the tick
+  for (size_t i = 1; i < 5; ++i) {
+    EXPECT_EQ(parts[i].status, StatusCode::kResourceExhausted) << parts[i].message;
+    EXPECT_NE(parts[i].message.find("max_held_pulls"), std::string::npos) << parts[i].message;
+  }
+  // A tick the shard refuses (a clock the job could never reach): the pulls after it are
+  // refused with it, not held for a clock that will not come.
+  body.clear();
+  Header jump = Request(Op::Clock, 21, 9);
+  jump.caught_up = true;
+  body.push_back(EncodeHeader(jump));
+  dense_pull(&body, 22, 9, 0);
+  ASSERT_TRUE(peer.Send(StepOf(20, 9, 2, std::move(body))));
+  parts = PartsOf(peer, 2);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_NE(parts[0].status, StatusCode::kOk);
+  EXPECT_NE(parts[1].status, StatusCode::kOk);
+  EXPECT_NE(parts[1].message.find("the tick before it in this Step failed"), std::string::npos)
+      << parts[1].message;
 }
 
 TEST(StepTest, APushPullOfADenseTensorReadsBackEveryChunkAfterItsUpdate) {
