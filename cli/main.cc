@@ -21,12 +21,19 @@ std::string SelfPath(const char* argv0) {
   return argv0;
 }
 
-void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w) {
-  cmd->add_option("--steps", w->steps, "push/pull rounds")->capture_default_str();
-  cmd->add_option("--batch-keys", w->batch_keys, "sparse keys per round")->capture_default_str();
-  cmd->add_option("--key-space", w->key_space, "distinct keys drawn from")->capture_default_str();
-  cmd->add_option("--zipf", w->zipf_s, "Zipf exponent of the key draws")->capture_default_str();
-  cmd->add_option("--seed", w->seed, "random seed")->capture_default_str();
+// The checked push/pull workload's options, listed under `group` in --help.
+void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w, const std::string& group) {
+  cmd->add_option("--steps", w->steps, "push/pull rounds")->capture_default_str()->group(group);
+  cmd->add_option("--batch-keys", w->batch_keys, "sparse keys per round")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--key-space", w->key_space, "distinct keys drawn from")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--zipf", w->zipf_s, "Zipf exponent of the key draws")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--seed", w->seed, "random seed")->capture_default_str()->group(group);
 }
 
 }  // namespace
@@ -52,13 +59,15 @@ int main(int argc, char** argv) {
   auto* loadgen = app.add_subcommand("loadgen", "push and pull a generated workload, checked");
   loadgen->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
   loadgen->add_option("--worker,-w", worker, "worker id")->capture_default_str();
-  AddWorkloadOptions(loadgen, &workload);
+  AddWorkloadOptions(loadgen, &workload, "Options");
 
   std::string summary;
   auto* launch = app.add_subcommand("launch", "run every server and worker on this machine");
   launch->add_option("manifest,--manifest,-m", manifest, "job manifest (YAML)")->required();
   launch->add_option("--summary", summary, "write the job's summary (JSON) here");
-  AddWorkloadOptions(launch, &workload);
+  AddWorkloadOptions(launch, &workload,
+                     "Without a model in the manifest: the workers run loadgen's checked "
+                     "push/pull workload");
 
   auto* worker_cmd = app.add_subcommand("worker", "train the manifest's model as one worker");
   worker_cmd->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();

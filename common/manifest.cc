@@ -35,7 +35,10 @@ class MapReader {
     return Status::Ok();
   }
 
-  bool Has(const std::string& key) const { return node_.IsMap() && node_[key].IsDefined(); }
+  bool Has(const std::string& key) const {
+    asked_.insert(key);  // a key this section knows, present or not (for suggestions)
+    return node_.IsMap() && node_[key].IsDefined();
+  }
   YAML::Node Child(const std::string& key) {
     seen_.insert(key);
     return node_[key];
@@ -138,9 +141,43 @@ class MapReader {
     if (!node_.IsMap()) return Status::Ok();
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       const std::string key = it->first.Scalar();
-      if (!seen_.count(key)) return ErrorAt(it->first, PathOf(key), "unknown key");
+      if (!seen_.count(key)) {
+        const std::string near = Nearest(key);
+        return ErrorAt(it->first, PathOf(key),
+                       near.empty() ? "unknown key" : "unknown key (did you mean '" + near + "'?)");
+      }
     }
     return Status::Ok();
+  }
+
+  // The known key of this section nearest to `key` in edit distance, when it is near enough
+  // to be a typo (at most a third of the key's length, and 2), else "".
+  std::string Nearest(const std::string& key) const {
+    std::string best;
+    size_t best_distance = std::min<size_t>(2, std::max<size_t>(1, key.size() / 3)) + 1;
+    for (const std::string& known : asked_) {
+      const size_t d = EditDistance(key, known);
+      if (d < best_distance) {
+        best_distance = d;
+        best = known;
+      }
+    }
+    return best;
+  }
+
+  static size_t EditDistance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+        diagonal = up;
+      }
+    }
+    return row[b.size()];
   }
 
   Status ParseInt(const YAML::Node& n, const std::string& path, int64_t lo, int64_t hi,
@@ -183,6 +220,7 @@ class MapReader {
   std::string path_;
   const std::string& file_;
   std::set<std::string> seen_;
+  mutable std::set<std::string> asked_;
 };
 
 std::string BaseDir(const std::string& file) {

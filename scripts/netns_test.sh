@@ -23,11 +23,25 @@ if [ "$(id -u)" -ne 0 ]; then
   exit $SKIP
 fi
 tag="pn$$"
-if ! ip netns add "$tag-probe" 2>/dev/null; then
-  echo "SKIP: ip netns does not work on this machine"
+# Probe with the commands the test uses (namespaces, a bridge, a veth pair between two
+# namespaces, addresses and links set inside them): some machines allow `ip netns add` but not
+# `ip -n NS ...` or veth pairs.
+probe() {
+  ip netns add "$tag-pa" && ip netns add "$tag-pb" &&
+    ip -n "$tag-pb" link add br0 type bridge &&
+    ip link add eth0 netns "$tag-pa" type veth peer name pv netns "$tag-pb" &&
+    ip -n "$tag-pb" link set pv master br0 up &&
+    ip -n "$tag-pa" addr add 10.77.9.1/24 dev eth0 &&
+    ip -n "$tag-pa" link set eth0 up && ip -n "$tag-pa" link set lo up
+}
+if ! probe_error=$(probe 2>&1); then
+  ip netns del "$tag-pa" 2>/dev/null || true
+  ip netns del "$tag-pb" 2>/dev/null || true
+  echo "SKIP: network namespaces do not work here as the test needs them: $probe_error"
   exit $SKIP
 fi
-ip netns del "$tag-probe"
+ip netns del "$tag-pa"
+ip netns del "$tag-pb"
 
 work="$(mktemp -d /tmp/parasol-netns-XXXXXX)"
 hosts=(s0 s1 w0 w1)

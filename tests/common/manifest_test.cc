@@ -79,16 +79,24 @@ TEST(ManifestTest, MinimalFileGetsDocumentedDefaults) {
 }
 
 TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
+  // A typo of a known key of the same section is suggested; anything else is not.
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),
-            "job.yaml:3:3: key 'cluster.wrokers': unknown key");
+            "job.yaml:3:3: key 'cluster.wrokers': unknown key (did you mean 'workers'?)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\nsecurity2: {}\n"),
-            "job.yaml:3:1: key 'security2': unknown key");
+            "job.yaml:3:1: key 'security2': unknown key (did you mean 'security'?)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\ntrainng: {epochs: 2}\n"),
+            "job.yaml:3:1: key 'trainng': unknown key (did you mean 'training'?)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  colour: blue\n"),
+            "job.yaml:3:3: key 'cluster.colour': unknown key");
+  // A key of another section is not suggested here.
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  epochs: 2\n"),
+            "job.yaml:3:3: key 'cluster.epochs': unknown key");
 }
 
 TEST(ManifestTest, UnknownKeyInsideATableNamesTheTable) {
   const std::string e = ErrorOf(
       "cluster:\n  servers: [127.0.0.1:9000]\ntables:\n  - name: a\n    dimm: 4\n");
-  EXPECT_EQ(e, "job.yaml:5:5: key 'tables[0].dimm': unknown key");
+  EXPECT_EQ(e, "job.yaml:5:5: key 'tables[0].dimm': unknown key (did you mean 'dim'?)");
 }
 
 TEST(ManifestTest, WrongTypeNamesTheLine) {
