@@ -12,38 +12,6 @@
 #include "worker/trainer.hpp"
 
 namespace parasol::cli {
-namespace {
-
-std::string WorkerMetricsText(const ProgressPoint& p) {
-  PrometheusText t;
-  const std::string w = "worker=\"" + std::to_string(p.worker) + "\"";
-  t.Type("parasol_worker_samples_total", "counter", "Training samples processed.");
-  t.Sample("parasol_worker_samples_total", static_cast<double>(p.samples), w);
-  t.Type("parasol_worker_steps_total", "counter", "Training steps done.");
-  t.Sample("parasol_worker_steps_total", static_cast<double>(p.steps), w);
-  t.Type("parasol_worker_samples_per_second", "gauge", "Training throughput since the start.");
-  t.Sample("parasol_worker_samples_per_second", p.samples_per_second, w);
-  t.Type("parasol_worker_loss", "gauge", "Mean log loss of the last 100 steps.");
-  t.Sample("parasol_worker_loss", p.loss, w);
-  t.Type("parasol_worker_push_log_bytes", "gauge",
-         "Bytes of pushes kept for replays to restarted shards (checkpoint.max_log_bytes).");
-  t.Sample("parasol_worker_push_log_bytes", static_cast<double>(p.push_log_bytes), w);
-  t.Type("parasol_worker_cache_rows_total", "counter",
-         "Sparse rows the row cache answered (hit) or had to pull (miss; worker.cache_rows).");
-  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_hits),
-           w + ",result=\"hit\"");
-  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_misses),
-           w + ",result=\"miss\"");
-  if (p.has_eval) {
-    t.Type("parasol_worker_eval_auc", "gauge", "AUC of the last evaluation.");
-    t.Sample("parasol_worker_eval_auc", p.eval_auc, w);
-    t.Type("parasol_worker_eval_logloss", "gauge", "Log loss of the last evaluation.");
-    t.Sample("parasol_worker_eval_logloss", p.eval_logloss, w);
-  }
-  return t.str();
-}
-
-}  // namespace
 
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
               const std::string& key_path, const std::string& metrics_log) {
@@ -98,7 +66,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   };
   hooks.point = [&](const ProgressPoint& p) {
     if (log.is_open()) log << p.ToJson() << "\n" << std::flush;
-    if (metrics) metrics->Publish(WorkerMetricsText(p));
+    if (metrics) metrics->Publish(p.ToPrometheus());
   };
   Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
   Result<TrainReport> report = trainer.Run();

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <sys/resource.h>
+#include <fstream>
 
 namespace parasol {
 
@@ -281,6 +283,49 @@ void PrometheusText::Sample(const std::string& name, double value, const std::st
     s << " " << value;
   }
   out_ += s.str() + "\n";
+}
+
+void LatencyHistogram::Observe(double seconds) {
+  size_t b = 0;
+  while (b < std::size(kBuckets) && seconds > kBuckets[b]) ++b;
+  ++counts_[b];
+  sum_ += seconds;
+}
+
+void LatencyHistogram::Write(PrometheusText& t, const std::string& name, const std::string& help,
+                             const std::string& labels) const {
+  t.Type(name, "histogram", help);
+  const std::string sep = labels.empty() ? "" : ",";
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b <= std::size(kBuckets); ++b) {
+    cumulative += counts_[b];
+    std::ostringstream le;
+    if (b < std::size(kBuckets)) {
+      le << kBuckets[b];
+    } else {
+      le << "+Inf";
+    }
+    t.Sample(name + "_bucket", static_cast<double>(cumulative),
+             labels + sep + "le=\"" + le.str() + "\"");
+  }
+  t.Sample(name + "_sum", sum_, labels);
+  t.Sample(name + "_count", static_cast<double>(cumulative), labels);
+}
+
+void WriteProcessMetrics(PrometheusText& t, const std::string& labels) {
+  uint64_t rss_kib = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss_kib = std::strtoull(line.c_str() + 6, nullptr, 10);
+  }
+  t.Type("process_resident_memory_bytes", "gauge", "Resident memory of this process.");
+  t.Sample("process_resident_memory_bytes", static_cast<double>(rss_kib) * 1024, labels);
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const double cpu = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+                     static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  t.Type("process_cpu_seconds_total", "counter", "User and system CPU time of this process.");
+  t.Sample("process_cpu_seconds_total", cpu, labels);
 }
 
 }  // namespace parasol

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -79,5 +80,24 @@ class PrometheusText {
  private:
   std::string out_;
 };
+
+// Durations in seconds, counted in fixed buckets (1 ms to 10 s), written as a Prometheus
+// histogram (NAME_bucket{le}, NAME_sum, NAME_count).
+class LatencyHistogram {
+ public:
+  static constexpr double kBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
+  void Observe(double seconds);
+  // `labels`: the sample's other labels ("" or `a="b"`).
+  void Write(PrometheusText& t, const std::string& name, const std::string& help,
+             const std::string& labels) const;
+
+ private:
+  uint64_t counts_[std::size(kBuckets) + 1] = {};
+  double sum_ = 0;
+};
+
+// This process's resident memory (process_resident_memory_bytes) and CPU time
+// (process_cpu_seconds_total), as Prometheus' client libraries name them.
+void WriteProcessMetrics(PrometheusText& t, const std::string& labels);
 
 }  // namespace parasol

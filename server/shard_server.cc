@@ -741,12 +741,7 @@ void ShardServer::ReleaseBarriers() {
   }
 }
 
-void ShardServer::ObserveWait(double seconds) {
-  size_t b = 0;
-  while (b < std::size(kWaitBuckets) && seconds > kWaitBuckets[b]) ++b;
-  ++wait_counts_[b];
-  wait_sum_ += seconds;
-}
+void ShardServer::ObserveWait(double seconds) { pull_wait_.Observe(seconds); }
 
 std::string ShardServer::MetricsText() const {
   PrometheusText t;
@@ -820,16 +815,9 @@ std::string ShardServer::MetricsText() const {
   t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
   t.Sample("parasol_curve_refusals_total", zap_ ? static_cast<double>(zap_->refusals()) : 0.0,
            shard);
-  t.Type("parasol_pull_wait_seconds", "histogram", "Time a pull waited for the read bound.");
-  uint64_t cumulative = 0;
-  for (size_t b = 0; b <= std::size(kWaitBuckets); ++b) {
-    cumulative += wait_counts_[b];
-    const std::string le = b < std::size(kWaitBuckets) ? std::to_string(kWaitBuckets[b]) : "+Inf";
-    t.Sample("parasol_pull_wait_seconds_bucket", static_cast<double>(cumulative),
-             shard + ",le=\"" + le + "\"");
-  }
-  t.Sample("parasol_pull_wait_seconds_sum", wait_sum_, shard);
-  t.Sample("parasol_pull_wait_seconds_count", static_cast<double>(cumulative), shard);
+  pull_wait_.Write(t, "parasol_pull_wait_seconds", "Time a pull waited for the read bound.",
+                   shard);
+  WriteProcessMetrics(t, shard);
   t.Type("parasol_held_pulls", "gauge", "Pulls held now.");
   t.Sample("parasol_held_pulls", static_cast<double>(held_pulls_.size()), shard);
   t.Type("parasol_clock_min", "gauge", "Slowest live worker's clock.");

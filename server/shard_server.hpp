@@ -212,9 +212,7 @@ class ShardServer {
   uint64_t op_counts_[16] = {};
   uint64_t op_bytes_[16] = {};
   // Pull wait in seconds: bucket upper bounds and counts (the last bucket is +Inf).
-  static constexpr double kWaitBuckets[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10};
-  uint64_t wait_counts_[10] = {};
-  double wait_sum_ = 0;
+  LatencyHistogram pull_wait_;
   void ObserveWait(double seconds);
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};

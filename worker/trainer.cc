@@ -70,6 +70,14 @@ ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResul
   p.seconds = seconds;
   p.samples_per_second = report.train_samples / std::max(1e-9, seconds);
   p.loss = report.last_loss;
+  p.data_seconds = report.data_seconds;
+  p.pull_seconds = report.pull_seconds;
+  p.compute_seconds = report.compute_seconds;
+  p.push_seconds = report.push_seconds;
+  p.wait_seconds = report.wait_seconds;
+  p.pull_latency = report.pull_latency;
+  p.push_latency = report.push_latency;
+  p.tick_latency = report.tick_latency;
   if (eval) {
     p.has_eval = true;
     p.eval_logloss = eval->logloss;
@@ -150,6 +158,55 @@ std::string TrainReport::Summary() const {
   }
   return out;
 }
+
+std::string ProgressPoint::ToPrometheus() const {
+  const ProgressPoint& p = *this;
+  PrometheusText t;
+  const std::string w = "worker=\"" + std::to_string(p.worker) + "\"";
+  t.Type("parasol_worker_samples_total", "counter", "Training samples processed.");
+  t.Sample("parasol_worker_samples_total", static_cast<double>(p.samples), w);
+  t.Type("parasol_worker_steps_total", "counter", "Training steps done.");
+  t.Sample("parasol_worker_steps_total", static_cast<double>(p.steps), w);
+  t.Type("parasol_worker_samples_per_second", "gauge", "Training throughput since the start.");
+  t.Sample("parasol_worker_samples_per_second", p.samples_per_second, w);
+  t.Type("parasol_worker_loss", "gauge", "Mean log loss of the last 100 steps.");
+  t.Sample("parasol_worker_loss", p.loss, w);
+  t.Type("parasol_worker_push_log_bytes", "gauge",
+         "Bytes of pushes kept for replays to restarted shards (checkpoint.max_log_bytes).");
+  t.Sample("parasol_worker_push_log_bytes", static_cast<double>(p.push_log_bytes), w);
+  t.Type("parasol_worker_cache_rows_total", "counter",
+         "Sparse rows the row cache answered (hit) or had to pull (miss; worker.cache_rows).");
+  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_hits),
+           w + ",result=\"hit\"");
+  t.Sample("parasol_worker_cache_rows_total", static_cast<double>(p.cache_misses),
+           w + ",result=\"miss\"");
+  t.Type("parasol_worker_seconds_total", "counter",
+         "Training time by phase: reading data, waiting for pulls, computing, waiting for the "
+         "pushes' acknowledgements, waiting for the tick (with the next step's pulls).");
+  const std::pair<const char*, double> phases[] = {{"data", p.data_seconds},
+                                                   {"pull", p.pull_seconds},
+                                                   {"compute", p.compute_seconds},
+                                                   {"push", p.push_seconds},
+                                                   {"wait", p.wait_seconds}};
+  for (const auto& [phase, seconds] : phases) {
+    t.Sample("parasol_worker_seconds_total", seconds, w + ",phase=\"" + phase + "\"");
+  }
+  p.pull_latency.Write(t, "parasol_worker_pull_seconds",
+                       "Per step: the wait for its rows and dense weights.", w);
+  p.push_latency.Write(t, "parasol_worker_push_seconds",
+                       "Per step: the wait for its pushes' acknowledgements.", w);
+  p.tick_latency.Write(t, "parasol_worker_tick_seconds",
+                       "Per step: the wait for its tick (and the next step's pulls with it).", w);
+  WriteProcessMetrics(t, w);
+  if (p.has_eval) {
+    t.Type("parasol_worker_eval_auc", "gauge", "AUC of the last evaluation.");
+    t.Sample("parasol_worker_eval_auc", p.eval_auc, w);
+    t.Type("parasol_worker_eval_logloss", "gauge", "Log loss of the last evaluation.");
+    t.Sample("parasol_worker_eval_logloss", p.eval_logloss, w);
+  }
+  return t.str();
+}
+
 
 std::string ProgressPoint::ToJson() const {
   std::ostringstream s;
@@ -320,6 +377,7 @@ Result<TrainReport> Trainer::Run() {
     PARASOL_RETURN_IF_ERROR(wait_pulls());
     std::swap(rows, next_rows);
     report.pull_seconds += Since(phase);
+    report.pull_latency.Observe(Since(phase));
     const bool more = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
     bool rows_prefetched = false;
     if (prefetch && more) {
@@ -412,6 +470,7 @@ Result<TrainReport> Trainer::Run() {
     }
     PARASOL_RETURN_IF_ERROR(sent);
     report.push_seconds += Since(phase);
+    report.push_latency.Observe(Since(phase));
     phase = SteadyClock::now();
     if (fuse) client_->BeginStep();
     Result<PsClient::Ticket> tick = client_->TickAsync();
@@ -421,6 +480,7 @@ Result<TrainReport> Trainer::Run() {
     PARASOL_RETURN_IF_ERROR(pulled);
     PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
     report.wait_seconds += Since(phase);
+    report.tick_latency.Observe(Since(phase));
 
     ++report.steps;
     report.train_samples += step_samples;

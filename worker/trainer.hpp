@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/manifest.hpp"
+#include "common/metrics_server.hpp"
 #include "common/status.hpp"
 #include "worker/backend.hpp"
 #include "worker/ps_client.hpp"
@@ -43,6 +44,8 @@ struct TrainReport {
   // Where the training time went (seconds).
   double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
          wait_seconds = 0;
+  // Per step: the wait for its pulls, for its pushes' acknowledgements, and for its tick.
+  LatencyHistogram pull_latency, push_latency, tick_latency;
 
   std::string ToJson() const;
   std::string Summary() const;
@@ -62,7 +65,13 @@ struct ProgressPoint {
   bool has_eval = false;
   double eval_logloss = 0;
   double eval_auc = 0;
+  // For /metrics: the time split (seconds) and the per-step waits so far.
+  double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
+         wait_seconds = 0;
+  LatencyHistogram pull_latency, push_latency, tick_latency;
   std::string ToJson() const;
+  // The worker's /metrics text (Prometheus), with process metrics.
+  std::string ToPrometheus() const;
 };
 
 class Model;

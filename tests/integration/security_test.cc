@@ -392,6 +392,11 @@ TEST(MetricsTest, ScrapesParseAsPrometheusTextAndCountersMove) {
   EXPECT_NE(after.find("parasol_pull_wait_seconds_bucket{shard=\"0\",le=\"+Inf\"}"),
             std::string::npos);
   EXPECT_EQ(MetricValue(after, "parasol_checkpoint_age_seconds{shard=\"0\"}"), -1);
+  // The two pulls of a worker of the job were never held: both in the first bucket.
+  EXPECT_EQ(MetricValue(after, "parasol_pull_wait_seconds_bucket{shard=\"0\",le=\"0.001\"}"), 2);
+  EXPECT_EQ(MetricValue(after, "parasol_pull_wait_seconds_count{shard=\"0\"}"), 2);
+  EXPECT_GT(MetricValue(after, "process_resident_memory_bytes{shard=\"0\"}"), 1e6);
+  EXPECT_GT(MetricValue(after, "process_cpu_seconds_total{shard=\"0\"}"), 0);
   EXPECT_EQ(HttpGet(port, "/nope").first, "HTTP/1.1 404 Not Found");
 }
 
