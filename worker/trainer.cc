@@ -70,14 +70,7 @@ ProgressPoint PointOf(const TrainReport& report, double seconds, const EvalResul
   p.seconds = seconds;
   p.samples_per_second = report.train_samples / std::max(1e-9, seconds);
   p.loss = report.last_loss;
-  p.data_seconds = report.data_seconds;
-  p.pull_seconds = report.pull_seconds;
-  p.compute_seconds = report.compute_seconds;
-  p.push_seconds = report.push_seconds;
-  p.wait_seconds = report.wait_seconds;
-  p.pull_latency = report.pull_latency;
-  p.push_latency = report.push_latency;
-  p.tick_latency = report.tick_latency;
+  static_cast<StepTimes&>(p) = report;
   if (eval) {
     p.has_eval = true;
     p.eval_logloss = eval->logloss;

@@ -22,7 +22,15 @@
 
 namespace parasol {
 
-struct TrainReport {
+// Where a worker's training time went (seconds), and its per-step waits: for its pulls, for
+// its pushes' acknowledgements, and for its tick.
+struct StepTimes {
+  double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
+         wait_seconds = 0;
+  LatencyHistogram pull_latency, push_latency, tick_latency;
+};
+
+struct TrainReport : StepTimes {
   uint32_t worker = 0;
   uint64_t steps = 0;
   uint64_t train_samples = 0;
@@ -41,18 +49,12 @@ struct TrainReport {
   uint64_t eval_samples = 0;
   double eval_logloss = 0;
   double eval_auc = 0;
-  // Where the training time went (seconds).
-  double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
-         wait_seconds = 0;
-  // Per step: the wait for its pulls, for its pushes' acknowledgements, and for its tick.
-  LatencyHistogram pull_latency, push_latency, tick_latency;
-
   std::string ToJson() const;
   std::string Summary() const;
 };
 
 // Where training stands, every few steps and after each evaluation (for metrics and plots).
-struct ProgressPoint {
+struct ProgressPoint : StepTimes {  // StepTimes: for /metrics
   uint32_t worker = 0;
   uint64_t steps = 0;
   uint64_t samples = 0;
@@ -65,10 +67,6 @@ struct ProgressPoint {
   bool has_eval = false;
   double eval_logloss = 0;
   double eval_auc = 0;
-  // For /metrics: the time split (seconds) and the per-step waits so far.
-  double data_seconds = 0, pull_seconds = 0, compute_seconds = 0, push_seconds = 0,
-         wait_seconds = 0;
-  LatencyHistogram pull_latency, push_latency, tick_latency;
   std::string ToJson() const;
   // The worker's /metrics text (Prometheus), with process metrics.
   std::string ToPrometheus() const;
