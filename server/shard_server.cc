@@ -907,7 +907,10 @@ Header ShardServer::Stamped(const Header& reply) const {
   return stamped;
 }
 
-Status ShardServer::CheckStep(const Header& step, std::span<const zmq::message_t> frames) const {
+Result<std::vector<StepPart>> ShardServer::CheckStep(const Header& step,
+                                                     std::span<const zmq::message_t> frames) const {
+  if (step.is_reply) return BadMessage("Step: expected a request");
+  if (step.status != StatusCode::kOk) return BadMessage("Step: a request must not carry a status");
   if (step.replay) return BadMessage("Step: replays travel one request per message");
   PARASOL_ASSIGN_OR_RETURN(std::vector<StepPart> parts, SplitStep(step, frames));
   const bool ticks = parts[0].header.op == Op::Clock;
@@ -939,23 +942,18 @@ Status ShardServer::CheckStep(const Header& step, std::span<const zmq::message_t
                              std::to_string(manifest_.server.max_request_bytes) +
                              " bytes (server.max_request_bytes)");
   }
-  return Status::Ok();
+  return parts;
 }
 
 void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& frames) {
   // Counted as a Step; its parts count by their own ops.
   op_counts_[static_cast<int>(Op::Step)]++;
-  Status st = step.is_reply ? BadMessage("Step: expected a request")
-              : step.status != StatusCode::kOk
-                  ? BadMessage("Step: a request must not carry a status")
-                  : CheckStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  Result<std::vector<StepPart>> parts =
+      CheckStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  Status st = parts.status();
   if (st.ok()) st = Admit(step);
-  const bool pulls = st.ok() && frames.size() > 2 &&
-                     [&] {
-                       Result<Header> first = DecodeHeader(frames[2].data(), frames[2].size());
-                       return first.ok() &&
-                              (first->op == Op::PullSparse || first->op == Op::PullDense);
-                     }();
+  const bool pulls = st.ok() && ((*parts)[0].header.op == Op::PullSparse ||
+                                 (*parts)[0].header.op == Op::PullDense);
   if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
     // The pulls share the Step's clock: held together until the read bound allows it.
     st = controller_.CheckRequestClock(step.worker_id, step.clock);
@@ -974,17 +972,20 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
     return;
   }
   if (pulls && controller_.InJob(step.worker_id)) ObserveWait(0);
-  AnswerStep(step, frames);
+  AnswerStep(step, frames, &*parts);
 }
 
-void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& frames) {
-  // Checked by HandleStep before (the frames have not changed since).
-  Result<std::vector<StepPart>> parts =
-      SplitStep(step, std::span<const zmq::message_t>(frames).subspan(2));
-  if (!parts.ok()) {
-    SendReply(frames[0], ReplyTo(step, parts.status()), {});
+void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& frames,
+                             std::vector<StepPart>* checked) {
+  // A held Step was checked when it arrived (its frames have not changed since): split again.
+  Result<std::vector<StepPart>> split =
+      checked ? Result<std::vector<StepPart>>(std::move(*checked))
+              : SplitStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  if (!split.ok()) {
+    SendReply(frames[0], ReplyTo(step, split.status()), {});
     return;
   }
+  std::vector<StepPart>* parts = &*split;
   struct PartReply {
     Header header;
     std::vector<zmq::message_t> payload;

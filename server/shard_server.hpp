@@ -121,9 +121,13 @@ class ShardServer {
   Status Admit(const Header& req);
   // A Step (protocols/message.fbs): checked, held when its pulls must wait, else answered.
   void HandleStep(const Header& step, std::vector<zmq::message_t>& frames);
-  Status CheckStep(const Header& step, std::span<const zmq::message_t> frames) const;
+  // Its parts, split and checked, or the error naming what is wrong.
+  Result<std::vector<StepPart>> CheckStep(const Header& step,
+                                          std::span<const zmq::message_t> frames) const;
   // Dispatches each part as its own request and replies with all of them in one message.
-  void AnswerStep(const Header& step, std::vector<zmq::message_t>& frames);
+  // `checked`: the parts as CheckStep() returned them (null: split them again).
+  void AnswerStep(const Header& step, std::vector<zmq::message_t>& frames,
+                  std::vector<StepPart>* checked = nullptr);
   // Counts a failed request (a bad message too, for those codes) and logs it, rate-limited.
   void NoteFailure(const std::string& what, uint32_t worker, const Status& st);
   // The reply with the shard's epoch and checkpoint counts.
