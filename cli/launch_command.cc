@@ -84,7 +84,8 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     spdlog::error("{}", manifest.status().message());
     return 2;
   }
-  const bool training = manifest->model.kind != ModelOptions::Kind::kNone;
+  const bool training =
+      manifest->model.kind != ModelOptions::Kind::kNone || !manifest->worker.command.empty();
   char tmpl[] = "/tmp/parasol-launch-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
   std::vector<Role> roles;

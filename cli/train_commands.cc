@@ -1,6 +1,12 @@
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "cli/commands.hpp"
@@ -12,6 +18,41 @@
 #include "worker/trainer.hpp"
 
 namespace parasol::cli {
+namespace {
+
+// worker.command: this role becomes that program (in the manifest's folder), which learns its
+// job from the environment. Returns only when it cannot be started.
+int ExecWorkerCommand(const Manifest& manifest, const std::string& manifest_path, uint32_t rank,
+                      const std::string& summary, const std::string& key_path) {
+  std::error_code ec;
+  const std::string absolute = std::filesystem::absolute(manifest_path, ec).string();
+  ::setenv("PARASOL_MANIFEST", ec ? manifest_path.c_str() : absolute.c_str(), 1);
+  ::setenv("PARASOL_WORKER", std::to_string(rank).c_str(), 1);
+  if (!summary.empty()) {
+    const std::string s = std::filesystem::absolute(summary, ec).string();
+    ::setenv("PARASOL_SUMMARY", ec ? summary.c_str() : s.c_str(), 1);
+  }
+  if (!key_path.empty()) {
+    const std::string k = std::filesystem::absolute(key_path, ec).string();
+    ::setenv("PARASOL_KEY", ec ? key_path.c_str() : k.c_str(), 1);
+  }
+  const std::vector<std::string>& command = manifest.worker.command;
+  if (::chdir(manifest.worker.command_dir.c_str()) != 0) {
+    spdlog::error("worker {}: worker.command: cannot enter '{}': {}", rank,
+                  manifest.worker.command_dir, std::strerror(errno));
+    return 2;
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  ::execvp(argv[0], argv.data());
+  spdlog::error("worker {}: worker.command: cannot run '{}' (in '{}'): {}", rank, command[0],
+                manifest.worker.command_dir, std::strerror(errno));
+  return 2;
+}
+
+}  // namespace
 
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
               const std::string& key_path, const std::string& metrics_log) {
@@ -20,14 +61,16 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
     spdlog::error("{}", manifest.status().message());
     return 2;
   }
-  if (manifest->model.kind == ModelOptions::Kind::kNone) {
-    spdlog::error("{}: key 'model': no model to train (use `parasol loadgen` to drive the tables)",
-                  manifest_path);
-    return 2;
-  }
   if (rank >= manifest->cluster.workers) {
     spdlog::error("--rank {} is out of range: cluster.workers is {}", rank,
                   manifest->cluster.workers);
+    return 2;
+  }
+  if (!manifest->worker.command.empty()) return ExecWorkerCommand(*manifest, manifest_path, rank, summary, key_path);
+  if (manifest->model.kind == ModelOptions::Kind::kNone) {
+    spdlog::error("{}: key 'model': no model to train (use `parasol loadgen` to drive the tables,"
+                  " or set worker.command)",
+                  manifest_path);
     return 2;
   }
   // The device first: a worker that cannot compute fails before it joins the job.

@@ -548,6 +548,24 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("cache_rows", 0, int64_t{1} << 40, &w->cache_rows));
   PARASOL_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
   PARASOL_RETURN_IF_ERROR(r.Bool("fuse_requests", &w->fuse_requests));
+  if (r.Has("command")) {
+    // The program a worker role runs instead of the built-in trainer, in the manifest's folder.
+    YAML::Node c = r.Child("command");
+    if (c.IsScalar() && !c.Scalar().empty()) {
+      w->command.push_back(c.Scalar());
+    } else if (c.IsSequence() && c.size() > 0) {
+      for (size_t i = 0; i < c.size(); ++i) {
+        if (!c[i].IsScalar() || c[i].Scalar().empty()) {
+          return r.ErrorAt(c[i], "worker.command[" + std::to_string(i) + "]",
+                           "expected a program or argument");
+        }
+        w->command.push_back(c[i].Scalar());
+      }
+    } else {
+      return r.ErrorAt(c, "worker.command", "expected a program, or a list: program, arguments");
+    }
+    w->command_dir = BaseDir(file);
+  }
   if (r.Has("device")) {
     YAML::Node n = r.Child("device");
     const std::string d = n.IsScalar() ? n.Scalar() : "";

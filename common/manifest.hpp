@@ -169,6 +169,11 @@ struct WorkerOptions {
   // A step's pulls travel in one message per shard, and its pushes with the tick in another
   // (false: one message per request, the tick once the pushes are acknowledged).
   bool fuse_requests = true;
+  // A worker role runs this program (and arguments) instead of the built-in trainer, in the
+  // manifest's folder, with PARASOL_MANIFEST, PARASOL_WORKER and PARASOL_SUMMARY set (README,
+  // "From Python"). Empty: the built-in trainer of `model`.
+  std::vector<std::string> command;
+  std::string command_dir;  // the manifest's folder
 };
 
 struct DataOptions {

@@ -1118,9 +1118,10 @@ Status PsClient::Wait(Ticket ticket) {
   auto it = pending_.find(ticket);
   if (it == pending_.end()) return InvalidArgument("unknown ticket " + std::to_string(ticket));
   while (it->second->outstanding > 0) {
-    Status st = Pump(std::chrono::milliseconds(1000));
+    Status st = Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000));
     if (!st.ok()) return st;
     if (!replay_failure_.ok()) return replay_failure_;
+    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   if (!replay_failure_.ok()) return replay_failure_;
   if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));

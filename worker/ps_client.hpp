@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -91,6 +92,10 @@ class PsClient {
 
   // Completes `ticket`: its result, or the first error of any shard, naming the shard.
   Status Wait(Ticket ticket);
+  // Called while Wait() waits, at least every 100 ms: an error it returns ends the wait with
+  // that error and leaves the ticket outstanding (a later Wait on it completes it). For callers
+  // that must react to a signal while they wait (the Python module's Ctrl-C).
+  void SetWaitInterrupt(std::function<Status()> check) { wait_interrupt_ = std::move(check); }
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
   // A pull for the next step, issued before this one has ticked: it carries clock() + 1, the
@@ -215,6 +220,7 @@ class PsClient {
   void Finish(Pending& p);
   void FailRequest(ShardRequest& r, Status status);
 
+  std::function<Status()> wait_interrupt_;
   const Manifest manifest_;
   const uint32_t worker_id_;
   const uint64_t incarnation_;

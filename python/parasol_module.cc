@@ -1,0 +1,525 @@
+// The Python module `parasol._parasol`: the manifest, the parameter-server client and the data
+// reader, on NumPy arrays. python/parasol/__init__.py is the public face (README, "From Python").
+//
+// Every call that waits on the network releases the GIL and takes the client's own lock (a
+// PsClient serves one thread at a time); while it waits, a pending Ctrl-C ends the wait with
+// KeyboardInterrupt (the ticket stays outstanding: wait on it again, or close the client). The
+// arrays a request reads or writes stay referenced until its ticket completes or the client is
+// closed: the shards may still answer into them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/manifest.hpp"
+#include "common/model_tables.hpp"
+#include "worker/batch.hpp"
+#include "worker/data_reader.hpp"
+#include "worker/metrics.hpp"
+#include "worker/ps_client.hpp"
+
+namespace py = pybind11;
+
+namespace parasol::python {
+namespace {
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using KeyArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+// A failed Status as a Python exception carrying its text.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const Status& s) : std::runtime_error(s.ToString()) {}
+};
+
+// Raised by the interrupt hook: Python's own error (KeyboardInterrupt) is already set.
+class Interrupted : public std::exception {};
+
+void Check(const Status& s) {
+  if (!s.ok()) throw Error(s);
+}
+template <typename T>
+T Check(Result<T> r) {
+  if (!r.ok()) throw Error(r.status());
+  return std::move(*r);
+}
+
+const char* KindName(TableKind k) { return k == TableKind::kSparse ? "sparse" : "dense"; }
+
+const char* ConsistencyName(TrainingOptions::Consistency c) {
+  switch (c) {
+    case TrainingOptions::Consistency::kBsp: return "bsp";
+    case TrainingOptions::Consistency::kSsp: return "ssp";
+    case TrainingOptions::Consistency::kAsp: return "asp";
+  }
+  return "?";
+}
+
+const char* OptimizerName(OptimizerOptions::Kind k) {
+  switch (k) {
+    case OptimizerOptions::Kind::kSgd: return "sgd";
+    case OptimizerOptions::Kind::kAdagrad: return "adagrad";
+    case OptimizerOptions::Kind::kAdagradRowwise: return "adagrad_rowwise";
+    case OptimizerOptions::Kind::kAdam: return "adam";
+    case OptimizerOptions::Kind::kFtrl: return "ftrl";
+  }
+  return "?";
+}
+
+py::dict OptimizerDict(const OptimizerOptions& o) {
+  py::dict d;
+  d["kind"] = OptimizerName(o.kind);
+  d["lr"] = o.lr;
+  d["weight_decay"] = o.weight_decay;
+  d["eps"] = o.eps;
+  d["initial_accumulator"] = o.initial_accumulator;
+  d["beta1"] = o.beta1;
+  d["beta2"] = o.beta2;
+  d["bias_correction"] = o.bias_correction;
+  d["alpha"] = o.alpha;
+  d["beta"] = o.beta;
+  d["l1"] = o.l1;
+  d["l2"] = o.l2;
+  return d;
+}
+
+// A request's arrays, kept alive while the shards may still read or write them.
+struct Ticket {
+  uint64_t id = 0;
+  py::object result;             // what wait() returns (the output array), or None
+  std::vector<py::object> keep;  // arrays the request reads
+  bool done = false;
+};
+
+// The array a pull writes into: `out` itself (never a converted copy, which the caller would
+// not see), or a new one of `shape`.
+FloatArray OutArray(const py::object& out, const std::vector<py::ssize_t>& shape, uint64_t floats,
+                    const std::string& table) {
+  if (out.is_none()) return FloatArray(shape);
+  const std::string want = "out: expected a writable float32 C-contiguous array of " +
+                           std::to_string(floats) + " floats for table '" + table + "'";
+  if (!py::array_t<float, py::array::c_style>::check_(out)) throw Error(InvalidArgument(want));
+  auto a = py::reinterpret_borrow<FloatArray>(out);
+  if (!a.writeable() || static_cast<uint64_t>(a.size()) != floats) throw Error(InvalidArgument(want));
+  return a;
+}
+
+class Client {
+ public:
+  Client(const Manifest& manifest, uint32_t worker_id, const std::string& key_path) {
+    Result<std::unique_ptr<PsClient>> c = [&] {
+      py::gil_scoped_release release;
+      return PsClient::Connect(manifest, worker_id, key_path);
+    }();
+    client_ = Check(std::move(c));
+    client_->SetWaitInterrupt([] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) throw Interrupted();
+      return Status::Ok();
+    });
+    client_->AssumeUniqueKeys(false);
+  }
+
+  uint32_t TableId(const py::object& table) const {
+    if (py::isinstance<py::int_>(table)) {
+      const uint32_t id = table.cast<uint32_t>();
+      if (id >= Open().manifest().tables.size()) {
+        throw py::index_error("table id " + std::to_string(id) + " is out of range: the job has " +
+                              std::to_string(Open().manifest().tables.size()) + " tables");
+      }
+      return id;
+    }
+    return Check(Open().TableId(table.cast<std::string>()));
+  }
+
+  const TableOptions& Table(uint32_t id) const { return Open().manifest().tables[id]; }
+
+  std::shared_ptr<Ticket> PullSparseAsync(const py::object& table, const KeyArray& keys,
+                                          const py::object& out, bool prefetch, bool read_only) {
+    const uint32_t id = TableId(table);
+    const TableOptions& t = Table(id);
+    if (t.kind != TableKind::kSparse) throw Error(InvalidArgument("table '" + t.name + "' is dense"));
+    const size_t n = static_cast<size_t>(keys.size());
+    FloatArray rows = OutArray(out, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(t.dim)},
+                               n * t.dim, t.name);
+    auto ticket = std::make_shared<Ticket>();
+    ticket->result = rows;
+    ticket->keep.push_back(keys);
+    const std::span<const uint64_t> k(keys.data(), n);
+    float* dst = rows.mutable_data();
+    ticket->id = Locked([&](PsClient& c) {
+      if (prefetch) return Check(c.PrefetchSparseAsync(id, k, dst));
+      return Check(c.PullSparseAsync(id, k, dst, false, read_only));
+    });
+    return Track(ticket);
+  }
+
+  std::shared_ptr<Ticket> PushSparseAsync(const py::object& table, const KeyArray& keys,
+                                          const FloatArray& grads) {
+    const uint32_t id = TableId(table);
+    const TableOptions& t = Table(id);
+    const size_t n = static_cast<size_t>(keys.size());
+    if (static_cast<size_t>(grads.size()) != n * t.dim) {
+      throw Error(InvalidArgument("grads: expected " + std::to_string(n) + " x " +
+                                  std::to_string(t.dim) + " floats for table '" + t.name +
+                                  "', got " + std::to_string(grads.size())));
+    }
+    auto ticket = std::make_shared<Ticket>();
+    ticket->result = py::none();
+    const std::span<const uint64_t> k(keys.data(), n);
+    const std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
+    ticket->id = Locked([&](PsClient& c) { return Check(c.PushSparseAsync(id, k, g)); });
+    return Track(ticket);  // copied by the client: nothing to keep
+  }
+
+  std::shared_ptr<Ticket> PullDenseAsync(const py::object& table, const py::object& out) {
+    const uint32_t id = TableId(table);
+    const TableOptions& t = Table(id);
+    if (t.kind != TableKind::kDense) throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
+    std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+    FloatArray values = OutArray(out, shape, t.NumElements(), t.name);
+    auto ticket = std::make_shared<Ticket>();
+    ticket->result = values;
+    float* dst = values.mutable_data();
+    ticket->id = Locked([&](PsClient& c) { return Check(c.PullDenseAsync(id, dst)); });
+    return Track(ticket);
+  }
+
+  std::shared_ptr<Ticket> PushDenseAsync(const py::object& table, const FloatArray& grads) {
+    const uint32_t id = TableId(table);
+    const TableOptions& t = Table(id);
+    if (t.kind != TableKind::kDense) throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
+    if (static_cast<uint64_t>(grads.size()) != t.NumElements()) {
+      throw Error(InvalidArgument("grads: expected " + std::to_string(t.NumElements()) +
+                                  " floats for table '" + t.name + "', got " +
+                                  std::to_string(grads.size())));
+    }
+    auto ticket = std::make_shared<Ticket>();
+    ticket->result = py::none();
+    ticket->keep.push_back(grads);  // sent without a copy
+    const std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
+    ticket->id = Locked([&](PsClient& c) { return Check(c.PushDenseAsync(id, g)); });
+    return Track(ticket);
+  }
+
+  std::shared_ptr<Ticket> TickAsync() {
+    auto ticket = std::make_shared<Ticket>();
+    ticket->result = py::none();
+    ticket->id = Locked([&](PsClient& c) { return Check(c.TickAsync()); });
+    return Track(ticket);
+  }
+
+  py::object Wait(const std::shared_ptr<Ticket>& ticket) {
+    if (ticket->done) return ticket->result;
+    if (!tracked_.count(ticket->id)) {
+      throw Error(InvalidArgument("ticket " + std::to_string(ticket->id) +
+                                  " belongs to another client, or its client was closed"));
+    }
+    Status st = Blocking([&](PsClient& c) { return c.Wait(ticket->id); });
+    ticket->done = true;
+    tracked_.erase(ticket->id);
+    Check(st);
+    return ticket->result;
+  }
+
+  py::object WaitAll(const std::vector<std::shared_ptr<Ticket>>& tickets) {
+    py::list out;
+    for (const auto& t : tickets) out.append(Wait(t));
+    return out;
+  }
+
+  void BeginStep() { Locked([](PsClient& c) { c.BeginStep(); return 0; }); }
+  void SendStep() { Locked([](PsClient& c) { c.SendStep(); return 0; }); }
+  void Tick() { Check(Blocking([](PsClient& c) { return c.Tick(); })); }
+  void Leave() { Check(Blocking([](PsClient& c) { return c.Leave(); })); }
+  void Barrier(int64_t id) { Check(Blocking([&](PsClient& c) { return c.Barrier(id); })); }
+  void Checkpoint() { Check(Blocking([](PsClient& c) { return c.Checkpoint(); })); }
+  void Shutdown() { Check(Blocking([](PsClient& c) { return c.Shutdown(); })); }
+
+  py::list Stats() {
+    Result<std::vector<std::string>> stats =
+        Blocking([](PsClient& c) { return c.Stats(); });
+    py::object loads = py::module_::import("json").attr("loads");
+    py::list out;
+    for (const std::string& s : Check(std::move(stats))) out.append(loads(s));
+    return out;
+  }
+
+  void Close() {
+    std::unique_ptr<PsClient> c;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      c = std::move(client_);
+      c.reset();  // closes the sockets: nothing writes into the arrays any more
+    }
+    tracked_.clear();
+  }
+
+  PsClient& Open() const {
+    if (!client_) throw Error(FailedPrecondition("the client is closed"));
+    return *client_;
+  }
+
+  size_t outstanding() const { return tracked_.size(); }
+
+ private:
+  // Runs `f` on the client under its lock, with the GIL held (quick calls that do not wait).
+  template <typename F>
+  auto Locked(F f) -> decltype(f(std::declval<PsClient&>())) {
+    PsClient& c = Open();
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    {
+      py::gil_scoped_release release;
+      lock.lock();
+    }
+    return f(c);
+  }
+
+  // Runs `f`, which waits on the network, without the GIL. A Ctrl-C during the wait raises
+  // KeyboardInterrupt; the requests it waited on stay outstanding, and their arrays alive.
+  template <typename F>
+  auto Blocking(F f) -> decltype(f(std::declval<PsClient&>())) {
+    PsClient& c = Open();
+    bool interrupted = false;
+    std::optional<decltype(f(c))> result;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      try {
+        result.emplace(f(c));
+      } catch (const Interrupted&) {
+        interrupted = true;
+      }
+    }
+    if (interrupted) throw py::error_already_set();
+    return std::move(*result);
+  }
+
+  std::shared_ptr<Ticket> Track(std::shared_ptr<Ticket> t) {
+    tracked_[t->id] = t;
+    return t;
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<PsClient> client_;
+  // Not yet waited on (also those whose wait was interrupted): their arrays stay alive.
+  std::map<uint64_t, std::shared_ptr<Ticket>> tracked_;
+};
+
+// A batch as NumPy arrays (copies of the reader's vectors, owned by the arrays).
+py::dict BatchDict(Batch&& b) {
+  auto own = [](auto&& v) {
+    using V = std::decay_t<decltype(v)>;
+    auto* heap = new V(std::move(v));
+    py::capsule free(heap, [](void* p) { delete static_cast<V*>(p); });
+    return py::array(static_cast<py::ssize_t>(heap->size()), heap->data(), free);
+  };
+  const py::ssize_t n = b.size;
+  py::dict d;
+  d["size"] = b.size;
+  d["labels"] = own(std::move(b.labels));
+  d["dense"] = own(std::move(b.dense)).attr("reshape")(n, static_cast<py::ssize_t>(kCriteoDenseFeatures));
+  d["keys"] = own(std::move(b.keys));
+  d["values"] = own(std::move(b.values));
+  d["offsets"] = own(std::move(b.offsets));
+  return d;
+}
+
+class Reader {
+ public:
+  Reader(std::vector<std::string> files, uint32_t batch_size, uint32_t epochs, uint32_t rank,
+         uint32_t workers, const std::string& format, bool has_label, bool fail_on_bad_row) {
+    if (files.empty()) throw Error(InvalidArgument("BatchReader: no files"));
+    if (batch_size == 0) throw Error(InvalidArgument("BatchReader: batch_size must be > 0"));
+    if (workers == 0 || rank >= workers) {
+      throw Error(InvalidArgument("BatchReader: rank " + std::to_string(rank) +
+                                  " is not below workers " + std::to_string(workers)));
+    }
+    ReaderOptions o;
+    if (format == "criteo") {
+      o.format = DataOptions::Format::kCriteo;
+    } else if (format == "libsvm") {
+      o.format = DataOptions::Format::kLibsvm;
+    } else {
+      throw Error(InvalidArgument("BatchReader: format must be criteo or libsvm, got '" + format + "'"));
+    }
+    o.files = std::move(files);
+    o.batch_size = batch_size;
+    o.epochs = epochs;
+    o.rank = rank;
+    o.workers = workers;
+    o.has_label = has_label;
+    o.on_bad_row = fail_on_bad_row ? DataOptions::OnBadRow::kFail : DataOptions::OnBadRow::kSkip;
+    reader_ = std::make_unique<BatchReader>(std::move(o));
+  }
+
+  py::object Next() {
+    Result<std::optional<Batch>> b = [&] {
+      py::gil_scoped_release release;
+      return reader_->Next();
+    }();
+    std::optional<Batch> batch = Check(std::move(b));
+    if (!batch) throw py::stop_iteration();
+    return BatchDict(std::move(*batch));
+  }
+
+  uint64_t bad_rows() const { return reader_->bad_rows(); }
+  uint64_t rows_read() const { return reader_->rows_read(); }
+  std::string first_bad_row() const { return reader_->first_bad_row(); }
+
+ private:
+  std::unique_ptr<BatchReader> reader_;
+};
+
+}  // namespace
+}  // namespace parasol::python
+
+PYBIND11_MODULE(_parasol, m) {
+  using namespace parasol;
+  using namespace parasol::python;
+  m.doc() = "Parasol's parameter-server client, manifest and data reader (see the parasol package)";
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  py::class_<TableOptions>(m, "Table")
+      .def_readonly("name", &TableOptions::name)
+      .def_property_readonly("kind", [](const TableOptions& t) { return KindName(t.kind); })
+      .def_readonly("dim", &TableOptions::dim)
+      .def_readonly("shape", &TableOptions::shape)
+      .def_property_readonly("num_elements", &TableOptions::NumElements)
+      .def_property_readonly("optimizer", [](const TableOptions& t) { return OptimizerDict(t.optimizer); })
+      .def("__repr__", [](const TableOptions& t) {
+        return "<parasol.Table '" + t.name + "' " + KindName(t.kind) + ">";
+      });
+
+  py::class_<Manifest>(m, "Manifest")
+      .def_readonly("source", &Manifest::source)
+      .def_property_readonly("job_name", [](const Manifest& x) { return x.job.name; })
+      .def_property_readonly("seed", [](const Manifest& x) { return x.job.seed; })
+      .def_property_readonly("servers", [](const Manifest& x) {
+        std::vector<std::string> s;
+        for (const ServerAddress& a : x.cluster.servers) s.push_back(a.ToString());
+        return s;
+      })
+      .def_property_readonly("workers", [](const Manifest& x) { return x.cluster.workers; })
+      .def_property_readonly("consistency", [](const Manifest& x) { return ConsistencyName(x.training.consistency); })
+      .def_property_readonly("staleness", [](const Manifest& x) { return x.training.staleness; })
+      .def_property_readonly("batch_size", [](const Manifest& x) { return x.training.batch_size; })
+      .def_property_readonly("epochs", [](const Manifest& x) { return x.training.epochs; })
+      .def_property_readonly("max_steps", [](const Manifest& x) { return x.training.max_steps; })
+      .def_property_readonly("prefetch", [](const Manifest& x) { return x.training.prefetch; })
+      .def_property_readonly("train_files", [](const Manifest& x) { return x.data.train; })
+      .def_property_readonly("eval_file", [](const Manifest& x) { return x.data.eval; })
+      .def_property_readonly("data_format", [](const Manifest& x) {
+        return x.data.format == DataOptions::Format::kCriteo ? "criteo" : "libsvm";
+      })
+      .def_property_readonly("fail_on_bad_row", [](const Manifest& x) {
+        return x.data.on_bad_row == DataOptions::OnBadRow::kFail;
+      })
+      .def_property_readonly("checkpoint_dir", [](const Manifest& x) { return x.checkpoint.dir; })
+      .def_property_readonly("model", [](const Manifest& x) {
+        py::dict d;
+        d["kind"] = x.model.kind == ModelOptions::Kind::kDlrm ? "dlrm"
+                    : x.model.kind == ModelOptions::Kind::kLr ? "lr"
+                                                              : "none";
+        d["embedding_dim"] = x.model.embedding_dim;
+        d["bottom"] = x.model.bottom;
+        d["top"] = x.model.top;
+        return d;
+      })
+      .def_readonly("tables", &Manifest::tables)
+      .def("table", [](const Manifest& x, const std::string& name) {
+        const int i = x.FindTable(name);
+        if (i < 0) throw Error(NotFound("no table '" + name + "' in " + x.source));
+        return x.tables[i];
+      })
+      .def_property_readonly("fingerprint", &Manifest::Fingerprint)
+      .def("__repr__", [](const Manifest& x) {
+        return "<parasol.Manifest '" + x.job.name + "' from " + x.source + ">";
+      });
+
+  m.def("load_manifest", [](const std::string& path) { return Check(LoadManifest(path)); },
+        py::arg("path"), "Reads and checks a job manifest (errors name file, line and key).");
+  m.def("parse_manifest", [](const std::string& text, const std::string& source) {
+        return Check(ParseManifest(text, source));
+      }, py::arg("text"), py::arg("source") = "<string>");
+
+  py::class_<Ticket, std::shared_ptr<Ticket>>(m, "Ticket")
+      .def_readonly("id", &Ticket::id)
+      .def_readonly("done", &Ticket::done)
+      .def("__repr__", [](const Ticket& t) {
+        return "<parasol.Ticket " + std::to_string(t.id) + (t.done ? " done>" : ">");
+      });
+
+  py::class_<Client>(m, "Client")
+      .def(py::init<const Manifest&, uint32_t, const std::string&>(), py::arg("manifest"),
+           py::arg("worker_id"), py::arg("key_path") = "")
+      .def("table_id", &Client::TableId, py::arg("table"))
+      .def("pull_sparse_async", &Client::PullSparseAsync, py::arg("table"), py::arg("keys"),
+           py::arg("out") = py::none(), py::arg("prefetch") = false, py::arg("read_only") = false)
+      .def("push_sparse_async", &Client::PushSparseAsync, py::arg("table"), py::arg("keys"),
+           py::arg("grads"))
+      .def("pull_dense_async", &Client::PullDenseAsync, py::arg("table"), py::arg("out") = py::none())
+      .def("push_dense_async", &Client::PushDenseAsync, py::arg("table"), py::arg("grads"))
+      .def("tick_async", &Client::TickAsync)
+      .def("wait", &Client::Wait, py::arg("ticket"))
+      .def("wait_all", &Client::WaitAll, py::arg("tickets"))
+      .def("begin_step", &Client::BeginStep)
+      .def("send_step", &Client::SendStep)
+      .def("tick", &Client::Tick)
+      .def("leave", &Client::Leave)
+      .def("barrier", &Client::Barrier, py::arg("id"))
+      .def("stats", &Client::Stats)
+      .def("checkpoint", &Client::Checkpoint)
+      .def("shutdown", &Client::Shutdown)
+      .def("close", &Client::Close)
+      .def_property_readonly("clock", [](const Client& c) { return c.Open().clock(); })
+      .def_property_readonly("worker_id", [](const Client& c) { return c.Open().worker_id(); })
+      .def_property_readonly("num_shards", [](const Client& c) { return c.Open().num_shards(); })
+      .def_property_readonly("resumed_clock", [](const Client& c) { return c.Open().resumed_clock(); })
+      .def_property_readonly("resumed_done", [](const Client& c) { return c.Open().resumed_done(); })
+      .def_property_readonly("pushes_acknowledged", [](const Client& c) { return c.Open().pushes_acknowledged(); })
+      .def_property_readonly("outstanding", &Client::outstanding)
+      .def_property_readonly("cache_hits", [](const Client& c) { return c.Open().cache_hits(); })
+      .def_property_readonly("cache_misses", [](const Client& c) { return c.Open().cache_misses(); });
+
+  py::class_<Reader>(m, "BatchReader")
+      .def(py::init<std::vector<std::string>, uint32_t, uint32_t, uint32_t, uint32_t,
+                    const std::string&, bool, bool>(),
+           py::arg("files"), py::arg("batch_size"), py::arg("epochs") = 1, py::arg("rank") = 0,
+           py::arg("workers") = 1, py::arg("format") = "criteo", py::arg("has_label") = true,
+           py::arg("fail_on_bad_row") = false)
+      .def("__iter__", [](Reader& r) -> Reader& { return r; })
+      .def("__next__", &Reader::Next)
+      .def_property_readonly("bad_rows", &Reader::bad_rows)
+      .def_property_readonly("rows_read", &Reader::rows_read)
+      .def_property_readonly("first_bad_row", &Reader::first_bad_row);
+
+  m.def("log_loss", [](const FloatArray& probs, const FloatArray& labels) {
+    if (probs.size() != labels.size()) throw Error(InvalidArgument("log_loss: sizes differ"));
+    return LogLoss({probs.data(), static_cast<size_t>(probs.size())},
+                   {labels.data(), static_cast<size_t>(labels.size())});
+  }, py::arg("probs"), py::arg("labels"));
+  m.def("auc", [](const FloatArray& scores, const FloatArray& labels) {
+    if (scores.size() != labels.size()) throw Error(InvalidArgument("auc: sizes differ"));
+    return Auc({scores.data(), static_cast<size_t>(scores.size())},
+               {labels.data(), static_cast<size_t>(labels.size())});
+  }, py::arg("scores"), py::arg("labels"));
+  m.attr("criteo_dense_features") = kCriteoDenseFeatures;
+  m.attr("criteo_sparse_fields") = kCriteoSparseFields;
+  std::vector<std::string> binaries;
+#ifdef PARASOL_BUILD_BINARY
+  binaries.push_back(PARASOL_BUILD_BINARY);
+#endif
+#ifdef PARASOL_INSTALL_BINARY
+  binaries.push_back(PARASOL_INSTALL_BINARY);
+#endif
+  m.attr("_binaries") = binaries;
+}
