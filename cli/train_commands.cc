@@ -36,6 +36,15 @@ int ExecWorkerCommand(const Manifest& manifest, const std::string& manifest_path
     const std::string k = std::filesystem::absolute(key_path, ec).string();
     ::setenv("PARASOL_KEY", ec ? key_path.c_str() : k.c_str(), 1);
   }
+  // Run from a build tree, the Python package beside this program comes first on the path.
+  const std::filesystem::path python_dir =
+      std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "python";
+  if (!ec && std::filesystem::exists(python_dir / "parasol" / "__init__.py", ec)) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path =
+        python_dir.string() + (old && *old ? std::string(":") + old : std::string());
+    ::setenv("PYTHONPATH", path.c_str(), 1);
+  }
   const std::vector<std::string>& command = manifest.worker.command;
   if (::chdir(manifest.worker.command_dir.c_str()) != 0) {
     spdlog::error("worker {}: worker.command: cannot enter '{}': {}", rank,
@@ -66,7 +75,9 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
                   manifest->cluster.workers);
     return 2;
   }
-  if (!manifest->worker.command.empty()) return ExecWorkerCommand(*manifest, manifest_path, rank, summary, key_path);
+  if (!manifest->worker.command.empty()) {
+    return ExecWorkerCommand(*manifest, manifest_path, rank, summary, key_path);
+  }
   if (manifest->model.kind == ModelOptions::Kind::kNone) {
     spdlog::error("{}: key 'model': no model to train (use `parasol loadgen` to drive the tables,"
                   " or set worker.command)",

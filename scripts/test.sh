@@ -5,6 +5,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# The Python module's tests run pytest, and parasol.torch's need PyTorch.
+PARASOL_PACKAGES+=(python3-pytest python3-torch)
 parasol_install_deps
 parasol_install_test_deps
 parasol_build Release

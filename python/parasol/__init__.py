@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -160,21 +159,16 @@ def local_servers(manifest, binary=None, log_dir=None, timeout=60.0, ranks=None)
                 [program, "server", "--manifest", path, "--rank", str(r)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
             log.close()
+        # A shard is up when it says so in its log ("shard R/N serving on ..."): a port that
+        # accepts connections may belong to another program.
         deadline = time.monotonic() + timeout
         for r, p in zip(ranks, procs):
-            host, port = m.servers[r].rsplit(":", 1)
-            while True:
+            log = os.path.join(logs, f"server-{r}.log")
+            while f"shard {r}/{len(m.servers)} serving on" not in _tail(log, 200):
                 if p.poll() is not None:
-                    raise Error(f"server {r} exited with status {p.returncode}:\n"
-                                + _tail(os.path.join(logs, f"server-{r}.log")))
-                try:
-                    with socket.create_connection((host, int(port)), timeout=0.5):
-                        break
-                except OSError:
-                    pass
+                    raise Error(f"server {r} exited with status {p.returncode}:\n" + _tail(log))
                 if time.monotonic() > deadline:
-                    raise Error(f"server {r} does not listen on {host}:{port} after {timeout} s:\n"
-                                + _tail(os.path.join(logs, f"server-{r}.log")))
+                    raise Error(f"server {r} is not serving after {timeout} s:\n" + _tail(log))
                 time.sleep(0.05)
         yield procs
     finally:
