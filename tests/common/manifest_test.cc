@@ -93,6 +93,29 @@ TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
             "job.yaml:3:3: key 'cluster.epochs': unknown key");
 }
 
+TEST(ManifestTest, WorkerCommandIsAProgramOrAListRunInTheManifestsFolder) {
+  const std::string head = "cluster:\n  servers: [127.0.0.1:9000]\n";
+  Result<Manifest> list =
+      ParseManifest(head + "worker:\n  command: [python3, train.py, --lr, '0.1']\n", "jobs/a.yaml");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  EXPECT_EQ(list->worker.command, (std::vector<std::string>{"python3", "train.py", "--lr", "0.1"}));
+  EXPECT_EQ(list->worker.command_dir, "jobs");
+  Result<Manifest> one = ParseManifest(head + "worker: {command: ./train}\n", "a.yaml");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->worker.command, std::vector<std::string>{"./train"});
+  EXPECT_EQ(one->worker.command_dir, ".");
+  Result<Manifest> none = ParseManifest(head, "a.yaml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->worker.command.empty());
+  EXPECT_EQ(ErrorOf(head + "worker: {command: []}\n"),
+            "job.yaml:3:19: key 'worker.command': expected a program, or a list: program, "
+            "arguments");
+  EXPECT_EQ(ErrorOf(head + "worker: {command: [python3, {a: 1}]}\n"),
+            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument");
+  EXPECT_EQ(ErrorOf(head + "worker: {command: [python3, '']}\n"),
+            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument");
+}
+
 TEST(ManifestTest, UnknownKeyInsideATableNamesTheTable) {
   const std::string e = ErrorOf(
       "cluster:\n  servers: [127.0.0.1:9000]\ntables:\n  - name: a\n    dimm: 4\n");
