@@ -48,11 +48,13 @@ class ShardedEmbeddingBag(nn.Module):
     forward(input, offsets=None, per_sample_weights=None) as nn.EmbeddingBag: a 2-D input is
     one bag per row; a 1-D input is cut into bags at `offsets`. mode: "sum", "mean" or "max".
     In eval mode (module.eval()) and under torch.no_grad() the pulls create no rows and nothing
-    is pushed.
+    is pushed. `device` (e.g. "cuda"): where the rows go for the computation (they travel
+    through host memory).
     """
 
-    def __init__(self, client, table, mode="mean"):
+    def __init__(self, client, table, mode="mean", device=None):
         super().__init__()
+        self.device = torch.device(device) if device is not None else None
         if mode not in ("sum", "mean", "max", None):
             raise ValueError(f"mode must be sum, mean or max, got {mode!r}")
         self.client = client
@@ -101,11 +103,13 @@ class ShardedEmbeddingBag(nn.Module):
         if pull is None:
             read_only = not (self.training and torch.is_grad_enabled())
             pull = _Pull(self.client, self.table, flat, unique, inverse, False, read_only)
-        rows = self.client.wait(pull.ticket)
-        return pull.unique, pull.inverse, torch.from_numpy(rows)
+        rows = torch.from_numpy(self.client.wait(pull.ticket))
+        if self.device is not None:
+            rows = rows.to(self.device)
+        return pull.unique, pull.inverse, rows
 
     def _gather(self, rows, inverse, indices, offsets, per_sample_weights):
-        idx = torch.from_numpy(inverse.astype(np.int64))
+        idx = torch.from_numpy(inverse.astype(np.int64)).to(rows.device)
         if isinstance(indices, torch.Tensor):
             shape = tuple(indices.shape)
         else:
@@ -117,6 +121,8 @@ class ShardedEmbeddingBag(nn.Module):
             raise ValueError("a 1-D input needs offsets")
         elif not isinstance(offsets, torch.Tensor):
             offsets = torch.as_tensor(np.asarray(offsets, dtype=np.int64))
+        if offsets is not None:
+            offsets = offsets.to(rows.device)
         return F.embedding_bag(idx, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights)
 
@@ -152,12 +158,12 @@ class ShardedEmbeddingBag(nn.Module):
 class ShardedEmbedding(ShardedEmbeddingBag):
     """nn.Embedding over a sparse table: forward(indices) has shape indices.shape + (dim,)."""
 
-    def __init__(self, client, table):
-        super().__init__(client, table, mode=None)
+    def __init__(self, client, table, device=None):
+        super().__init__(client, table, mode=None, device=device)
 
     def _gather(self, rows, inverse, indices, offsets, per_sample_weights):
         shape = tuple(indices.shape) if isinstance(indices, torch.Tensor) else np.shape(indices)
-        idx = torch.from_numpy(inverse.astype(np.int64)).view(shape)
+        idx = torch.from_numpy(inverse.astype(np.int64)).view(shape).to(rows.device)
         return F.embedding(idx, rows)
 
 
