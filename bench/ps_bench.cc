@@ -35,7 +35,7 @@
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "common/zipf.hpp"
-#include "common/json_number.hpp"
+#include "common/json_text.hpp"
 #include "common/key_index.hpp"
 #include "server/checkpoint.hpp"
 #include "server/optimizer.hpp"
@@ -49,6 +49,15 @@
 
 namespace parasol::bench {
 namespace {
+
+// The number at `pointer` ("/tables/0/rows", "/workers/0/pull_bytes_per_step") in JSON text
+// that Parasol wrote (a shard's stats, a job summary), or 0 when there is none.
+double JsonFigure(const std::string& text, const std::string& pointer) {
+  const Json j = Json::parse(text, nullptr, false);
+  const Json::json_pointer at(pointer);
+  if (j.is_discarded() || !j.contains(at) || !j.at(at).is_number()) return 0;
+  return j.at(at).get<double>();
+}
 
 struct Row {
   std::string name;
@@ -239,8 +248,8 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     if (Fill(**client, 0, table_rows, kDim, kBatch) < 0) continue;
     auto stats = (*client)->Stats();
     if (!stats.ok()) continue;
-    const double bytes_per_row = JsonNumber((*stats)[0], "bytes_per_row");
-    const double row_floats = JsonNumber((*stats)[0], "row_floats");
+    const double bytes_per_row = JsonFigure((*stats)[0], "/tables/0/bytes_per_row");
+    const double row_floats = JsonFigure((*stats)[0], "/tables/0/row_floats");
     const double raw = 8 + row_floats * 4;  // key + values + state
     // Pushes of Zipf-distributed keys over the whole table: kBatch distinct keys each (as a
     // worker sends them, deduplicated), drawn before the timed region.
@@ -412,8 +421,8 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
       auto stats = (*observer)->Stats();
       if (stats.ok()) {
         for (const std::string& st : *stats) {
-          wait_ms += JsonNumber(st, "pull_wait_ms_total");
-          pulls += JsonNumber(st, "PullSparse");
+          wait_ms += JsonFigure(st, "/pull_wait_ms_total");
+          pulls += JsonFigure(st, "/ops/PullSparse");
         }
       }
     }
@@ -525,8 +534,8 @@ void CacheRows(const Options& opt, std::vector<Row>* rows) {
   };
   const std::string off = run(0), on = run(1000000);
   if (!off.empty() && !on.empty()) {
-    const double off_bytes = JsonNumber(off, "pull_bytes_per_step");
-    const double on_bytes = JsonNumber(on, "pull_bytes_per_step");
+    const double off_bytes = JsonFigure(off, "/workers/0/pull_bytes_per_step");
+    const double on_bytes = JsonFigure(on, "/workers/0/pull_bytes_per_step");
     rows->push_back({"pull_bytes_per_step_ssp4_nocache", off_bytes, "B", std::nullopt, "",
                      std::nullopt});
     rows->push_back({"pull_bytes_per_step_ssp4_cache", on_bytes, "B", std::nullopt, "",
@@ -535,9 +544,9 @@ void CacheRows(const Options& opt, std::vector<Row>* rows) {
     const std::optional<double> best = PerfectCacheSavedShare(dir + "/train.tsv", 2, 256, 4);
     rows->push_back({"pull_bytes_saved_ssp4_cache", off_bytes > 0 ? 1.0 - on_bytes / off_bytes : 0.0,
                      "share", best, best ? "perfect_cache_ssp4" : "", std::nullopt});
-    rows->push_back({"eval_auc_ssp4_nocache", JsonNumber(off, "eval_auc"), "", std::nullopt, "",
+    rows->push_back({"eval_auc_ssp4_nocache", JsonFigure(off, "/eval_auc"), "", std::nullopt, "",
                      std::nullopt});
-    rows->push_back({"eval_auc_ssp4_cache", JsonNumber(on, "eval_auc"), "", std::nullopt, "",
+    rows->push_back({"eval_auc_ssp4_cache", JsonFigure(on, "/eval_auc"), "", std::nullopt, "",
                      std::nullopt});
   }
   std::error_code ec;
@@ -563,7 +572,7 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
       continue;
     }
     const std::string tag = std::to_string(shards) + "s" + std::to_string(workers) + "w";
-    const double rate = JsonNumber(summary, "samples_per_second");
+    const double rate = JsonFigure(summary, "/samples_per_second");
     if (torch_rate) {
       rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", *torch_rate,
                        "pytorch_1proc_2threads", std::nullopt});
@@ -572,11 +581,11 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
     rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", std::nullopt, "",
                      std::nullopt});
     // Worker 0's time, by phase, as a share of its training time.
-    const double total = JsonNumber(summary, "train_seconds");
-    for (const char* phase : {"data", "pull", "compute", "push", "wait"}) {
-      rows->push_back({"train_split_" + tag + "_" + phase,
-                       total > 0 ? 100.0 * JsonNumber(summary, phase) / total : 0.0, "%",
-                       std::nullopt, "", std::nullopt});
+    const double total = JsonFigure(summary, "/train_seconds");
+    for (const std::string phase : {"data", "pull", "compute", "push", "wait"}) {
+      const double spent = JsonFigure(summary, "/workers/0/time_split/" + phase);
+      rows->push_back({"train_split_" + tag + "_" + phase, total > 0 ? 100.0 * spent / total : 0.0,
+                       "%", std::nullopt, "", std::nullopt});
     }
   }
 }
@@ -799,7 +808,8 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
     std::ifstream in(dir + "/calm.json");
     const std::string summary((std::istreambuf_iterator<char>(in)),
                               std::istreambuf_iterator<char>());
-    rows->push_back({"push_log_bytes_per_step_dlrm16", JsonNumber(summary, "push_log_bytes_per_step"),
+    rows->push_back({"push_log_bytes_per_step_dlrm16",
+                     JsonFigure(summary, "/workers/0/push_log_bytes_per_step"),
                      "B", std::nullopt, "", std::nullopt});
   }
   std::error_code ec;
@@ -830,8 +840,8 @@ void CapacityRows(std::vector<Row>* rows) {
   if (!stats.ok()) return;
   double bytes = 0, n = 0;
   for (const std::string& s : *stats) {
-    bytes += JsonNumber(s, "bytes");
-    n += JsonNumber(s, "rows");
+    bytes += JsonFigure(s, "/tables/0/bytes");
+    n += JsonFigure(s, "/tables/0/rows");
   }
   rows->push_back({"capacity_bytes_per_row_1e8x16", bytes / n, "B/row", 8 + 17 * 4,
                    "raw_key_value_state", std::nullopt});
@@ -864,11 +874,14 @@ void WriteJson(const std::vector<Row>& rows, const std::string& path) {
   out << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    out << "  {\"name\": \"" << r.name << "\", \"value\": " << r.value << ", \"unit\": \""
-        << r.unit << "\", \"ceiling\": " << (r.ceiling ? std::to_string(*r.ceiling) : "null")
-        << ", \"ceiling_name\": " << (r.ceiling ? "\"" + r.ceiling_name + "\"" : "null")
-        << ", \"ratio\": " << (r.ceiling ? std::to_string(r.value / *r.ceiling) : "null") << "}"
-        << (i + 1 < rows.size() ? "," : "") << "\n";
+    Json j;
+    j["name"] = r.name;
+    j["value"] = r.value;
+    j["unit"] = r.unit;
+    j["ceiling"] = r.ceiling ? Json(*r.ceiling) : Json(nullptr);
+    j["ceiling_name"] = r.ceiling ? Json(r.ceiling_name) : Json(nullptr);
+    j["ratio"] = r.ceiling ? Json(r.value / *r.ceiling) : Json(nullptr);
+    out << "  " << SpacedJson(j) << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   out << "]\n";
 }

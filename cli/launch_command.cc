@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,7 +16,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "common/json_number.hpp"
+#include "common/json_text.hpp"
 #include "common/manifest.hpp"
 #include "common/subprocess.hpp"
 
@@ -52,26 +53,88 @@ bool Relay(Role& role) {
   return true;
 }
 
-// One object for the whole job, from the workers' own summaries.
-std::string CombineSummaries(const std::vector<std::string>& workers) {
-  double samples = 0, rate = 0, seconds = 0, bad = 0;
-  std::string w0 = workers.empty() ? "" : workers[0];
-  for (const std::string& s : workers) {
-    samples += JsonNumber(s, "train_samples");
-    rate += JsonNumber(s, "samples_per_second");
-    seconds = std::max(seconds, JsonNumber(s, "train_seconds"));
-    bad += JsonNumber(s, "bad_rows");
+// A worker's summary, read back from `path`: any JSON object (a worker.command program writes
+// its own). The error names the file and shows the start of what it holds.
+Result<Json> ReadSummary(uint32_t worker, const std::string& path) {
+  const std::string what = "worker " + std::to_string(worker) + "'s summary " + path;
+  std::ifstream in(path);
+  if (!in.is_open()) return IoError(what + " was not written");
+  std::stringstream s;
+  s << in.rdbuf();
+  const std::string text = s.str();
+  std::string problem;
+  Json summary;
+  try {
+    summary = Json::parse(text);
+    if (!summary.is_object()) problem = std::string("a JSON ") + summary.type_name();
+  } catch (const Json::exception& e) {
+    problem = e.what();
   }
-  std::ostringstream o;
-  o.precision(6);
-  o << "{\"eval_logloss\": " << JsonNumber(w0, "eval_logloss")
-    << ", \"eval_auc\": " << JsonNumber(w0, "eval_auc")
-    << ", \"eval_samples\": " << JsonNumber(w0, "eval_samples")
-    << ", \"train_samples\": " << samples << ", \"train_seconds\": " << seconds
-    << ", \"samples_per_second\": " << rate << ", \"bad_rows\": " << bad << ", \"workers\": [";
-  for (size_t i = 0; i < workers.size(); ++i) o << (i ? ", " : "") << workers[i];
-  o << "]}";
-  return o.str();
+  if (problem.empty()) return summary;
+  const size_t kShown = 200;
+  return InvalidArgument(what + " is not a JSON object (" + problem + "); it holds: " +
+                         CompactJson(Json(text.substr(0, kShown))) +
+                         (text.size() > kShown ? "..." : ""));
+}
+
+// A figure of a worker's summary: 0 when absent, NaN when null (how JSON writes a NaN).
+Result<double> Figure(const Json& summary, const char* key) {
+  const auto it = summary.find(key);
+  if (it == summary.end()) return 0.0;
+  if (it->is_null()) return std::nan("");
+  if (!it->is_number()) return InvalidArgument(std::string("\"") + key + "\" is not a number");
+  return it->get<double>();
+}
+
+// A count in a worker's summary: 0 when absent, else a whole number >= 0.
+Result<uint64_t> Count(const Json& summary, const char* key) {
+  const auto it = summary.find(key);
+  if (it == summary.end()) return uint64_t{0};
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_number_float()) {
+    const double v = it->get<double>();
+    if (v >= 0 && v < 1.8e19 && v == std::floor(v)) return static_cast<uint64_t>(v);
+  }
+  return InvalidArgument(std::string("\"") + key + "\" is not a whole number >= 0");
+}
+
+// One object for the whole job, from the workers' own summaries: the sums over the workers,
+// worker 0's evaluation, and each worker's summary as it wrote it.
+Result<Json> CombineSummaries(const std::vector<Json>& workers) {
+  uint64_t samples = 0, bad = 0;
+  double rate = 0, seconds = 0;
+  for (size_t w = 0; w < workers.size(); ++w) {
+    const Json& s = workers[w];
+    const std::string where = "worker " + std::to_string(w) + "'s summary: ";
+    Result<uint64_t> n = Count(s, "train_samples");
+    Result<uint64_t> b = Count(s, "bad_rows");
+    Result<double> r = Figure(s, "samples_per_second");
+    Result<double> t = Figure(s, "train_seconds");
+    for (const Status& st : {n.status(), b.status(), r.status(), t.status()}) {
+      if (!st.ok()) return InvalidArgument(where + st.message());
+    }
+    samples += *n;
+    bad += *b;
+    rate += *r;
+    seconds = std::max(seconds, *t);
+  }
+  const Json w0 = workers.empty() ? Json::object() : workers[0];
+  Result<double> logloss = Figure(w0, "eval_logloss");
+  Result<double> auc = Figure(w0, "eval_auc");
+  Result<uint64_t> eval_samples = Count(w0, "eval_samples");
+  for (const Status& st : {logloss.status(), auc.status(), eval_samples.status()}) {
+    if (!st.ok()) return InvalidArgument("worker 0's summary: " + st.message());
+  }
+  Json o;
+  o["eval_logloss"] = *logloss;
+  o["eval_auc"] = *auc;
+  o["eval_samples"] = *eval_samples;
+  o["train_samples"] = samples;
+  o["train_seconds"] = seconds;
+  o["samples_per_second"] = rate;
+  o["bad_rows"] = bad;
+  o["workers"] = workers;
+  return o;
 }
 
 }  // namespace
@@ -185,23 +248,31 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     return 1;
   }
   if (training) {
-    std::vector<std::string> workers;
-    for (uint32_t w = 0; w < manifest->cluster.workers; ++w) {
-      std::ifstream in(dir + "/worker" + std::to_string(w) + ".json");
-      std::stringstream s;
-      s << in.rdbuf();
-      std::string text = s.str();
-      while (!text.empty() && text.back() == '\n') text.pop_back();
-      workers.push_back(text);
+    std::vector<Json> workers;
+    Status problem;
+    for (uint32_t w = 0; w < manifest->cluster.workers && problem.ok(); ++w) {
+      Result<Json> s = ReadSummary(w, dir + "/worker" + std::to_string(w) + ".json");
+      if (s.ok()) {
+        workers.push_back(std::move(*s));
+      } else {
+        problem = s.status();
+      }
     }
-    const std::string combined = CombineSummaries(workers);
-    std::printf("job: %.0f samples, %.0f samples/s, eval logloss %.4f, AUC %.4f, %.0f bad rows\n",
-                JsonNumber(combined, "train_samples"), JsonNumber(combined, "samples_per_second"),
-                JsonNumber(combined, "eval_logloss"), JsonNumber(combined, "eval_auc"),
-                JsonNumber(combined, "bad_rows"));
+    Result<Json> combined = problem.ok() ? CombineSummaries(workers) : Result<Json>(problem);
+    if (!combined.ok()) {
+      spdlog::error("launch: no job summary: {}", combined.status().message());
+      std::filesystem::remove_all(dir);
+      return 1;
+    }
+    const Json& c = *combined;
+    std::printf("job: %llu samples, %.0f samples/s, eval logloss %.4f, AUC %.4f, %llu bad rows\n",
+                static_cast<unsigned long long>(c["train_samples"].get<uint64_t>()),
+                c["samples_per_second"].get<double>(), c["eval_logloss"].get<double>(),
+                c["eval_auc"].get<double>(),
+                static_cast<unsigned long long>(c["bad_rows"].get<uint64_t>()));
     if (!summary.empty()) {
       std::ofstream out(summary);
-      out << combined << "\n";
+      out << SpacedJson(c) << "\n";
     }
   } else {
     spdlog::info("launch: job finished; every worker's check passed");

@@ -7,8 +7,8 @@
 #include <set>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
+#include "common/json_text.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
@@ -98,12 +98,15 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
   }
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
-  std::ostringstream json;
-  json << "{\"fingerprint\": " << m.Fingerprint() << ", \"incremental\": "
-       << (o.since > 0 ? "true" : "false") << ", \"since\": " << o.since << ", \"tables\": [";
+  Json json;
+  json["fingerprint"] = m.Fingerprint();
+  json["incremental"] = o.since > 0;
+  json["since"] = o.since;
+  Json& tables = json["tables"] = Json::array();
   for (uint32_t t = 0; t < m.tables.size(); ++t) {
     const TableOptions& table = m.tables[t];
-    if (t) json << ", ";
+    Json entry;
+    entry["name"] = table.name;
     if (table.kind == TableKind::kSparse) {
       std::vector<std::pair<uint64_t, const std::vector<float>*>> rows;
       for (const auto& [key, v] : now.sparse[t]) {
@@ -123,21 +126,23 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
         f.write(reinterpret_cast<const char*>(v->data()), 4 * dim);
       }
       if (!f) return IoError("cannot write " + out + "/" + file);
-      json << "{\"name\": \"" << table.name << "\", \"kind\": \"sparse\", \"dim\": " << dim
-           << ", \"file\": \"" << file << "\", \"rows\": " << count << "}";
+      entry["kind"] = "sparse";
+      entry["dim"] = dim;
+      entry["file"] = file;
+      entry["rows"] = count;
     } else {
       const std::string file = table.name + ".f32";
       std::ofstream f(out + "/" + file, std::ios::binary);
       const auto& v = now.dense[t];
       f.write(reinterpret_cast<const char*>(v.data()), 4 * v.size());
       if (!f) return IoError("cannot write " + out + "/" + file);
-      json << "{\"name\": \"" << table.name << "\", \"kind\": \"dense\", \"shape\": [";
-      for (size_t i = 0; i < table.shape.size(); ++i) json << (i ? ", " : "") << table.shape[i];
-      json << "], \"file\": \"" << file << "\"}";
+      entry["kind"] = "dense";
+      entry["shape"] = table.shape;
+      entry["file"] = file;
     }
+    tables.push_back(std::move(entry));
   }
-  json << "]}\n";
-  std::ofstream(out + "/model.json") << json.str();
+  std::ofstream(out + "/model.json") << SpacedJson(json) << "\n";
   return Status::Ok();
 }
 
@@ -245,14 +250,13 @@ ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b) {
 }
 
 std::string ModelDifference::ToJson() const {
-  char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "{\"max_relative_difference\": %.9g, \"where\": \"%s\", \"differing_values\": "
-                "%llu, \"rows_in_one_only\": %llu, \"values_compared\": %llu}",
-                max_relative, where.c_str(), static_cast<unsigned long long>(differing_values),
-                static_cast<unsigned long long>(rows_in_one_only),
-                static_cast<unsigned long long>(values_compared));
-  return buf;
+  Json j;
+  j["max_relative_difference"] = max_relative;
+  j["where"] = where;
+  j["differing_values"] = differing_values;
+  j["rows_in_one_only"] = rows_in_one_only;
+  j["values_compared"] = values_compared;
+  return SpacedJson(j);
 }
 
 }  // namespace parasol

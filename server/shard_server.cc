@@ -10,9 +10,9 @@
 #include <random>
 #include <cinttypes>
 #include <set>
-#include <sstream>
 
 #include "common/curve_keys.hpp"
+#include "common/json_text.hpp"
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
 #include "common/initializer.hpp"
@@ -1122,78 +1122,83 @@ void ShardServer::HeardAfterDrop(uint32_t worker) {
 }
 
 std::string ShardServer::StatsJson() const {
-  std::ostringstream s;
-  s << "{\"shard\":" << rank_ << ",\"shards\":" << num_shards_
-    << ",\"requests\":" << counters_.requests
-    << ",\"steps\":" << op_counts_[static_cast<int>(Op::Step)]
-    << ",\"bad_messages\":" << counters_.bad_messages
-    << ",\"errors\":" << counters_.errors << ",\"checkpoints\":" << counters_.checkpoints
-    << ",\"curve_refusals\":" << (zap_ ? zap_->refusals() : 0)
-    << ",\"duplicate_pushes\":" << counters_.duplicate_pushes
-    << ",\"replayed_pushes\":" << counters_.replayed_pushes
-    << ",\"replayed_clocks\":" << counters_.replayed_clocks
-    << ",\"refused_replays\":" << counters_.refused_replays
-    << ",\"worker_restarts\":" << counters_.worker_restarts
-    << ",\"lost_replays\":" << counters_.lost_replays
-    << ",\"stale_replays\":" << counters_.stale_replays
-    << ",\"push_record_entries\":" << push_record_.Entries()
-    << ",\"rows_pulled\":" << counters_.rows_pulled << ",\"rows_pushed\":" << counters_.rows_pushed
-    << ",\"dense_elements_pulled\":" << counters_.dense_elements_pulled
-    << ",\"dense_elements_pushed\":" << counters_.dense_elements_pushed << ",\"ops\":{";
-  bool first = true;
+  Json s;
+  s["shard"] = rank_;
+  s["shards"] = num_shards_;
+  s["requests"] = counters_.requests;
+  s["steps"] = op_counts_[static_cast<int>(Op::Step)];
+  s["bad_messages"] = counters_.bad_messages;
+  s["errors"] = counters_.errors;
+  s["checkpoints"] = counters_.checkpoints;
+  s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
+  s["duplicate_pushes"] = counters_.duplicate_pushes;
+  s["replayed_pushes"] = counters_.replayed_pushes;
+  s["replayed_clocks"] = counters_.replayed_clocks;
+  s["refused_replays"] = counters_.refused_replays;
+  s["worker_restarts"] = counters_.worker_restarts;
+  s["lost_replays"] = counters_.lost_replays;
+  s["stale_replays"] = counters_.stale_replays;
+  s["push_record_entries"] = push_record_.Entries();
+  s["rows_pulled"] = counters_.rows_pulled;
+  s["rows_pushed"] = counters_.rows_pushed;
+  s["dense_elements_pulled"] = counters_.dense_elements_pulled;
+  s["dense_elements_pushed"] = counters_.dense_elements_pushed;
+  Json& ops = s["ops"] = Json::object();
   for (int op = 0; op <= static_cast<int>(wire::Op::MAX); ++op) {
-    if (!first) s << ",";
-    first = false;
-    s << "\"" << OpName(static_cast<Op>(op)) << "\":" << op_counts_[op];
+    ops[OpName(static_cast<Op>(op))] = op_counts_[op];
   }
   static const char* kModes[] = {"bsp", "ssp", "asp"};
-  const int64_t min_clock = controller_.live_workers() ? controller_.MinClock() : -1;
-  s << "},\"consistency\":\"" << kModes[static_cast<int>(manifest_.training.consistency)]
-    << "\",\"clock\":" << ShardClock() << ",\"min_clock\":" << min_clock
-    << ",\"max_clock\":" << controller_.MaxClock() << ",\"held_pulls\":" << held_pulls_.size()
-    << ",\"pulls_held_total\":" << counters_.pulls_held
-    << ",\"pull_wait_ms_total\":" << counters_.pull_wait_ms
-    << ",\"bsp_clocks_applied\":" << counters_.bsp_clocks_applied
-    << ",\"pending_clocks\":" << aggregates_.size() << ",\"held_bytes\":" << held_bytes_
-    << ",\"open_barriers\":" << barriers_.size() << ",\"replies_dropped\":" << replies_dropped_
-    << ",\"queued_reply_bytes\":" << QueuedReplyBytes()
-    << ",\"warnings_not_logged\":"
-    << bad_message_log_.left_out_total() + failed_request_log_.left_out_total() +
-           undelivered_log_.left_out_total()
-    << ",\"lost_workers\":[";
-  bool first_lost = true;
+  s["consistency"] = kModes[static_cast<int>(manifest_.training.consistency)];
+  s["clock"] = ShardClock();
+  s["min_clock"] = controller_.live_workers() ? controller_.MinClock() : int64_t{-1};
+  s["max_clock"] = controller_.MaxClock();
+  s["held_pulls"] = held_pulls_.size();
+  s["pulls_held_total"] = counters_.pulls_held;
+  s["pull_wait_ms_total"] = counters_.pull_wait_ms;
+  s["bsp_clocks_applied"] = counters_.bsp_clocks_applied;
+  s["pending_clocks"] = aggregates_.size();
+  s["held_bytes"] = held_bytes_;
+  s["open_barriers"] = barriers_.size();
+  s["replies_dropped"] = replies_dropped_;
+  s["queued_reply_bytes"] = QueuedReplyBytes();
+  s["warnings_not_logged"] = bad_message_log_.left_out_total() +
+                             failed_request_log_.left_out_total() +
+                             undelivered_log_.left_out_total();
+  Json& lost = s["lost_workers"] = Json::array();
   for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
-    if (!controller_.IsLost(w)) continue;
-    s << (first_lost ? "" : ",") << w;
-    first_lost = false;
+    if (controller_.IsLost(w)) lost.push_back(w);
   }
-  s << "],\"job_failure\":\"" << (job_failure_.ok() ? "" : job_failure_.message())
-    << "\",\"worker_clocks\":[";
-  const auto& clocks = controller_.clocks();
-  for (size_t w = 0; w < clocks.size(); ++w) s << (w ? "," : "") << clocks[w];
-  s << "],\"tables\":[";
+  s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();
+  s["worker_clocks"] = controller_.clocks();
+  Json& tables = s["tables"] = Json::array();
   for (size_t t = 0; t < manifest_.tables.size(); ++t) {
-    if (t) s << ",";
-    s << "{\"name\":\"" << manifest_.tables[t].name << "\"";
+    Json table;
+    table["name"] = manifest_.tables[t].name;
     if (sparse_[t]) {
       const SparseTable& st = *sparse_[t];
       const SparseTable::Counters c = st.TotalCounters();
       const uint64_t rows = st.TotalRows();
-      s << ",\"kind\":\"sparse\",\"rows\":" << rows << ",\"bytes\":" << st.MemoryBytes()
-        << ",\"bytes_per_row\":" << (rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0)
-        << ",\"row_floats\":" << st.row_floats() << ",\"pending_keys\":" << st.PendingKeys()
-        << ",\"admitted\":" << c.admitted << ",\"pushes_counted\":" << c.pushes_counted
-        << ",\"evicted_ttl\":" << c.evicted_ttl << ",\"evicted_max_rows\":" << c.evicted_max_rows
-        << ",\"pending_expired\":" << c.pending_expired;
+      table["kind"] = "sparse";
+      table["rows"] = rows;
+      table["bytes"] = st.MemoryBytes();
+      table["bytes_per_row"] = rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0;
+      table["row_floats"] = st.row_floats();
+      table["pending_keys"] = st.PendingKeys();
+      table["admitted"] = c.admitted;
+      table["pushes_counted"] = c.pushes_counted;
+      table["evicted_ttl"] = c.evicted_ttl;
+      table["evicted_max_rows"] = c.evicted_max_rows;
+      table["pending_expired"] = c.pending_expired;
     } else {
-      s << ",\"kind\":\"dense\",\"slice_begin\":" << dense_[t]->slice().begin
-        << ",\"slice_end\":" << dense_[t]->slice().end << ",\"bytes\":" << dense_[t]->MemoryBytes()
-        << ",\"copies_on_write\":" << dense_[t]->copies_on_write();
+      table["kind"] = "dense";
+      table["slice_begin"] = dense_[t]->slice().begin;
+      table["slice_end"] = dense_[t]->slice().end;
+      table["bytes"] = dense_[t]->MemoryBytes();
+      table["copies_on_write"] = dense_[t]->copies_on_write();
     }
-    s << "}";
+    tables.push_back(std::move(table));
   }
-  s << "]}";
-  return s.str();
+  return CompactJson(s);
 }
 
 }  // namespace parasol

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <sstream>
 
+#include "common/json_text.hpp"
 #include "common/key_index.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/metrics.hpp"
@@ -118,21 +118,31 @@ void GradientSum::Finish(uint32_t /*dim*/) {
 }
 
 std::string TrainReport::ToJson() const {
-  std::ostringstream s;
-  s.precision(6);
-  s << "{\"worker\": " << worker << ", \"steps\": " << steps
-    << ", \"train_samples\": " << train_samples << ", \"train_seconds\": " << train_seconds
-    << ", \"samples_per_second\": " << samples_per_second << ", \"train_loss\": " << last_loss
-    << ", \"bad_rows\": " << bad_rows << ", \"pushes\": " << pushes
-    << ", \"push_log_peak_bytes\": " << push_log_peak_bytes
-    << ", \"push_log_bytes_per_step\": " << push_log_bytes_per_step
-    << ", \"cache_hits\": " << cache_hits << ", \"cache_misses\": " << cache_misses
-    << ", \"pull_bytes_per_step\": " << pull_bytes_per_step << ", \"evaluated\": " << (evaluated ? "true" : "false")
-    << ", \"eval_samples\": " << eval_samples << ", \"eval_logloss\": " << eval_logloss
-    << ", \"eval_auc\": " << eval_auc << ", \"time_split\": {\"data\": " << data_seconds
-    << ", \"pull\": " << pull_seconds << ", \"compute\": " << compute_seconds
-    << ", \"push\": " << push_seconds << ", \"wait\": " << wait_seconds << "}}";
-  return s.str();
+  Json s;
+  s["worker"] = worker;
+  s["steps"] = steps;
+  s["train_samples"] = train_samples;
+  s["train_seconds"] = train_seconds;
+  s["samples_per_second"] = samples_per_second;
+  s["train_loss"] = last_loss;
+  s["bad_rows"] = bad_rows;
+  s["pushes"] = pushes;
+  s["push_log_peak_bytes"] = push_log_peak_bytes;
+  s["push_log_bytes_per_step"] = push_log_bytes_per_step;
+  s["cache_hits"] = cache_hits;
+  s["cache_misses"] = cache_misses;
+  s["pull_bytes_per_step"] = pull_bytes_per_step;
+  s["evaluated"] = evaluated;
+  s["eval_samples"] = eval_samples;
+  s["eval_logloss"] = eval_logloss;
+  s["eval_auc"] = eval_auc;
+  Json& split = s["time_split"];
+  split["data"] = data_seconds;
+  split["pull"] = pull_seconds;
+  split["compute"] = compute_seconds;
+  split["push"] = push_seconds;
+  split["wait"] = wait_seconds;
+  return SpacedJson(s);
 }
 
 std::string TrainReport::Summary() const {
@@ -202,14 +212,19 @@ std::string ProgressPoint::ToPrometheus() const {
 
 
 std::string ProgressPoint::ToJson() const {
-  std::ostringstream s;
-  s.precision(6);
-  s << "{\"worker\": " << worker << ", \"steps\": " << steps << ", \"samples\": " << samples
-    << ", \"seconds\": " << seconds << ", \"samples_per_second\": " << samples_per_second
-    << ", \"loss\": " << loss << ", \"push_log_bytes\": " << push_log_bytes;
-  if (has_eval) s << ", \"eval_logloss\": " << eval_logloss << ", \"eval_auc\": " << eval_auc;
-  s << "}";
-  return s.str();
+  Json s;
+  s["worker"] = worker;
+  s["steps"] = steps;
+  s["samples"] = samples;
+  s["seconds"] = seconds;
+  s["samples_per_second"] = samples_per_second;
+  s["loss"] = loss;
+  s["push_log_bytes"] = push_log_bytes;
+  if (has_eval) {
+    s["eval_logloss"] = eval_logloss;
+    s["eval_auc"] = eval_auc;
+  }
+  return SpacedJson(s);
 }
 
 Trainer::Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,

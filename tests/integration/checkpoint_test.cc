@@ -8,13 +8,14 @@
 #include <fstream>
 #include <thread>
 
-#include "common/json_number.hpp"
 #include "server/checkpoint.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 
 namespace parasol {
 namespace {
 
+using testing::JsonAt;
 using testing::TestCluster;
 
 constexpr const char* kTables =
@@ -269,10 +270,10 @@ TEST_F(CheckpointTest, UnderBspACheckpointInsideAClockKeepsThePushesSummedForIt)
       // Worker 0's pushes were acknowledged before the checkpoint, so its log dropped them
       // once a reply said so; any that came back anyway were not applied again.
       if (stats.ok()) {
-        EXPECT_EQ(JsonNumber((*stats)[0], "duplicate_pushes"),
-                  JsonNumber((*stats)[0], "replayed_pushes"))
+        EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes"),
+                  JsonAt((*stats)[0], "/replayed_pushes"))
             << (*stats)[0];
-        EXPECT_EQ(JsonNumber((*stats)[0], "refused_replays"), 0) << (*stats)[0];
+        EXPECT_EQ(JsonAt((*stats)[0], "/refused_replays"), 0) << (*stats)[0];
       }
     }
     return after;
@@ -362,9 +363,9 @@ TEST_F(CheckpointTest, UnderBspAShardKilledBeforeItsFirstCheckpointGetsEveryPush
       auto stats = c->Stats();
       EXPECT_TRUE(stats.ok());
       if (stats.ok()) {  // 3 steps of a sparse and a dense push, clocks 0..3
-        EXPECT_EQ(JsonNumber((*stats)[0], "replayed_pushes", -1), 6) << (*stats)[0];
-        EXPECT_EQ(JsonNumber((*stats)[0], "replayed_clocks", -1), 4) << (*stats)[0];
-        EXPECT_EQ(JsonNumber((*stats)[0], "refused_replays", -1), 0) << (*stats)[0];
+        EXPECT_EQ(JsonAt((*stats)[0], "/replayed_pushes", -1), 6) << (*stats)[0];
+        EXPECT_EQ(JsonAt((*stats)[0], "/replayed_clocks", -1), 4) << (*stats)[0];
+        EXPECT_EQ(JsonAt((*stats)[0], "/refused_replays", -1), 0) << (*stats)[0];
       }
     }
     return out;
@@ -411,7 +412,7 @@ TEST_F(CheckpointTest, ThePushLogStaysUnderItsBoundWithoutAnyCheckpointPeriod) {
   auto stats = c->Stats();
   ASSERT_TRUE(stats.ok());
   // 10 MiB pushed, a checkpoint per 1 MiB (half the bound over one shard).
-  EXPECT_GE(JsonNumber((*stats)[0], "checkpoints"), 8) << (*stats)[0];
+  EXPECT_GE(JsonAt((*stats)[0], "/checkpoints"), 8) << (*stats)[0];
   EXPECT_NE(cluster.ServerLog(0).find("(checkpoint.max_log_bytes)"), std::string::npos);
 }
 

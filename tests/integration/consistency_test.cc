@@ -8,12 +8,13 @@
 #include <thread>
 
 #include "common/hash.hpp"
-#include "common/json_number.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 
 namespace parasol {
 namespace {
 
+using testing::JsonAt;
 using testing::TestCluster;
 
 constexpr const char* kTables =
@@ -263,7 +264,7 @@ TEST(ConsistencyTest, ASspPrefetchIsHeldToTheBoundOfTheStepItIsFor) {
   for (int i = 0; i < 100 && held < 1; ++i) {
     auto stats = observer->Stats();
     ASSERT_TRUE(stats.ok());
-    held = JsonNumber((*stats)[0], "held_pulls");
+    held = JsonAt((*stats)[0], "/held_pulls");
     if (held < 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(held, 1) << "the prefetch for clock 2 was not held while the slowest was at 0";
@@ -272,7 +273,7 @@ TEST(ConsistencyTest, ASspPrefetchIsHeldToTheBoundOfTheStepItIsFor) {
   EXPECT_EQ(next, now);  // nobody pushed in between
   auto stats = observer->Stats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(JsonNumber((*stats)[0], "held_pulls"), 0) << (*stats)[0];
+  EXPECT_EQ(JsonAt((*stats)[0], "/held_pulls"), 0) << (*stats)[0];
 }
 
 }  // namespace

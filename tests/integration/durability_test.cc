@@ -17,12 +17,12 @@
 #include <thread>
 
 #include "common/fault_points.hpp"
-#include "common/json_number.hpp"
 #include "common/manifest.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "server/checkpoint.hpp"
 #include "server/model_export.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
 
@@ -126,15 +126,13 @@ class DurabilityTest : public ::testing::Test {
 
   // Every shard's last stats line says no replay was refused and none was lost.
   static void ExpectNoReplayRefusedOrLost(const std::string& log) {
-    size_t at = 0, lines = 0;
-    while ((at = log.find("stopping: {", at)) != std::string::npos) {
-      const std::string line = log.substr(at, log.find('\n', at) - at);
-      EXPECT_NE(line.find("\"refused_replays\":0,"), std::string::npos) << line;
-      EXPECT_NE(line.find("\"lost_replays\":0,"), std::string::npos) << line;
-      ++lines;
-      ++at;
+    const std::vector<Json> lines = testing::StoppingStats(log);
+    for (const Json& stats : lines) {
+      ASSERT_FALSE(stats.is_discarded()) << "a stats line that is not JSON\n" << log;
+      EXPECT_EQ(stats.value("refused_replays", -1), 0) << stats.dump();
+      EXPECT_EQ(stats.value("lost_replays", -1), 0) << stats.dump();
     }
-    EXPECT_GE(lines, 2u) << "no shard logged its stats as it stopped\n" << log;
+    EXPECT_GE(lines.size(), 2u) << "no shard logged its stats as it stopped\n" << log;
   }
 
   // A hit number in [lo, hi] from the printed seed.

@@ -8,13 +8,13 @@
 #include <functional>
 #include <string>
 
-#include "common/json_number.hpp"
 #include "common/manifest.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "server/model_export.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
 
@@ -30,12 +30,9 @@ using testing::WriteFile;
 // The "steps" counts of every shard's last stats line in a job's log.
 std::vector<uint64_t> StepCounts(const std::string& log) {
   std::vector<uint64_t> counts;
-  size_t at = 0;
-  while ((at = log.find("stopping: {", at)) != std::string::npos) {
-    const size_t k = log.find("\"steps\":", at);
-    if (k == std::string::npos) break;
-    counts.push_back(std::stoull(log.substr(k + 8, 20)));
-    ++at;
+  for (const Json& stats : testing::StoppingStats(log)) {
+    if (stats.is_discarded() || !stats.contains("steps")) break;
+    counts.push_back(stats["steps"].get<uint64_t>());
   }
   return counts;
 }

@@ -3,21 +3,21 @@
 
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <csignal>
 
-#include "common/json_number.hpp"
 
 #include "common/initializer.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 
 namespace parasol {
 namespace {
 
+using testing::JsonAt;
 using testing::ResidentBytes;
 using testing::TestCluster;
 
@@ -289,13 +289,9 @@ void ExpectGrewLessAndStops(TestCluster& cluster, uint64_t baseline, uint64_t ma
 
 // worker_clocks from a shard's stats JSON.
 std::vector<int64_t> WorkerClocks(const std::string& stats) {
-  std::vector<int64_t> out;
-  const size_t p = stats.find("\"worker_clocks\":[");
-  if (p == std::string::npos) return out;
-  std::istringstream in(stats.substr(p + 17, stats.find(']', p) - p - 17));
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
-  return out;
+  const Json j = testing::ParseJson(stats);
+  if (j.is_discarded() || !j.contains("worker_clocks")) return {};
+  return j["worker_clocks"].get<std::vector<int64_t>>();
 }
 
 Header Request(Op op, uint32_t worker, int64_t clock, uint64_t seq = 0) {
@@ -429,7 +425,7 @@ TEST_F(HostileClientTest, RequestsAtClocksBspCouldNeverAdmitAreRefusedNotHeld) {
   r = Call(std::move(f));
   EXPECT_NE(r.status, StatusCode::kOk);
   EXPECT_NE(r.message.find("could never admit"), std::string::npos) << r.message;
-  EXPECT_EQ(JsonNumber(Stats(), "pending_clocks", -1), 0);
+  EXPECT_EQ(JsonAt(Stats(), "/pending_clocks", -1), 0);
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -451,7 +447,7 @@ TEST_F(HostileClientTest, HeldPullsAreBoundedAndTheHeldOnesAreAnsweredLater) {
     ++refused;
   }
   EXPECT_EQ(refused, 12);
-  EXPECT_EQ(JsonNumber(Stats(), "held_pulls", -1), 8);
+  EXPECT_EQ(JsonAt(Stats(), "/held_pulls", -1), 8);
   // Worker 1 catches up: the eight held pulls are answered.
   peer_->Send(Frames(Request(Op::Clock, 1, 1, 100)));
   int answered = 0, clock_acks = 0;
@@ -463,7 +459,7 @@ TEST_F(HostileClientTest, HeldPullsAreBoundedAndTheHeldOnesAreAnsweredLater) {
   }
   EXPECT_EQ(answered, 8);
   EXPECT_EQ(clock_acks, 1);
-  EXPECT_EQ(JsonNumber(Stats(), "held_pulls", -1), 0);
+  EXPECT_EQ(JsonAt(Stats(), "/held_pulls", -1), 0);
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -516,7 +512,7 @@ TEST_F(HostileClientTest, BarrierIdsMoveForwardAndAWorkerWaitsAtOneBarrier) {
   Header again = Request(Op::Barrier, 0, 0, 5);
   again.offset = 5;
   EXPECT_EQ(Call(Frames(again)).status, StatusCode::kOk);
-  EXPECT_EQ(JsonNumber(Stats(), "open_barriers", -1), 0);
+  EXPECT_EQ(JsonAt(Stats(), "/open_barriers", -1), 0);
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -531,7 +527,7 @@ TEST_F(HostileClientTest, AnObserversPullCreatesNoRow) {
   f.push_back(Bytes(keys.data(), keys.size() * 8));
   std::vector<zmq::message_t> payload;
   ASSERT_EQ(Call(std::move(f), &payload).status, StatusCode::kOk);
-  EXPECT_EQ(JsonNumber(Stats(), "rows", -1), 0);
+  EXPECT_EQ(JsonAt(Stats(), "/tables/0/rows", -1), 0);
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -558,7 +554,7 @@ TEST_F(HostileClientTest, AFloodOfBadMessagesIsLoggedAtARateAndCounted) {
   }
   EXPECT_GE(lines, 1u);
   EXPECT_LE(lines, 20u) << "every bad message was logged";
-  EXPECT_GE(JsonNumber(Stats(), "warnings_not_logged", -1), 2900);
+  EXPECT_GE(JsonAt(Stats(), "/warnings_not_logged", -1), 2900);
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -581,12 +577,12 @@ TEST_F(HostileClientTest, APeerThatNeverReadsCannotStallTheShard) {
   // Everyone else is still served: the stats requests are answered while the shard works
   // through the 600 pulls.
   std::string stats;
-  for (int i = 0; i < 50 && JsonNumber(stats, "requests", 0) < 600; ++i) {
+  for (int i = 0; i < 50 && JsonAt(stats, "/requests", 0) < 600; ++i) {
     stats = Stats();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_GE(JsonNumber(stats, "requests", 0), 600) << stats;
-  EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
+  EXPECT_GE(JsonAt(stats, "/requests", 0), 600) << stats;
+  EXPECT_GT(JsonAt(stats, "/replies_dropped", -1), 0) << stats;
   ExpectShardServesAndStops(kShardRss);
 }
 
@@ -625,16 +621,16 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
     ASSERT_TRUE(SendFrames(sink, f).ok());
   }
   std::string stats;
-  for (int i = 0; i < 100 && JsonNumber(stats, "requests", 0) < 301; ++i) {
+  for (int i = 0; i < 100 && JsonAt(stats, "/requests", 0) < 301; ++i) {
     peer.Send(Frames(Request(Op::Stats, 1000, 0)));
     Result<Header> r = peer.Reply();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     stats = r->message;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_GE(JsonNumber(stats, "requests", 0), 301) << stats;
-  EXPECT_GT(JsonNumber(stats, "replies_dropped", -1), 0) << stats;
-  EXPECT_LE(JsonNumber(stats, "queued_reply_bytes", -1), 32 << 20) << stats;
+  EXPECT_GE(JsonAt(stats, "/requests", 0), 301) << stats;
+  EXPECT_GT(JsonAt(stats, "/replies_dropped", -1), 0) << stats;
+  EXPECT_LE(JsonAt(stats, "/queued_reply_bytes", -1), 32 << 20) << stats;
   ExpectGrewLessAndStops(cluster, baseline, 96ull << 20);
 }
 
@@ -676,12 +672,12 @@ TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRow
   std::string s;
   for (int i = 0; i < 100; ++i) {
     s = stats();
-    if (JsonNumber(s, "pending_keys", -1) <= 5000) break;
+    if (JsonAt(s, "/tables/0/pending_keys", -1) <= 5000) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_LE(JsonNumber(s, "pending_keys", -1), 5000) << s;
-  EXPECT_GE(JsonNumber(s, "pending_expired", -1), 995000) << s;
-  EXPECT_EQ(JsonNumber(s, "rows", -1), 0) << s;
+  EXPECT_LE(JsonAt(s, "/tables/0/pending_keys", -1), 5000) << s;
+  EXPECT_GE(JsonAt(s, "/tables/0/pending_expired", -1), 995000) << s;
+  EXPECT_EQ(JsonAt(s, "/tables/0/rows", -1), 0) << s;
   // Three clocks later every count has expired.
   for (int64_t c = 1; c <= 3; ++c) {
     peer.Send(Frames(Request(Op::Clock, 0, c, seq++)));
@@ -691,10 +687,10 @@ TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRow
   }
   for (int i = 0; i < 100; ++i) {
     s = stats();
-    if (JsonNumber(s, "pending_keys", -1) == 0) break;
+    if (JsonAt(s, "/tables/0/pending_keys", -1) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(JsonNumber(s, "pending_keys", -1), 0) << s;
+  EXPECT_EQ(JsonAt(s, "/tables/0/pending_keys", -1), 0) << s;
   ExpectGrewLessAndStops(cluster, baseline, 160ull << 20);
 }
 
@@ -711,7 +707,7 @@ TEST(HostileCheckpointTest, AFloodOfCheckpointRequestsWritesOnlyWhatChanged) {
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, i)).status, StatusCode::kOk);
   }
-  EXPECT_EQ(JsonNumber(call(Request(Op::Stats, 1000, 0)).message, "checkpoints", -1), 1);
+  EXPECT_EQ(JsonAt(call(Request(Op::Stats, 1000, 0)).message, "/checkpoints", -1), 1);
   // A push changes the state: the next request writes again.
   Header push = Push(100, 1);
   std::vector<zmq::message_t> f = Frames(push);
@@ -723,7 +719,7 @@ TEST(HostileCheckpointTest, AFloodOfCheckpointRequestsWritesOnlyWhatChanged) {
   ASSERT_TRUE(peer.Reply().ok());
   EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, 101)).status, StatusCode::kOk);
   EXPECT_EQ(call(Request(Op::Checkpoint, 1000, 0, 102)).status, StatusCode::kOk);
-  EXPECT_EQ(JsonNumber(call(Request(Op::Stats, 1000, 0)).message, "checkpoints", -1), 2);
+  EXPECT_EQ(JsonAt(call(Request(Op::Stats, 1000, 0)).message, "/checkpoints", -1), 2);
 }
 
 }  // namespace

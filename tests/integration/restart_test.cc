@@ -11,16 +11,17 @@
 #include <map>
 #include <thread>
 
-#include "common/json_number.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "server/checkpoint.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
 
 namespace parasol {
 namespace {
 
+using testing::JsonAt;
 using testing::MakeTempDir;
 using testing::ReadFile;
 using testing::RemoveTree;
@@ -124,8 +125,8 @@ TEST_F(RestartTest, UnderSspAKilledServerIsRestartedAndTheModelIsAsGood) {
   const std::string out = ReadFile(dir_ + "/b.log");
   ASSERT_TRUE(killed) << out;
   ASSERT_TRUE(sb && WIFEXITED(*sb) && WEXITSTATUS(*sb) == 0) << out;
-  const double auc_a = JsonNumber(ReadFile(dir_ + "/a.json"), "eval_auc");
-  const double auc_b = JsonNumber(ReadFile(dir_ + "/b.json"), "eval_auc");
+  const double auc_a = JsonAt(ReadFile(dir_ + "/a.json"), "/eval_auc");
+  const double auc_b = JsonAt(ReadFile(dir_ + "/b.json"), "/eval_auc");
   EXPECT_GT(auc_a, 0.6);
   EXPECT_NEAR(auc_b, auc_a, 0.01);
 }

@@ -7,15 +7,16 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/json_number.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
+#include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
 
 namespace parasol {
 namespace {
 
+using testing::JsonAt;
 using testing::MakeTempDir;
 using testing::ReadFile;
 using testing::RemoveTree;
@@ -104,13 +105,13 @@ TEST_P(TrainingTest, TheModelLearnsOnGeneratedData) {
   const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
   Launch r = RunLaunch(dir_, Manifest(workers, kind == "dlrm" ? kDlrmSmall : kLr, train, eval));
   ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
-  const double auc = JsonNumber(r.summary, "eval_auc", -1);
-  const double logloss = JsonNumber(r.summary, "eval_logloss", -1);
+  const double auc = JsonAt(r.summary, "/eval_auc", -1);
+  const double logloss = JsonAt(r.summary, "/eval_logloss", -1);
   EXPECT_GT(auc, 0.70) << r.summary;
   EXPECT_LT(logloss, ConstantLogLoss(eval) - 0.02) << r.summary;
-  EXPECT_EQ(JsonNumber(r.summary, "train_samples", -1), 30000) << r.summary;
-  EXPECT_EQ(JsonNumber(r.summary, "eval_samples", -1), 6000) << r.summary;
-  EXPECT_EQ(JsonNumber(r.summary, "bad_rows", -1), 0) << r.summary;
+  EXPECT_EQ(JsonAt(r.summary, "/train_samples", -1), 30000) << r.summary;
+  EXPECT_EQ(JsonAt(r.summary, "/eval_samples", -1), 6000) << r.summary;
+  EXPECT_EQ(JsonAt(r.summary, "/bad_rows", -1), 0) << r.summary;
   EXPECT_NE(r.output.find("[worker 0] worker 0: "), std::string::npos) << r.output;
   if (workers == 2) {
     EXPECT_NE(r.output.find("[worker 1] worker 1: "), std::string::npos) << r.output;
@@ -129,7 +130,7 @@ TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
   Launch r = RunLaunch(dir_, Manifest(2, kDlrmSmall, train, eval,
                                       "consistency: ssp, staleness: 2, prefetch: true"));
   ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
-  EXPECT_GT(JsonNumber(r.summary, "eval_auc", -1), 0.70) << r.summary;
+  EXPECT_GT(JsonAt(r.summary, "/eval_auc", -1), 0.70) << r.summary;
 }
 
 TEST_F(TrainingTest, LaunchStopsEverythingWhenAWorkerFailsAndSaysWhy) {
@@ -156,9 +157,9 @@ TEST(RealCriteoTest, DlrmSmallOnTheFirst10kRowsReachesTheReferenceFigures) {
   Launch r = RunLaunch(dir, y);
   RemoveTree(dir);
   ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
-  EXPECT_LE(JsonNumber(r.summary, "eval_logloss", -1), 0.50) << r.summary;
-  EXPECT_GE(JsonNumber(r.summary, "eval_auc", -1), 0.73) << r.summary;
-  EXPECT_EQ(JsonNumber(r.summary, "train_samples", -1), 10000) << r.summary;
+  EXPECT_LE(JsonAt(r.summary, "/eval_logloss", -1), 0.50) << r.summary;
+  EXPECT_GE(JsonAt(r.summary, "/eval_auc", -1), 0.73) << r.summary;
+  EXPECT_EQ(JsonAt(r.summary, "/train_samples", -1), 10000) << r.summary;
 }
 
 }  // namespace
