@@ -55,9 +55,14 @@ bool Relay(Role& role) {
 
 // A worker's summary, read back from `path`: any JSON object (a worker.command program writes
 // its own). The error names the file and shows the start of what it holds.
-Result<Json> ReadSummary(uint32_t worker, const std::string& path) {
+// `optional`: a worker.command program need not write one (its figures are then absent).
+Result<Json> ReadSummary(uint32_t worker, const std::string& path, bool optional) {
   const std::string what = "worker " + std::to_string(worker) + "'s summary " + path;
   std::ifstream in(path);
+  if (!in.is_open() && optional) {
+    spdlog::info("launch: worker {} wrote no summary (PARASOL_SUMMARY)", worker);
+    return Json::object();
+  }
   if (!in.is_open()) return IoError(what + " was not written");
   std::stringstream s;
   s << in.rdbuf();
@@ -251,7 +256,8 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     std::vector<Json> workers;
     Status problem;
     for (uint32_t w = 0; w < manifest->cluster.workers && problem.ok(); ++w) {
-      Result<Json> s = ReadSummary(w, dir + "/worker" + std::to_string(w) + ".json");
+      Result<Json> s = ReadSummary(w, dir + "/worker" + std::to_string(w) + ".json",
+                                    !manifest->worker.command.empty());
       if (s.ok()) {
         workers.push_back(std::move(*s));
       } else {

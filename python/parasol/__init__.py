@@ -209,8 +209,18 @@ def write_summary(path, **fields):
     samples_per_second, train_seconds, eval_logloss, eval_auc, eval_samples, bad_rows...)."""
     if not path:
         return
+
+    def finite(v):  # JSON has no NaN or infinity: they are written as null
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(fields, f)
+        json.dump(finite(fields), f, allow_nan=False)
         f.write("\n")
     os.replace(tmp, path)

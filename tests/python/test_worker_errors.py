@@ -45,3 +45,25 @@ def test_a_worker_command_that_cannot_run_is_named(tmp_path, binary):
     assert status == 1, out
     assert "worker.command: cannot run './no-such-program'" in out, out
     assert "No such file or directory" in out, out
+
+
+def test_summaries_of_worker_commands(tmp_path, binary):
+    # None written: the job still succeeds (its figures are absent).
+    path = manifest(tmp_path, "[/bin/sh, -c, 'exit 0']")
+    status, out = run([binary, "launch", path], timeout=120)
+    assert status == 0, out
+    assert "worker 1 wrote no summary" in out, out
+    # One that is not JSON: named, with what it holds.
+    path = manifest(tmp_path, "[/bin/sh, -c, 'echo \"{oops\" > \"$PARASOL_SUMMARY\"']")
+    status, out = run([binary, "launch", path], timeout=120)
+    assert status == 1, out
+    assert "worker 0's summary" in out and "is not a JSON object" in out and "{oops" in out, out
+    # parasol.write_summary writes NaN as null, which launch reads.
+    script = tmp_path / "nan.py"
+    script.write_text("import os, parasol\n"
+                      "parasol.write_summary(os.environ['PARASOL_SUMMARY'], train_samples=5,"
+                      " eval_auc=float('nan'), samples_per_second=2.0)\n")
+    path = manifest(tmp_path, f"[{sys.executable}, nan.py]")
+    status, out = run([binary, "launch", path], timeout=120)
+    assert status == 0, out
+    assert "job: 10 samples, 4 samples/s" in out, out
