@@ -28,6 +28,9 @@ int ExecWorkerCommand(const Manifest& manifest, const std::string& manifest_path
   const std::string absolute = std::filesystem::absolute(manifest_path, ec).string();
   ::setenv("PARASOL_MANIFEST", ec ? manifest_path.c_str() : absolute.c_str(), 1);
   ::setenv("PARASOL_WORKER", std::to_string(rank).c_str(), 1);
+  // Unset when not given: values inherited from the caller's environment must not leak in.
+  ::unsetenv("PARASOL_SUMMARY");
+  ::unsetenv("PARASOL_KEY");
   if (!summary.empty()) {
     const std::string s = std::filesystem::absolute(summary, ec).string();
     ::setenv("PARASOL_SUMMARY", ec ? summary.c_str() : s.c_str(), 1);

@@ -65,6 +65,14 @@ Result<std::string> RewriteManifest(const std::string& path, const std::vector<s
   make_absolute("security", "client_key");
   make_absolute("security", "allowed_clients");
   make_absolute("security", "worker_keys");
+  // A worker.command runs where the original manifest is, not where the copy lives.
+  if (doc["worker"] && doc["worker"].IsMap() && doc["worker"]["command"]) {
+    if (doc["worker"]["command_dir"]) {
+      make_absolute("worker", "command_dir");
+    } else {
+      doc["worker"]["command_dir"] = base.lexically_normal().string();
+    }
+  }
   YAML::Emitter out;
   out << doc;
   return std::string(out.c_str()) + "\n";

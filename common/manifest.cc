@@ -564,8 +564,10 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
     } else {
       return r.ErrorAt(c, "worker.command", "expected a program, or a list: program, arguments");
     }
-    w->command_dir = BaseDir(file);
   }
+  std::string dir;
+  PARASOL_RETURN_IF_ERROR(r.String("command_dir", &dir));
+  w->command_dir = dir.empty() ? BaseDir(file) : Resolve(BaseDir(file), dir);
   if (r.Has("device")) {
     YAML::Node n = r.Child("device");
     const std::string d = n.IsScalar() ? n.Scalar() : "";

@@ -173,7 +173,9 @@ struct WorkerOptions {
   // manifest's folder, with PARASOL_MANIFEST, PARASOL_WORKER and PARASOL_SUMMARY set (README,
   // "From Python"). Empty: the built-in trainer of `model`.
   std::vector<std::string> command;
-  std::string command_dir;  // the manifest's folder
+  // Where the command runs: worker.command_dir (relative to the manifest's folder), by
+  // default the manifest's folder. The renderings set it to the original manifest's folder.
+  std::string command_dir;
 };
 
 struct DataOptions {

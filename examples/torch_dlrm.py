@@ -88,13 +88,13 @@ def evaluate(model, dense_tables, manifest):
 
 
 def main():
-    path, rank, summary = parasol.worker_environment()
+    path, rank, summary, key_path = parasol.worker_environment()
     manifest = parasol.load_manifest(path)
     if manifest.model["kind"] != "dlrm":
         sys.exit(f"{path}: this example trains model.kind dlrm, got {manifest.model['kind']}")
     torch.set_num_threads(int(os.environ.get("PARASOL_TORCH_THREADS", "1")))
     torch.manual_seed(manifest.seed + rank)
-    client = parasol.Client(manifest, rank)
+    client = parasol.Client(manifest, rank, key_path)
     model = Dlrm(client, manifest.model)
     dense_tables = ptorch.DenseTables(client, model.tables())
     loss_fn = nn.BCEWithLogitsLoss()
@@ -114,8 +114,9 @@ def main():
             model.embedding.pull_async(keys)
         dense_tables.pull()
         loss = loss_fn(model(dense, keys), labels)
-        loss.backward()  # pushes the rows' gradients
-        dense_tables.push()
+        loss.backward()
+        # The rows' and the layers' gradients to the shards (one message per shard), then the
+        # end of this worker's clock.
         ptorch.step(model.embedding, dense_tables)
         steps += 1
         samples += batch["size"]

@@ -10,12 +10,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <variant>
+#include <thread>
 #include <vector>
 
 #include "common/manifest.hpp"
@@ -38,9 +40,6 @@ class Error : public std::runtime_error {
  public:
   explicit Error(const Status& s) : std::runtime_error(s.ToString()) {}
 };
-
-// Raised by the interrupt hook: Python's own error (KeyboardInterrupt) is already set.
-class Interrupted : public std::exception {};
 
 void Check(const Status& s) {
   if (!s.ok()) throw Error(s);
@@ -93,9 +92,11 @@ py::dict OptimizerDict(const OptimizerOptions& o) {
 // A request's arrays, kept alive while the shards may still read or write them.
 struct Ticket {
   uint64_t id = 0;
+  const void* owner = nullptr;   // the Client that made it
   py::object result;             // what wait() returns (the output array), or None
   std::vector<py::object> keep;  // arrays the request reads
   bool done = false;
+  std::optional<Status> failure;  // how its wait failed
 };
 
 // The array a pull writes into: `out` itself (never a converted copy, which the caller would
@@ -111,120 +112,159 @@ FloatArray OutArray(const py::object& out, const std::vector<py::ssize_t>& shape
   return a;
 }
 
+// Keys as uint64: unsigned or signed integers (negative ones as their two's complement, as
+// C++ would convert them), never floats or booleans (a silent truncation).
+KeyArray Keys(const py::array& keys) {
+  const char kind = keys.dtype().kind();
+  if (kind != 'u' && kind != 'i') {
+    throw py::type_error(std::string("keys: expected an integer array, got dtype ") +
+                         std::string(py::str(keys.dtype())));
+  }
+  return KeyArray::ensure(keys);
+}
+
 class Client {
  public:
   Client(const Manifest& manifest, uint32_t worker_id, const std::string& key_path) {
+    // A Ctrl-C (any Python signal handler) is noticed every 100 ms of a wait, from the
+    // handshake on. Its handler runs here, with the client's lock held by this thread: a
+    // handler that uses this client gets an error instead of a deadlock (see Enter()).
+    auto interrupt = [this] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return Status::Ok();
+      interrupted_ = true;  // the Python error is set; the caller raises it
+      return FailedPrecondition("interrupted");
+    };
     Result<std::unique_ptr<PsClient>> c = [&] {
       py::gil_scoped_release release;
-      return PsClient::Connect(manifest, worker_id, key_path);
+      std::lock_guard<std::mutex> lock(mu_);
+      Busy busy(this);
+      return PsClient::Connect(manifest, worker_id, key_path, interrupt);
     }();
+    RaiseIfInterrupted();
     client_ = Check(std::move(c));
-    client_->SetWaitInterrupt([] {
-      py::gil_scoped_acquire gil;
-      if (PyErr_CheckSignals() != 0) throw Interrupted();
-      return Status::Ok();
-    });
-    client_->AssumeUniqueKeys(false);
   }
 
-  uint32_t TableId(const py::object& table) const {
-    if (py::isinstance<py::int_>(table)) {
-      const uint32_t id = table.cast<uint32_t>();
-      if (id >= Open().manifest().tables.size()) {
-        throw py::index_error("table id " + std::to_string(id) + " is out of range: the job has " +
-                              std::to_string(Open().manifest().tables.size()) + " tables");
-      }
-      return id;
-    }
-    return Check(Open().TableId(table.cast<std::string>()));
+  ~Client() {
+    // The client first: its sockets may still read or write the tickets' arrays.
+    py::gil_scoped_release release;
+    client_.reset();
   }
 
-  const TableOptions& Table(uint32_t id) const { return Open().manifest().tables[id]; }
+  uint32_t TableId(const py::object& table) {
+    return Locked([&](PsClient& c) { return TableIdOf(c, table); });
+  }
 
-  std::shared_ptr<Ticket> PullSparseAsync(const py::object& table, const KeyArray& keys,
+  std::shared_ptr<Ticket> PullSparseAsync(const py::object& table, const py::array& key_array,
                                           const py::object& out, bool prefetch, bool read_only) {
-    const uint32_t id = TableId(table);
-    const TableOptions& t = Table(id);
-    if (t.kind != TableKind::kSparse) throw Error(InvalidArgument("table '" + t.name + "' is dense"));
-    const size_t n = static_cast<size_t>(keys.size());
-    FloatArray rows = OutArray(out, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(t.dim)},
-                               n * t.dim, t.name);
-    auto ticket = std::make_shared<Ticket>();
-    ticket->result = rows;
-    ticket->keep.push_back(keys);
-    const std::span<const uint64_t> k(keys.data(), n);
-    float* dst = rows.mutable_data();
-    ticket->id = Locked([&](PsClient& c) {
-      if (prefetch) return Check(c.PrefetchSparseAsync(id, k, dst));
-      return Check(c.PullSparseAsync(id, k, dst, false, read_only));
+    const KeyArray keys = Keys(key_array);
+    return Locked([&](PsClient& c) {
+      const uint32_t id = TableIdOf(c, table);
+      const TableOptions& t = c.manifest().tables[id];
+      if (t.kind != TableKind::kSparse) {
+        throw Error(InvalidArgument("table '" + t.name + "' is dense"));
+      }
+      const size_t n = static_cast<size_t>(keys.size());
+      FloatArray rows = OutArray(out, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(t.dim)},
+                                 n * t.dim, t.name);
+      auto ticket = NewTicket(rows);
+      const std::span<const uint64_t> k(keys.data(), n);
+      float* dst = rows.mutable_data();
+      ticket->id = prefetch ? Check(c.PrefetchSparseAsync(id, k, dst))
+                            : Check(c.PullSparseAsync(id, k, dst, false, read_only));
+      return Track(ticket);  // keys are copied by the client
     });
-    return Track(ticket);
   }
 
-  std::shared_ptr<Ticket> PushSparseAsync(const py::object& table, const KeyArray& keys,
+  std::shared_ptr<Ticket> PushSparseAsync(const py::object& table, const py::array& key_array,
                                           const FloatArray& grads) {
-    const uint32_t id = TableId(table);
-    const TableOptions& t = Table(id);
-    const size_t n = static_cast<size_t>(keys.size());
-    if (static_cast<size_t>(grads.size()) != n * t.dim) {
-      throw Error(InvalidArgument("grads: expected " + std::to_string(n) + " x " +
-                                  std::to_string(t.dim) + " floats for table '" + t.name +
-                                  "', got " + std::to_string(grads.size())));
-    }
-    auto ticket = std::make_shared<Ticket>();
-    ticket->result = py::none();
-    const std::span<const uint64_t> k(keys.data(), n);
-    const std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
-    ticket->id = Locked([&](PsClient& c) { return Check(c.PushSparseAsync(id, k, g)); });
-    return Track(ticket);  // copied by the client: nothing to keep
+    const KeyArray keys = Keys(key_array);
+    return Locked([&](PsClient& c) {
+      const uint32_t id = TableIdOf(c, table);
+      const TableOptions& t = c.manifest().tables[id];
+      const size_t n = static_cast<size_t>(keys.size());
+      if (t.kind != TableKind::kSparse) {
+        throw Error(InvalidArgument("table '" + t.name + "' is dense"));
+      }
+      if (static_cast<size_t>(grads.size()) != n * t.dim) {
+        throw Error(InvalidArgument("grads: expected " + std::to_string(n) + " x " +
+                                    std::to_string(t.dim) + " floats for table '" + t.name +
+                                    "', got " + std::to_string(grads.size())));
+      }
+      auto ticket = NewTicket(py::none());
+      const std::span<const uint64_t> k(keys.data(), n);
+      const std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
+      ticket->id = Check(c.PushSparseAsync(id, k, g));  // copied by the client
+      return Track(ticket);
+    });
   }
 
   std::shared_ptr<Ticket> PullDenseAsync(const py::object& table, const py::object& out) {
-    const uint32_t id = TableId(table);
-    const TableOptions& t = Table(id);
-    if (t.kind != TableKind::kDense) throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
-    std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
-    FloatArray values = OutArray(out, shape, t.NumElements(), t.name);
-    auto ticket = std::make_shared<Ticket>();
-    ticket->result = values;
-    float* dst = values.mutable_data();
-    ticket->id = Locked([&](PsClient& c) { return Check(c.PullDenseAsync(id, dst)); });
-    return Track(ticket);
+    return Locked([&](PsClient& c) {
+      const uint32_t id = TableIdOf(c, table);
+      const TableOptions& t = c.manifest().tables[id];
+      if (t.kind != TableKind::kDense) {
+        throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
+      }
+      std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+      FloatArray values = OutArray(out, shape, t.NumElements(), t.name);
+      auto ticket = NewTicket(values);
+      ticket->id = Check(c.PullDenseAsync(id, values.mutable_data()));
+      return Track(ticket);
+    });
   }
 
   std::shared_ptr<Ticket> PushDenseAsync(const py::object& table, const FloatArray& grads) {
-    const uint32_t id = TableId(table);
-    const TableOptions& t = Table(id);
-    if (t.kind != TableKind::kDense) throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
-    if (static_cast<uint64_t>(grads.size()) != t.NumElements()) {
-      throw Error(InvalidArgument("grads: expected " + std::to_string(t.NumElements()) +
-                                  " floats for table '" + t.name + "', got " +
-                                  std::to_string(grads.size())));
-    }
-    auto ticket = std::make_shared<Ticket>();
-    ticket->result = py::none();
-    ticket->keep.push_back(grads);  // sent without a copy
-    const std::span<const float> g(grads.data(), static_cast<size_t>(grads.size()));
-    ticket->id = Locked([&](PsClient& c) { return Check(c.PushDenseAsync(id, g)); });
-    return Track(ticket);
+    return Locked([&](PsClient& c) {
+      const uint32_t id = TableIdOf(c, table);
+      const TableOptions& t = c.manifest().tables[id];
+      if (t.kind != TableKind::kDense) {
+        throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
+      }
+      if (static_cast<uint64_t>(grads.size()) != t.NumElements()) {
+        throw Error(InvalidArgument("grads: expected " + std::to_string(t.NumElements()) +
+                                    " floats for table '" + t.name + "', got " +
+                                    std::to_string(grads.size())));
+      }
+      // The client sends a dense gradient from the caller's memory: a copy of our own, so the
+      // caller may change or drop its array at once (as with sparse pushes).
+      FloatArray copy(grads.size());
+      std::memcpy(copy.mutable_data(), grads.data(), sizeof(float) * grads.size());
+      auto ticket = NewTicket(py::none());
+      ticket->keep.push_back(copy);
+      ticket->id = Check(c.PushDenseAsync(id, {copy.data(), static_cast<size_t>(copy.size())}));
+      return Track(ticket);
+    });
   }
 
   std::shared_ptr<Ticket> TickAsync() {
-    auto ticket = std::make_shared<Ticket>();
-    ticket->result = py::none();
-    ticket->id = Locked([&](PsClient& c) { return Check(c.TickAsync()); });
-    return Track(ticket);
+    return Locked([&](PsClient& c) {
+      auto ticket = NewTicket(py::none());
+      ticket->id = Check(c.TickAsync());
+      return Track(ticket);
+    });
   }
 
   py::object Wait(const std::shared_ptr<Ticket>& ticket) {
-    if (ticket->done) return ticket->result;
-    if (!tracked_.count(ticket->id)) {
+    if (ticket->owner != this) {
       throw Error(InvalidArgument("ticket " + std::to_string(ticket->id) +
-                                  " belongs to another client, or its client was closed"));
+                                  " belongs to another client"));
     }
-    Status st = Blocking([&](PsClient& c) { return c.Wait(ticket->id); });
-    ticket->done = true;
-    tracked_.erase(ticket->id);
+    Status st = Blocking([&](PsClient& c) -> Status {
+      // Checked under the lock: another thread may have completed it meanwhile.
+      if (ticket->done) return Status::Ok();
+      Status s = c.Wait(ticket->id);
+      if (interrupted_) return s;  // still outstanding: waiting again completes it
+      ticket->done = true;
+      tracked_.erase(ticket->id);
+      if (!s.ok()) {
+        // The client may still hold replies for it: its arrays live until close().
+        ticket->failure = s;
+        retired_.push_back(ticket);
+      }
+      return s;
+    });
+    if (ticket->failure) throw Error(*ticket->failure);
     Check(st);
     return ticket->result;
   }
@@ -244,8 +284,7 @@ class Client {
   void Shutdown() { Check(Blocking([](PsClient& c) { return c.Shutdown(); })); }
 
   py::list Stats() {
-    Result<std::vector<std::string>> stats =
-        Blocking([](PsClient& c) { return c.Stats(); });
+    Result<std::vector<std::string>> stats = Blocking([](PsClient& c) { return c.Stats(); });
     py::object loads = py::module_::import("json").attr("loads");
     py::list out;
     for (const std::string& s : Check(std::move(stats))) out.append(loads(s));
@@ -257,50 +296,100 @@ class Client {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
+      if (busy_ == std::this_thread::get_id()) {
+        throw Error(FailedPrecondition("close() from a signal handler while the client waits"));
+      }
       c = std::move(client_);
-      c.reset();  // closes the sockets: nothing writes into the arrays any more
+      c.reset();  // closes the sockets: nothing reads or writes the tickets' arrays any more
     }
     tracked_.clear();
+    retired_.clear();
   }
 
-  PsClient& Open() const {
-    if (!client_) throw Error(FailedPrecondition("the client is closed"));
-    return *client_;
+  // A property of the open client, read under its lock.
+  template <typename F>
+  auto Get(F f) -> decltype(f(std::declval<PsClient&>())) {
+    return Locked(f);
   }
 
   size_t outstanding() const { return tracked_.size(); }
 
  private:
-  // Runs `f` on the client under its lock, with the GIL held (quick calls that do not wait).
-  template <typename F>
-  auto Locked(F f) -> decltype(f(std::declval<PsClient&>())) {
-    PsClient& c = Open();
-    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  // Marks the thread that holds mu_ (Enter() refuses a call from it: a signal handler that
+  // runs while this thread waits).
+  struct Busy {
+    explicit Busy(Client* c) : c(c) { c->busy_ = std::this_thread::get_id(); }
+    ~Busy() { c->busy_ = std::thread::id(); }
+    Client* c;
+  };
+
+  // Takes the client's lock (without the GIL, so a thread that waits on the network holding it
+  // can take the GIL meanwhile) and returns the open client.
+  PsClient& Enter(std::unique_lock<std::mutex>& lock) {
+    if (busy_ == std::this_thread::get_id()) {
+      throw Error(FailedPrecondition(
+          "this client is waiting in this thread (a signal handler may not use it)"));
+    }
     {
       py::gil_scoped_release release;
       lock.lock();
     }
+    if (!client_) throw Error(FailedPrecondition("the client is closed"));
+    return *client_;
+  }
+
+  // Runs `f` on the client under its lock, with the GIL held (calls that do not wait).
+  template <typename F>
+  auto Locked(F f) -> decltype(f(std::declval<PsClient&>())) {
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    PsClient& c = Enter(lock);
+    Busy busy(this);
     return f(c);
   }
 
-  // Runs `f`, which waits on the network, without the GIL. A Ctrl-C during the wait raises
-  // KeyboardInterrupt; the requests it waited on stay outstanding, and their arrays alive.
+  // Runs `f`, which waits on the network, without the GIL. A signal whose handler raises
+  // (Ctrl-C: KeyboardInterrupt) ends the wait with that exception; the requests it waited on
+  // stay outstanding, and their arrays alive.
   template <typename F>
   auto Blocking(F f) -> decltype(f(std::declval<PsClient&>())) {
-    PsClient& c = Open();
-    bool interrupted = false;
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    PsClient& c = Enter(lock);
+    Busy busy(this);
+    interrupted_ = false;
     std::optional<decltype(f(c))> result;
     {
       py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      try {
-        result.emplace(f(c));
-      } catch (const Interrupted&) {
-        interrupted = true;
-      }
+      result.emplace(f(c));
     }
-    if (interrupted) throw py::error_already_set();
+    RaiseIfInterrupted();
     return std::move(*result);
+  }
+
+  void RaiseIfInterrupted() {
+    if (!interrupted_) return;
+    interrupted_ = false;
+    throw py::error_already_set();
+  }
+
+  uint32_t TableIdOf(PsClient& c, const py::object& table) const {
+    if (py::isinstance<py::bool_>(table)) throw py::type_error("table: a name or an id, not a bool");
+    if (py::isinstance<py::int_>(table)) {
+      const int64_t id = table.cast<int64_t>();
+      const size_t n = c.manifest().tables.size();
+      if (id < 0 || static_cast<uint64_t>(id) >= n) {
+        throw py::index_error("table id " + std::to_string(id) + " is out of range: the job has " +
+                              std::to_string(n) + " tables");
+      }
+      return static_cast<uint32_t>(id);
+    }
+    return Check(c.TableId(table.cast<std::string>()));
+  }
+
+  std::shared_ptr<Ticket> NewTicket(py::object result) {
+    auto t = std::make_shared<Ticket>();
+    t->owner = this;
+    t->result = std::move(result);
+    return t;
   }
 
   std::shared_ptr<Ticket> Track(std::shared_ptr<Ticket> t) {
@@ -308,10 +397,14 @@ class Client {
     return t;
   }
 
-  std::mutex mu_;
-  std::unique_ptr<PsClient> client_;
-  // Not yet waited on (also those whose wait was interrupted): their arrays stay alive.
+  // Declared before client_, so destroyed after it: the client's sockets may use their arrays.
+  // Not yet waited on (also those whose wait was interrupted).
   std::map<uint64_t, std::shared_ptr<Ticket>> tracked_;
+  std::vector<std::shared_ptr<Ticket>> retired_;  // failed waits: kept until close()
+  std::mutex mu_;
+  std::atomic<std::thread::id> busy_{};
+  bool interrupted_ = false;
+  std::unique_ptr<PsClient> client_;
 };
 
 // A batch as NumPy arrays (copies of the reader's vectors, owned by the arrays).
@@ -364,6 +457,7 @@ class Reader {
   py::object Next() {
     Result<std::optional<Batch>> b = [&] {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);  // BatchReader::Next has one consumer at a time
       return reader_->Next();
     }();
     std::optional<Batch> batch = Check(std::move(b));
@@ -376,6 +470,7 @@ class Reader {
   std::string first_bad_row() const { return reader_->first_bad_row(); }
 
  private:
+  std::mutex mu_;
   std::unique_ptr<BatchReader> reader_;
 };
 
@@ -480,15 +575,15 @@ PYBIND11_MODULE(_parasol, m) {
       .def("checkpoint", &Client::Checkpoint)
       .def("shutdown", &Client::Shutdown)
       .def("close", &Client::Close)
-      .def_property_readonly("clock", [](const Client& c) { return c.Open().clock(); })
-      .def_property_readonly("worker_id", [](const Client& c) { return c.Open().worker_id(); })
-      .def_property_readonly("num_shards", [](const Client& c) { return c.Open().num_shards(); })
-      .def_property_readonly("resumed_clock", [](const Client& c) { return c.Open().resumed_clock(); })
-      .def_property_readonly("resumed_done", [](const Client& c) { return c.Open().resumed_done(); })
-      .def_property_readonly("pushes_acknowledged", [](const Client& c) { return c.Open().pushes_acknowledged(); })
+      .def_property_readonly("clock", [](Client& c) { return c.Get([](PsClient& p) { return p.clock(); }); })
+      .def_property_readonly("worker_id", [](Client& c) { return c.Get([](PsClient& p) { return p.worker_id(); }); })
+      .def_property_readonly("num_shards", [](Client& c) { return c.Get([](PsClient& p) { return p.num_shards(); }); })
+      .def_property_readonly("resumed_clock", [](Client& c) { return c.Get([](PsClient& p) { return p.resumed_clock(); }); })
+      .def_property_readonly("resumed_done", [](Client& c) { return c.Get([](PsClient& p) { return p.resumed_done(); }); })
+      .def_property_readonly("pushes_acknowledged", [](Client& c) { return c.Get([](PsClient& p) { return p.pushes_acknowledged(); }); })
       .def_property_readonly("outstanding", &Client::outstanding)
-      .def_property_readonly("cache_hits", [](const Client& c) { return c.Open().cache_hits(); })
-      .def_property_readonly("cache_misses", [](const Client& c) { return c.Open().cache_misses(); });
+      .def_property_readonly("cache_hits", [](Client& c) { return c.Get([](PsClient& p) { return p.cache_hits(); }); })
+      .def_property_readonly("cache_misses", [](Client& c) { return c.Get([](PsClient& p) { return p.cache_misses(); }); });
 
   py::class_<Reader>(m, "BatchReader")
       .def(py::init<std::vector<std::string>, uint32_t, uint32_t, uint32_t, uint32_t,
@@ -522,4 +617,7 @@ PYBIND11_MODULE(_parasol, m) {
   binaries.push_back(PARASOL_INSTALL_BINARY);
 #endif
   m.attr("_binaries") = binaries;
+#ifdef PARASOL_BUILD_PYTHON_DIR
+  m.attr("_build_python_dir") = PARASOL_BUILD_PYTHON_DIR;
+#endif
 }

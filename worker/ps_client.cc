@@ -138,17 +138,22 @@ PsClient::~PsClient() {
   for (auto& m : monitors_) {
     if (m) m.close();
   }
-  // Frames may still borrow memory of callers that never waited; drop them now.
+  // Frames may still borrow memory of callers that never waited; drop them now, and end the
+  // context (it returns once its I/O threads have let go of every frame) while the trackers of
+  // those frames (in pending_) still live.
   for (auto& s : shards_) {
     s.set(zmq::sockopt::linger, 0);
     s.close();
   }
+  context_.close();
 }
 
 Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                                     uint32_t worker_id,
-                                                    const std::string& key_path) {
+                                                    const std::string& key_path,
+                                                    std::function<Status()> wait_interrupt) {
   std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id));
+  c->wait_interrupt_ = std::move(wait_interrupt);
   if (manifest.security.curve) PARASOL_RETURN_IF_ERROR(c->LoadKeys(key_path));
   for (uint32_t s = 0; s < c->shards_.size(); ++s) PARASOL_RETURN_IF_ERROR(c->OpenShard(s));
   PARASOL_RETURN_IF_ERROR(c->Handshake());
@@ -207,7 +212,10 @@ Status PsClient::Handshake() {
   // time-out), at the first note about it.
   std::map<uint32_t, Status> resolved;
   while (pending_.at(t)->outstanding > 0) {
-    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(200)));
+    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 200)));
+    if (wait_interrupt_ && pending_.at(t)->outstanding > 0) {
+      PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+    }
     if (Clock::now() >= next_note && pending_.at(t)->outstanding > 0) {
       for (const auto& [id, r] : in_flight_) {
         if (r->ticket != t) continue;
@@ -1259,7 +1267,8 @@ Result<std::vector<std::string>> PsClient::Stats() {
   std::vector<std::string> out;
   auto it = pending_.find(t);
   while (it->second->outstanding > 0) {
-    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(1000)));
+    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
+    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   out = it->second->messages;
   PARASOL_RETURN_IF_ERROR(Wait(t));

@@ -51,8 +51,10 @@ class PsClient {
   // With security.curve, the client authenticates with the key pair `key_path` (default:
   // security.worker_keys[worker_id] for a job worker when that list is set, else
   // security.client_key) and checks each server's public key.
+  // `wait_interrupt`: as SetWaitInterrupt(), from the handshake on.
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
-                                                   const std::string& key_path = "");
+                                                   const std::string& key_path = "",
+                                                   std::function<Status()> wait_interrupt = {});
 
   // The security mechanism of the connection to `shard` (ZMQ_NULL, ZMQ_CURVE, ...).
   int Mechanism(uint32_t shard) const;
@@ -92,9 +94,10 @@ class PsClient {
 
   // Completes `ticket`: its result, or the first error of any shard, naming the shard.
   Status Wait(Ticket ticket);
-  // Called while Wait() waits, at least every 100 ms: an error it returns ends the wait with
-  // that error and leaves the ticket outstanding (a later Wait on it completes it). For callers
-  // that must react to a signal while they wait (the Python module's Ctrl-C).
+  // Called while Wait() (and Connect's handshake, Stats()) waits, at least every 100 ms: an
+  // error it returns ends the wait with that error and leaves the ticket outstanding (a later
+  // Wait on it completes it). For callers that must react to a signal while they wait (the
+  // Python module's Ctrl-C). It may also throw; the client is then left as after an error.
   void SetWaitInterrupt(std::function<Status()> check) { wait_interrupt_ = std::move(check); }
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);

@@ -15,6 +15,7 @@ consistent (each push is applied once or not at all), and the client can be clos
 `parasol.torch` has the PyTorch modules.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -43,7 +44,7 @@ from . import _parasol
 __all__ = [
     "BatchReader", "Client", "Error", "Manifest", "Table", "Ticket", "auc", "log_loss",
     "load_manifest", "parse_manifest", "local_servers", "find_binary", "worker_environment",
-    "write_summary", "reader_for",
+    "write_summary", "reader_for", "WorkerEnvironment",
 ]
 
 
@@ -109,7 +110,12 @@ class Client(_Client):
 def find_binary(binary=None):
     """The `parasol` program: `binary`, $PARASOL_BIN, the build tree's or the installed one, or
     the one on PATH."""
-    candidates = [binary, os.environ.get("PARASOL_BIN")] + list(_parasol._binaries)
+    build, installed = (list(_parasol._binaries) + [None, None])[:2]
+    # The build tree's program for the build tree's module; the installed one otherwise.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from_build = os.path.abspath(getattr(_parasol, "_build_python_dir", "")) == here
+    candidates = [binary, os.environ.get("PARASOL_BIN")] + (
+        [build, installed] if from_build else [installed])
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -134,6 +140,15 @@ def _tail(path, lines=20):
         return ""
 
 
+def _since(path, offset):
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @contextlib.contextmanager
 def local_servers(manifest, binary=None, log_dir=None, timeout=60.0, ranks=None):
     """Starts the manifest's server shards on this machine (`parasol server --rank R`) and stops
@@ -152,9 +167,12 @@ def local_servers(manifest, binary=None, log_dir=None, timeout=60.0, ranks=None)
     os.makedirs(logs, exist_ok=True)
     ranks = list(range(len(m.servers))) if ranks is None else list(ranks)
     procs = []
+    starts = {}  # each log's size before its shard started: older lines do not count
     try:
         for r in ranks:
-            log = open(os.path.join(logs, f"server-{r}.log"), "ab")
+            path_r = os.path.join(logs, f"server-{r}.log")
+            starts[r] = os.path.getsize(path_r) if os.path.exists(path_r) else 0
+            log = open(path_r, "ab")
             procs.append(subprocess.Popen(
                 [program, "server", "--manifest", path, "--rank", str(r)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
@@ -164,7 +182,7 @@ def local_servers(manifest, binary=None, log_dir=None, timeout=60.0, ranks=None)
         deadline = time.monotonic() + timeout
         for r, p in zip(ranks, procs):
             log = os.path.join(logs, f"server-{r}.log")
-            while f"shard {r}/{len(m.servers)} serving on" not in _tail(log, 200):
+            while f"shard {r}/{len(m.servers)} serving on" not in _since(log, starts[r]):
                 if p.poll() is not None:
                     raise Error(f"server {r} exited with status {p.returncode}:\n" + _tail(log))
                 if time.monotonic() > deadline:
@@ -185,16 +203,22 @@ def local_servers(manifest, binary=None, log_dir=None, timeout=60.0, ranks=None)
             shutil.rmtree(logs, ignore_errors=True)
 
 
+WorkerEnvironment = collections.namedtuple("WorkerEnvironment",
+                                           ["manifest", "rank", "summary", "key_path"])
+
+
 def worker_environment():
-    """(manifest path, worker rank, summary path or None) of a worker started by `parasol
-    worker` / `parasol launch` for a manifest with worker.command."""
+    """What `parasol worker` (and so `parasol launch`) tells a worker.command program:
+    (manifest path, worker rank, summary path or None, CURVE key pair path or "") from
+    PARASOL_MANIFEST, PARASOL_WORKER, PARASOL_SUMMARY and PARASOL_KEY."""
     try:
         path = os.environ["PARASOL_MANIFEST"]
         rank = int(os.environ["PARASOL_WORKER"])
     except (KeyError, ValueError) as e:
         raise Error("not started as a Parasol worker: PARASOL_MANIFEST and PARASOL_WORKER "
                     f"must be set ({e})") from None
-    return path, rank, os.environ.get("PARASOL_SUMMARY")
+    return WorkerEnvironment(path, rank, os.environ.get("PARASOL_SUMMARY") or None,
+                             os.environ.get("PARASOL_KEY", ""))
 
 
 def reader_for(manifest, rank):
@@ -211,6 +235,8 @@ def write_summary(path, **fields):
         return
 
     def finite(v):  # JSON has no NaN or infinity: they are written as null
+        if hasattr(v, "item") and callable(v.item) and getattr(v, "ndim", 0) == 0:
+            v = v.item()  # NumPy and PyTorch scalars
         if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
             return None
         if isinstance(v, dict):

@@ -1,9 +1,10 @@
 """PyTorch modules whose parameters live on Parasol's servers (README, "From Python").
 
 ShardedEmbeddingBag / ShardedEmbedding: the table stays on the shards. forward() pulls the
-batch's distinct rows (one request per shard; rows prefetched with prefetch() are used when
-they are the batch's), and backward pushes their gradients; the shards' optimizer (the table's
-`optimizer` in the manifest) applies them. step(...) waits for the pushes and ends the
+batch's distinct rows (one request per shard; rows pulled ahead with pull_async() or
+prefetch() are used when they are the batch's, for the same clock), and backward produces
+their gradients, which step(...) pushes (one push per table and step, as the C++ worker) and
+the shards' optimizer (the table's `optimizer` in the manifest) applies; then it ends the
 worker's clock.
 
 Dense parameters either stay in PyTorch with its own optimizer, or live on dense tables:
@@ -23,23 +24,29 @@ def _unique(indices):
     """Distinct keys of `indices` (any integer array or tensor) and each key's position."""
     if isinstance(indices, torch.Tensor):
         indices = indices.detach().cpu().numpy()
-    flat = np.ascontiguousarray(indices, dtype=np.uint64).reshape(-1)
+    indices = np.asarray(indices)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"keys: expected integers, got dtype {indices.dtype}")
+    flat = np.ascontiguousarray(indices).astype(np.uint64, copy=False).reshape(-1)
     unique, inverse = np.unique(flat, return_inverse=True)
     return flat, unique, inverse
 
 
 class _Pull:
-    """A pull in flight: the keys it was for and its ticket."""
+    """A pull in flight: the keys it was for, the clock its rows are for, and its ticket."""
 
     def __init__(self, client, table, flat, unique, inverse, prefetch, read_only):
         self.flat = flat
         self.unique = unique
         self.inverse = inverse
+        self.read_only = read_only
+        self.clock = client.clock + (1 if prefetch else 0)
         self.ticket = client.pull_sparse_async(table, unique, prefetch=prefetch,
                                                read_only=read_only)
 
-    def matches(self, flat):
-        return self.flat.shape == flat.shape and np.array_equal(self.flat, flat)
+    def matches(self, flat, clock, read_only):
+        return (self.clock == clock and self.read_only == read_only and
+                self.flat.shape == flat.shape and np.array_equal(self.flat, flat))
 
 
 class ShardedEmbeddingBag(nn.Module):
@@ -65,6 +72,7 @@ class ShardedEmbeddingBag(nn.Module):
         self.table_name = info.name
         self.embedding_dim = info.dim
         self.mode = mode
+        self._grads = []     # (keys, row gradients) of this step's backward passes
         self._pending = []   # push tickets of this step
         self._pulls = []     # pulls issued ahead (prefetch(), pull_async())
 
@@ -77,31 +85,42 @@ class ShardedEmbeddingBag(nn.Module):
         read_only = not (self.training and torch.is_grad_enabled())
         self._pulls.append(_Pull(self.client, self.table, flat, unique, inverse, prefetch,
                                  read_only))
-        if len(self._pulls) > 4:
-            # Unused pulls are completed and dropped: the client keeps their arrays until then.
-            self.client.wait(self._pulls.pop(0).ticket)
+        self._drop_stale()
+
+    def _drop_stale(self):
+        # Pulls no forward can use any more (for an earlier clock), or too many ahead: waited
+        # on (the client keeps their arrays until then) and dropped.
+        clock = self.client.clock
+        keep = []
+        for p in self._pulls:
+            if p.clock < clock:
+                self.client.wait(p.ticket)
+            else:
+                keep.append(p)
+        while len(keep) > 4:
+            self.client.wait(keep.pop(0).ticket)
+        self._pulls = keep
 
     def prefetch(self, indices):
-        """Pulls the next batch's rows while this one computes (SSP/ASP; under BSP the rows of
-        the next clock are not readable before this worker ticks, so it returns False and
-        forward() pulls them)."""
-        if self.client_consistency() == "bsp":
+        """Pulls the next batch's rows while this one computes (SSP with staleness >= 1, or
+        ASP). Under BSP (or SSP with staleness 0) the rows of the next clock cannot be read
+        before this worker ticks: it returns False, and forward() pulls them."""
+        m = self.client.manifest
+        if m.consistency == "bsp" or (m.consistency == "ssp" and m.staleness == 0):
             return False
         self.pull_async(indices, prefetch=True)
         return True
 
-    def client_consistency(self):
-        return self.client.manifest.consistency
-
     def _rows(self, indices):
         flat, unique, inverse = _unique(indices)
+        read_only = not (self.training and torch.is_grad_enabled())
+        self._drop_stale()
         pull = None
         for i, p in enumerate(self._pulls):
-            if p.matches(flat):
+            if p.matches(flat, self.client.clock, read_only):
                 pull = self._pulls.pop(i)
                 break
         if pull is None:
-            read_only = not (self.training and torch.is_grad_enabled())
             pull = _Pull(self.client, self.table, flat, unique, inverse, False, read_only)
         rows = torch.from_numpy(self.client.wait(pull.ticket))
         if self.device is not None:
@@ -123,6 +142,8 @@ class ShardedEmbeddingBag(nn.Module):
             offsets = torch.as_tensor(np.asarray(offsets, dtype=np.int64))
         if offsets is not None:
             offsets = offsets.to(rows.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(rows.device)
         return F.embedding_bag(idx, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights)
 
@@ -133,15 +154,30 @@ class ShardedEmbeddingBag(nn.Module):
             rows.requires_grad_(True)
             keys = unique
 
-            def push(grad):
+            def record(grad):
                 g = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32)
-                self._pending.append(self.client.push_sparse_async(self.table, keys, g))
+                self._grads.append((keys, g))
 
-            rows.register_hook(push)
+            rows.register_hook(record)
         return self._gather(rows, inverse, input, offsets, per_sample_weights)
 
+    def send(self):
+        """Pushes the row gradients that backward produced since the last step, as one push
+        (the gradients of a key used in several forwards or backward passes summed, as
+        nn.EmbeddingBag sums them into one update)."""
+        grads, self._grads = self._grads, []
+        if not grads:
+            return
+        if len(grads) == 1:
+            keys, g = grads[0]
+        else:
+            keys = np.concatenate([k for k, _ in grads])
+            g = np.concatenate([x for _, x in grads])  # the client sums repeated keys
+        self._pending.append(self.client.push_sparse_async(self.table, keys, g))
+
     def flush(self):
-        """Waits until the shards have acknowledged this module's pushes."""
+        """send(), then waits until the shards have acknowledged this module's pushes."""
+        self.send()
         pending, self._pending = self._pending, []
         for t in pending:
             self.client.wait(t)
@@ -206,12 +242,19 @@ class DenseTables:
                 param.copy_(torch.from_numpy(buf))
 
     def push(self):
+        """Sends each parameter's .grad (and clears it); a parameter with no gradient is not
+        pushed (its optimizer does not step, as with torch.optim)."""
         for param, tid, _ in self.entries:
             g = param.grad
-            grad = (np.zeros(tuple(param.shape), dtype=np.float32) if g is None else
-                    np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32))
+            if g is None:
+                continue
+            grad = np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32)
             self._pending.append(self.client.push_dense_async(tid, grad))
             param.grad = None
+
+    def send(self):
+        """push(), for parasol.torch.step() (nothing when push() was called already)."""
+        self.push()
 
     def flush(self):
         pending, self._pending = self._pending, []
@@ -224,11 +267,16 @@ def client_table(client, table_id):
 
 
 def step(*parts):
-    """Waits for the pushes of every module (ShardedEmbeddingBag, DenseTables) given, then ends
-    the worker's clock once. All parts must share one client."""
+    """Ends the worker's step: sends the row gradients of every ShardedEmbeddingBag given
+    (together, one message per shard), waits until the shards have acknowledged every part's
+    pushes (DenseTables too), then ends the worker's clock once. All parts share one client."""
     clients = {id(p.client): p.client for p in parts}
     if len(clients) != 1:
         raise Error("parasol.torch.step: the parts must share one client")
+    client = next(iter(clients.values()))
+    with client.step_messages():
+        for p in parts:
+            p.send()
     for p in parts:
         p.flush()
-    next(iter(clients.values())).tick()
+    client.tick()

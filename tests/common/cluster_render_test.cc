@@ -106,6 +106,7 @@ TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
   ASSERT_EQ(m->data.train.size(), 1u);
   EXPECT_EQ(m->data.train[0], dir_ + "/data/train.tsv");
   EXPECT_EQ(m->data.eval, "/abs/eval.tsv");
+  EXPECT_TRUE(m->worker.command.empty());
   // A clean stop, the job's own folder, the servers' nodes its alone, no requeue.
   EXPECT_NE(s.find("\"$PARASOL\" shutdown --manifest \"$MANIFEST\""), std::string::npos);
   EXPECT_NE(s.find("scancel --signal=TERM"), std::string::npos);
@@ -178,6 +179,31 @@ TEST_F(ClusterRenderTest, SlurmScriptQuotesWhatItCannotTrust) {
   ASSERT_TRUE(p.ok());
   auto st = p->Wait(std::chrono::seconds(10));
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << testing::ReadFile(dir_ + "/bash.log");
+}
+
+TEST_F(ClusterRenderTest, AWorkerCommandRunsInTheOriginalManifestsFolder) {
+  testing::WriteFile(dir_ + "/py.yaml",
+                     "cluster: {servers: [10.0.0.1:7000], workers: 2}\n"
+                     "worker: {command: [/usr/bin/python3, train.py]}\n");
+  testing::WriteFile(dir_ + "/py-dir.yaml",
+                     "cluster: {servers: [10.0.0.1:7000], workers: 2}\n"
+                     "worker: {command: [./train], command_dir: scripts}\n");
+  for (const char* name : {"py", "py-dir"}) {
+    Result<std::string> text = RenderSlurm(dir_ + "/" + name + ".yaml", RenderOptions());
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    const size_t begin = text->find("<<PARASOL_MANIFEST\n") + 19;
+    std::string manifest = text->substr(begin, text->find("PARASOL_MANIFEST\n", begin) - begin);
+    const std::string ph = "${SERVER_HOSTS[0]}";
+    manifest.replace(manifest.find(ph), ph.size(), "node0");
+    Result<Manifest> m = ParseManifest(manifest, "/elsewhere/sbatch.yaml");
+    ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << manifest;
+    EXPECT_EQ(m->worker.command_dir,
+              std::string(name) == "py" ? dir_ : dir_ + "/scripts") << manifest;
+    EXPECT_EQ(m->worker.command.size(), 2u);
+  }
+  Result<std::string> k8s = RenderKubernetes(dir_ + "/py.yaml", RenderOptions());
+  ASSERT_TRUE(k8s.ok()) << k8s.status().ToString();
+  EXPECT_NE(k8s->find("command_dir: " + dir_), std::string::npos) << *k8s;
 }
 
 TEST(SlurmMemoryTest, SizesAreConvertedExactlyOrRefused) {

@@ -192,6 +192,8 @@ def test_ctrl_c_interrupts_a_held_pull_and_the_shards_stay_consistent(tmp_path):
                 p.kill()
         assert p.returncode == 3, out
         assert "interrupted after" in out, out
+        waited = float(out.split("interrupted after ")[1].split(" s")[0])
+        assert 0.9 < waited < 1.6, out  # the signal came 1 s in, and ends the wait at once
         # The push of the interrupted worker was applied once: worker 1 completes the clock
         # and reads it (adagrad with lr 0.05 moves each value by lr * g / sqrt(g^2) = 0.05).
         with parasol.Client(m, parasol.Client.OBSERVER) as o:
@@ -202,3 +204,134 @@ def test_ctrl_c_interrupts_a_held_pull_and_the_shards_stay_consistent(tmp_path):
             stats = c1.stats()[0]
         assert stats["errors"] == 0 and stats["bad_messages"] == 0, stats
         np.testing.assert_allclose(before - after, np.full((4, 8), 0.05), rtol=1e-4)
+
+
+def test_tickets_belong_to_their_client_and_dense_pushes_are_copied(tmp_path):
+    path = write_manifest(tmp_path, TABLES, servers=1, workers=2)
+    m = parasol.load_manifest(path)
+    with parasol.local_servers(m):
+        a = parasol.Client(m, 0)
+        b = parasol.Client(m, 1)
+        t = a.pull_dense_async("w")
+        with pytest.raises(parasol.Error, match="belongs to another client"):
+            b.wait(t)
+        a.wait(t)
+        # The gradient is the array as it was at the call: changing it at once changes nothing.
+        before = a.pull_dense("w")
+        g = np.ones((37, 5), np.float32)
+        t = a.push_dense_async("w", g)
+        g[:] = 1000.0
+        a.wait(t)
+        b.push_dense("w", np.ones((37, 5), np.float32))
+        a.tick()
+        b.tick()
+        after = a.pull_dense("w")
+        # Adam's first step moves each weight by lr (0.01) for any gradient of one sign.
+        np.testing.assert_allclose(before - after, np.full((37, 5), 0.01), rtol=1e-3)
+        # Dropped with requests in flight (a 4 MB pull, a dense push): no crash, nothing left.
+        a.pull_sparse_async("emb", np.arange(100000, dtype=np.uint64))
+        a.push_dense_async("w", np.ones((37, 5), np.float32))
+        assert a.outstanding == 2
+        a.close()
+        assert a.outstanding == 0
+        with pytest.raises(parasol.Error, match="closed"):
+            a.pull_dense("w")
+        t = b.pull_sparse_async("emb", np.arange(10, dtype=np.uint64))
+        del b  # garbage-collected with a ticket outstanding
+        import gc
+        gc.collect()
+
+
+SIGNAL_HANDLER = textwrap.dedent("""\
+    import signal, sys
+    import numpy as np
+    import parasol
+    m = parasol.load_manifest(sys.argv[1])
+    c = parasol.Client(m, 0)
+    c.tick()
+    def handler(*_):
+        c.leave()  # uses the client while it waits in this thread
+    signal.signal(signal.SIGTERM, handler)
+    print("waiting", flush=True)
+    try:
+        c.pull_sparse("emb", np.arange(4, dtype=np.uint64))  # held: worker 1 is at clock 0
+    except parasol.Error as e:
+        print("error:", e, flush=True)
+        sys.exit(4)
+    """)
+
+
+def test_a_signal_handler_that_uses_the_waiting_client_gets_an_error(tmp_path):
+    path = write_manifest(tmp_path, TABLES, servers=1, workers=2)
+    script = tmp_path / "handler.py"
+    script.write_text(SIGNAL_HANDLER)
+    with parasol.local_servers(parasol.load_manifest(path)):
+        p = subprocess.Popen([sys.executable, str(script), path], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            assert p.stdout.readline().strip() == "waiting"
+            time.sleep(0.5)
+            p.send_signal(signal.SIGTERM)
+            out, _ = p.communicate(timeout=20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 4, out
+    assert "a signal handler may not use it" in out, out
+
+
+PUSHER = textwrap.dedent("""\
+    import sys
+    import numpy as np
+    import parasol
+    m = parasol.load_manifest(sys.argv[1])
+    c = parasol.Client(m, 0)
+    keys = np.arange(200000, dtype=np.uint64)
+    print("pushing", flush=True)
+    try:
+        for _ in range(10):
+            c.push_sparse("emb", keys, np.ones((len(keys), 8), np.float32))
+    except KeyboardInterrupt:
+        c.close()
+        sys.exit(3)
+    print("all pushed", flush=True)
+    """)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_push_interrupted_at_a_random_moment_is_applied_once_or_not_at_all(tmp_path, seed):
+    """ASP, SGD: each push moves each row by exactly lr (0.05); a Ctrl-C at a random moment
+    (seeded, printed) during ten pushes leaves every row moved a whole number of times lr (at
+    most ten), never by a fraction, and every shard's part of a push applied or not."""
+    body = TABLES.replace("optimizer: {kind: adagrad, lr: 0.05}", "optimizer: {kind: sgd, lr: 0.05}")
+    body = "training: {consistency: asp}\n" + body.replace("init: {kind: uniform, scale: 0.1}",
+                                                           "init: {kind: zeros}")
+    path = write_manifest(tmp_path, body, servers=2)
+    script = tmp_path / "pusher.py"
+    script.write_text(PUSHER)
+    delay = np.random.default_rng(seed).uniform(0.0, 0.25)
+    print(f"seed {seed}: SIGINT {delay:.3f} s after the first push starts")
+    m = parasol.load_manifest(path)
+    with parasol.local_servers(m):
+        p = subprocess.Popen([sys.executable, str(script), path], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            assert p.stdout.readline().strip() == "pushing"
+            time.sleep(delay)
+            p.send_signal(signal.SIGINT)
+            out, _ = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        # 3: interrupted during a push; 0 or -SIGINT: after all ten.
+        assert p.returncode == 3 or "all pushed" in out, (p.returncode, out)
+        with parasol.Client(m, parasol.Client.OBSERVER) as o:
+            rows = o.pull_sparse("emb", np.arange(200000, dtype=np.uint64), read_only=True)
+    moves = -rows / np.float32(0.05)
+    assert np.all(np.abs(moves - np.round(moves)) < 1e-3), moves
+    assert np.all(rows == rows[:, :1]), "a row moved in part"
+    counts = np.round(moves[:, 0]).astype(int)
+    assert counts.min() >= 0 and counts.max() <= 10, np.unique(counts)
+    print(f"seed {seed}: rows moved {dict(zip(*np.unique(counts, return_counts=True)))} times")
+    if p.returncode != 3:
+        assert counts.min() == 10

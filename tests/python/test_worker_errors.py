@@ -9,7 +9,7 @@ from conftest import run, write_manifest
 FAILING = textwrap.dedent("""\
     import numpy as np
     import parasol
-    path, rank, _ = parasol.worker_environment()
+    path, rank, _, _ = parasol.worker_environment()
     m = parasol.load_manifest(path)
     c = parasol.Client(m, rank)
     for step in range(1000):
