@@ -434,7 +434,9 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
 }
 
 // Trains dlrm-small through `parasol launch` (servers and workers as processes); the summary.
-std::string LaunchTraining(const std::string& data, int shards, int workers, int batch) {
+// `extra`: more manifest sections (e.g. a worker.command).
+std::string LaunchTraining(const std::string& data, int shards, int workers, int batch,
+                           const std::string& extra = "") {
   char tmpl[] = "/tmp/parasol-bench-train-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   std::string y = "cluster:\n  servers:\n";
@@ -447,6 +449,7 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
        "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
        "  dense_optimizer: {kind: adam, lr: 0.001}\n";
   y += "data:\n  train: " + data + "\n";
+  y += extra;
   std::ofstream(dir + "/job.yaml") << y;
   auto p = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", dir + "/job.yaml",
                               "--summary", dir + "/summary.json"},
@@ -590,7 +593,8 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
   }
 }
 
-void TorchRows(const std::string& data, std::vector<Row>* rows) {
+// Plain PyTorch (bench/torch_dlrm.py, 1 process, 2 threads) on `data`: samples/s, or 0.
+double TorchRate(const std::string& data) {
   const std::string script = std::string(PARASOL_SOURCE_DIR) + "/bench/torch_dlrm.py";
   char tmpl[] = "/tmp/parasol-bench-torch-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -609,11 +613,42 @@ void TorchRows(const std::string& data, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
   if (torch_rate <= 0) {
     spdlog::error("torch bench: no figure from {} (is python3-torch installed?)", script);
-    return;
   }
+  return torch_rate;
+}
+
+void TorchRows(const std::string& data, std::vector<Row>* rows) {
+  const double torch_rate = TorchRate(data);
+  if (torch_rate <= 0) return;
   rows->push_back({"pytorch_dlrm_small_b1024_1proc_2threads", torch_rate, "samples/s",
                    std::nullopt, "", std::nullopt});
   TrainingRows(data, rows, torch_rate);
+}
+
+// The Python worker (examples/torch_dlrm.py: the model in PyTorch, one thread, its tables on
+// the shard), the C++ worker and plain PyTorch on the same file: 1 server, 1 worker, batch 1024.
+// The C++ worker's figure is the Python worker's ceiling (the same job and client; only the
+// model's computation differs).
+void PythonRows(const std::string& data, std::vector<Row>* rows) {
+  const double torch_rate = TorchRate(data);
+  if (torch_rate > 0) {
+    rows->push_back({"pytorch_dlrm_small_b1024_1proc_2threads", torch_rate, "samples/s",
+                     std::nullopt, "", std::nullopt});
+  }
+  const std::string cpp = LaunchTraining(data, 1, 1, 1024);
+  const std::string py = LaunchTraining(
+      data, 1, 1, 1024,
+      "worker:\n  command: [/usr/bin/python3, " + std::string(PARASOL_SOURCE_DIR) +
+          "/examples/torch_dlrm.py]\n");
+  if (cpp.empty() || py.empty()) {
+    spdlog::error("python bench: the {} job failed", cpp.empty() ? "C++ worker's" : "Python worker's");
+    return;
+  }
+  const double cpp_rate = JsonFigure(cpp, "/samples_per_second");
+  rows->push_back({"train_dlrm_small_b1024_1s1w", cpp_rate, "samples/s", std::nullopt, "",
+                   std::nullopt});
+  rows->push_back({"train_python_dlrm_small_b1024_1s1w", JsonFigure(py, "/samples_per_second"),
+                   "samples/s", cpp_rate, "train_dlrm_small_b1024_1s1w", std::nullopt});
 }
 
 // Forward + backward of dlrm-small on one backend, rows already in host memory: samples/s.
@@ -907,9 +942,9 @@ int Main(int argc, char** argv) {
   static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
                                                    "optimizer",   "consistency", "training",
                                                    "torch",       "compute",     "checkpoint",
-                                                   "cache"};
+                                                   "cache",       "python"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint, cache)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint, cache, python)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -938,12 +973,15 @@ int Main(int argc, char** argv) {
     InProcessUpdateRows(opt, &rows);
   }
   if (opt.only.empty() || opt.only == "consistency") ConsistencyRows(opt, &rows);
-  if (opt.only.empty() || opt.only == "training" || opt.only == "torch") {
+  if (opt.only.empty() || opt.only == "training" || opt.only == "torch" ||
+      opt.only == "python") {
     char tmpl[] = "/tmp/parasol-bench-data-XXXXXX";
     const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
     const std::string data = TrainingData(opt, dir);
     if (opt.only == "torch") {
       TorchRows(data, &rows);  // opt-in: needs python3-torch
+    } else if (opt.only == "python") {
+      PythonRows(data, &rows);  // opt-in: needs the Python module and python3-torch
     } else {
       TrainingRows(data, &rows, std::nullopt);
     }
