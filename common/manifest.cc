@@ -323,6 +323,10 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_pending_bytes", 1024, &s->max_pending_bytes));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("memory_budget", 4096, &s->memory_budget));
+  std::string dir;
+  PARASOL_RETURN_IF_ERROR(r.String("disk_dir", &dir));
+  if (!dir.empty()) s->disk_dir = Resolve(BaseDir(file), dir);
   if (s->max_queued_reply_bytes < s->max_request_bytes) {
     return r.ErrorAt(root.Child("server"), "server.max_queued_reply_bytes",
                      "must be at least server.max_request_bytes (" +
@@ -398,6 +402,9 @@ Status ParseModel(MapReader& root, ModelOptions* m, const std::string& file) {
       ParseOptimizerAt(r, "sparse_optimizer", TableKind::kSparse, &m->sparse_optimizer, file));
   PARASOL_RETURN_IF_ERROR(
       ParseOptimizerAt(r, "dense_optimizer", TableKind::kDense, &m->dense_optimizer, file));
+  int storage = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("sparse_storage", {"memory", "tiered"}, &storage));
+  m->sparse_storage = static_cast<TableOptions::Storage>(storage);
   if (m->kind == ModelOptions::Kind::kDlrm) {
     if (m->bottom.back() != m->embedding_dim) {
       return r.ErrorAt(node, "model.bottom", "the last bottom width (" +
@@ -678,6 +685,12 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   PARASOL_RETURN_IF_ERROR(r.Choice("dtype", {"f32"}, &dtype));
   t->dtype = DType::kF32;
   PARASOL_RETURN_IF_ERROR(r.Unsigned("dim", 1, 1 << 16, &t->dim));
+  int storage = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("storage", {"memory", "tiered"}, &storage));
+  t->storage = static_cast<TableOptions::Storage>(storage);
+  if (t->kind == TableKind::kDense && t->storage == TableOptions::Storage::kTiered) {
+    return r.ErrorAt(node["storage"], path + ".storage", "tiered applies to sparse tables only");
+  }
   if (t->kind == TableKind::kDense) {
     if (r.Has("dim")) return r.ErrorAt(node["dim"], path + ".dim", "dense tables take 'shape'");
     if (!r.Has("shape")) {

@@ -56,6 +56,9 @@ struct TableOptions {
   uint32_t dim = 8;                 // sparse: floats per row
   std::vector<uint64_t> shape;      // dense: tensor shape (required for dense tables)
   DType dtype = DType::kF32;
+  // Sparse: memory, or tiered (rows beyond the shard's server.memory_budget on its disk).
+  enum class Storage { kMemory, kTiered };
+  Storage storage = Storage::kMemory;
   InitOptions init;
   OptimizerOptions optimizer;
   AdmissionOptions admission;       // sparse tables only
@@ -96,6 +99,11 @@ struct ServerOptions {
   uint64_t max_pending_bytes = 2ull << 30;   // bsp: bytes of those sums
   uint32_t socket_hwm = 1000;                // messages queued per peer and direction
   uint64_t max_queued_reply_bytes = 1ull << 30;  // replies sent but not yet taken by their peers
+  // Tiered tables (tables[].storage: tiered): the bytes their memory tier may hold, per shard
+  // (shared equally among them), and where the disk tier lives (a folder per shard in it;
+  // empty: one under the system's temporary folder, removed when the shard stops).
+  uint64_t memory_budget = 1ull << 30;
+  std::string disk_dir;
 };
 
 struct TrainingOptions {
@@ -123,6 +131,7 @@ struct ModelOptions {
   double embedding_init_scale = 0.05;     // embeddings start uniform in [-scale, scale)
   OptimizerOptions sparse_optimizer;      // of the embedding (dlrm) or weight (lr) table
   OptimizerOptions dense_optimizer;       // of every dense layer
+  TableOptions::Storage sparse_storage = TableOptions::Storage::kMemory;  // of the sparse table
   ModelOptions() {
     sparse_optimizer.kind = OptimizerOptions::Kind::kAdagrad;
     sparse_optimizer.lr = 0.05;

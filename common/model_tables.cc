@@ -67,6 +67,7 @@ Status AddModelTables(Manifest* manifest) {
                                                        : InitOptions::Kind::kUniform;
   sparse.init.scale = m.embedding_init_scale;
   sparse.optimizer = m.sparse_optimizer;
+  sparse.storage = m.sparse_storage;
   sparse.seed = manifest->job.seed ^ HashBytes(sparse.name);
   manifest->tables.push_back(sparse);
   for (const auto* layers : {&layout.bottom, &layout.top}) {

@@ -10,7 +10,7 @@ PARASOL_PACKAGES=(
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler
   libboost-dev libyaml-cpp-dev libopenblas-dev
-  libgtest-dev libbenchmark-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libbenchmark-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev librocksdb-dev
   python3-dev pybind11-dev python3-numpy
   iproute2
   clang libclang-rt-14-dev

@@ -23,7 +23,13 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const auto start = std::chrono::steady_clock::now();
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                          engines_.size());
-  const std::vector<CheckpointBlock> blocks = state.Save();
+  Result<std::vector<CheckpointBlock>> saved = state.Save();
+  if (!saved.ok()) {
+    checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    last_checkpoint_failure_ = std::chrono::steady_clock::now();
+    return saved.status().WithContext("checkpoint (" + reason + ")");
+  }
+  const std::vector<CheckpointBlock> blocks = std::move(*saved);
   uint64_t bytes = 0;
   for (const CheckpointBlock& b : blocks) bytes += b.bytes.size();
 
@@ -98,7 +104,7 @@ Status ShardServer::Restore() {
     spdlog::error("shard {}: refused checkpoint: {}; trying the one before", rank_, st.ToString());
     // A partly loaded table would be wrong: start the tables again before the next try.
     try {
-      ResetTables();
+      PARASOL_RETURN_IF_ERROR(ResetTables());
     } catch (const std::exception& e) {
       return ResourceExhausted(
           "shard " + std::to_string(rank_) +

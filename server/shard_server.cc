@@ -5,6 +5,9 @@
 #include "common/fault_points.hpp"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <algorithm>
 #include <random>
@@ -43,16 +46,38 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       held_worker_bytes_(manifest.cluster.workers, 0),
       reply_dropped_since_(manifest.cluster.workers) {
   pushed_since_checkpoint_.assign(manifest.cluster.workers, 0);
-  ResetTables();
+  tables_status_ = ResetTables();
 }
 
-void ShardServer::ResetTables() {
+std::string ShardServer::DiskDir() const {
+  const std::string shard = "shard-" + std::to_string(rank_);
+  if (!manifest_.server.disk_dir.empty()) return manifest_.server.disk_dir + "/" + shard;
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return (tmp / ("parasol-disk-" + manifest_.job.name + "-" + shard + "-" +
+                 std::to_string(::getpid())))
+      .string();
+}
+
+Status ShardServer::ResetTables() {
   sparse_.clear();
   dense_.clear();
+  disk_.reset();  // closes the old store (a new one starts empty)
+  std::vector<std::string> families;
+  std::vector<std::pair<uint32_t, uint32_t>> tiered;  // (table id, its first column family)
+  const uint32_t engines = engines_.size();
   for (const TableOptions& t : manifest_.tables) {
     if (t.kind == TableKind::kSparse) {
-      sparse_.push_back(std::make_unique<SparseTable>(t, engines_.size()));
+      sparse_.push_back(std::make_unique<SparseTable>(t, engines));
       dense_.push_back(nullptr);
+      if (t.storage == TableOptions::Storage::kTiered) {
+        tiered.emplace_back(static_cast<uint32_t>(sparse_.size() - 1),
+                            static_cast<uint32_t>(families.size()));
+        for (uint32_t e = 0; e < engines; ++e) {
+          families.push_back(t.name + "#" + std::to_string(e));
+        }
+      }
     } else {
       sparse_.push_back(nullptr);
       dense_.push_back(
@@ -60,11 +85,27 @@ void ShardServer::ResetTables() {
                                        retired_dense_bytes_));
     }
   }
+  if (tiered.empty()) return Status::Ok();
+  // RocksDB's block cache (index and filter blocks in it): part of the slack over the budget.
+  constexpr uint64_t kDiskCacheBytes = 8 << 20;
+  PARASOL_ASSIGN_OR_RETURN(disk_, DiskTier::Open(DiskDir(), families, kDiskCacheBytes));
+  // The budget, shared equally among the tiered tables, in rows: a row's bytes in memory are
+  // its floats and clock word, its index entry and its referenced flag.
+  const uint64_t share = manifest_.server.memory_budget / tiered.size();
+  for (const auto& [id, family] : tiered) {
+    SparseTable& table = *sparse_[id];
+    const uint64_t row_bytes = sizeof(float) * (table.row_floats() + 1) + 24 + 1;
+    table.SetDiskTier(disk_.get(), family, std::max<uint64_t>(engines, share / row_bytes));
+  }
+  spdlog::info("shard {}: disk tier of {} table(s) in {}, memory budget {} bytes", rank_,
+               tiered.size(), disk_->dir(), manifest_.server.memory_budget);
+  return Status::Ok();
 }
 
 ShardServer::~ShardServer() = default;
 
 Status ShardServer::Bind() {
+  PARASOL_RETURN_IF_ERROR(tables_status_.WithContext("shard " + std::to_string(rank_)));
   const ServerAddress& me = manifest_.cluster.servers[rank_];
   const SecurityOptions& sec = manifest_.security;
   std::string host = manifest_.cluster.bind;
@@ -842,6 +883,21 @@ std::string ShardServer::MetricsText() const {
   t.Type("parasol_evictions_total", "counter", "Rows evicted, by reason.");
   t.Type("parasol_admission_counted_pushes_total", "counter",
          "Pushes of keys not yet admitted (counted, not applied).");
+  t.Type("parasol_tier_rows", "gauge", "Rows of each tiered table, by tier.");
+  t.Type("parasol_tier_lookups_total", "counter",
+         "Keys of tiered tables looked up, found in memory or not (then read from disk, or new).");
+  if (disk_) {
+    t.Type("parasol_disk_tier_bytes", "gauge", "Bytes of the disk tier on disk (SST files).");
+    t.Sample("parasol_disk_tier_bytes", static_cast<double>(disk_->DiskBytes()), shard);
+    t.Type("parasol_disk_tier_rows_total", "counter", "Rows read from and written to the disk tier.");
+    t.Sample("parasol_disk_tier_rows_total", static_cast<double>(disk_->rows_read()),
+             shard + ",op=\"read\"");
+    t.Sample("parasol_disk_tier_rows_total", static_cast<double>(disk_->rows_written()),
+             shard + ",op=\"write\"");
+    t.Type("parasol_memory_budget_bytes", "gauge", "server.memory_budget of the tiered tables.");
+    t.Sample("parasol_memory_budget_bytes", static_cast<double>(manifest_.server.memory_budget),
+             shard);
+  }
   for (size_t i = 0; i < manifest_.tables.size(); ++i) {
     const std::string table = shard + ",table=\"" + manifest_.tables[i].name + "\"";
     if (sparse_[i]) {
@@ -856,6 +912,16 @@ std::string ShardServer::MetricsText() const {
                table);
       t.Sample("parasol_evictions_total", static_cast<double>(c.pending_expired),
                table + ",reason=\"admission_count\"");
+      if (sparse_[i]->tiered()) {
+        t.Sample("parasol_tier_rows", static_cast<double>(sparse_[i]->MemoryRows()),
+                 table + ",tier=\"memory\"");
+        t.Sample("parasol_tier_rows", static_cast<double>(sparse_[i]->DiskRows()),
+                 table + ",tier=\"disk\"");
+        t.Sample("parasol_tier_lookups_total", static_cast<double>(c.memory_hits),
+                 table + ",result=\"memory\"");
+        t.Sample("parasol_tier_lookups_total", static_cast<double>(c.memory_misses),
+                 table + ",result=\"miss\"");
+      }
     } else {
       t.Sample("parasol_table_bytes", static_cast<double>(dense_[i]->MemoryBytes()), table);
     }
@@ -1170,6 +1236,14 @@ std::string ShardServer::StatsJson() const {
   }
   s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();
   s["worker_clocks"] = controller_.clocks();
+  if (disk_) {
+    s["memory_budget"] = manifest_.server.memory_budget;
+    s["disk_dir"] = disk_->dir();
+    s["disk_bytes"] = disk_->DiskBytes();
+    s["disk_memtable_bytes"] = disk_->MemTableBytes();
+    s["disk_rows_read"] = disk_->rows_read();
+    s["disk_rows_written"] = disk_->rows_written();
+  }
   Json& tables = s["tables"] = Json::array();
   for (size_t t = 0; t < manifest_.tables.size(); ++t) {
     Json table;
@@ -1189,6 +1263,17 @@ std::string ShardServer::StatsJson() const {
       table["evicted_ttl"] = c.evicted_ttl;
       table["evicted_max_rows"] = c.evicted_max_rows;
       table["pending_expired"] = c.pending_expired;
+      table["storage"] = st.tiered() ? "tiered" : "memory";
+      if (st.tiered()) {
+        const uint64_t lookups = c.memory_hits + c.memory_misses;
+        table["memory_rows"] = st.MemoryRows();
+        table["disk_rows"] = st.DiskRows();
+        table["memory_hit_rate"] = lookups ? c.memory_hits / static_cast<double>(lookups) : 0.0;
+        table["promoted"] = c.promoted;
+        table["demoted"] = c.demoted;
+        const Status disk = st.DiskStatus();
+        table["disk_error"] = disk.ok() ? std::string() : disk.ToString();
+      }
     } else {
       table["kind"] = "dense";
       table["slice_begin"] = dense_[t]->slice().begin;

@@ -149,7 +149,13 @@ class ShardServer {
   void CheckWorkers();
   void MaybeCheckpoint();
   Status LoadCheckpoint(const std::string& path);
-  void ResetTables();
+  // Empty tables (and an empty disk tier for the tiered ones).
+  Status ResetTables();
+  // The disk tier's folder of this shard.
+  std::string DiskDir() const;
+  // Tiered tables: brings the rows of a request's keys into memory, on every engine, before
+  // the request changes anything; fails (changing nothing) when the disk cannot be read.
+  Status PrefaultKeys(SparseTable& table, const PayloadView& p);
 
   Status HandleHello(const Header& req, Header* reply);
   Status HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
@@ -193,6 +199,9 @@ class ShardServer {
   zmq::socket_t router_;
   EnginePool engines_;
 
+  // Declared before the tables, so destroyed after them.
+  std::unique_ptr<DiskTier> disk_;  // the tiered tables' disk tier (null: none)
+  Status tables_status_;            // why ResetTables() failed at construction
   std::vector<std::unique_ptr<SparseTable>> sparse_;  // by table id; null for dense tables
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine

@@ -130,7 +130,7 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
       pending_(pending),
       engines_(engines) {}
 
-std::vector<CheckpointBlock> ShardState::Save() const {
+Result<std::vector<CheckpointBlock>> ShardState::Save() const {
   std::vector<CheckpointBlock> blocks;
   for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
     CheckpointBlock b;
@@ -142,12 +142,12 @@ std::vector<CheckpointBlock> ShardState::Save() const {
         const SparseTable::Partition& part = table.partition(e);
         const size_t row_bytes = sizeof(float) * part.stored_floats();
         b.bytes.reserve(b.bytes.size() + part.rows() * (8 + row_bytes));
-        part.ForEachRow([&](uint64_t key, const float* row) {
+        PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) {
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
           b.bytes.insert(b.bytes.end(), p, p + row_bytes);
           ++b.count;
-        });
+        }));
       }
     } else {
       b.kind = static_cast<uint32_t>(Kind::kDenseSlice);
@@ -413,7 +413,7 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   }
   std::vector<float> row(row_bytes / sizeof(float));
   const uint32_t engines = t.engines();
-  for (uint32_t e = 0; e < engines; ++e) {
+  for (uint32_t e = 0; e < engines && !t.tiered(); ++e) {
     t.partition(e).Reserve(b.count / engines + b.count / 20 + 16);
   }
   for (uint64_t i = 0; i < b.count; ++i) {
@@ -422,6 +422,10 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
     std::memcpy(&key, p, sizeof(key));
     std::memcpy(row.data(), p + sizeof(key), row_bytes);
     t.partition(EngineOfKey(key, engines)).RestoreRow(key, row.data());
+  }
+  if (t.tiered()) {
+    for (uint32_t e = 0; e < engines; ++e) t.partition(e).Settle();
+    PARASOL_RETURN_IF_ERROR(t.DiskStatus().WithContext("table '" + t.options().name + "'"));
   }
   return Status::Ok();
 }

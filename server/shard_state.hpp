@@ -72,7 +72,8 @@ class ShardState {
 
   // Every table, the clocks, the push record and the pending sums, as blocks for
   // WriteCheckpointFile().
-  std::vector<CheckpointBlock> Save() const;
+  // Fails when a tiered table's disk rows cannot be read (no checkpoint may miss rows).
+  Result<std::vector<CheckpointBlock>> Save() const;
 
   // Loads the checkpoint in `in` (`name` names it in errors) and sets *header. Refuses a file
   // of another shard, layout or manifest, and any damaged or inconsistent one, naming what is

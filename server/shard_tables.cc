@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <cstring>
 
@@ -32,9 +33,27 @@ void ForEachOwnedKey(EnginePool& engines, SparseTable& table,
         SparseTable::Partition& part = table.partition(e);
         part.ForEachKey(positions[e], [&](uint32_t i) { return p.Key(i); },
                         [&](uint32_t i, uint64_t key) { fn(part, i, key); });
+        part.Settle();  // tiered: back to the memory budget
       },
       run_inline);
 }
+
+}  // namespace
+
+Status ShardServer::PrefaultKeys(SparseTable& table, const PayloadView& p) {
+  if (!table.tiered()) return Status::Ok();
+  std::vector<Status> status(engines_.size());
+  engines_.RunOnAll([&](uint32_t e) {
+    status[e] = table.partition(e).Prefault(engine_positions_[e],
+                                            [&](uint32_t i) { return p.Key(i); });
+  });
+  for (const Status& st : status) {
+    PARASOL_RETURN_IF_ERROR(st.WithContext("table '" + table.options().name + "'"));
+  }
+  return Status::Ok();
+}
+
+namespace {
 
 }  // namespace
 
@@ -139,6 +158,7 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
+  PARASOL_RETURN_IF_ERROR(PrefaultKeys(*table, p));
   ForEachOwnedKey(engines_, *table, engine_positions_, p, n * out_floats < kInlineFloats,
                   [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
                     const uint64_t f = i / plan.rows_per_frame;
@@ -173,6 +193,7 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
   const uint32_t clock = ShardClock();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
+  PARASOL_RETURN_IF_ERROR(PrefaultKeys(*table, p));
   ForEachOwnedKey(engines_, *table, engine_positions_, p, n * dim < kInlineFloats,
                   [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
                     float* row = part.Find(key);
@@ -336,6 +357,19 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
       SparseTable::Partition& part = table.partition(e);
       const uint32_t dim = table.dim();
       const Optimizer& opt = table.optimizer();
+      if (part.tiered()) {
+        std::vector<uint64_t> keys;
+        agg.ForEachSparse(static_cast<uint32_t>(t), e, dim,
+                          [&](uint64_t key, const float*) { keys.push_back(key); });
+        if (Status st = part.Prefault(keys); !st.ok()) {
+          // The clock's sums cannot be applied without the rows: the shard stops, and its
+          // restart (from its checkpoint, with the workers' replays) redoes this clock.
+          spdlog::critical("shard {}: cannot apply clock {} to table '{}': {}", rank_, clock,
+                           table.options().name, st.ToString());
+          spdlog::shutdown();
+          std::_Exit(1);
+        }
+      }
       agg.ForEachSparse(static_cast<uint32_t>(t), e, dim, [&](uint64_t key, const float* sum) {
         float* row = part.Find(key);
         if (!row) row = part.CountPush(key, now);
@@ -344,6 +378,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
                   scale);
         SparseTable::Partition::LastClock(row) = now;
       });
+      part.Settle();
     }
     for (size_t t = 0; t < dense_.size(); ++t) {
       if (!dense_values[t]) continue;

@@ -15,7 +15,7 @@ SparseTable::Partition::Partition(const TableOptions* options, const Optimizer* 
       index_(16),
       pending_(16) {}
 
-float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
+uint32_t SparseTable::Partition::NewSlot() {
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -25,8 +25,15 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
     if (slot / kRowsPerBlock >= blocks_.size()) {
       blocks_.push_back(
           std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_floats_));
+      if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, 0);
     }
   }
+  return slot;
+}
+
+float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
+  const uint32_t slot = NewSlot();
+  Touch(slot);
   bool inserted = false;
   index_.FindOrInsert(key, slot, &inserted);
   float* values = RowAt(slot) + 1;
@@ -40,19 +47,146 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
 
 void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
   float* values = Find(key);
-  if (!values) values = Create(key, 0);
+  if (!values) {
+    values = Create(key, 0);
+    --counters_.admitted;  // restored, not admitted now
+  }
   std::memcpy(values - 1, row, sizeof(float) * row_floats_);
+  // A tiered table restores more rows than memory holds: to disk in batches as it goes.
+  if (disk_ && index_.size() >= memory_limit_ + 4096) Settle();
 }
 
 float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {
   const uint32_t slot = index_.Find(key);
-  if (slot != KeyIndex::kAbsent) return RowAt(slot) + 1;
+  if (slot != KeyIndex::kAbsent) {
+    Touch(slot);
+    return RowAt(slot) + 1;
+  }
   return Create(key, clock);
 }
 
 float* SparseTable::Partition::Find(uint64_t key) {
   const uint32_t slot = index_.Find(key);
-  return slot == KeyIndex::kAbsent ? nullptr : RowAt(slot) + 1;
+  if (slot == KeyIndex::kAbsent) return nullptr;
+  Touch(slot);
+  return RowAt(slot) + 1;
+}
+
+void SparseTable::Partition::SetDiskTier(DiskTier* disk, uint32_t family, uint64_t memory_rows) {
+  disk_ = disk;
+  family_ = family;
+  memory_limit_ = std::max<uint64_t>(1, memory_rows);
+  referenced_.assign(blocks_.size() * kRowsPerBlock, 0);
+}
+
+Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
+  if (!disk_) return Status::Ok();
+  missing_.clear();
+  for (uint64_t key : keys) {
+    const uint32_t slot = index_.Find(key);
+    if (slot != KeyIndex::kAbsent) {
+      Touch(slot);
+      ++counters_.memory_hits;
+    } else {
+      missing_.push_back(key);
+      ++counters_.memory_misses;
+    }
+  }
+  if (missing_.empty() || disk_rows_ == 0) return Status::Ok();
+  const size_t row_bytes = sizeof(float) * row_floats_;
+  fetched_.resize(missing_.size() * row_bytes);
+  PARASOL_RETURN_IF_ERROR(disk_->MultiGet(family_, missing_, row_bytes, fetched_.data(), &found_));
+  DiskTier::Batch moved = disk_->NewBatch(family_);
+  for (size_t i = 0; i < missing_.size(); ++i) {
+    // A key twice in one batch (a hostile request) is brought in once.
+    if (!found_[i] || index_.Find(missing_[i]) != KeyIndex::kAbsent) continue;
+    const uint32_t slot = NewSlot();
+    bool inserted = false;
+    index_.FindOrInsert(missing_[i], slot, &inserted);
+    std::memcpy(RowAt(slot), fetched_.data() + i * row_bytes, row_bytes);
+    Touch(slot);
+    moved.Delete(missing_[i]);
+    --disk_rows_;
+    ++counters_.promoted;
+  }
+  // Were the deletes lost, the stale copies would be overwritten by the next demotion and
+  // skipped by ForEachRow (memory wins); a failure is kept for the stats.
+  Status st = disk_->Write(moved);
+  if (!st.ok() && disk_status_.ok()) disk_status_ = st;
+  return Status::Ok();
+}
+
+void SparseTable::Partition::Settle() {
+  if (!disk_ || index_.size() <= memory_limit_) return;
+  const uint64_t excess = index_.size() - memory_limit_;
+  const size_t row_bytes = sizeof(float) * row_floats_;
+  const size_t buckets = index_.buckets();
+  std::vector<uint64_t> chosen;
+  chosen.reserve(excess);
+  DiskTier::Batch batch = disk_->NewBatch(family_);
+  // CLOCK: the hand clears referenced bits and takes the first rows it finds unreferenced.
+  // Two turns clear every bit, so the loop ends.
+  for (size_t step = 0; step < 2 * buckets + 1 && chosen.size() < excess; ++step) {
+    if (hand_ >= buckets) hand_ = 0;
+    const size_t b = hand_++;
+    if (!index_.BucketFull(b)) continue;
+    const uint32_t slot = index_.BucketSlot(b);
+    if (referenced_[slot]) {
+      referenced_[slot] = 0;
+      continue;
+    }
+    referenced_[slot] = 1;  // not chosen twice in this call
+    const uint64_t key = index_.BucketKey(b);
+    batch.Put(key, RowAt(slot), row_bytes);
+    chosen.push_back(key);
+  }
+  Status st = disk_->Write(batch);
+  if (!st.ok()) {
+    if (disk_status_.ok()) disk_status_ = st;
+    return;  // the rows stay in memory
+  }
+  for (uint64_t key : chosen) {
+    const uint32_t slot = index_.Find(key);
+    index_.Erase(key);
+    referenced_[slot] = 0;
+    free_slots_.push_back(slot);
+    ++disk_rows_;
+    ++counters_.demoted;
+  }
+}
+
+void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
+  const uint64_t ttl = options_->eviction.ttl_clocks;
+  if (!disk_ || disk_rows_ == 0 || (ttl == 0 && max_rows_ == 0)) return;
+  DiskTier::Batch gone = disk_->NewBatch(family_);
+  uint64_t by_ttl = 0, by_max = 0;
+  Result<std::string> next = disk_->Scan(
+      family_, disk_cursor_, max_rows, [&](uint64_t key, std::span<const char> row) {
+        if (row.size() < sizeof(uint32_t)) return;
+        uint32_t last;
+        std::memcpy(&last, row.data(), sizeof(last));
+        const bool expired = ttl > 0 && now >= last && now - last >= ttl;
+        const bool over = max_rows_ > 0 && last < evict_before_ && rows() > max_rows_;
+        if (expired || over) {
+          gone.Delete(key);
+          ++(expired ? by_ttl : by_max);
+        } else if (max_rows_ > 0) {
+          ++pass_clocks_[last];
+        }
+      });
+  if (!next.ok()) {
+    if (disk_status_.ok()) disk_status_ = next.status();
+    return;
+  }
+  Status st = disk_->Write(gone);
+  if (!st.ok()) {
+    if (disk_status_.ok()) disk_status_ = st;
+    return;
+  }
+  disk_rows_ -= by_ttl + by_max;
+  counters_.evicted_ttl += by_ttl;
+  counters_.evicted_max_rows += by_max;
+  disk_cursor_ = *next;
 }
 
 float* SparseTable::Partition::CountPush(uint64_t key, uint32_t clock) {
@@ -98,7 +232,7 @@ void SparseTable::Partition::SweepPending(size_t max_buckets, uint32_t now) {
     if (pending_.BucketFull(b)) {
       const uint32_t last = pending_clocks_[pending_.BucketSlot(b)];
       const bool expired = ttl > 0 && now >= last && now - last >= ttl;
-      const bool over = max_rows_ > 0 && index_.size() + pending_.size() > max_rows_;
+      const bool over = max_rows_ > 0 && rows() + pending_.size() > max_rows_;
       if (expired || over) {
         ErasePendingBucket(b);
         continue;  // another entry may have moved into bucket b: look at it again
@@ -116,6 +250,7 @@ void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
 
 void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
   SweepPending(max_buckets, now);
+  SweepDisk(max_buckets, now);
   const uint64_t ttl = options_->eviction.ttl_clocks;
   const size_t buckets = index_.buckets();
   if (cursor_ >= buckets) cursor_ = 0;
@@ -124,7 +259,7 @@ void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
     if (index_.BucketFull(b)) {
       const uint32_t last = LastClock(RowAt(index_.BucketSlot(b)) + 1);
       const bool expired = ttl > 0 && now >= last && now - last >= ttl;
-      const bool over = max_rows_ > 0 && last < evict_before_ && index_.size() > max_rows_;
+      const bool over = max_rows_ > 0 && last < evict_before_ && rows() > max_rows_;
       if (expired || over) {
         EvictBucket(b, expired);
         continue;  // another entry may have moved into bucket b: look at it again
@@ -136,8 +271,8 @@ void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
     // the excess over max_rows goes, oldest updates first.
     cursor_ = 0;
     evict_before_ = 0;
-    if (max_rows_ > 0 && index_.size() > max_rows_) {
-      uint64_t excess = index_.size() - max_rows_, taken = 0;
+    if (max_rows_ > 0 && rows() > max_rows_) {
+      uint64_t excess = rows() - max_rows_, taken = 0;
       for (const auto& [clock, count] : pass_clocks_) {
         evict_before_ = clock + 1;
         taken += count;
@@ -154,7 +289,7 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
          blocks_.size() * uint64_t{kRowsPerBlock} * row_floats_ * sizeof(float) +
-         free_slots_.capacity() * sizeof(uint32_t);
+         free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
 }
 
 SparseTable::SparseTable(const TableOptions& options, uint32_t engines)
@@ -163,6 +298,33 @@ SparseTable::SparseTable(const TableOptions& options, uint32_t engines)
   const uint64_t share = max_rows == 0 ? 0 : std::max<uint64_t>(1, max_rows / engines);
   partitions_.reserve(engines);
   for (uint32_t e = 0; e < engines; ++e) partitions_.emplace_back(&options_, &optimizer_, share);
+}
+
+void SparseTable::SetDiskTier(DiskTier* disk, uint32_t first_family, uint64_t memory_rows) {
+  disk_ = disk;
+  const uint32_t n = engines();
+  for (uint32_t e = 0; e < n; ++e) {
+    partitions_[e].SetDiskTier(disk, first_family + e, std::max<uint64_t>(1, memory_rows / n));
+  }
+}
+
+Status SparseTable::DiskStatus() const {
+  for (const auto& p : partitions_) {
+    if (!p.disk_status().ok()) return p.disk_status();
+  }
+  return Status::Ok();
+}
+
+uint64_t SparseTable::MemoryRows() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) n += p.memory_rows();
+  return n;
+}
+
+uint64_t SparseTable::DiskRows() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) n += p.disk_rows();
+  return n;
 }
 
 uint64_t SparseTable::TotalRows() const {
@@ -191,6 +353,10 @@ SparseTable::Counters SparseTable::TotalCounters() const {
     c.evicted_ttl += p.counters().evicted_ttl;
     c.evicted_max_rows += p.counters().evicted_max_rows;
     c.pending_expired += p.counters().pending_expired;
+    c.memory_hits += p.counters().memory_hits;
+    c.memory_misses += p.counters().memory_misses;
+    c.promoted += p.counters().promoted;
+    c.demoted += p.counters().demoted;
   }
   return c;
 }

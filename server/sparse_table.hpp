@@ -8,18 +8,32 @@
 // Row layout, in large arena blocks (a row never moves while it lives):
 //   [last update clock: uint32][values: dim floats][optimizer state: see optimizer.hpp]
 // An open-addressing KeyIndex maps key -> slot; slots of evicted rows are reused.
+//
+// Tiered tables (storage: tiered) keep at most memory_rows rows per partition in memory and
+// the rest in the shard's DiskTier; a row lives in one tier at a time. Before a batch of keys
+// is handled, Prefault() brings the batch's rows that are on disk into memory (one batched
+// read); after it, Settle() moves the least recently used rows back to disk until memory holds
+// memory_rows rows. Recency is tracked by CLOCK (a referenced bit per slot, set on every
+// access, cleared by a hand that demotes the first row it finds unreferenced): it needs no list
+// to maintain on the hot path, and approximates LRU, which suits embedding rows whose
+// popularity drifts (a frequency count would keep yesterday's hot ids in memory).
 // Thread-safety: a Partition is used by one thread at a time; table-level readers (TotalRows,
 // MemoryBytes, counters) are for the request thread while no engine runs.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
+#include <span>
+#include <string>
 #include <memory>
 #include <vector>
 
 #include "common/key_index.hpp"
 #include "common/manifest.hpp"
+#include "common/status.hpp"
+#include "server/disk_tier.hpp"
 #include "server/optimizer.hpp"
 
 namespace parasol {
@@ -32,11 +46,37 @@ class SparseTable {
     uint64_t evicted_ttl = 0;
     uint64_t evicted_max_rows = 0;
     uint64_t pending_expired = 0;     // admission counts dropped (ttl_clocks or max_rows)
+    // Tiered tables: keys looked up that memory held, or not (then read from disk, or new),
+    // rows brought into memory and rows moved to disk.
+    uint64_t memory_hits = 0;
+    uint64_t memory_misses = 0;
+    uint64_t promoted = 0;
+    uint64_t demoted = 0;
   };
 
   class Partition {
    public:
     Partition(const TableOptions* options, const Optimizer* optimizer, uint64_t max_rows);
+
+    // Makes this partition tiered: at most `memory_rows` rows in memory (at least 1), the
+    // rest in column family `family` of `disk`.
+    void SetDiskTier(DiskTier* disk, uint32_t family, uint64_t memory_rows);
+    bool tiered() const { return disk_ != nullptr; }
+
+    // Tiered: brings the rows of `keys` that are on disk into memory, with one batched read.
+    // Call before handling the keys; fails, changing nothing, when the disk cannot be read.
+    Status Prefault(std::span<const uint64_t> keys);
+    template <typename KeyOf>
+    Status Prefault(const std::vector<uint32_t>& positions, KeyOf&& key_of) {
+      if (!disk_) return Status::Ok();
+      prefault_keys_.clear();
+      for (uint32_t i : positions) prefault_keys_.push_back(key_of(i));
+      return Prefault(prefault_keys_);
+    }
+    // Tiered: moves the least recently used rows to disk until memory holds memory_rows rows.
+    // A failed write leaves the rows in memory and is kept in disk_status().
+    void Settle();
+    Status disk_status() const { return disk_status_; }
 
     // The values of `key`'s row, created (and counted as admitted) when absent.
     float* FindOrCreate(uint64_t key, uint32_t clock);
@@ -77,13 +117,23 @@ class SparseTable {
       }
     }
 
-    // Calls fn(key, row) for every row; `row` is the clock word followed by the values and
-    // state (row_floats() + 1 floats).
+    // Calls fn(key, row) for every row, in memory and (tiered) on disk; `row` is the clock
+    // word followed by the values and state (row_floats() + 1 floats).
     template <typename Fn>
-    void ForEachRow(Fn&& fn) const {
+    Status ForEachRow(Fn&& fn) const {
       for (size_t b = 0; b < index_.buckets(); ++b) {
         if (index_.BucketFull(b)) fn(index_.BucketKey(b), RowAt(index_.BucketSlot(b)));
       }
+      if (!disk_ || disk_rows_ == 0) return Status::Ok();
+      std::vector<float> row(row_floats_);
+      const size_t row_bytes = sizeof(float) * row_floats_;
+      return disk_->ForEachRow(family_, [&](uint64_t key, std::span<const char> bytes) {
+        // A stale copy of a row in memory (its delete failed) is not the row.
+        if (bytes.size() != row_bytes || index_.Find(key) != KeyIndex::kAbsent) return true;
+        std::memcpy(row.data(), bytes.data(), row_bytes);
+        fn(key, row.data());
+        return true;
+      });
     }
     // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
     void RestoreRow(uint64_t key, const float* row);
@@ -94,7 +144,9 @@ class SparseTable {
     }
     uint32_t stored_floats() const { return row_floats_; }
 
-    uint64_t rows() const { return index_.size(); }
+    uint64_t rows() const { return index_.size() + disk_rows_; }
+    uint64_t memory_rows() const { return index_.size(); }
+    uint64_t disk_rows() const { return disk_rows_; }
     uint64_t pending_keys() const { return pending_.size(); }
     uint64_t MemoryBytes() const;
     const Counters& counters() const { return counters_; }
@@ -107,7 +159,27 @@ class SparseTable {
       return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * row_floats_;
     }
     float* Create(uint64_t key, uint32_t clock);
+    // A slot for a new row (a free one, or a new one).
+    uint32_t NewSlot();
     void EvictBucket(size_t bucket, bool by_ttl);
+    void Touch(uint32_t slot) {
+      if (disk_) referenced_[slot] = 1;
+    }
+    void SweepDisk(size_t max_rows, uint32_t now);
+
+    // Tiered.
+    DiskTier* disk_ = nullptr;
+    uint32_t family_ = 0;
+    uint64_t memory_limit_ = 0;     // rows
+    uint64_t disk_rows_ = 0;
+    std::vector<uint8_t> referenced_;  // by slot: accessed since the hand last passed
+    size_t hand_ = 0;                  // CLOCK's position in the index's buckets
+    Status disk_status_;
+    std::vector<uint64_t> prefault_keys_;
+    std::vector<uint64_t> missing_;
+    std::vector<char> fetched_;
+    std::vector<uint8_t> found_;
+    std::string disk_cursor_;          // where the disk sweep goes on (an encoded key)
 
     const TableOptions* options_;
     const Optimizer* optimizer_;
@@ -148,7 +220,17 @@ class SparseTable {
   Partition& partition(uint32_t engine) { return partitions_[engine]; }
   const Partition& partition(uint32_t engine) const { return partitions_[engine]; }
 
+  // Makes the table tiered (see above): `memory_rows` rows in memory, split among the
+  // partitions; partition e keeps the rest in column family `first_family + e` of `disk`.
+  void SetDiskTier(DiskTier* disk, uint32_t first_family, uint64_t memory_rows);
+  bool tiered() const { return disk_ != nullptr; }
+  DiskTier* disk() const { return disk_; }
+  // The first failed disk write of any partition (rows then stay in memory).
+  Status DiskStatus() const;
+
   uint64_t TotalRows() const;
+  uint64_t MemoryRows() const;
+  uint64_t DiskRows() const;
   uint64_t PendingKeys() const;
   uint64_t MemoryBytes() const;
   Counters TotalCounters() const;
@@ -157,6 +239,7 @@ class SparseTable {
   TableOptions options_;
   Optimizer optimizer_;
   std::vector<Partition> partitions_;
+  DiskTier* disk_ = nullptr;
 };
 
 }  // namespace parasol

@@ -63,7 +63,7 @@ void Load(parasol::testing::SmallShard& shard, const std::string& file) {
     parasol::SparseTable& table = shard.sparse(t);
     for (uint32_t e = 0; e < table.engines(); ++e) {
       volatile float sink = 0;
-      table.partition(e).ForEachRow([&](uint64_t, const float* row) {
+      (void)table.partition(e).ForEachRow([&](uint64_t, const float* row) {
         for (uint32_t i = 0; i < table.partition(e).stored_floats(); ++i) sink = sink + row[i];
       });
       table.partition(e).Sweep(1 << 10, static_cast<uint32_t>(shard.controller().MaxClock()));

@@ -20,7 +20,7 @@ bool Write(SmallShard& shard, const std::string& path, int64_t clock) {
   h.fingerprint = shard.manifest().Fingerprint();
   h.clock = clock;
   h.sequence = 1;
-  const parasol::Status st = parasol::WriteCheckpointFile(path, h, shard.state().Save());
+  const parasol::Status st = parasol::WriteCheckpointFile(path, h, *shard.state().Save());
   if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
   return st.ok();
 }

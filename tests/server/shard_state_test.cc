@@ -113,7 +113,7 @@ std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> Contents(SmallShard&
     SparseTable& table = s.sparse(t);
     for (uint32_t e = 0; e < table.engines(); ++e) {
       const uint32_t n = table.partition(e).stored_floats();
-      table.partition(e).ForEachRow([&](uint64_t key, const float* row) {
+      (void)table.partition(e).ForEachRow([&](uint64_t key, const float* row) {
         out[{t, key}] = std::vector<float>(row, row + n);
       });
     }
@@ -184,7 +184,7 @@ TEST_F(ShardStateTest, ASavedShardLoadsBackValueForValue) {
   SmallShard saved;
   Train(saved);
   const std::string path = dir_ + "/ckpt.bin";
-  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), saved.state().Save()).ok());
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), *saved.state().Save()).ok());
   SmallShard loaded;
   const Status st = Load(loaded, path);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -201,7 +201,7 @@ TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   const auto sums = PendingBits(saved);
   ASSERT_EQ(sums.size(), 2u * 2u * 3u + 3u);  // 3 keys x 2 tables x 2 clocks; 3 dense sums
   const std::string path = dir_ + "/ckpt.bin";
-  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), saved.state().Save()).ok());
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), *saved.state().Save()).ok());
   SmallShard loaded;
   const Status st = Load(loaded, path);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -218,7 +218,7 @@ TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
 TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothing) {
   SmallShard trained;
   Train(trained);
-  const std::vector<CheckpointBlock> good = trained.state().Save();
+  const std::vector<CheckpointBlock> good = *trained.state().Save();
   // emb, small, w, b, clocks, push record, done clocks, barrier, incarnations
   ASSERT_EQ(good.size(), 9u);
   const uint64_t emb_rows = good[0].count;
@@ -275,7 +275,7 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   SmallShard trained;
   Train(trained);
   TrainPending(trained);
-  const std::vector<CheckpointBlock> good = trained.state().Save();
+  const std::vector<CheckpointBlock> good = *trained.state().Save();
   // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done, barrier,
   // incarnations.
   ASSERT_EQ(good.size(), 16u);

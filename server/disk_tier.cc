@@ -1,0 +1,176 @@
+#include "server/disk_tier.hpp"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+#include <filesystem>
+
+namespace parasol {
+
+void DiskTier::EncodeKey(uint64_t key, char out[8]) {
+  for (int i = 7; i >= 0; --i) {
+    out[i] = static_cast<char>(key & 0xff);
+    key >>= 8;
+  }
+}
+
+uint64_t DiskTier::DecodeKey(const rocksdb::Slice& s) {
+  uint64_t key = 0;
+  for (size_t i = 0; i < 8 && i < s.size(); ++i) key = (key << 8) | static_cast<uint8_t>(s[i]);
+  return key;
+}
+
+Status DiskTier::ToStatus(const rocksdb::Status& s, const std::string& what) const {
+  if (s.ok()) return Status::Ok();
+  return IoError("disk tier " + dir_ + ": " + what + ": " + s.ToString());
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
+                                                 const std::vector<std::string>& tables,
+                                                 uint64_t cache_bytes) {
+  std::unique_ptr<DiskTier> t(new DiskTier());
+  t->dir_ = dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError("disk tier: cannot create '" + dir + "': " + ec.message());
+
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.max_background_jobs = 2;
+  options.max_open_files = 512;
+  rocksdb::ColumnFamilyOptions cf;
+  // Point lookups only: a bloom filter makes a key that is on neither tier (a new row) cheap;
+  // index and filter blocks live in the bounded block cache, so memory stays within it.
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(std::max<uint64_t>(cache_bytes, 1 << 20));
+  table.cache_index_and_filter_blocks = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  table.block_size = 16 * 1024;
+  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  cf.write_buffer_size = 4 << 20;  // memtables: part of the slack over the memory budget
+  cf.max_write_buffer_number = 2;
+  cf.compression = rocksdb::kNoCompression;  // rows of floats barely compress
+  // A new store every time: the checkpoint, not this folder, holds the shard's state.
+  rocksdb::Status s = rocksdb::DestroyDB(dir, options);
+  if (!s.ok()) return IoError("disk tier: cannot empty '" + dir + "': " + s.ToString());
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  families.emplace_back(rocksdb::kDefaultColumnFamilyName, cf);
+  for (const std::string& name : tables) families.emplace_back("table:" + name, cf);
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  s = rocksdb::DB::Open(rocksdb::DBOptions(options), dir, families, &handles, &db);
+  if (!s.ok()) return IoError("disk tier: cannot open '" + dir + "': " + s.ToString());
+  t->db_.reset(db);
+  t->families_.assign(handles.begin() + 1, handles.end());
+  db->DestroyColumnFamilyHandle(handles[0]);
+  return t;
+}
+
+DiskTier::~DiskTier() {
+  for (rocksdb::ColumnFamilyHandle* h : families_) db_->DestroyColumnFamilyHandle(h);
+  families_.clear();
+  if (db_) db_->Close();
+  db_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);  // scratch: nothing in it outlives the shard
+}
+
+Status DiskTier::MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t row_bytes,
+                          char* out, std::vector<uint8_t>* found) {
+  const size_t n = keys.size();
+  found->assign(n, 0);
+  if (n == 0) return Status::Ok();
+  std::vector<char> encoded(n * 8);
+  std::vector<rocksdb::Slice> slices(n);
+  for (size_t i = 0; i < n; ++i) {
+    EncodeKey(keys[i], &encoded[i * 8]);
+    slices[i] = rocksdb::Slice(&encoded[i * 8], 8);
+  }
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  rocksdb::ReadOptions o;
+  db_->MultiGet(o, families_.at(table), n, slices.data(), values.data(), statuses.data());
+  uint64_t got = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i].IsNotFound()) continue;
+    if (!statuses[i].ok()) return ToStatus(statuses[i], "reading a row");
+    if (values[i].size() != row_bytes) {
+      return IoError("disk tier " + dir_ + ": the row of key " + std::to_string(keys[i]) +
+                     " has " + std::to_string(values[i].size()) + " bytes, expected " +
+                     std::to_string(row_bytes));
+    }
+    std::memcpy(out + i * row_bytes, values[i].data(), row_bytes);
+    (*found)[i] = 1;
+    ++got;
+  }
+  rows_read_.fetch_add(got, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void DiskTier::Batch::Put(uint64_t key, const void* row, size_t row_bytes) {
+  char k[8];
+  EncodeKey(key, k);
+  batch_.Put(cf_, rocksdb::Slice(k, 8), rocksdb::Slice(static_cast<const char*>(row), row_bytes));
+  ++puts_;
+}
+
+void DiskTier::Batch::Delete(uint64_t key) {
+  char k[8];
+  EncodeKey(key, k);
+  batch_.Delete(cf_, rocksdb::Slice(k, 8));
+}
+
+Status DiskTier::Write(Batch& batch) {
+  if (batch.empty()) return Status::Ok();
+  rocksdb::WriteOptions o;
+  o.disableWAL = true;  // scratch space: a restarted shard starts from its checkpoint
+  const uint64_t n = batch.puts_;
+  rocksdb::Status s = db_->Write(o, &batch.batch_);
+  batch.batch_.Clear();
+  batch.puts_ = 0;
+  if (s.ok()) rows_written_.fetch_add(n, std::memory_order_relaxed);
+  return ToStatus(s, "writing rows");
+}
+
+Result<std::string> DiskTier::Scan(
+    uint32_t table, const std::string& from, size_t max,
+    const std::function<void(uint64_t, std::span<const char>)>& fn) const {
+  rocksdb::ReadOptions o;
+  o.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
+  if (from.empty()) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(from);
+  }
+  for (size_t n = 0; it->Valid() && n < max; it->Next(), ++n) {
+    fn(DecodeKey(it->key()), std::span<const char>(it->value().data(), it->value().size()));
+  }
+  PARASOL_RETURN_IF_ERROR(ToStatus(it->status(), "scanning table " + std::to_string(table)));
+  return it->Valid() ? it->key().ToString() : std::string();
+}
+
+uint64_t DiskTier::DiskBytes() const {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : families_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &v)) total += v;
+  }
+  return total;
+}
+
+uint64_t DiskTier::MemTableBytes() const {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : families_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) total += v;
+  }
+  return total;
+}
+
+}  // namespace parasol

@@ -1,0 +1,106 @@
+// DiskTier: the on-disk part of a shard's tiered sparse tables (tables[].storage: tiered), in
+// RocksDB on the shard's local disk (server.disk_dir).
+//
+// One column family per tiered table; a row is stored under its key (8 bytes, big-endian) as
+// the bytes the memory tier keeps for it (clock word, values, optimizer state). A row lives in
+// exactly one tier: promoting it to memory deletes it here, demoting it writes it here.
+//
+// The store is scratch space, not a source of truth: a shard's durable state is its checkpoint
+// (which covers both tiers), so Open() empties the folder, and writes skip RocksDB's
+// write-ahead log. Engine threads own disjoint keys and call Get/Write concurrently; RocksDB
+// serves reads of different keys without blocking one another.
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+
+namespace parasol {
+
+class DiskTier {
+ public:
+  // Opens an empty store in `dir` (created; whatever it held is deleted) with one column
+  // family per name. `cache_bytes`: RocksDB's block cache (index and filter blocks included).
+  static Result<std::unique_ptr<DiskTier>> Open(const std::string& dir,
+                                                const std::vector<std::string>& tables,
+                                                uint64_t cache_bytes);
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  const std::string& dir() const { return dir_; }
+
+  // Reads the rows of `keys` of column family `table`: found[i] tells whether key i is
+  // stored, and then out[i * row_bytes ...] holds it. One batched lookup.
+  Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t row_bytes, char* out,
+                  std::vector<uint8_t>* found);
+
+  // A batch of puts and deletes of one table, written at once.
+  class Batch {
+   public:
+    void Put(uint64_t key, const void* row, size_t row_bytes);
+    void Delete(uint64_t key);
+    bool empty() const { return batch_.Count() == 0; }
+
+   private:
+    friend class DiskTier;
+    explicit Batch(rocksdb::ColumnFamilyHandle* cf) : cf_(cf) {}
+    rocksdb::ColumnFamilyHandle* cf_;
+    rocksdb::WriteBatch batch_;
+    uint64_t puts_ = 0;
+  };
+  Batch NewBatch(uint32_t table) { return Batch(families_.at(table)); }
+  Status Write(Batch& batch);
+
+  // Calls fn(key, row bytes) for every row of `table` (a consistent snapshot) until fn returns
+  // false.
+  template <typename Fn>
+  Status ForEachRow(uint32_t table, Fn&& fn) const {
+    rocksdb::ReadOptions o;
+    o.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (!fn(DecodeKey(it->key()), std::span<const char>(it->value().data(), it->value().size()))) {
+        break;
+      }
+    }
+    return ToStatus(it->status(), "reading the rows of table " + std::to_string(table));
+  }
+
+  // Visits up to `max` rows of `table` from the encoded key `from` ("": the first) with
+  // fn(key, row bytes); returns where the next visit starts ("" after the last row).
+  Result<std::string> Scan(uint32_t table, const std::string& from, size_t max,
+                           const std::function<void(uint64_t, std::span<const char>)>& fn) const;
+
+  // Bytes on disk (SST files) and in memory (memtables) of the whole store.
+  uint64_t DiskBytes() const;
+  uint64_t MemTableBytes() const;
+  // Rows read by MultiGet and put by Write since Open.
+  uint64_t rows_read() const { return rows_read_.load(std::memory_order_relaxed); }
+  uint64_t rows_written() const { return rows_written_.load(std::memory_order_relaxed); }
+
+  static uint64_t DecodeKey(const rocksdb::Slice& s);
+  static void EncodeKey(uint64_t key, char out[8]);
+
+ private:
+  DiskTier() = default;
+  Status ToStatus(const rocksdb::Status& s, const std::string& what) const;
+
+  std::string dir_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> families_;  // by table index of Open()
+  std::atomic<uint64_t> rows_read_{0};
+  std::atomic<uint64_t> rows_written_{0};
+};
+
+}  // namespace parasol
