@@ -13,6 +13,9 @@
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
+#                    [--tiered BYTES]
+# --tiered BYTES: the embedding table is tiered (model.sparse_storage) with that memory budget
+# per shard, so rows cross between memory and disk throughout, kills included.
 # Prints one line per kill (seed, moment, victim) and a table; exits 1 when a run failed.
 set -euo pipefail
 
@@ -26,6 +29,7 @@ BATCH=64
 CONSISTENCY=bsp
 PARASOL="${PARASOL:-}"
 KEEP=""
+TIERED=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -37,6 +41,7 @@ while [ $# -gt 0 ]; do
     --consistency) CONSISTENCY="$2"; shift 2 ;;
     --parasol) PARASOL="$2"; shift 2 ;;
     --keep) KEEP="$2"; shift 2 ;;
+    --tiered) TIERED="$2"; shift 2 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -102,6 +107,11 @@ write_manifest() {  # NAME
   while [ "$p1" = "$p0" ]; do p1="$(free_port)"; done
   local consistency="$CONSISTENCY"
   [ "$CONSISTENCY" = ssp ] && consistency="ssp, staleness: 2"
+  local storage="" server=""
+  if [ -n "$TIERED" ]; then
+    storage=", sparse_storage: tiered"
+    server="server: {memory_budget: $TIERED, disk_dir: $work/$1-disk}"
+  fi
   cat > "$work/$1.yaml" <<YAML
 job: {name: chaos, seed: 11}
 cluster:
@@ -112,9 +122,10 @@ cluster:
   restart_servers: true
   restart_workers: true
 training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s}
-model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]}
+model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]$storage}
 data: {train: $work/train.tsv, eval: $work/eval.tsv}
 checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3}
+$server
 YAML
 }
 
