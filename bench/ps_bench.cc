@@ -73,6 +73,8 @@ struct Options {
   std::string json;
   bool quick = false;
   bool capacity = false;
+  uint64_t tiered_rows = 0;     // --tiered-rows (0: 10^7, --quick 10^6)
+  uint64_t memory_budget = 0;   // --memory-budget (0: 64 MiB)
 };
 
 // Real `parasol server` processes for one benchmark configuration.
@@ -106,6 +108,7 @@ class BenchCluster {
     std::filesystem::remove_all(dir_, ec);
   }
   const Manifest& manifest() const { return manifest_; }
+  pid_t server_pid(int rank) const { return servers_.at(rank).pid(); }
 
   static std::string SelfDir() {
     char buf[PATH_MAX];
@@ -851,6 +854,107 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// Resident memory of `pid` in bytes (VmRSS), or 0.
+uint64_t ResidentBytesOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// A tiered table (adagrad_rowwise, dim 16) on one shard with 2 engine threads, through a real
+// server process: the fill rate of N new rows (pushes of 100,000 keys), then the update rate of
+// pushes of 100,000 distinct Zipf keys (s = 1.05, as the sparse rows) next to the same table in
+// memory in the same run, the shard's peak resident memory over its size before any row next
+// to the budget, and the disk tier's bytes per row.
+void TieredRows(const Options& opt, std::vector<Row>* rows) {
+  const uint64_t n = opt.tiered_rows ? opt.tiered_rows : (opt.quick ? 1000000 : 10000000);
+  const uint64_t budget = opt.memory_budget ? opt.memory_budget : (64ull << 20);
+  constexpr uint32_t kDim = 16;
+  constexpr uint64_t kBatch = 100000;
+  const int updates = opt.quick ? 10 : 30;
+  const std::string tag = n >= 1000000 && n % 1000000 == 0
+                              ? std::to_string(n / 1000000) + "e6"
+                              : std::to_string(n);
+  auto run = [&](bool tiered, double* fill_rate, double* update_rate, uint64_t* peak_growth,
+                 double* disk_bytes_per_row) -> bool {
+    char tmpl[] = "/tmp/parasol-bench-disk-XXXXXX";
+    const std::string disk = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+    BenchCluster cluster(
+        "  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}" +
+            std::string(tiered ? ", storage: tiered" : "") + "}\n",
+        1,
+        "training:\n  consistency: asp\nserver: {engine_threads: 2, memory_budget: " +
+            std::to_string(budget) + ", disk_dir: " + disk + "}\n");
+    auto client = PsClient::Connect(cluster.manifest(), 0);
+    if (!client.ok()) {
+      spdlog::error("tiered bench: {}", client.status().ToString());
+      return false;
+    }
+    PsClient& c = **client;
+    const pid_t pid = cluster.server_pid(0);
+    const uint64_t base = ResidentBytesOf(pid);
+    uint64_t peak = base;
+    // Fill: pushes of new keys create their rows.
+    std::vector<uint64_t> keys(kBatch);
+    std::vector<float> grads(kBatch * kDim, 0.01f);
+    auto start = std::chrono::steady_clock::now();
+    for (uint64_t first = 0; first < n; first += kBatch) {
+      const uint64_t m = std::min(kBatch, n - first);
+      keys.resize(m);
+      for (uint64_t i = 0; i < m; ++i) keys[i] = first + i;
+      if (!c.PushSparse(0, keys, std::span<const float>(grads.data(), m * kDim)).ok()) return false;
+      peak = std::max(peak, ResidentBytesOf(pid));
+    }
+    *fill_rate = n / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Updates: distinct Zipf keys over the filled rows (key generation untimed).
+    ZipfSampler zipf(n, 1.05);
+    std::mt19937_64 rng(7);
+    std::vector<std::vector<uint64_t>> batches;
+    for (int b = 0; b < updates; ++b) batches.push_back(DistinctZipfKeys(zipf, rng, kBatch));
+    start = std::chrono::steady_clock::now();
+    for (const auto& b : batches) {
+      if (!c.PushSparse(0, b, grads).ok()) return false;
+      peak = std::max(peak, ResidentBytesOf(pid));
+    }
+    *update_rate = updates * double(kBatch) /
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    *peak_growth = peak - base;
+    auto stats = c.Stats();
+    if (stats.ok() && tiered) {
+      const double disk_rows = JsonFigure((*stats)[0], "/tables/0/disk_rows");
+      const double disk_bytes = JsonFigure((*stats)[0], "/disk_bytes");
+      *disk_bytes_per_row = disk_rows > 0 ? disk_bytes / disk_rows : 0;
+      std::fprintf(stderr, "tiered: %s\n", (*stats)[0].c_str());
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(disk, ec);
+    return true;
+  };
+  double fill = 0, update = 0, disk_per_row = 0, mem_fill = 0, mem_update = 0, unused = 0;
+  uint64_t growth = 0, mem_growth = 0;
+  if (!run(true, &fill, &update, &growth, &disk_per_row)) return;
+  // The same table in memory, when it fits (its rows need about 100 bytes each).
+  const bool memory_fits = n <= 50000000;
+  if (memory_fits && !run(false, &mem_fill, &mem_update, &mem_growth, &unused)) return;
+  auto ceiling = [&](double v) { return memory_fits ? std::optional<double>(v) : std::nullopt; };
+  rows->push_back({"tiered_fill_rows_per_s_" + tag + "x16", fill, "rows/s", ceiling(mem_fill),
+                   memory_fits ? "memory_table_same_run" : "", std::nullopt});
+  rows->push_back({"tiered_update_rows_per_s_zipf_" + tag + "x16", update, "rows/s",
+                   ceiling(mem_update), memory_fits ? "memory_table_same_run" : "",
+                   std::nullopt});
+  rows->push_back({"tiered_peak_rss_bytes", static_cast<double>(growth), "B",
+                   static_cast<double>(budget), "memory_budget", std::nullopt});
+  if (memory_fits) {
+    rows->push_back({"memory_table_peak_rss_bytes_" + tag + "x16", static_cast<double>(mem_growth),
+                     "B", std::nullopt, "", std::nullopt});
+  }
+  rows->push_back({"tiered_disk_bytes_per_row", disk_per_row, "B/row", 8 + 4 + 17 * 4,
+                   "raw_key_clock_value_state", std::nullopt});
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -933,18 +1037,28 @@ int Main(int argc, char** argv) {
       opt.quick = true;
     } else if (a == "--capacity") {
       opt.capacity = true;
+    } else if (a == "--tiered-rows" && i + 1 < argc) {
+      opt.tiered_rows = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--memory-budget" && i + 1 < argc) {
+      Result<uint64_t> b = ParseBytes(argv[++i]);
+      if (!b.ok()) {
+        std::fprintf(stderr, "--memory-budget: %s\n", b.status().ToString().c_str());
+        return 2;
+      }
+      opt.memory_budget = *b;
     } else {
       std::fprintf(stderr, "usage: parasol_bench [--only GROUP] "
-                           "[--json FILE] [--quick] [--capacity]\n");
+                           "[--json FILE] [--quick] [--capacity] [--tiered-rows N] "
+                           "[--memory-budget BYTES]\n");
       return 2;
     }
   }
   static const std::vector<std::string> kGroups = {"ceilings",    "dense",    "sparse",
                                                    "optimizer",   "consistency", "training",
                                                    "torch",       "compute",     "checkpoint",
-                                                   "cache",       "python"};
+                                                   "cache",       "python",   "tiered"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
-    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint, cache, python)\n",
+    std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, training, torch, compute, checkpoint, cache, python, tiered)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -994,6 +1108,7 @@ int Main(int argc, char** argv) {
     CheckpointRows(opt, memcpy_gbs, &rows);
     RestartRows(opt, &rows);
   }
+  if (opt.only == "tiered") TieredRows(opt, &rows);  // opt-in: minutes, and disk space
   if (opt.capacity) CapacityRows(&rows);
   Print(rows);
   if (!opt.json.empty()) WriteJson(rows, opt.json);

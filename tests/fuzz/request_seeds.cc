@@ -221,6 +221,29 @@ std::vector<Session> FocusedSessions() {
     s.Add(p);
     out.push_back(s);
   }
+  for (const uint8_t config : {static_cast<uint8_t>(asp2 | 0x80), static_cast<uint8_t>(bsp2 | 0x80)}) {
+    // One engine thread: s_ftrl is tiered with room for a few rows, so pushes and pulls of
+    // more keys move rows to disk and back; its admission, eviction, checkpoint and restart
+    // then act on both tiers.
+    Session s{config == static_cast<uint8_t>(asp2 | 0x80) ? "tiered-asp" : "tiered-bsp", config,
+              {}};
+    const std::string keys("\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f"
+                           "\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f\x20",
+                           32);
+    for (int round = 0; round < 3; ++round) {
+      s.Add(Push(0, kSparseFtrl, 32, keys));
+      s.Add(Push(1, kSparseFtrl, 32, keys));
+      s.Add(Pull(0, kSparseFtrl, 32, keys));
+      s.Add(Tick(0));
+      s.Add(Tick(1));
+      s.Add(Kind(kPeriodic));
+    }
+    s.Add(Message(kCheckpoint, 0));
+    s.Add(Kind(kRestart));
+    s.Add(Pull(1, kSparseFtrl, 32, keys));
+    s.Add(Kind(kStatsCall));
+    out.push_back(s);
+  }
   {
     // Checkpoints damaged, refused, and the folder made unwritable.
     Session s{"damaged-checkpoints", bsp2, {}};
