@@ -30,6 +30,11 @@ class KeyIndex {
     size_ = 0;
   }
 
+  // Grows (doubling, keeping every key) until `expected` keys fit at load factor <= 0.7.
+  void Reserve(size_t expected) {
+    while (keys_.size() * 7 < expected * 10) Grow();
+  }
+
   // Removes every key, keeping the capacity (no allocation).
   void Clear() {
     std::fill(slots_.begin(), slots_.end(), kAbsent);

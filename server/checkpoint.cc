@@ -105,6 +105,14 @@ uint64_t Checksum64(const void* data, size_t n, uint64_t seed) {
 
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
                            const std::vector<CheckpointBlock>& blocks) {
+  return WriteCheckpointFile(path, header, [&](const CheckpointBlockSink& sink) -> Status {
+    for (const CheckpointBlock& b : blocks) PARASOL_RETURN_IF_ERROR(sink(b));
+    return Status::Ok();
+  });
+}
+
+Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
+                           const CheckpointBlockProducer& produce) {
   const std::filesystem::path target(path);
   std::error_code ec;
   std::filesystem::create_directories(target.parent_path(), ec);
@@ -120,24 +128,30 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   h.clock = header.clock;
   h.sequence = header.sequence;
   h.flags = header.final ? 1u : 0u;
-  h.blocks = blocks.size();
-  h.checksum = Checksum64(&h, offsetof(RawHeader, checksum));
+  // The block count is known at the end: the header is written again then.
   Status st = WriteAll(fd, &h, sizeof(h), tmp);
-  uint64_t all = 0;
-  for (const CheckpointBlock& b : blocks) {
-    if (!st.ok()) break;
-    RawBlock rb{
-        b.kind, b.table, b.count, b.bytes.size(), Checksum64(b.bytes.data(), b.bytes.size()), 0};
-    rb.header_checksum = BlockHeaderChecksum(rb, static_cast<uint64_t>(&b - blocks.data()));
-    all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
-    st = WriteAll(fd, &rb, sizeof(rb), tmp);
-    if (st.ok()) st = WriteAll(fd, b.bytes.data(), b.bytes.size(), tmp);
+  uint64_t all = 0, count = 0;
+  if (st.ok()) {
+    st = produce([&](const CheckpointBlock& b) -> Status {
+      RawBlock rb{b.kind, b.table, b.count, b.bytes.size(),
+                  Checksum64(b.bytes.data(), b.bytes.size()), 0};
+      rb.header_checksum = BlockHeaderChecksum(rb, count);
+      all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
+      ++count;
+      PARASOL_RETURN_IF_ERROR(WriteAll(fd, &rb, sizeof(rb), tmp));
+      return WriteAll(fd, b.bytes.data(), b.bytes.size(), tmp);
+    });
   }
   RawFooter f{};
   std::memcpy(f.magic, kEnd, 8);
-  f.blocks = blocks.size();
+  f.blocks = count;
   f.checksum = all;
   if (st.ok()) st = WriteAll(fd, &f, sizeof(f), tmp);
+  h.blocks = count;
+  h.checksum = Checksum64(&h, offsetof(RawHeader, checksum));
+  if (st.ok() && ::pwrite(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
+    st = IoError("cannot write '" + tmp + "': " + std::strerror(errno));
+  }
   if (st.ok() && FaultPoints::Get().Hit("checkpoint.write") == Fault::kFail) {
     st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
   }

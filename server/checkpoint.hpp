@@ -82,6 +82,14 @@ uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
                            const std::vector<CheckpointBlock>& blocks);
 
+// The same, streaming: `produce` hands each block to the sink in order, which writes it at
+// once, so the file never has to fit in memory (the header's block count and checksum are
+// written last). An error of the sink or of `produce` stops the write; nothing is renamed.
+using CheckpointBlockSink = std::function<Status(const CheckpointBlock&)>;
+using CheckpointBlockProducer = std::function<Status(const CheckpointBlockSink&)>;
+Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
+                           const CheckpointBlockProducer& produce);
+
 // Reads and verifies a whole checkpoint from `in` (`name` says which in errors). Sets *header
 // once the file header is verified, before the first block. For each block in order, calls
 // `check` (when given) with its verified header, then reads its payload and calls `block`. An

@@ -23,15 +23,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const auto start = std::chrono::steady_clock::now();
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                          engines_.size());
-  Result<std::vector<CheckpointBlock>> saved = state.Save();
-  if (!saved.ok()) {
-    checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
-    last_checkpoint_failure_ = std::chrono::steady_clock::now();
-    return saved.status().WithContext("checkpoint (" + reason + ")");
-  }
-  const std::vector<CheckpointBlock> blocks = std::move(*saved);
   uint64_t bytes = 0;
-  for (const CheckpointBlock& b : blocks) bytes += b.bytes.size();
 
   CheckpointHeader h;
   h.shard = rank_;
@@ -46,7 +38,15 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   h.sequence = checkpoint_sequence_ + 1;
   h.final = final;
   const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
-  if (Status st = WriteCheckpointFile(path, h, blocks); !st.ok()) {
+  // Streamed: each block is written as the state produces it (a tiered table's rows need not
+  // fit in memory).
+  const Status st = WriteCheckpointFile(path, h, [&](const CheckpointBlockSink& sink) {
+    return state.Save([&](const CheckpointBlock& b) {
+      bytes += b.bytes.size();
+      return sink(b);
+    });
+  });
+  if (!st.ok()) {
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
     last_checkpoint_failure_ = std::chrono::steady_clock::now();
     return st;

@@ -132,72 +132,93 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
 
 Result<std::vector<CheckpointBlock>> ShardState::Save() const {
   std::vector<CheckpointBlock> blocks;
+  PARASOL_RETURN_IF_ERROR(Save([&](const CheckpointBlock& b) {
+    blocks.push_back(b);
+    return Status::Ok();
+  }));
+  return blocks;
+}
+
+Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes) const {
   for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
     CheckpointBlock b;
     b.table = t;
     if (sparse_[t]) {
+      // Rows in blocks of at most kRowBlockBytes, each written as it fills: a table (tiered,
+      // larger than memory) is never copied whole.
       b.kind = static_cast<uint32_t>(Kind::kSparseRows);
       const SparseTable& table = *sparse_[t];
+      bool sent = false;
+      Status sink_status;
       for (uint32_t e = 0; e < table.engines(); ++e) {
         const SparseTable::Partition& part = table.partition(e);
         const size_t row_bytes = sizeof(float) * part.stored_floats();
-        b.bytes.reserve(b.bytes.size() + part.rows() * (8 + row_bytes));
+        const size_t stride = sizeof(uint64_t) + row_bytes;
         PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) {
+          if (!sink_status.ok()) return;
+          if (b.bytes.empty()) b.bytes.reserve(std::min<size_t>(row_block_bytes, part.rows() * stride));
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
           b.bytes.insert(b.bytes.end(), p, p + row_bytes);
           ++b.count;
+          if (b.bytes.size() + stride > row_block_bytes) {
+            sink_status = sink(b);
+            sent = true;
+            b.bytes.clear();
+            b.count = 0;
+          }
         }));
+        PARASOL_RETURN_IF_ERROR(sink_status);
       }
-    } else {
-      b.kind = static_cast<uint32_t>(Kind::kDenseSlice);
-      DenseTable& d = *dense_[t];
-      const uint64_t n = d.slice().size();
-      b.count = n;
-      std::shared_ptr<const float[]> values = d.Share();
-      const char* v = reinterpret_cast<const char*>(values.get());
-      b.bytes.insert(b.bytes.end(), v, v + n * sizeof(float));
-      for (uint32_t a = 0; a < d.state_array_count(); ++a) {
-        const char* s = reinterpret_cast<const char*>(d.state_arrays()[a]);
-        b.bytes.insert(b.bytes.end(), s, s + n * sizeof(float));
-      }
+      if (b.count > 0 || !sent) PARASOL_RETURN_IF_ERROR(sink(b));
+      continue;
     }
-    blocks.push_back(std::move(b));
+    b.kind = static_cast<uint32_t>(Kind::kDenseSlice);
+    DenseTable& d = *dense_[t];
+    const uint64_t n = d.slice().size();
+    b.count = n;
+    std::shared_ptr<const float[]> values = d.Share();
+    const char* v = reinterpret_cast<const char*>(values.get());
+    b.bytes.insert(b.bytes.end(), v, v + n * sizeof(float));
+    for (uint32_t a = 0; a < d.state_array_count(); ++a) {
+      const char* s = reinterpret_cast<const char*>(d.state_arrays()[a]);
+      b.bytes.insert(b.bytes.end(), s, s + n * sizeof(float));
+    }
+    PARASOL_RETURN_IF_ERROR(sink(b));
   }
   CheckpointBlock clocks;
   clocks.kind = static_cast<uint32_t>(Kind::kClocks);
   clocks.count = controller_.clocks().size();
   for (int64_t clock : controller_.clocks()) Append(clocks.bytes, clock);
-  blocks.push_back(std::move(clocks));
+  PARASOL_RETURN_IF_ERROR(sink(clocks));
   // Which pushes are in this checkpoint: a push resent after a restart is applied once.
   CheckpointBlock record;
   record.kind = static_cast<uint32_t>(Kind::kPushRecord);
   record.bytes = record_.Save();
-  blocks.push_back(std::move(record));
-  SavePending(&blocks);
+  PARASOL_RETURN_IF_ERROR(sink(record));
+  PARASOL_RETURN_IF_ERROR(SavePending(sink));
   // Which workers have left: one that has may have exited, and cannot say so again.
   CheckpointBlock done;
   done.kind = static_cast<uint32_t>(Kind::kDone);
   done.count = controller_.clocks().size();
   for (uint32_t w = 0; w < done.count; ++w) Append(done.bytes, controller_.DoneAt(w));
-  blocks.push_back(std::move(done));
+  PARASOL_RETURN_IF_ERROR(sink(done));
   CheckpointBlock barrier;
   barrier.kind = static_cast<uint32_t>(Kind::kBarrier);
   barrier.count = 1;
   Append(barrier.bytes, controller_.last_barrier());
-  blocks.push_back(std::move(barrier));
+  PARASOL_RETURN_IF_ERROR(sink(barrier));
   CheckpointBlock incarnations;
   incarnations.kind = static_cast<uint32_t>(Kind::kIncarnations);
   incarnations.count = controller_.clocks().size();
   for (uint32_t w = 0; w < incarnations.count; ++w) {
     Append(incarnations.bytes, controller_.incarnation(w));
   }
-  blocks.push_back(std::move(incarnations));
-  return blocks;
+  return sink(incarnations);
 }
 
 // After the clocks, which bound the pending clocks when they are loaded.
-void ShardState::SavePending(std::vector<CheckpointBlock>* blocks) const {
+Status ShardState::SavePending(const CheckpointBlockSink& sink) const {
   for (const auto& [clock, agg] : pending_) {
     for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
       CheckpointBlock b;
@@ -223,9 +244,10 @@ void ShardState::SavePending(std::vector<CheckpointBlock>* blocks) const {
         const char* p = reinterpret_cast<const char*>(sums);
         b.bytes.insert(b.bytes.end(), p, p + b.count * sizeof(float));
       }
-      blocks->push_back(std::move(b));
+      PARASOL_RETURN_IF_ERROR(sink(b));
     }
   }
+  return Status::Ok();
 }
 
 Status ShardState::CheckHeader(const CheckpointHeader& h) const {
@@ -281,6 +303,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
        incarnations_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
+  int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
@@ -299,9 +322,12 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
       if (!clocks_seen) return InvalidArgument("pending sums before the worker clocks");
+    } else if (KindOf(b) == Kind::kSparseRows && last_sparse == static_cast<int64_t>(b.table)) {
+      // A table's rows may come in several blocks, one after another.
     } else if (std::exchange(table_seen[b.table], 1)) {
       return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
     }
+    last_sparse = KindOf(b) == Kind::kSparseRows ? static_cast<int64_t>(b.table) : -1;
     return Status::Ok();
   };
   auto decode = [&](const CheckpointBlock& b) -> Status {
@@ -413,8 +439,9 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   }
   std::vector<float> row(row_bytes / sizeof(float));
   const uint32_t engines = t.engines();
+  // The table may come in several blocks: room for this one's rows on top of what is in.
   for (uint32_t e = 0; e < engines && !t.tiered(); ++e) {
-    t.partition(e).Reserve(b.count / engines + b.count / 20 + 16);
+    t.partition(e).Reserve(t.partition(e).rows() + b.count / engines + b.count / 20 + 16);
   }
   for (uint64_t i = 0; i < b.count; ++i) {
     const char* p = b.bytes.data() + i * stride;

@@ -74,6 +74,10 @@ class ShardState {
   // WriteCheckpointFile().
   // Fails when a tiered table's disk rows cannot be read (no checkpoint may miss rows).
   Result<std::vector<CheckpointBlock>> Save() const;
+  // The same, block by block into `sink` (a table's rows in blocks of at most
+  // kRowBlockBytes), so that a checkpoint of a table larger than memory streams to its file.
+  Status Save(const CheckpointBlockSink& sink, size_t row_block_bytes = kRowBlockBytes) const;
+  static constexpr size_t kRowBlockBytes = 64 << 20;
 
   // Loads the checkpoint in `in` (`name` names it in errors) and sets *header. Refuses a file
   // of another shard, layout or manifest, and any damaged or inconsistent one, naming what is
@@ -99,7 +103,7 @@ class ShardState {
   // A pending block's clock (at or after the slowest of `clocks`, once per table) and keys.
   Status CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,
                       std::set<std::pair<int64_t, uint32_t>>* seen) const;
-  void SavePending(std::vector<CheckpointBlock>* blocks) const;
+  Status SavePending(const CheckpointBlockSink& sink) const;
 
   const Manifest& manifest_;
   const uint32_t shard_;

@@ -137,11 +137,9 @@ class SparseTable {
     }
     // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
     void RestoreRow(uint64_t key, const float* row);
-    // Sizes an empty partition's index for `rows` rows: rows restored in the index's own
+    // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
-    void Reserve(uint64_t rows) {
-      if (index_.size() == 0) index_.Reset(rows);
-    }
+    void Reserve(uint64_t rows) { index_.Reserve(rows); }
     uint32_t stored_floats() const { return row_floats_; }
 
     uint64_t rows() const { return index_.size() + disk_rows_; }

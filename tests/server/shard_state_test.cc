@@ -194,6 +194,31 @@ TEST_F(ShardStateTest, ASavedShardLoadsBackValueForValue) {
   EXPECT_EQ(loaded.record().Check(1, 99, 6), PushRecord::Verdict::kNew);
 }
 
+TEST_F(ShardStateTest, RowsStreamedInSmallBlocksLoadBackValueForValue) {
+  SmallShard saved;
+  Train(saved);
+  const std::string path = dir_ + "/ckpt.bin";
+  // Blocks of at most 40 bytes: a row each, so every sparse table comes in several blocks,
+  // written one by one as Save() produces them.
+  std::map<uint32_t, int> sparse_blocks;
+  const Status written = WriteCheckpointFile(path, HeaderOf(saved), [&](const CheckpointBlockSink& sink) {
+    return saved.state().Save(
+        [&](const CheckpointBlock& b) {
+          if (b.kind == 1) ++sparse_blocks[b.table];
+          return sink(b);
+        },
+        40);
+  });
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  ASSERT_FALSE(sparse_blocks.empty());
+  for (const auto& [table, blocks] : sparse_blocks) EXPECT_GT(blocks, 1) << "table " << table;
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Contents(loaded), Contents(saved));
+  EXPECT_EQ(loaded.controller().clocks(), saved.controller().clocks());
+}
+
 TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   SmallShard saved;
   Train(saved);
@@ -241,8 +266,11 @@ TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothi
        [emb_rows](auto& b, auto&) { b[0].count = emb_rows + (uint64_t{1} << 62); },
        "table 'emb' rows: 4611686018427387908 x 44 bytes overflow"},
       {"a kind no shard writes", [](auto& b, auto&) { b[1].kind = 42; }, "unknown block kind 42"},
-      {"a second block of one table", [](auto& b, auto&) { b.insert(b.begin() + 1, b[0]); },
-       "a second block of table 'emb'"},
+      // A table's rows may come in consecutive blocks (streamed), not split by another's.
+      {"a second block of one table, after another's",
+       [](auto& b, auto&) { b.insert(b.begin() + 2, b[0]); }, "a second block of table 'emb'"},
+      {"a second slice of a dense table", [](auto& b, auto&) { b.insert(b.begin() + 3, b[2]); },
+       "a second block of table 'w'"},
       {"a table left out", [](auto& b, auto&) { b.erase(b.begin() + 1); },
        "has no block of table 'small'"},
       {"clocks of fewer workers",
