@@ -402,9 +402,14 @@ Status ParseModel(MapReader& root, ModelOptions* m, const std::string& file) {
       ParseOptimizerAt(r, "sparse_optimizer", TableKind::kSparse, &m->sparse_optimizer, file));
   PARASOL_RETURN_IF_ERROR(
       ParseOptimizerAt(r, "dense_optimizer", TableKind::kDense, &m->dense_optimizer, file));
-  int storage = 0;
+  int storage = 0, sparse_dtype = 0, sparse_state_dtype = 0;
   PARASOL_RETURN_IF_ERROR(r.Choice("sparse_storage", {"memory", "tiered"}, &storage));
   m->sparse_storage = static_cast<TableOptions::Storage>(storage);
+  PARASOL_RETURN_IF_ERROR(r.Choice("sparse_dtype", {"f32", "bf16", "f16"}, &sparse_dtype));
+  PARASOL_RETURN_IF_ERROR(
+      r.Choice("sparse_state_dtype", {"f32", "bf16", "f16"}, &sparse_state_dtype));
+  m->sparse_dtype = static_cast<DType>(sparse_dtype);
+  m->sparse_state_dtype = static_cast<DType>(sparse_state_dtype);
   if (m->kind == ModelOptions::Kind::kDlrm) {
     if (m->bottom.back() != m->embedding_dim) {
       return r.ErrorAt(node, "model.bottom", "the last bottom width (" +
@@ -681,9 +686,21 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   int kind = 0;
   PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"sparse", "dense"}, &kind));
   t->kind = kind == 0 ? TableKind::kSparse : TableKind::kDense;
-  int dtype = 0;
-  PARASOL_RETURN_IF_ERROR(r.Choice("dtype", {"f32"}, &dtype));
-  t->dtype = DType::kF32;
+  int dtype = 0, state_dtype = 0, rounding = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("dtype", {"f32", "bf16", "f16"}, &dtype));
+  PARASOL_RETURN_IF_ERROR(r.Choice("state_dtype", {"f32", "bf16", "f16"}, &state_dtype));
+  PARASOL_RETURN_IF_ERROR(r.Choice("rounding", {"nearest", "stochastic"}, &rounding));
+  t->dtype = static_cast<DType>(dtype);
+  t->state_dtype = static_cast<DType>(state_dtype);
+  t->rounding = static_cast<TableOptions::Rounding>(rounding);
+  if (t->kind == TableKind::kDense) {
+    for (const char* key : {"dtype", "state_dtype", "rounding"}) {
+      if (r.Has(key) && (std::string(key) == "rounding" || r.Child(key).Scalar() != "f32")) {
+        return r.ErrorAt(node[key], path + "." + key, "applies to sparse tables only (dense "
+                         "tables are f32)");
+      }
+    }
+  }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("dim", 1, 1 << 16, &t->dim));
   int storage = 0;
   PARASOL_RETURN_IF_ERROR(r.Choice("storage", {"memory", "tiered"}, &storage));
@@ -775,7 +792,12 @@ uint64_t Manifest::Fingerprint() const {
   for (const auto& t : tables) {
     s << "table=" << t.name << "|" << static_cast<int>(t.kind) << "|" << t.dim << "|";
     for (uint64_t d : t.shape) s << d << "x";
-    s << "|" << static_cast<int>(t.dtype) << "|" << t.seed << "|" << static_cast<int>(t.init.kind)
+    s << "|" << static_cast<int>(t.dtype);
+    // Only when set: the fingerprints of manifests without them stay as they were.
+    if (t.state_dtype != DType::kF32 || t.rounding != TableOptions::Rounding::kNearest) {
+      s << "," << static_cast<int>(t.state_dtype) << "," << static_cast<int>(t.rounding);
+    }
+    s << "|" << t.seed << "|" << static_cast<int>(t.init.kind)
       << "," << t.init.value << "," << t.init.scale << "," << t.init.mean << ","
       << t.init.stddev << "|" << static_cast<int>(t.optimizer.kind) << "," << t.optimizer.lr
       << "," << t.optimizer.weight_decay << "," << t.optimizer.eps << ","

@@ -14,7 +14,7 @@
 namespace parasol {
 
 enum class TableKind { kSparse, kDense };
-enum class DType { kF32 };
+enum class DType { kF32, kBf16, kF16 };
 
 struct InitOptions {
   enum class Kind { kZeros, kConstant, kUniform, kNormal };
@@ -55,7 +55,11 @@ struct TableOptions {
   TableKind kind = TableKind::kSparse;
   uint32_t dim = 8;                 // sparse: floats per row
   std::vector<uint64_t> shape;      // dense: tensor shape (required for dense tables)
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;        // sparse: how row values are stored (f32, bf16, f16)
+  DType state_dtype = DType::kF32;  // sparse: how optimizer state is stored
+  // How a 16-bit value is rounded when stored: to nearest (even), or stochastically.
+  enum class Rounding { kNearest, kStochastic };
+  Rounding rounding = Rounding::kNearest;
   // Sparse: memory, or tiered (rows beyond the shard's server.memory_budget on its disk).
   enum class Storage { kMemory, kTiered };
   Storage storage = Storage::kMemory;
@@ -132,6 +136,8 @@ struct ModelOptions {
   OptimizerOptions sparse_optimizer;      // of the embedding (dlrm) or weight (lr) table
   OptimizerOptions dense_optimizer;       // of every dense layer
   TableOptions::Storage sparse_storage = TableOptions::Storage::kMemory;  // of the sparse table
+  DType sparse_dtype = DType::kF32;        // of the sparse table's values
+  DType sparse_state_dtype = DType::kF32;  // of its optimizer state
   ModelOptions() {
     sparse_optimizer.kind = OptimizerOptions::Kind::kAdagrad;
     sparse_optimizer.lr = 0.05;

@@ -68,6 +68,8 @@ Status AddModelTables(Manifest* manifest) {
   sparse.init.scale = m.embedding_init_scale;
   sparse.optimizer = m.sparse_optimizer;
   sparse.storage = m.sparse_storage;
+  sparse.dtype = m.sparse_dtype;
+  sparse.state_dtype = m.sparse_state_dtype;
   sparse.seed = manifest->job.seed ^ HashBytes(sparse.name);
   manifest->tables.push_back(sparse);
   for (const auto* layers : {&layout.bottom, &layout.top}) {

@@ -94,7 +94,7 @@ Status ShardServer::ResetTables() {
   const uint64_t share = manifest_.server.memory_budget / tiered.size();
   for (const auto& [id, family] : tiered) {
     SparseTable& table = *sparse_[id];
-    const uint64_t row_bytes = sizeof(float) * (table.row_floats() + 1) + 24 + 1;
+    const uint64_t row_bytes = sizeof(float) * table.partition(0).stored_words() + 24 + 1;
     table.SetDiskTier(disk_.get(), family, std::max<uint64_t>(engines, share / row_bytes));
   }
   spdlog::info("shard {}: disk tier of {} table(s) in {}, memory budget {} bytes", rank_,
@@ -1257,6 +1257,7 @@ std::string ShardServer::StatsJson() const {
       table["bytes"] = st.MemoryBytes();
       table["bytes_per_row"] = rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0;
       table["row_floats"] = st.row_floats();
+      table["row_bytes"] = sizeof(float) * st.partition(0).stored_words();  // as stored
       table["pending_keys"] = st.PendingKeys();
       table["admitted"] = c.admitted;
       table["pushes_counted"] = c.pushes_counted;

@@ -201,6 +201,7 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
                     if (!row) return;  // counted towards admission only
                     opt.Apply(row, opt.SparseState(row, dim), p.Row(i), dim, 1.0);
                     SparseTable::Partition::LastClock(row) = clock;
+                    part.Store(row);
                   });
   counters_.rows_pushed += n;
   return Status::Ok();
@@ -377,6 +378,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
         opt.Apply(row, opt.SparseState(row, dim), reinterpret_cast<const std::byte*>(sum), dim,
                   scale);
         SparseTable::Partition::LastClock(row) = now;
+        part.Store(row);
       });
       part.Settle();
     }

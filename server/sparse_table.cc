@@ -10,7 +10,11 @@ SparseTable::Partition::Partition(const TableOptions* options, const Optimizer* 
                                   uint64_t max_rows)
     : options_(options),
       optimizer_(optimizer),
-      row_floats_(1 + options->dim + optimizer->SparseStateFloats(options->dim)),
+      codec_(options->dim, optimizer->SparseStateFloats(options->dim),
+             options->optimizer.kind == OptimizerOptions::Kind::kAdam ? 1 : 0, options->dtype,
+             options->state_dtype, options->rounding == TableOptions::Rounding::kStochastic),
+      row_words_(codec_.stored_words()),
+      view_(codec_.view_floats()),
       max_rows_(max_rows),
       index_(16),
       pending_(16) {}
@@ -24,7 +28,7 @@ uint32_t SparseTable::Partition::NewSlot() {
     slot = next_slot_++;
     if (slot / kRowsPerBlock >= blocks_.size()) {
       blocks_.push_back(
-          std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_floats_));
+          std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_words_));
       if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, 0);
     }
   }
@@ -36,11 +40,22 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
   Touch(slot);
   bool inserted = false;
   index_.FindOrInsert(key, slot, &inserted);
-  float* values = RowAt(slot) + 1;
+  float* values;
+  if (codec_.identity()) {
+    values = RowAt(slot) + 1;
+  } else {
+    values = view_.data() + 1;
+    view_slot_ = slot;
+  }
   const uint32_t dim = options_->dim;
   InitSparseRow(options_->init, options_->seed, key, std::span<float>(values, dim));
   optimizer_->InitState(values, optimizer_->SparseState(values, dim), dim);
   LastClock(values) = clock;
+  // A 16-bit row: its initial values rounded to nearest (the same on every run and restart).
+  if (!codec_.identity()) {
+    codec_.Encode(values - 1, RowAt(slot), nullptr);
+    codec_.Decode(RowAt(slot), view_.data());  // the caller sees the row as stored
+  }
   ++counters_.admitted;
   return values;
 }
@@ -51,7 +66,8 @@ void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
     values = Create(key, 0);
     --counters_.admitted;  // restored, not admitted now
   }
-  std::memcpy(values - 1, row, sizeof(float) * row_floats_);
+  std::memcpy(values - 1, row, sizeof(float) * codec_.view_floats());
+  if (!codec_.identity()) codec_.Encode(row, RowAt(view_slot_), nullptr);  // exact: no rounding
   // A tiered table restores more rows than memory holds: to disk in batches as it goes.
   if (disk_ && index_.size() >= memory_limit_ + 4096) Settle();
 }
@@ -60,7 +76,7 @@ float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {
   const uint32_t slot = index_.Find(key);
   if (slot != KeyIndex::kAbsent) {
     Touch(slot);
-    return RowAt(slot) + 1;
+    return ViewOf(slot);
   }
   return Create(key, clock);
 }
@@ -69,7 +85,7 @@ float* SparseTable::Partition::Find(uint64_t key) {
   const uint32_t slot = index_.Find(key);
   if (slot == KeyIndex::kAbsent) return nullptr;
   Touch(slot);
-  return RowAt(slot) + 1;
+  return ViewOf(slot);
 }
 
 void SparseTable::Partition::SetDiskTier(DiskTier* disk, uint32_t family, uint64_t memory_rows) {
@@ -93,7 +109,7 @@ Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
     }
   }
   if (missing_.empty() || disk_rows_ == 0) return Status::Ok();
-  const size_t row_bytes = sizeof(float) * row_floats_;
+  const size_t row_bytes = sizeof(float) * row_words_;
   fetched_.resize(missing_.size() * row_bytes);
   PARASOL_RETURN_IF_ERROR(disk_->MultiGet(family_, missing_, row_bytes, fetched_.data(), &found_));
   DiskTier::Batch moved = disk_->NewBatch(family_);
@@ -119,7 +135,7 @@ Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
 void SparseTable::Partition::Settle() {
   if (!disk_ || index_.size() <= memory_limit_) return;
   const uint64_t excess = index_.size() - memory_limit_;
-  const size_t row_bytes = sizeof(float) * row_floats_;
+  const size_t row_bytes = sizeof(float) * row_words_;
   const size_t buckets = index_.buckets();
   std::vector<uint64_t> chosen;
   chosen.reserve(excess);
@@ -288,7 +304,7 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
   return index_.MemoryBytes() + pending_.MemoryBytes() +
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
-         blocks_.size() * uint64_t{kRowsPerBlock} * row_floats_ * sizeof(float) +
+         blocks_.size() * uint64_t{kRowsPerBlock} * row_words_ * sizeof(float) +
          free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
 }
 

@@ -7,6 +7,9 @@
 //
 // Row layout, in large arena blocks (a row never moves while it lives):
 //   [last update clock: uint32][values: dim floats][optimizer state: see optimizer.hpp]
+// with 16-bit values or state (tables[].dtype, state_dtype) stored as RowCodec says; the
+// Partition's accessors then return a decoded f32 copy of the row (its "view"), valid until the
+// next accessor call, and a caller that changes it writes it back with Store().
 // An open-addressing KeyIndex maps key -> slot; slots of evicted rows are reused.
 //
 // Tiered tables (storage: tiered) keep at most memory_rows rows per partition in memory and
@@ -35,6 +38,7 @@
 #include "common/status.hpp"
 #include "server/disk_tier.hpp"
 #include "server/optimizer.hpp"
+#include "server/row_codec.hpp"
 
 namespace parasol {
 
@@ -77,6 +81,12 @@ class SparseTable {
     // A failed write leaves the rows in memory and is kept in disk_status().
     void Settle();
     Status disk_status() const { return disk_status_; }
+
+    // Writes back a row changed through `values` (from Find, FindOrCreate or CountPush, the
+    // last accessor called): rounds a 16-bit row into its storage. Nothing to do for f32.
+    void Store(float* values) {
+      if (!codec_.identity()) codec_.Encode(values - 1, RowAt(view_slot_), &rounding_);
+    }
 
     // The values of `key`'s row, created (and counted as admitted) when absent.
     float* FindOrCreate(uint64_t key, uint32_t clock);
@@ -121,17 +131,25 @@ class SparseTable {
     // word followed by the values and state (row_floats() + 1 floats).
     template <typename Fn>
     Status ForEachRow(Fn&& fn) const {
+      std::vector<float> view(codec_.view_floats());
       for (size_t b = 0; b < index_.buckets(); ++b) {
-        if (index_.BucketFull(b)) fn(index_.BucketKey(b), RowAt(index_.BucketSlot(b)));
+        if (!index_.BucketFull(b)) continue;
+        const float* row = RowAt(index_.BucketSlot(b));
+        if (!codec_.identity()) {
+          codec_.Decode(row, view.data());
+          row = view.data();
+        }
+        fn(index_.BucketKey(b), row);
       }
       if (!disk_ || disk_rows_ == 0) return Status::Ok();
-      std::vector<float> row(row_floats_);
-      const size_t row_bytes = sizeof(float) * row_floats_;
+      std::vector<float> stored(row_words_);
+      const size_t row_bytes = sizeof(float) * row_words_;
       return disk_->ForEachRow(family_, [&](uint64_t key, std::span<const char> bytes) {
         // A stale copy of a row in memory (its delete failed) is not the row.
         if (bytes.size() != row_bytes || index_.Find(key) != KeyIndex::kAbsent) return true;
-        std::memcpy(row.data(), bytes.data(), row_bytes);
-        fn(key, row.data());
+        std::memcpy(stored.data(), bytes.data(), row_bytes);
+        codec_.Decode(stored.data(), view.data());
+        fn(key, view.data());
         return true;
       });
     }
@@ -140,7 +158,10 @@ class SparseTable {
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
     void Reserve(uint64_t rows) { index_.Reserve(rows); }
-    uint32_t stored_floats() const { return row_floats_; }
+    // f32 words of a row as checkpoints hold it (the view: clock, values, state).
+    uint32_t stored_floats() const { return codec_.view_floats(); }
+    // 32-bit words a row takes in memory and on disk.
+    uint32_t stored_words() const { return row_words_; }
 
     uint64_t rows() const { return index_.size() + disk_rows_; }
     uint64_t memory_rows() const { return index_.size(); }
@@ -152,9 +173,17 @@ class SparseTable {
    private:
     static constexpr uint32_t kRowsPerBlock = 4096;
 
-    // Start of the row (its clock word); values follow.
+    // Start of the stored row (its clock word); values follow.
     float* RowAt(uint32_t slot) const {
-      return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * row_floats_;
+      return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * row_words_;
+    }
+    // The values of the row in `slot` as the accessors return them: the row itself (f32), or
+    // its decoded view.
+    float* ViewOf(uint32_t slot) {
+      if (codec_.identity()) return RowAt(slot) + 1;
+      codec_.Decode(RowAt(slot), view_.data());
+      view_slot_ = slot;
+      return view_.data() + 1;
     }
     float* Create(uint64_t key, uint32_t clock);
     // A slot for a new row (a free one, or a new one).
@@ -181,7 +210,11 @@ class SparseTable {
 
     const TableOptions* options_;
     const Optimizer* optimizer_;
-    uint32_t row_floats_;
+    RowCodec codec_;
+    uint32_t row_words_;            // stored
+    std::vector<float> view_;       // the decoded row of view_slot_ (16-bit tables)
+    uint32_t view_slot_ = 0;
+    RoundingBits rounding_;
     uint64_t max_rows_;            // this partition's share of eviction.max_rows (0: none)
     KeyIndex index_;               // key -> slot
     // Keys not yet admitted: key -> entry of pending_counts_/pending_clocks_ (the pushes so
