@@ -323,7 +323,7 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_pending_bytes", 1024, &s->max_pending_bytes));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
-  PARASOL_RETURN_IF_ERROR(r.Bytes("memory_budget", 4096, &s->memory_budget));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("memory_budget", 1024, &s->memory_budget));
   std::string dir;
   PARASOL_RETURN_IF_ERROR(r.String("disk_dir", &dir));
   if (!dir.empty()) s->disk_dir = Resolve(BaseDir(file), dir);

@@ -66,6 +66,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
   s = rocksdb::DB::Open(rocksdb::DBOptions(options), dir, families, &handles, &db);
   if (!s.ok()) return IoError("disk tier: cannot open '" + dir + "': " + s.ToString());
   t->db_.reset(db);
+  t->opened_ = true;  // from now on the folder is this store's, and goes with it
   t->families_.assign(handles.begin() + 1, handles.end());
   db->DestroyColumnFamilyHandle(handles[0]);
   return t;
@@ -76,8 +77,12 @@ DiskTier::~DiskTier() {
   families_.clear();
   if (db_) db_->Close();
   db_.reset();
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);  // scratch: nothing in it outlives the shard
+  // Scratch: nothing in it outlives the shard. Not when the open failed: the folder may be
+  // another live store's (a second process of the same shard).
+  if (opened_) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
 }
 
 Status DiskTier::MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t row_bytes,

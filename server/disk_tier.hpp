@@ -97,6 +97,7 @@ class DiskTier {
   Status ToStatus(const rocksdb::Status& s, const std::string& what) const;
 
   std::string dir_;
+  bool opened_ = false;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> families_;  // by table index of Open()
   std::atomic<uint64_t> rows_read_{0};

@@ -5,7 +5,11 @@
 #include "common/fault_points.hpp"
 
 #include <spdlog/spdlog.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <filesystem>
 
@@ -55,9 +59,21 @@ std::string ShardServer::DiskDir() const {
   std::error_code ec;
   std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
   if (ec) tmp = "/tmp";
-  return (tmp / ("parasol-disk-" + manifest_.job.name + "-" + shard + "-" +
-                 std::to_string(::getpid())))
-      .string();
+  // The process id keeps two jobs of one name on this host apart; the folders of this shard's
+  // processes that died without removing theirs (kill -9) go now.
+  const std::string prefix = "parasol-disk-" + manifest_.job.name + "-" + shard + "-";
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      std::filesystem::remove_all(e.path(), rm);
+    }
+  }
+  return (tmp / (prefix + std::to_string(::getpid()))).string();
 }
 
 Status ShardServer::ResetTables() {

@@ -154,8 +154,8 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
         const SparseTable::Partition& part = table.partition(e);
         const size_t row_bytes = sizeof(float) * part.stored_floats();
         const size_t stride = sizeof(uint64_t) + row_bytes;
-        PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) {
-          if (!sink_status.ok()) return;
+        PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) -> bool {
+          if (!sink_status.ok()) return false;  // the file failed: no need to read on
           if (b.bytes.empty()) b.bytes.reserve(std::min<size_t>(row_block_bytes, part.rows() * stride));
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
@@ -167,6 +167,7 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
             b.bytes.clear();
             b.count = 0;
           }
+          return true;
         }));
         PARASOL_RETURN_IF_ERROR(sink_status);
       }

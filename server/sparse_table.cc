@@ -1,5 +1,8 @@
 #include "server/sparse_table.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
 #include <cstring>
 
 #include "common/initializer.hpp"
@@ -61,6 +64,12 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
 }
 
 void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
+  if (disk_ && disk_rows_ > 0 && index_.Find(key) == KeyIndex::kAbsent) {
+    // The same key twice in a checkpoint (damaged, or hostile, with good checksums) must not
+    // leave a second copy on disk.
+    const uint64_t one[1] = {key};
+    if (Status st = Prefault(one); !st.ok()) DiskFailed(st);
+  }
   float* values = Find(key);
   if (!values) {
     values = Create(key, 0);
@@ -125,50 +134,70 @@ Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
     --disk_rows_;
     ++counters_.promoted;
   }
-  // Were the deletes lost, the stale copies would be overwritten by the next demotion and
-  // skipped by ForEachRow (memory wins); a failure is kept for the stats.
-  Status st = disk_->Write(moved);
-  if (!st.ok() && disk_status_.ok()) disk_status_ = st;
+  // A row must live in one tier: a disk that cannot take the deletes stops the shard (see
+  // DiskFailed()).
+  if (Status st = disk_->Write(moved); !st.ok()) DiskFailed(st);
+  ShrinkScratch();
   return Status::Ok();
+}
+
+void SparseTable::Partition::ShrinkScratch() {
+  // A request of many keys leaves big buffers behind: let them go once it is done.
+  constexpr size_t kKeep = 1 << 16;
+  if (prefault_keys_.capacity() > kKeep) std::vector<uint64_t>().swap(prefault_keys_);
+  if (missing_.capacity() > kKeep) std::vector<uint64_t>().swap(missing_);
+  if (found_.capacity() > kKeep) std::vector<uint8_t>().swap(found_);
+  if (fetched_.capacity() > kKeep * 64) std::vector<char>().swap(fetched_);
+}
+
+void SparseTable::Partition::DiskFailed(const Status& st) {
+  // Rows that cannot move between the tiers would either pile up in memory or exist twice;
+  // the shard stops instead, and its restart (from its checkpoint, with the workers' replays)
+  // starts a new disk tier.
+  spdlog::critical("table '{}': the disk tier failed: {}; the shard stops", options_->name,
+                   st.ToString());
+  spdlog::shutdown();
+  std::_Exit(1);
 }
 
 void SparseTable::Partition::Settle() {
   if (!disk_ || index_.size() <= memory_limit_) return;
-  const uint64_t excess = index_.size() - memory_limit_;
   const size_t row_bytes = sizeof(float) * row_words_;
-  const size_t buckets = index_.buckets();
+  // In batches of a few thousand rows: a large excess (a big request) is not one huge write.
+  constexpr size_t kBatchRows = 4096;
   std::vector<uint64_t> chosen;
-  chosen.reserve(excess);
-  DiskTier::Batch batch = disk_->NewBatch(family_);
-  // CLOCK: the hand clears referenced bits and takes the first rows it finds unreferenced.
-  // Two turns clear every bit, so the loop ends.
-  for (size_t step = 0; step < 2 * buckets + 1 && chosen.size() < excess; ++step) {
-    if (hand_ >= buckets) hand_ = 0;
-    const size_t b = hand_++;
-    if (!index_.BucketFull(b)) continue;
-    const uint32_t slot = index_.BucketSlot(b);
-    if (referenced_[slot]) {
-      referenced_[slot] = 0;
-      continue;
+  while (index_.size() > memory_limit_) {
+    const uint64_t excess = std::min<uint64_t>(index_.size() - memory_limit_, kBatchRows);
+    const size_t buckets = index_.buckets();
+    chosen.clear();
+    DiskTier::Batch batch = disk_->NewBatch(family_);
+    // CLOCK: the hand clears referenced bits and takes the first rows it finds unreferenced.
+    // Two turns clear every bit, so the loop ends.
+    for (size_t step = 0; step < 2 * buckets + 1 && chosen.size() < excess; ++step) {
+      if (hand_ >= buckets) hand_ = 0;
+      const size_t b = hand_++;
+      if (!index_.BucketFull(b)) continue;
+      const uint32_t slot = index_.BucketSlot(b);
+      if (referenced_[slot]) {
+        referenced_[slot] = 0;
+        continue;
+      }
+      referenced_[slot] = 1;  // not chosen twice in this batch
+      const uint64_t key = index_.BucketKey(b);
+      batch.Put(key, RowAt(slot), row_bytes);
+      chosen.push_back(key);
     }
-    referenced_[slot] = 1;  // not chosen twice in this call
-    const uint64_t key = index_.BucketKey(b);
-    batch.Put(key, RowAt(slot), row_bytes);
-    chosen.push_back(key);
+    if (Status st = disk_->Write(batch); !st.ok()) DiskFailed(st);
+    for (uint64_t key : chosen) {
+      const uint32_t slot = index_.Find(key);
+      index_.Erase(key);
+      referenced_[slot] = 0;
+      free_slots_.push_back(slot);
+      ++disk_rows_;
+      ++counters_.demoted;
+    }
   }
-  Status st = disk_->Write(batch);
-  if (!st.ok()) {
-    if (disk_status_.ok()) disk_status_ = st;
-    return;  // the rows stay in memory
-  }
-  for (uint64_t key : chosen) {
-    const uint32_t slot = index_.Find(key);
-    index_.Erase(key);
-    referenced_[slot] = 0;
-    free_slots_.push_back(slot);
-    ++disk_rows_;
-    ++counters_.demoted;
-  }
+  ShrinkScratch();
 }
 
 void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
@@ -176,13 +205,18 @@ void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
   if (!disk_ || disk_rows_ == 0 || (ttl == 0 && max_rows_ == 0)) return;
   DiskTier::Batch gone = disk_->NewBatch(family_);
   uint64_t by_ttl = 0, by_max = 0;
+  // Rows are counted as they are chosen: max_rows evicts down to the limit, not past it.
+  uint64_t total = rows();
   Result<std::string> next = disk_->Scan(
       family_, disk_cursor_, max_rows, [&](uint64_t key, std::span<const char> row) {
         if (row.size() < sizeof(uint32_t)) return;
+        // A stale copy of a row that is in memory is not a row (its delete failed).
+        if (index_.Find(key) != KeyIndex::kAbsent) return;
         uint32_t last;
         std::memcpy(&last, row.data(), sizeof(last));
         const bool expired = ttl > 0 && now >= last && now - last >= ttl;
-        const bool over = max_rows_ > 0 && last < evict_before_ && rows() > max_rows_;
+        const bool over = max_rows_ > 0 && last < evict_before_ && total > max_rows_;
+        if (expired || over) --total;
         if (expired || over) {
           gone.Delete(key);
           ++(expired ? by_ttl : by_max);
@@ -194,12 +228,8 @@ void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
     if (disk_status_.ok()) disk_status_ = next.status();
     return;
   }
-  Status st = disk_->Write(gone);
-  if (!st.ok()) {
-    if (disk_status_.ok()) disk_status_ = st;
-    return;
-  }
-  disk_rows_ -= by_ttl + by_max;
+  if (Status st = disk_->Write(gone); !st.ok()) DiskFailed(st);
+  disk_rows_ -= std::min(disk_rows_, by_ttl + by_max);
   counters_.evicted_ttl += by_ttl;
   counters_.evicted_max_rows += by_max;
   disk_cursor_ = *next;
@@ -266,7 +296,8 @@ void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
 
 void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
   SweepPending(max_buckets, now);
-  SweepDisk(max_buckets, now);
+  // Disk rows cost a read each: a smaller slice per call keeps the request loop moving.
+  SweepDisk(std::max<size_t>(1, max_buckets / 16), now);
   const uint64_t ttl = options_->eviction.ttl_clocks;
   const size_t buckets = index_.buckets();
   if (cursor_ >= buckets) cursor_ = 0;

@@ -30,6 +30,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <memory>
 #include <vector>
 
@@ -78,7 +79,8 @@ class SparseTable {
       return Prefault(prefault_keys_);
     }
     // Tiered: moves the least recently used rows to disk until memory holds memory_rows rows.
-    // A failed write leaves the rows in memory and is kept in disk_status().
+    // A disk that fails to take writes stops the process (the shard restarts from its
+    // checkpoint with a new disk tier): rows must not pile up in memory or exist twice.
     void Settle();
     Status disk_status() const { return disk_status_; }
 
@@ -129,8 +131,17 @@ class SparseTable {
 
     // Calls fn(key, row) for every row, in memory and (tiered) on disk; `row` is the clock
     // word followed by the values and state (row_floats() + 1 floats).
+    // `fn` may return bool: false stops the walk.
     template <typename Fn>
     Status ForEachRow(Fn&& fn) const {
+      auto call = [&](uint64_t key, const float* row) -> bool {
+        if constexpr (std::is_same_v<std::invoke_result_t<Fn&, uint64_t, const float*>, bool>) {
+          return fn(key, row);
+        } else {
+          fn(key, row);
+          return true;
+        }
+      };
       std::vector<float> view(codec_.view_floats());
       for (size_t b = 0; b < index_.buckets(); ++b) {
         if (!index_.BucketFull(b)) continue;
@@ -139,18 +150,17 @@ class SparseTable {
           codec_.Decode(row, view.data());
           row = view.data();
         }
-        fn(index_.BucketKey(b), row);
+        if (!call(index_.BucketKey(b), row)) return Status::Ok();
       }
       if (!disk_ || disk_rows_ == 0) return Status::Ok();
       std::vector<float> stored(row_words_);
       const size_t row_bytes = sizeof(float) * row_words_;
       return disk_->ForEachRow(family_, [&](uint64_t key, std::span<const char> bytes) {
-        // A stale copy of a row in memory (its delete failed) is not the row.
+        // A stale copy of a row in memory is not the row.
         if (bytes.size() != row_bytes || index_.Find(key) != KeyIndex::kAbsent) return true;
         std::memcpy(stored.data(), bytes.data(), row_bytes);
         codec_.Decode(stored.data(), view.data());
-        fn(key, view.data());
-        return true;
+        return call(key, view.data());
       });
     }
     // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
@@ -193,6 +203,8 @@ class SparseTable {
       if (disk_) referenced_[slot] = 1;
     }
     void SweepDisk(size_t max_rows, uint32_t now);
+    void ShrinkScratch();
+    [[noreturn]] void DiskFailed(const Status& st);
 
     // Tiered.
     DiskTier* disk_ = nullptr;

@@ -109,7 +109,7 @@ inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_
   // Limits small enough that a few messages reach them.
   y += "server: {engine_threads: " + std::to_string(s.engines) +
        ", max_request_bytes: 1MiB, frame_bytes: 4096, max_held_pulls: 8, max_held_bytes: 64KiB,"
-       " max_pending_clocks: 3, max_pending_bytes: 256KiB, memory_budget: 4KiB,"
+       " max_pending_clocks: 3, max_pending_bytes: 256KiB, memory_budget: 1KiB,"
        " disk_dir: '" + checkpoint_dir + "/disk'}\n";
   y += "training: {" + std::string(kModes[static_cast<int>(s.mode)]);
   if (s.loss == JobSpec::Loss::kNever) {

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <vector>
 
 #include "common/half.hpp"
+#include "server/disk_tier.hpp"
 #include "common/initializer.hpp"
 #include "common/sharding.hpp"
 
@@ -226,6 +229,106 @@ TEST(SparseTableDtypeTest, RowsRoundTripThroughTheirF32View) {
     const float* got = b.partition(0).Find(key);
     ASSERT_EQ(0, std::memcmp(got - 1, row.data(), sizeof(float) * row.size())) << key;
   }
+}
+
+}  // namespace
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// A tiered partition (100 rows in memory, the rest in a DiskTier) next to a memory one: the
+// same rows, the same eviction by TTL and by max_rows across both tiers, and a key restored
+// twice is one row.
+class TieredPartitionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/parasol-tiered-unit-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    auto d = DiskTier::Open(dir_ + "/disk", {"emb#0"}, 1 << 20);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    disk_ = std::move(*d);
+  }
+  void TearDown() override {
+    disk_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  // Rows by key, values and clock (the f32 view), of every tier.
+  static std::map<uint64_t, std::vector<float>> Rows(const SparseTable& t) {
+    std::map<uint64_t, std::vector<float>> out;
+    EXPECT_TRUE(t.partition(0).ForEachRow([&](uint64_t key, const float* row) {
+      EXPECT_TRUE(out.emplace(key, std::vector<float>(row, row + t.partition(0).stored_floats())).second)
+          << "key " << key << " twice";
+    }).ok());
+    return out;
+  }
+  std::string dir_;
+  std::unique_ptr<DiskTier> disk_;
+};
+
+TEST_F(TieredPartitionTest, EvictionByTtlAndMaxRowsActsOnBothTiers) {
+  for (const char* what : {"max_rows", "ttl"}) {
+    TableOptions o = Table(4);
+    if (std::string(what) == "max_rows") o.eviction.max_rows = 1000;
+    if (std::string(what) == "ttl") o.eviction.ttl_clocks = 3;
+    SparseTable memory(o, 1), tiered(o, 1);
+    tiered.SetDiskTier(disk_.get(), 0, 100);
+    for (SparseTable* t : {&memory, &tiered}) {
+      SparseTable::Partition& p = t->partition(0);
+      std::vector<uint64_t> keys;
+      for (uint64_t k = 0; k < 1010; ++k) keys.push_back(k * 7919);
+      ASSERT_TRUE(p.Prefault(keys).ok());
+      for (uint64_t i = 0; i < keys.size(); ++i) p.FindOrCreate(keys[i], i < 1000 ? 1 : 5);
+      p.Settle();
+    }
+    EXPECT_EQ(tiered.MemoryRows(), 100u);
+    EXPECT_EQ(tiered.DiskRows(), 910u);
+    EXPECT_EQ(Rows(memory), Rows(tiered));
+    for (int sweep = 0; sweep < 20; ++sweep) {
+      for (SparseTable* t : {&memory, &tiered}) t->partition(0).Sweep(1 << 15, 5);
+    }
+    const auto m = Rows(memory), t = Rows(tiered);
+    if (std::string(what) == "max_rows") {
+      // Down to the limit, not past it, oldest first: the ten newest rows stay.
+      EXPECT_EQ(m.size(), 1000u);
+      EXPECT_EQ(t.size(), 1000u) << "tiered";
+      for (uint64_t k = 1000; k < 1010; ++k) EXPECT_TRUE(t.count(k * 7919)) << k;
+    } else {
+      EXPECT_EQ(m.size(), 10u);
+      EXPECT_EQ(t, m);
+    }
+    EXPECT_EQ(tiered.TotalRows(), t.size());
+    EXPECT_EQ(tiered.TotalRows(), tiered.MemoryRows() + tiered.DiskRows());
+    // An evicted row comes back with its initial value, from neither tier.
+    std::vector<float> init(4);
+    InitSparseRow(o.init, o.seed, 0, init);
+    const uint64_t zero[1] = {0};
+    ASSERT_TRUE(tiered.partition(0).Prefault(zero).ok());
+    if (!t.count(0)) {
+      EXPECT_EQ(tiered.partition(0).Find(0), nullptr);
+    }
+  }
+}
+
+TEST_F(TieredPartitionTest, AKeyRestoredTwiceIsOneRow) {
+  TableOptions o = Table(4);
+  SparseTable t(o, 1);
+  t.SetDiskTier(disk_.get(), 0, 100);
+  std::vector<float> row(t.partition(0).stored_floats(), 0.0f);
+  for (uint64_t k = 0; k < 5000; ++k) {
+    row[1] = static_cast<float>(k);
+    t.partition(0).RestoreRow(k, row.data());
+  }
+  row[1] = -1.0f;
+  t.partition(0).RestoreRow(0, row.data());  // on disk by now
+  t.partition(0).Settle();
+  EXPECT_EQ(t.TotalRows(), 5000u);
+  const auto rows = Rows(t);
+  EXPECT_EQ(rows.size(), 5000u);
+  EXPECT_EQ(rows.at(0)[1], -1.0f);
+  EXPECT_EQ(rows.at(4999)[1], 4999.0f);
 }
 
 }  // namespace
