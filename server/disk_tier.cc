@@ -47,8 +47,14 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
   // index and filter blocks live in the bounded block cache, so memory stays within it.
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(std::max<uint64_t>(cache_bytes, 1 << 20));
+  // Partitioned: a lookup loads a small filter and index partition, not a file's whole filter
+  // (which, once the files' filters outgrow the cache, every lookup would read again).
   table.cache_index_and_filter_blocks = true;
-  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  table.cache_index_and_filter_blocks_with_high_priority = true;
+  table.pin_top_level_index_and_filter = true;
+  table.index_type = rocksdb::BlockBasedTableOptions::IndexType::kTwoLevelIndexSearch;
+  table.partition_filters = true;
+  table.metadata_block_size = 4096;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   table.block_size = 4 * 1024;  // a lookup reads one block for one row of ~100 bytes
   cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));

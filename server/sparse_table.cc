@@ -32,7 +32,10 @@ uint32_t SparseTable::Partition::NewSlot() {
     if (slot / kRowsPerBlock >= blocks_.size()) {
       blocks_.push_back(
           std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_words_));
-      if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, 0);
+      if (disk_) {
+        referenced_.resize(blocks_.size() * kRowsPerBlock, kFreeSlot);
+        slot_keys_.resize(blocks_.size() * kRowsPerBlock, 0);
+      }
     }
   }
   return slot;
@@ -41,6 +44,7 @@ uint32_t SparseTable::Partition::NewSlot() {
 float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
   const uint32_t slot = NewSlot();
   Touch(slot);
+  if (disk_) slot_keys_[slot] = key;
   bool inserted = false;
   index_.FindOrInsert(key, slot, &inserted);
   float* values;
@@ -101,7 +105,8 @@ void SparseTable::Partition::SetDiskTier(DiskTier* disk, uint32_t family, uint64
   disk_ = disk;
   family_ = family;
   memory_limit_ = std::max<uint64_t>(1, memory_rows);
-  referenced_.assign(blocks_.size() * kRowsPerBlock, 0);
+  referenced_.assign(blocks_.size() * kRowsPerBlock, kFreeSlot);
+  slot_keys_.assign(blocks_.size() * kRowsPerBlock, 0);
 }
 
 Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
@@ -130,6 +135,7 @@ Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
     index_.FindOrInsert(missing_[i], slot, &inserted);
     std::memcpy(RowAt(slot), fetched_.data() + i * row_bytes, row_bytes);
     Touch(slot);
+    slot_keys_[slot] = missing_[i];
     moved.Delete(missing_[i]);
     --disk_rows_;
     ++counters_.promoted;
@@ -168,30 +174,29 @@ void SparseTable::Partition::Settle() {
   std::vector<uint64_t> chosen;
   while (index_.size() > memory_limit_) {
     const uint64_t excess = std::min<uint64_t>(index_.size() - memory_limit_, kBatchRows);
-    const size_t buckets = index_.buckets();
+    // The hand walks the slots, not the index's buckets: rows leave the index in no order of
+    // its own, so its probe sequences stay short (taking them in bucket order would empty the
+    // buckets behind the hand and crowd those ahead of it into long runs).
+    const size_t slots = next_slot_;
     chosen.clear();
     DiskTier::Batch batch = disk_->NewBatch(family_);
     // CLOCK: the hand clears referenced bits and takes the first rows it finds unreferenced.
     // Two turns clear every bit, so the loop ends.
-    for (size_t step = 0; step < 2 * buckets + 1 && chosen.size() < excess; ++step) {
-      if (hand_ >= buckets) hand_ = 0;
-      const size_t b = hand_++;
-      if (!index_.BucketFull(b)) continue;
-      const uint32_t slot = index_.BucketSlot(b);
-      if (referenced_[slot]) {
+    for (size_t step = 0; step < 2 * slots + 1 && chosen.size() < excess; ++step) {
+      if (hand_ >= slots) hand_ = 0;
+      const uint32_t slot = static_cast<uint32_t>(hand_++);
+      if (referenced_[slot] == kFreeSlot) continue;
+      if (referenced_[slot] == 1) {
         referenced_[slot] = 0;
         continue;
       }
-      referenced_[slot] = 1;  // not chosen twice in this batch
-      const uint64_t key = index_.BucketKey(b);
-      batch.Put(key, RowAt(slot), row_bytes);
-      chosen.push_back(key);
+      referenced_[slot] = kFreeSlot;  // chosen: not again in this batch
+      batch.Put(slot_keys_[slot], RowAt(slot), row_bytes);
+      chosen.push_back(slot);
     }
     if (Status st = disk_->Write(batch); !st.ok()) DiskFailed(st);
-    for (uint64_t key : chosen) {
-      const uint32_t slot = index_.Find(key);
-      index_.Erase(key);
-      referenced_[slot] = 0;
+    for (uint32_t slot : chosen) {
+      index_.Erase(slot_keys_[slot]);
       free_slots_.push_back(slot);
       ++disk_rows_;
       ++counters_.demoted;
@@ -289,6 +294,7 @@ void SparseTable::Partition::SweepPending(size_t max_buckets, uint32_t now) {
 }
 
 void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
+  if (disk_) referenced_[index_.BucketSlot(bucket)] = kFreeSlot;
   free_slots_.push_back(index_.BucketSlot(bucket));
   index_.EraseBucket(bucket);
   ++(by_ttl ? counters_.evicted_ttl : counters_.evicted_max_rows);
@@ -336,7 +342,8 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
          blocks_.size() * uint64_t{kRowsPerBlock} * row_words_ * sizeof(float) +
-         free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
+         free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity() +
+         slot_keys_.capacity() * sizeof(uint64_t);
 }
 
 SparseTable::SparseTable(const TableOptions& options, uint32_t engines)

@@ -211,8 +211,11 @@ class SparseTable {
     uint32_t family_ = 0;
     uint64_t memory_limit_ = 0;     // rows
     uint64_t disk_rows_ = 0;
-    std::vector<uint8_t> referenced_;  // by slot: accessed since the hand last passed
-    size_t hand_ = 0;                  // CLOCK's position in the index's buckets
+    // By slot: 1 accessed since the hand last passed, 0 not, kFreeSlot no row; and its key.
+    static constexpr uint8_t kFreeSlot = 2;
+    std::vector<uint8_t> referenced_;
+    std::vector<uint64_t> slot_keys_;
+    size_t hand_ = 0;                  // CLOCK's position among the slots
     Status disk_status_;
     std::vector<uint64_t> prefault_keys_;
     std::vector<uint64_t> missing_;
