@@ -854,16 +854,6 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
-// Resident memory of `pid` in bytes (VmRSS), or 0.
-uint64_t ResidentBytesOf(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
 // A tiered table (adagrad_rowwise, dim 16) on one shard with 2 engine threads, through a real
 // server process: the fill rate of N new rows (pushes of 100,000 keys), then the update rate of
 // pushes of 100,000 distinct Zipf keys (s = 1.05, as the sparse rows) next to the same table in
@@ -895,7 +885,7 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
     }
     PsClient& c = **client;
     const pid_t pid = cluster.server_pid(0);
-    const uint64_t base = ResidentBytesOf(pid);
+    const uint64_t base = ResidentBytes(pid);
     uint64_t peak = base;
     // Fill: pushes of new keys create their rows.
     std::vector<uint64_t> keys(kBatch);
@@ -906,7 +896,7 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
       keys.resize(m);
       for (uint64_t i = 0; i < m; ++i) keys[i] = first + i;
       if (!c.PushSparse(0, keys, std::span<const float>(grads.data(), m * kDim)).ok()) return false;
-      peak = std::max(peak, ResidentBytesOf(pid));
+      peak = std::max(peak, ResidentBytes(pid));
     }
     *fill_rate = n / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // Updates: distinct Zipf keys over the filled rows (key generation untimed).
@@ -917,7 +907,7 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
     start = std::chrono::steady_clock::now();
     for (const auto& b : batches) {
       if (!c.PushSparse(0, b, grads).ok()) return false;
-      peak = std::max(peak, ResidentBytesOf(pid));
+      peak = std::max(peak, ResidentBytes(pid));
     }
     *update_rate = updates * double(kBatch) /
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

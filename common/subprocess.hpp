@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,5 +56,8 @@ class Subprocess {
 
 // "exited with code 3", "killed by signal 9".
 std::string DescribeWaitStatus(int status);
+
+// Resident memory of process `pid` in bytes (VmRSS of /proc/PID/status), or 0.
+uint64_t ResidentBytes(pid_t pid);
 
 }  // namespace parasol

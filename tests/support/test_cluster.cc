@@ -102,13 +102,4 @@ TestCluster::~TestCluster() {
   if (!dir_.empty()) RemoveTree(dir_);
 }
 
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
 }  // namespace parasol::testing

@@ -56,6 +56,6 @@ void RemoveTree(const std::string& path);
 std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& text);
 // Resident memory of a process in bytes (VmRSS), or 0.
-uint64_t ResidentBytes(pid_t pid);
+using parasol::ResidentBytes;
 
 }  // namespace parasol::testing
