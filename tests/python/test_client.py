@@ -193,7 +193,9 @@ def test_ctrl_c_interrupts_a_held_pull_and_the_shards_stay_consistent(tmp_path):
         assert p.returncode == 3, out
         assert "interrupted after" in out, out
         waited = float(out.split("interrupted after ")[1].split(" s")[0])
-        assert 0.9 < waited < 1.6, out  # the signal came 1 s in, and ends the wait at once
+        # The signal came 1 s in and ends the wait at once (the pull itself would wait for the
+        # other worker forever, and its request for 20 s).
+        assert 0.9 < waited < 5.0, out
         # The push of the interrupted worker was applied once: worker 1 completes the clock
         # and reads it (adagrad with lr 0.05 moves each value by lr * g / sqrt(g^2) = 0.05).
         with parasol.Client(m, parasol.Client.OBSERVER) as o:
