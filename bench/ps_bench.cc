@@ -239,9 +239,13 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
   constexpr uint32_t kDim = 16;
   constexpr uint64_t kBatch = 100000;
   const std::string size = opt.quick ? "1e6" : "1e7";
-  for (const char* kind : {"adagrad_rowwise", "adam"}) {
-    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: " +
-                             std::string(kind) + "}}\n",
+  double f32_bytes_per_row = 0;  // adagrad_rowwise's, the bf16 table's ceiling
+  for (const auto& [kind, dtype] : {std::pair<const char*, const char*>{"adagrad_rowwise", "f32"},
+                                    {"adam", "f32"},
+                                    {"adagrad_rowwise", "bf16"}}) {
+    const bool bf16 = std::string(dtype) == "bf16";
+    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, dtype: " + std::string(dtype) +
+                             ", optimizer: {kind: " + std::string(kind) + "}}\n",
                          1);
     auto client = PsClient::Connect(cluster.manifest(), 0);
     if (!client.ok()) {
@@ -254,6 +258,15 @@ void OptimizerRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows
     const double bytes_per_row = JsonFigure((*stats)[0], "/tables/0/bytes_per_row");
     const double row_floats = JsonFigure((*stats)[0], "/tables/0/row_floats");
     const double raw = 8 + row_floats * 4;  // key + values + state
+    if (bf16) {
+      // Values in bf16 (state f32): next to the same table in f32, measured in this run.
+      rows->push_back({"bytes_per_row_bf16_" + size + "x16", bytes_per_row, "B/row",
+                       f32_bytes_per_row > 0 ? std::optional<double>(f32_bytes_per_row)
+                                             : std::nullopt,
+                       "bytes_per_row_adagrad_rowwise_f32", std::nullopt});
+      continue;
+    }
+    if (std::string(kind) == "adagrad_rowwise") f32_bytes_per_row = bytes_per_row;
     // Pushes of Zipf-distributed keys over the whole table: kBatch distinct keys each (as a
     // worker sends them, deduplicated), drawn before the timed region.
     std::mt19937_64 rng(7);
