@@ -40,6 +40,7 @@
 #include "server/checkpoint.hpp"
 #include "server/optimizer.hpp"
 #include "server/shard_server.hpp"
+#include "kernels/gemm_probe.hpp"
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
 #include "worker/data_generator.hpp"
@@ -667,8 +668,12 @@ void PythonRows(const std::string& data, std::vector<Row>* rows) {
                    "samples/s", cpp_rate, "train_dlrm_small_b1024_1s1w", std::nullopt});
 }
 
-// Forward + backward of dlrm-small on one backend, rows already in host memory: samples/s.
-double ModelSamplesPerSecond(Backend* backend, uint32_t batch_size, int iters) {
+// dlrm-small steps (forward + backward) on one backend, rows already in the model's host slots:
+// each step makes its one upload, its kernels, its one download and its one synchronisation.
+// Returns samples/s; with `ops`, each operation's device time per step (profiled steps, after
+// the timed ones).
+double ModelSamplesPerSecond(Backend* backend, uint32_t batch_size, int iters,
+                             std::vector<OpTime>* ops = nullptr) {
   Result<Manifest> m = ParseManifest(
       "cluster:\n  servers: [127.0.0.1:1]\nmodel:\n  kind: dlrm\n  embedding_dim: 16\n"
       "  bottom: [64, 16]\n  top: [64, 1]\n",
@@ -690,24 +695,47 @@ double ModelSamplesPerSecond(Backend* backend, uint32_t batch_size, int iters) {
     ++batch.size;
   }
   const BatchKeys keys = DeduplicateKeys(batch.keys);
-  const std::vector<uint64_t>& unique = keys.unique;
-  const std::vector<uint32_t>& indices = keys.indices;
-  std::vector<float> rows(unique.size() * 16, 0.01f), grads(rows.size());
-  for (auto& t : (*model)->DenseParams()) std::fill(t.begin(), t.end(), 0.01f);
-  const double s = TimeIt(2, iters, [&] {
-    (*model)->Forward(batch, rows.data(), static_cast<uint32_t>(unique.size()), indices.data());
-    (*model)->Backward(grads.data());
-    return backend->Sync().ok();
-  });
+  const auto unique = static_cast<uint32_t>(keys.unique.size());
+  // Random weights and rows (never constants: they can run faster than real data).
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  for (int slot = 0; slot < Model::kSlots; ++slot) {
+    float* rows = (*model)->StepRows(slot, unique, static_cast<uint32_t>(batch.keys.size()));
+    for (size_t i = 0; i < size_t{unique} * 16; ++i) rows[i] = u(rng);
+    for (size_t t = 0; t < (*model)->dense_tables().size(); ++t) {
+      for (float& v : (*model)->StepDense(slot, t)) v = u(rng);
+    }
+  }
+  int slot = 0;
+  auto step = [&] {
+    (*model)->Run(batch, slot, unique, keys.indices.data(), /*train=*/true);
+    slot ^= 1;
+    return (*model)->Finish().ok();
+  };
+  const double s = TimeIt(2, iters, step);
+  if (ops) {
+    const int profiled = std::max(3, iters / 4);
+    backend->SetProfiling(true);
+    for (int i = 0; i < profiled; ++i) step();
+    backend->SetProfiling(false);
+    *ops = backend->OpTimes();
+    for (OpTime& o : *ops) {
+      o.seconds /= profiled;
+      o.calls /= profiled;
+    }
+  }
   return s > 0 ? batch_size / s : -1;
 }
 
-// TFLOP/s of one row-major product of the given shape on `backend`.
+// TFLOP/s of one row-major product of the given shape on `backend`, on random operands.
 double GemmTflops(Backend* backend, int m, int n, int k, int iters) {
   DeviceBuffer a = backend->Allocate(size_t(m) * k), b = backend->Allocate(size_t(k) * n),
                c = backend->Allocate(size_t(m) * n);
-  backend->Fill(a.data(), 0.5f, size_t(m) * k);
-  backend->Fill(b.data(), 0.25f, size_t(k) * n);
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> host(std::max(size_t(m) * k, size_t(k) * n));
+  for (float& x : host) x = u(rng);
+  backend->ToDevice(a.data(), host.data(), size_t(m) * k);
+  backend->ToDevice(b.data(), host.data(), size_t(k) * n);
   const double s = TimeIt(2, iters, [&] {
     backend->Gemm(false, true, m, n, k, 1.0f, a.data(), b.data(), 0.0f, c.data());
     return backend->Sync().ok();
@@ -715,6 +743,26 @@ double GemmTflops(Backend* backend, int m, int n, int k, int iters) {
   return s > 0 ? 2.0 * m * n * k / s / 1e12 : -1;
 }
 
+// "gemm 4096x64x13 NT" -> its shape and transposes.
+bool ParseGemmOp(const std::string& op, int* m, int* n, int* k, bool* ta, bool* tb) {
+  char a = 0, b = 0;
+  if (std::sscanf(op.c_str(), "gemm %dx%dx%d %c%c", m, n, k, &a, &b) != 5) return false;
+  *ta = a == 'T';
+  *tb = b == 'T';
+  return true;
+}
+
+std::string RowName(std::string s) {
+  for (char& c : s) {
+    if (c == ' ') c = '_';
+  }
+  return s;
+}
+
+// dlrm-small on each backend at batch 4096 and 16384: samples/s of the backend alone (one
+// upload, the kernels, one download per step); on a GPU, each operation's device time per step,
+// and each of the model's products in TFLOP/s against cuBLAS's best algorithm for the same
+// shape (ProbeCublasGemm), with a large square product as the device's own ceiling.
 void ComputeRows(const Options& opt, std::vector<Row>* rows) {
   std::vector<std::pair<std::string, std::unique_ptr<Backend>>> backends;
   backends.emplace_back("cpu", MakeCpuBackend(1));
@@ -728,7 +776,7 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
   }
   for (auto& [name, backend] : backends) {
     const bool gpu = name != "cpu";
-    // The backend's own ceiling: a large square product.
+    const bool tf32 = name == "cuda_tf32";
     const int big = gpu ? 8192 : 1024;
     const double peak = GemmTflops(backend.get(), big, big, big, gpu ? 10 : 3);
     rows->push_back({"gemm_" + std::to_string(big) + "cube_" + name, peak, "TFLOP/s",
@@ -736,17 +784,31 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
     for (uint32_t batch : {4096u, 16384u}) {
       if (!gpu && opt.quick && batch > 4096) continue;
       const std::string tag = "b" + std::to_string(batch) + "_" + name;
-      rows->push_back({"compute_dlrm_small_" + tag,
-                       ModelSamplesPerSecond(backend.get(), batch, gpu ? 20 : 3), "samples/s",
-                       std::nullopt, "", std::nullopt});
-      // The linear layers' shapes (forward): bottom 13-64-16, top 367-64-1.
-      const int shapes[][2] = {{13, 64}, {64, 16}, {367, 64}};
-      for (const auto& s : shapes) {
-        rows->push_back({"gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "_" + tag,
-                         GemmTflops(backend.get(), static_cast<int>(batch), s[1], s[0],
-                                    gpu ? 50 : 5),
-                         "TFLOP/s", peak, "gemm_" + std::to_string(big) + "cube_" + name,
-                         std::nullopt});
+      std::vector<OpTime> ops;
+      const double rate = ModelSamplesPerSecond(backend.get(), batch, gpu ? 50 : 3,
+                                                gpu ? &ops : nullptr);
+      rows->push_back({"compute_dlrm_small_" + tag, rate, "samples/s", std::nullopt, "",
+                       std::nullopt});
+      double kernel_ms = 0;
+      for (const OpTime& o : ops) {
+        rows->push_back({"op_" + RowName(o.op) + "_" + tag, o.seconds * 1e3, "ms/step",
+                         std::nullopt, "", std::nullopt});
+        kernel_ms += o.seconds * 1e3;
+        int m, n, k;
+        bool ta, tb;
+        if (!ParseGemmOp(o.op, &m, &n, &k, &ta, &tb) || o.calls == 0) continue;
+        const double per_call = o.seconds / o.calls;
+        auto best = ProbeCublasGemm(ta, tb, m, n, k, tf32, 20);
+        const double flops = 2.0 * m * n * k;
+        rows->push_back({RowName(o.op) + "_" + tag, flops / per_call / 1e12, "TFLOP/s",
+                         best.ok() ? std::optional<double>(flops / best->best_seconds / 1e12)
+                                   : std::nullopt,
+                         "cublaslt_best_of_heuristic", std::nullopt});
+      }
+      if (!ops.empty()) {
+        rows->push_back({"ops_total_" + tag, kernel_ms, "ms/step",
+                         rate > 0 ? std::optional<double>(batch / rate * 1e3) : std::nullopt,
+                         "step_wall_ms", std::nullopt});
       }
     }
   }

@@ -26,6 +26,10 @@ Status CudaStatus(int error, const char* expr, const char* file, int line);
     const int _err = static_cast<int>(expr);                                          \
     if (_err != 0) return ::parasol::CudaStatus(_err, #expr, __FILE__, __LINE__);     \
   } while (0)
-// After a kernel launch: the launch error, if any.
-#define PARASOL_CUDA_CHECK_LAUNCH(name) PARASOL_CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: the launch error, if any, naming the kernel and the launching line.
+#define PARASOL_CUDA_CHECK_LAUNCH(name)                                                 \
+  do {                                                                                  \
+    const int _err = static_cast<int>(cudaGetLastError());                              \
+    if (_err != 0) return ::parasol::CudaStatus(_err, "launch of " name, __FILE__, __LINE__); \
+  } while (0)
 #endif

@@ -25,12 +25,52 @@ __global__ void AddBiasKernel(float* y, const float* bias, int rows, int cols) {
   if (i < size_t{static_cast<size_t>(rows)} * cols) y[i] += bias[i % cols];
 }
 
-// One thread per column, walking the rows: coalesced across the warp.
-__global__ void BiasGradKernel(float* db, const float* dy, int rows, int cols) {
+template <bool kRelu>
+__global__ void BiasActivationKernel(float* y, const float* bias, int rows, int cols) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i >= size_t{static_cast<size_t>(rows)} * cols) return;
+  const float v = y[i] + bias[i % cols];
+  y[i] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
+}
+
+// Column sums over a grid: block (x: 32 columns, y: 8 row lanes) takes kRowsPerChunk rows of
+// 32 columns and writes one partial sum per column to partial[chunk][col]; with kRelu it also
+// writes dpre. The partials are then added in chunk order (ColumnSumKernel): deterministic.
+constexpr int kRowsPerChunk = 64;
+
+template <bool kRelu>
+__global__ void ColumnPartialKernel(float* partial, float* dpre, const float* dy, const float* y,
+                                    int rows, int cols) {
+  __shared__ float lanes[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * kRowsPerChunk;
+  const int r1 = min(rows, r0 + kRowsPerChunk);
+  float s = 0.0f;
+  if (c < cols) {
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      const size_t i = size_t(r) * cols + c;
+      float g = dy[i];
+      if (kRelu) {
+        g = y[i] > 0.0f ? g : 0.0f;
+        dpre[i] = g;
+      }
+      s += g;
+    }
+  }
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = 0.0f;
+    for (int k = 0; k < 8; ++k) t += lanes[k][threadIdx.x];
+    partial[size_t(blockIdx.y) * cols + c] = t;
+  }
+}
+
+__global__ void ColumnSumKernel(float* db, const float* partial, int chunks, int cols) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float s = 0.0f;
-  for (int r = 0; r < rows; ++r) s += dy[size_t{static_cast<size_t>(r)} * cols + c];
+  for (int k = 0; k < chunks; ++k) s += partial[size_t(k) * cols + c];
   db[c] = s;
 }
 
@@ -42,6 +82,10 @@ __global__ void FillKernel(float* dst, float value, size_t n) {
 cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 }  // namespace
+
+size_t ColumnSumWorkspaceFloats(int rows, int cols) {
+  return size_t((rows + kRowsPerChunk - 1) / kRowsPerChunk) * cols;
+}
 
 Status ReluCuda(float* y, const float* x, size_t n, void* stream) {
   if (n == 0) return Status::Ok();
@@ -65,11 +109,41 @@ Status AddBiasCuda(float* y, const float* bias, int rows, int cols, void* stream
   return Status::Ok();
 }
 
-Status BiasGradCuda(float* db, const float* dy, int rows, int cols, void* stream) {
-  if (cols == 0) return Status::Ok();
-  BiasGradKernel<<<Blocks(cols), kThreads, 0, S(stream)>>>(db, dy, rows, cols);
-  PARASOL_CUDA_CHECK_LAUNCH("BiasGradKernel");
+Status BiasActivationCuda(float* y, const float* bias, int rows, int cols, bool relu,
+                          void* stream) {
+  const size_t n = size_t{static_cast<size_t>(rows)} * cols;
+  if (n == 0) return Status::Ok();
+  if (relu) {
+    BiasActivationKernel<true><<<Blocks(n), kThreads, 0, S(stream)>>>(y, bias, rows, cols);
+  } else {
+    BiasActivationKernel<false><<<Blocks(n), kThreads, 0, S(stream)>>>(y, bias, rows, cols);
+  }
+  PARASOL_CUDA_CHECK_LAUNCH("BiasActivationKernel");
   return Status::Ok();
+}
+
+Status BiasActivationBackwardCuda(float* dpre, float* db, const float* dy, const float* y,
+                                  int rows, int cols, bool relu, float* workspace,
+                                  void* stream) {
+  if (cols == 0) return Status::Ok();
+  if (rows == 0) return FillCuda(db, 0.0f, cols, stream);
+  const int chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  const dim3 grid((cols + 31) / 32, chunks), block(32, 8);
+  if (relu) {
+    ColumnPartialKernel<true><<<grid, block, 0, S(stream)>>>(workspace, dpre, dy, y, rows, cols);
+  } else {
+    ColumnPartialKernel<false><<<grid, block, 0, S(stream)>>>(workspace, dpre, dy, y, rows, cols);
+  }
+  PARASOL_CUDA_CHECK_LAUNCH("ColumnPartialKernel");
+  ColumnSumKernel<<<(cols + 127) / 128, 128, 0, S(stream)>>>(db, workspace, chunks, cols);
+  PARASOL_CUDA_CHECK_LAUNCH("ColumnSumKernel");
+  return Status::Ok();
+}
+
+Status BiasGradCuda(float* db, const float* dy, int rows, int cols, float* workspace,
+                    void* stream) {
+  return BiasActivationBackwardCuda(nullptr, db, dy, nullptr, rows, cols, false, workspace,
+                                    stream);
 }
 
 Status FillCuda(float* dst, float value, size_t n, void* stream) {

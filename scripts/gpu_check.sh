@@ -1,49 +1,125 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU: the `gpu` tests (the CUDA backend against the
-# CPU backend), the compute benchmark (dlrm-small forward+backward at batch 4096 and 16384 with
-# rows in host memory; cuBLAS TFLOP/s of the model's layer shapes against a large square
-# product), and an end-to-end training run with 2 servers and a CUDA worker on this machine.
-# Every step runs under its own time limit and a failing step does not stop the others; the
-# script exits non-zero if any failed. Writes everything it prints to ${OUT:-build}/gpu_check.log.
-#   scripts/gpu_check.sh                   installs what is missing, builds with CUDA, checks
-#   scripts/gpu_check.sh --prebuilt DIR    checks binaries built elsewhere: DIR holds parasol,
-#                                          parasol_bench, kernels_test and lib/ (their shared
-#                                          libraries other than CUDA's), for a GPU machine
-#                                          without Debian's packages or a network
+# The GPU check, for a machine with an NVIDIA GPU. It installs nothing and stops within its time
+# limit whatever happens; a failing step is reported and the others still run. Steps:
+#   1. the `gpu` tests (kernels_test: the CUDA backend against the CPU backend);
+#   2. compute-sanitizer (memcheck, racecheck) over the kernels' own tests, where it is there;
+#   3. the compute benchmark: dlrm-small steps of the backend alone at batch 4096 and 16384 (fp32
+#      and TF32), each operation's device time per step, each of the model's products in TFLOP/s
+#      against cuBLAS's best algorithm for the same shape;
+#   4. an end-to-end training run with 2 servers and a CUDA worker on this machine.
+# Writes gpu_check.log, gpu_check.json (every figure and result) and the step outputs to
+# ${OUT:-build}. Exits non-zero if any step failed.
+#
+#   scripts/gpu_check.sh [--limit S]                  builds here (sm_90 only), then checks
+#   scripts/gpu_check.sh --prebuilt DIR [--limit S]   checks binaries built elsewhere (a GPU
+#                                                     machine without Debian's packages)
+#   scripts/gpu_check.sh --bundle DIR [--from BUILD]  on the build machine: DIR/bundle.tar.gz
+#                                                     with parasol, parasol_bench, kernels_test
+#                                                     and their shared libraries (not CUDA's)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+mode=build bin="" limit=420 from="$PARASOL_BUILD"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) mode=prebuilt bin="$(realpath "${2:?--prebuilt DIR}")"; shift 2 ;;
+    --bundle) mode=bundle bin="${2:?--bundle DIR}"; shift 2 ;;
+    --from) from="$(realpath "${2:?--from BUILD}")"; shift 2 ;;
+    --limit) limit="${2:?--limit SECONDS}"; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$mode" = bundle ]; then
+  mkdir -p "$bin/lib"
+  cp "$from/parasol" "$from/parasol_bench" "$from/tests/kernels_test" "$bin/"
+  # Every shared library they load except the C library's and CUDA's (the GPU machine has its
+  # own driver and toolkit).
+  for b in parasol parasol_bench kernels_test; do ldd "$bin/$b"; done |
+    awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv)\.so|ld-linux|libcuda|libcublas' |
+    xargs -r cp -L -t "$bin/lib/"
+  tar -C "$bin" -czf "$bin/bundle.tar.gz" parasol parasol_bench kernels_test lib
+  rm -rf "$bin/lib" "$bin/parasol" "$bin/parasol_bench" "$bin/kernels_test"
+  echo "gpu_check: $bin/bundle.tar.gz ($(du -h "$bin/bundle.tar.gz" | cut -f1))"
+  exit 0
+fi
 
 out="${OUT:-$PARASOL_BUILD}"
 mkdir -p "$out"
 exec > >(tee "$out/gpu_check.log") 2>&1
+deadline=$((SECONDS + limit))
 
-if [ "${1:-}" = "--prebuilt" ]; then
-  bin="$(realpath "${2:?--prebuilt DIR}")"
-  export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+if [ "$mode" = prebuilt ]; then
+  if [ -f "$bin/bundle.tar.gz" ]; then
+    unpacked="$(mktemp -d)"
+    tar -C "$unpacked" -xzf "$bin/bundle.tar.gz" || exit 1
+    bin="$unpacked"
+  fi
+  cuda_libs=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$d/libcublasLt.so.13" ] && cuda_libs="$cuda_libs:$d"
+  done
+  if [ -z "$cuda_libs" ]; then  # CUDA's libraries from a Python wheel, if that is all there is
+    lt="$(find / -xdev -name 'libcublasLt.so.13' -path '*nvidia*' 2>/dev/null | head -1)"
+    [ -n "$lt" ] && cuda_libs=":$(dirname "$lt")"
+    rt="$(find / -xdev -name 'libcudart.so.13' -path '*nvidia*' 2>/dev/null | head -1)"
+    [ -n "$rt" ] && cuda_libs="$cuda_libs:$(dirname "$rt")"
+  fi
+  export LD_LIBRARY_PATH="$bin/lib$cuda_libs:${LD_LIBRARY_PATH:-}"
   kernels_test="$bin/kernels_test"
 else
-  parasol_install_deps && parasol_build Release || exit 1
+  missing="$(parasol_missing_packages "${PARASOL_PACKAGES[@]}" | tr '\n' ' ')"
+  if [ -n "$missing" ]; then
+    echo "gpu_check: missing Debian packages: $missing(install them, or build elsewhere and use --prebuilt)"
+    exit 1
+  fi
+  cmake -S "$PARASOL_ROOT" -B "$PARASOL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90-real &&
+    timeout $((deadline - SECONDS)) cmake --build "$PARASOL_BUILD" -j "$(nproc)" || exit 1
   bin="$PARASOL_BUILD"
   kernels_test="$PARASOL_BUILD/tests/kernels_test"
 fi
 
 failed=()
-step() {  # step NAME SECONDS COMMAND...
-  local name="$1" limit="$2"
+results=()  # "name<TAB>exit code<TAB>seconds"
+step() {  # step NAME SECONDS COMMAND...: at most SECONDS, and never past the deadline
+  local name="$1" want="$2"
   shift 2
-  echo "=== $name (at most ${limit} s)"
-  timeout "$limit" "$@"
+  local left=$((deadline - SECONDS - 5))
+  local cap=$((want < left ? want : left))
+  if [ "$cap" -le 0 ]; then
+    echo "=== $name: skipped, no time left"
+    failed+=("$name (no time left)")
+    results+=("$name	skipped	0")
+    return
+  fi
+  echo "=== $name (at most ${cap} s)"
+  local t0=$SECONDS
+  timeout -k 5 "$cap" "$@"
   local rc=$?
+  results+=("$name	$rc	$((SECONDS - t0))")
   [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-step "gpu tests" 120 "$kernels_test" --gtest_color=no
-step "compute benchmark" 150 "$bin/parasol_bench" --only compute --json "$out/compute.json"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv \
+  > "$out/gpu.csv" 2>&1
+cat "$out/gpu.csv"
+step "gpu tests" 180 "$kernels_test" --gtest_color=no --gtest_output="json:$out/gpu_tests.json"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  step "memcheck" 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$kernels_test" \
+    --gtest_color=no '--gtest_filter=*/fp32:EmbeddingPool*:-*WholeDlrm*'
+  step "racecheck" 60 compute-sanitizer --tool racecheck --error-exitcode 1 "$kernels_test" \
+    --gtest_color=no '--gtest_filter=*Interaction*/fp32:*RowGradients*/fp32:*FusedBias*/fp32'
+else
+  echo "=== compute-sanitizer: not on this machine, skipped"
+fi
+step "compute benchmark" 200 "$bin/parasol_bench" --only compute --json "$out/compute.json"
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" ${unpacked:+"$unpacked"}' EXIT
 step "training data" 60 "$bin/parasol" gen-data --rows 400000 --seed 1 --out "$work/train.tsv"
+step "eval data" 30 "$bin/parasol" gen-data --rows 50000 --seed 2 --out "$work/eval.tsv"
 ports=(47410 47411)
 cat > "$work/job.yaml" <<YAML
 cluster:
@@ -58,12 +134,40 @@ model:
   top: [64, 1]
   sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
   dense_optimizer: {kind: adam, lr: 0.001}
-data: {train: $work/train.tsv}
+data: {train: $work/train.tsv, eval: $work/eval.tsv}
 YAML
-step "end to end" 150 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
-[ -f "$out/gpu_train.json" ] &&
-  echo "end to end (2 servers, 1 CUDA worker, batch 4096): $(cat "$out/gpu_train.json")"
-[ -f "$out/compute.json" ] && echo "compute: $(cat "$out/compute.json")"
+step "end to end" 120 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
+
+# One JSON of everything: the GPU, each step's exit code and time, the tests that failed, the
+# benchmark rows and the training summary.
+printf '%s\n' "${results[@]}" > "$out/steps.tsv"
+python3 - "$out" <<'PY' || echo "gpu_check: could not write gpu_check.json"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception as e:
+        return {"missing": str(e)}
+doc = {"gpu": open(os.path.join(out, "gpu.csv")).read().strip().splitlines()}
+doc["steps"] = [dict(zip(("step", "exit", "seconds"), l.split("\t")))
+                for l in open(os.path.join(out, "steps.tsv")).read().splitlines() if l]
+tests = load("gpu_tests.json")
+if "testsuites" in tests:
+    cases = [(s["name"] + "." + c["name"], c) for s in tests["testsuites"] for c in s["testsuite"]]
+    doc["gpu_tests"] = {
+        "run": sum(1 for _, c in cases if c.get("result") == "COMPLETED"),
+        "skipped": [n for n, c in cases if c.get("result") == "SKIPPED"],
+        "failed": {n: [f["failure"][:400] for f in c["failures"]] for n, c in cases if c.get("failures")},
+    }
+doc["compute"] = load("compute.json")
+doc["end_to_end"] = load("gpu_train.json")
+with open(os.path.join(out, "gpu_check.json"), "w") as f:
+    json.dump(doc, f, indent=1)
+rows = doc["compute"] if isinstance(doc["compute"], list) else doc["compute"].get("rows", [])
+print("gpu_check.json:", len(rows), "benchmark rows")
+PY
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "FAILED: ${failed[*]}"
   exit 1

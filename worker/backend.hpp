@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/manifest.hpp"
 #include "common/status.hpp"
@@ -31,19 +33,68 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Host memory the backend copies from and into without staging (pinned for CUDA), of `bytes`
+// bytes, freed by its backend when the buffer goes.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(void* data, size_t bytes, std::function<void(void*)> free)
+      : data_(data, std::move(free)), size_(bytes) {}
+  char* data() const { return static_cast<char*>(data_.get()); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<void, std::function<void(void*)>> data_{nullptr, [](void*) {}};
+  size_t size_ = 0;
+};
+
+// What crossed between host and device since the backend was made (each Upload/ToDevice is one
+// upload, each Download/ToHost one download, each Sync one synchronisation).
+struct TransferCounts {
+  uint64_t uploads = 0, upload_bytes = 0;
+  uint64_t downloads = 0, download_bytes = 0;
+  uint64_t syncs = 0;
+};
+
+// Device time of one kind of operation, summed while profiling was on.
+struct OpTime {
+  std::string op;
+  double seconds = 0;
+  uint64_t calls = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
   virtual DeviceBuffer Allocate(size_t floats) = 0;
+  virtual HostBuffer AllocateHost(size_t bytes) = 0;
+  // True when device pointers are host pointers (the CPU): a model may then hand its host
+  // buffers to the compute calls and its uploads copy nothing.
+  virtual bool SharesHostMemory() const { return false; }
+
+  // One asynchronous copy each way. `host` must come from AllocateHost and stay untouched (an
+  // upload) or unread (a download) until the next Sync(). A copy to the same address is counted
+  // and skipped.
+  virtual void Upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void Download(void* host, const void* src, size_t bytes) = 0;
+  // Synchronous copies of floats from and into any host memory (set-up and tests).
   virtual void ToDevice(float* dst, const float* host, size_t n) = 0;
   virtual void ToHost(float* host, const float* src, size_t n) = 0;
   virtual void Fill(float* dst, float value, size_t n) = 0;
 
-  // c[m x n] = alpha * op(a) * op(b) + beta * c, op(a) m x k, op(b) k x n.
-  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-                    const float* b, float beta, float* c) = 0;
+  // c[m x n] = alpha * op(a) * op(b) + beta * c, op(a) m x k, op(b) k x n, row-major with
+  // leading dimensions (row strides) lda, ldb, ldc.
+  virtual void GemmStrided(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                           const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                           int ldc) = 0;
+  // The same with dense matrices (each leading dimension its row length).
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) {
+    GemmStrided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta,
+                c, n);
+  }
   // y[r, :] += bias for every row r.
   virtual void AddBias(float* y, const float* bias, int rows, int cols) = 0;
   // db = sum over rows of dy (overwrites db).
@@ -51,33 +102,79 @@ class Backend {
   virtual void Relu(float* y, const float* x, size_t n) = 0;
   // dx = dy where y > 0, else 0.
   virtual void ReluBackward(float* dx, const float* dy, const float* y, size_t n) = 0;
+  // One pass: y[r, :] += bias, then ReLU when `relu`.
+  virtual void BiasActivation(float* y, const float* bias, int rows, int cols, bool relu) = 0;
+  // One pass backward of BiasActivation: with `relu`, dpre = dy where y > 0, else 0, and
+  // db = column sums of dpre; without, db = column sums of dy (dpre is not written).
+  virtual void BiasActivationBackward(float* dpre, float* db, const float* dy, const float* y,
+                                      int rows, int cols, bool relu) = 0;
 
   // out[b, :] = sum_j values[j] * rows[indices[j], :] for j in [offsets[b], offsets[b + 1]);
-  // `values` may be null (all ones).
+  // `values` may be null (all ones). REQUIRES: every index < row_count.
   virtual void EmbeddingPool(float* out, const float* rows, int dim, const uint32_t* indices,
-                             const float* values, const uint32_t* offsets, int batch) = 0;
+                             const float* values, const uint32_t* offsets, int batch,
+                             uint32_t row_count) = 0;
   // drows[indices[j], :] += values[j] * dout[b, :] (drows must be zeroed by the caller).
   virtual void EmbeddingPoolBackward(float* drows, const float* dout, int dim,
                                      const uint32_t* indices, const float* values,
                                      const uint32_t* offsets, int batch) = 0;
+  // The same gradient, deterministically and without zeroing, from the batch's row index (see
+  // BuildRowIndex in kernels/embedding_pool.hpp): for each of the `unique` rows u,
+  //   drows[u, :] = sum over k in [row_start[u], row_start[u + 1]) in order of
+  //                 values[occ[k]] * dout[bag(occ[k]), :]
+  // where bag(j) = key_bags[j], or j when key_bags is null; `values` may be null. hot_rows
+  // lists the rows with at least kHotRowKeys keys (computed with more threads). With `counts`
+  // (device memory: the number of rows, then of hot rows), `unique` and `hot_count` are only
+  // upper bounds, so one recorded graph serves every step.
+  virtual void EmbeddingRowGrad(float* drows, const float* dout, int dim,
+                                const uint32_t* row_start, const uint32_t* occ,
+                                const uint32_t* hot_rows, uint32_t hot_count,
+                                const uint32_t* key_bags, const float* values, uint32_t unique,
+                                const uint32_t* counts = nullptr) = 0;
 
   // DLRM interaction of the bottom output z [batch, dim] and the embeddings e
   // [batch, fields, dim]. With v_0 = z and v_i = e[:, i - 1], per sample:
   //   out[b] = [z[b, :], dot(v_i, v_j) for i > j, in row-major order of (i, j)]
-  // (width dim + (fields + 1) * fields / 2).
-  virtual void Interaction(float* out, const float* z, const float* e, int batch, int fields,
-                           int dim) = 0;
-  // dz and de from dout (both overwritten).
-  virtual void InteractionBackward(float* dz, float* de, const float* dout, const float* z,
-                                   const float* e, int batch, int fields, int dim) = 0;
+  // (width dim + (fields + 1) * fields / 2), each sample's row `out_ld` floats apart; the
+  // columns past the width are zeroed.
+  virtual void Interaction(float* out, int out_ld, const float* z, const float* e, int batch,
+                           int fields, int dim) = 0;
+  // dz and de from dout (rows dout_ld floats apart; both outputs overwritten).
+  virtual void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld,
+                                   const float* z, const float* e, int batch, int fields,
+                                   int dim) = 0;
 
-  // probs = sigmoid(logits); dlogits = (probs - labels) / n; returns the mean BCE loss.
-  virtual double SigmoidBce(float* probs, float* dlogits, const float* logits,
-                            const float* labels, int n) = 0;
+  // probs = sigmoid(logits); dlogits = (probs - labels) / n; *loss_sum (one device double) =
+  // the sum of the BCE losses. Asynchronous: read loss_sum after Sync().
+  virtual void SigmoidBce(float* probs, float* dlogits, double* loss_sum, const float* logits,
+                          const float* labels, int n) = 0;
 
   // Waits for the device and returns the first error of any call since the last Sync() (a
-  // device backend records errors instead of throwing; the CPU backend has none).
-  virtual Status Sync() { return Status::Ok(); }
+  // device backend records errors instead of throwing, and skips every call after one; the CPU
+  // backend has none).
+  virtual Status Sync() {
+    ++transfers_.syncs;
+    return Status::Ok();
+  }
+
+  const TransferCounts& transfers() const { return transfers_; }
+
+  // Graphs: the compute work issued between BeginGraph() (true: recording) and EndGraph() is
+  // recorded instead of run, and RunGraph(id) replays it as one launch (CUDA Graphs). EndGraph
+  // returns the graph's id, or -1 when recording failed: then nothing ran, so issue the work
+  // directly. The CPU backend records nothing (BeginGraph is false), nor does any backend while
+  // profiling. A graph replays the same pointers and shapes.
+  virtual bool BeginGraph() { return false; }
+  virtual int EndGraph() { return -1; }
+  virtual void RunGraph(int /*id*/) {}
+
+  // Profiling: while on, the device time of each operation is summed by kind (a device
+  // backend brackets each call with events; off by default, as it synchronises per call).
+  virtual void SetProfiling(bool /*on*/) {}
+  virtual std::vector<OpTime> OpTimes() const { return {}; }
+
+ protected:
+  TransferCounts transfers_;
 };
 
 // The CPU backend (OpenBLAS with `threads` threads).

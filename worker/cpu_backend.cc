@@ -22,19 +22,37 @@ class CpuBackend : public Backend {
     float* p = new float[floats == 0 ? 1 : floats]();
     return DeviceBuffer(p, floats, [](float* q) { delete[] q; });
   }
+  HostBuffer AllocateHost(size_t bytes) override {
+    // 64-byte aligned and zeroed, as device buffers are.
+    const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, size);
+    if (p) std::memset(p, 0, size);
+    return HostBuffer(p, p ? bytes : 0, [](void* q) { std::free(q); });
+  }
+  bool SharesHostMemory() const override { return true; }
+  void Upload(void* dst, const void* host, size_t bytes) override {
+    ++transfers_.uploads;
+    transfers_.upload_bytes += bytes;
+    if (bytes && dst != host) std::memcpy(dst, host, bytes);
+  }
+  void Download(void* host, const void* src, size_t bytes) override {
+    ++transfers_.downloads;
+    transfers_.download_bytes += bytes;
+    if (bytes && host != src) std::memcpy(host, src, bytes);
+  }
   void ToDevice(float* dst, const float* host, size_t n) override {
-    if (n) std::memcpy(dst, host, n * sizeof(float));
+    Upload(dst, host, n * sizeof(float));
   }
   void ToHost(float* host, const float* src, size_t n) override {
-    if (n) std::memcpy(host, src, n * sizeof(float));
+    Download(host, src, n * sizeof(float));
   }
   void Fill(float* dst, float value, size_t n) override { std::fill(dst, dst + n, value); }
 
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-            const float* b, float beta, float* c) override {
+  void GemmStrided(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
-                trans_b ? k : n, beta, c, n);
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
   }
 
   void AddBias(float* y, const float* bias, int rows, int cols) override {
@@ -60,8 +78,24 @@ class CpuBackend : public Backend {
     for (size_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
   }
 
+  void BiasActivation(float* y, const float* bias, int rows, int cols, bool relu) override {
+    AddBias(y, bias, rows, cols);
+    if (relu) Relu(y, y, size_t(rows) * cols);
+  }
+
+  void BiasActivationBackward(float* dpre, float* db, const float* dy, const float* y, int rows,
+                              int cols, bool relu) override {
+    if (relu) {
+      ReluBackward(dpre, dy, y, size_t(rows) * cols);
+      BiasGrad(db, dpre, rows, cols);
+    } else {
+      BiasGrad(db, dy, rows, cols);
+    }
+  }
+
   void EmbeddingPool(float* out, const float* rows, int dim, const uint32_t* indices,
-                     const float* values, const uint32_t* offsets, int batch) override {
+                     const float* values, const uint32_t* offsets, int batch,
+                     uint32_t /*row_count*/) override {
     for (int b = 0; b < batch; ++b) {
       float* o = out + size_t(b) * dim;
       std::fill(o, o + dim, 0.0f);
@@ -85,7 +119,24 @@ class CpuBackend : public Backend {
     }
   }
 
-  void Interaction(float* out, const float* z, const float* e, int batch, int fields,
+  void EmbeddingRowGrad(float* drows, const float* dout, int dim, const uint32_t* row_start,
+                        const uint32_t* occ, const uint32_t* /*hot_rows*/,
+                        uint32_t /*hot_count*/, const uint32_t* key_bags, const float* values,
+                        uint32_t unique, const uint32_t* counts) override {
+    if (counts) unique = counts[0];
+    for (uint32_t u = 0; u < unique; ++u) {
+      float* r = drows + size_t(u) * dim;
+      std::fill(r, r + dim, 0.0f);
+      for (uint32_t k = row_start[u]; k < row_start[u + 1]; ++k) {
+        const uint32_t j = occ[k];
+        const float* g = dout + size_t(key_bags ? key_bags[j] : j) * dim;
+        const float v = values ? values[j] : 1.0f;
+        for (int d = 0; d < dim; ++d) r[d] += v * g[d];
+      }
+    }
+  }
+
+  void Interaction(float* out, int out_ld, const float* z, const float* e, int batch, int fields,
                    int dim) override {
     const int vectors = fields + 1;
     const int width = dim + vectors * fields / 2;
@@ -93,8 +144,9 @@ class CpuBackend : public Backend {
       const float* zb = z + size_t(b) * dim;
       const float* eb = e + size_t(b) * fields * dim;
       auto vec = [&](int i) { return i == 0 ? zb : eb + size_t(i - 1) * dim; };
-      float* o = out + size_t(b) * width;
+      float* o = out + size_t(b) * out_ld;
       std::memcpy(o, zb, sizeof(float) * dim);
+      std::fill(o + width, o + out_ld, 0.0f);
       int k = dim;
       for (int i = 1; i < vectors; ++i) {
         const float* vi = vec(i);
@@ -108,10 +160,9 @@ class CpuBackend : public Backend {
     }
   }
 
-  void InteractionBackward(float* dz, float* de, const float* dout, const float* z,
+  void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, const float* z,
                            const float* e, int batch, int fields, int dim) override {
     const int vectors = fields + 1;
-    const int width = dim + vectors * fields / 2;
     for (int b = 0; b < batch; ++b) {
       const float* zb = z + size_t(b) * dim;
       const float* eb = e + size_t(b) * fields * dim;
@@ -119,7 +170,7 @@ class CpuBackend : public Backend {
       float* deb = de + size_t(b) * fields * dim;
       auto vec = [&](int i) { return i == 0 ? zb : eb + size_t(i - 1) * dim; };
       auto grad = [&](int i) { return i == 0 ? dzb : deb + size_t(i - 1) * dim; };
-      const float* g = dout + size_t(b) * width;
+      const float* g = dout + size_t(b) * dout_ld;
       std::memcpy(dzb, g, sizeof(float) * dim);
       std::fill(deb, deb + size_t(fields) * dim, 0.0f);
       int k = dim;
@@ -139,8 +190,8 @@ class CpuBackend : public Backend {
     }
   }
 
-  double SigmoidBce(float* probs, float* dlogits, const float* logits, const float* labels,
-                    int n) override {
+  void SigmoidBce(float* probs, float* dlogits, double* loss_sum, const float* logits,
+                  const float* labels, int n) override {
     double loss = 0;
     for (int i = 0; i < n; ++i) {
       const double x = logits[i];
@@ -150,7 +201,7 @@ class CpuBackend : public Backend {
       // log(1 + e^x) - y x, computed without overflow.
       loss += std::max(x, 0.0) - x * labels[i] + std::log1p(std::exp(-std::abs(x)));
     }
-    return n ? loss / n : 0.0;
+    *loss_sum = loss;
   }
 };
 

@@ -1,16 +1,20 @@
 // The CUDA backend: cuBLAS for matrix products, the kernels in kernels/ for the rest.
 //
-// Two streams: compute, and copy. Host data bound for the device is staged in pinned memory and
-// copied on the copy stream; the compute stream waits on an event for it, so the transfer of the
-// next buffer overlaps the kernels of the previous one. Every CUDA and cuBLAS status is checked;
-// the first error (file, line, expression) is kept and returned by Sync(), and every call after
-// it is skipped.
+// Kernels and products run on one compute stream. Uploads run on a copy stream: each waits for
+// the compute work issued before it (the destination may still be read), and the compute work
+// issued after it waits for it. A model's step makes one upload from and one download into
+// pinned host buffers (AllocateHost) and synchronises once (Sync). Every CUDA and cuBLAS status
+// is checked; the first error (file, line, expression or kernel) is kept, every call after it
+// is skipped (no launch, no copy), and Sync() returns it.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
@@ -33,12 +37,23 @@ class CudaBackend : public Backend {
   CudaBackend(int device, bool tf32) : device_(device), tf32_(tf32) {}
 
   ~CudaBackend() override {
+    if (compute_) cudaStreamSynchronize(compute_);
+    if (copy_) cudaStreamSynchronize(copy_);
+    for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     if (handle_) cublasDestroy(handle_);
-    if (copied_) cudaEventDestroy(copied_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    for (cudaEvent_t e : {copied_, computed_}) {
+      if (e) cudaEventDestroy(e);
+    }
+    for (auto& t : timings_) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.end);
+    }
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (compute_) cudaStreamDestroy(compute_);
     if (copy_) cudaStreamDestroy(copy_);
     for (auto& b : pinned_) cudaFreeHost(b.data);
-    if (loss_) cudaFree(loss_);
+    if (workspace_) cudaFree(workspace_);
   }
 
   Status Init() {
@@ -46,14 +61,21 @@ class CudaBackend : public Backend {
     PARASOL_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     PARASOL_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     PARASOL_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-    PARASOL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_), sizeof(double)));
+    PARASOL_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
     if (cublasStatus_t s = cublasCreate(&handle_); s != CUBLAS_STATUS_SUCCESS) {
       return CublasStatus(s, "cublasCreate(&handle_)", __FILE__, __LINE__);
     }
     if (cublasStatus_t s = cublasSetStream(handle_, compute_); s != CUBLAS_STATUS_SUCCESS) {
       return CublasStatus(s, "cublasSetStream(handle_, compute_)", __FILE__, __LINE__);
     }
-    const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+    // A workspace of cuBLAS's own, so that products recorded into a graph allocate nothing.
+    PARASOL_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
+    if (cublasStatus_t s = cublasSetWorkspace(handle_, cublas_workspace_, kCublasWorkspace);
+        s != CUBLAS_STATUS_SUCCESS) {
+      return CublasStatus(s, "cublasSetWorkspace", __FILE__, __LINE__);
+    }
+    // fp32 products in plain fp32 (cuBLAS's default math); TF32 tensor cores when asked.
+    const cublasMath_t math = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     if (cublasStatus_t s = cublasSetMathMode(handle_, math); s != CUBLAS_STATUS_SUCCESS) {
       return CublasStatus(s, "cublasSetMathMode(handle_, math)", __FILE__, __LINE__);
     }
@@ -64,95 +86,209 @@ class CudaBackend : public Backend {
 
   DeviceBuffer Allocate(size_t floats) override {
     void* p = nullptr;
-    Record(CudaCall(cudaMalloc(&p, std::max<size_t>(1, floats) * sizeof(float)),
-                    "cudaMalloc", __LINE__));
-    Record(CudaCall(cudaMemsetAsync(p, 0, std::max<size_t>(1, floats) * sizeof(float), compute_),
-                    "cudaMemsetAsync", __LINE__));
+    if (!status_.ok()) return DeviceBuffer();
+    const size_t bytes = std::max<size_t>(1, floats) * sizeof(float);
+    Record(CudaCall(cudaMalloc(&p, bytes), "cudaMalloc", __LINE__));
+    if (!status_.ok()) return DeviceBuffer();
+    // Zeroed on the compute stream; uploads wait for the compute stream, so they land after.
+    Record(CudaCall(cudaMemsetAsync(p, 0, bytes, compute_), "cudaMemsetAsync", __LINE__));
     return DeviceBuffer(static_cast<float*>(p), floats, [](float* q) { cudaFree(q); });
   }
 
-  void ToDevice(float* dst, const float* host, size_t n) override {
-    if (n == 0 || !status_.ok()) return;
-    // Stage in pinned memory, copy on the copy stream, and make compute wait for it.
-    float* staged = Stage(n);
-    if (!staged) return;
-    std::memcpy(staged, host, n * sizeof(float));
-    Record(CudaCall(cudaMemcpyAsync(dst, staged, n * sizeof(float), cudaMemcpyHostToDevice, copy_),
+  HostBuffer AllocateHost(size_t bytes) override {
+    void* p = nullptr;
+    if (!status_.ok()) return HostBuffer();
+    Record(CudaCall(cudaHostAlloc(&p, std::max<size_t>(1, bytes), cudaHostAllocDefault),
+                    "cudaHostAlloc", __LINE__));
+    if (!status_.ok()) return HostBuffer();
+    return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); });
+  }
+
+  void Upload(void* dst, const void* host, size_t bytes) override {
+    ++transfers_.uploads;
+    transfers_.upload_bytes += bytes;
+    if (bytes == 0 || !status_.ok()) return;
+    // The copy waits for the compute work issued so far (it may read dst); the compute work
+    // issued from now on waits for the copy.
+    Record(CudaCall(cudaEventRecord(computed_, compute_), "cudaEventRecord", __LINE__));
+    Record(CudaCall(cudaStreamWaitEvent(copy_, computed_, 0), "cudaStreamWaitEvent", __LINE__));
+    Record(CudaCall(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, copy_),
                     "cudaMemcpyAsync(H2D)", __LINE__));
     Record(CudaCall(cudaEventRecord(copied_, copy_), "cudaEventRecord", __LINE__));
     Record(CudaCall(cudaStreamWaitEvent(compute_, copied_, 0), "cudaStreamWaitEvent", __LINE__));
   }
 
+  void Download(void* host, const void* src, size_t bytes) override {
+    ++transfers_.downloads;
+    transfers_.download_bytes += bytes;
+    if (bytes == 0 || !status_.ok()) return;
+    Record(CudaCall(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, compute_),
+                    "cudaMemcpyAsync(D2H)", __LINE__));
+  }
+
+  void ToDevice(float* dst, const float* host, size_t n) override {
+    if (n == 0 || !status_.ok()) {
+      ++transfers_.uploads;
+      return;
+    }
+    // Any host memory: staged through pinned memory, which stays in use until Sync().
+    float* staged = Stage(n);
+    if (!staged) return;
+    std::memcpy(staged, host, n * sizeof(float));
+    Upload(dst, staged, n * sizeof(float));
+  }
+
   void ToHost(float* host, const float* src, size_t n) override {
+    ++transfers_.downloads;
+    transfers_.download_bytes += n * sizeof(float);
     if (n == 0 || !status_.ok()) return;
     float* staged = Stage(n);
     if (!staged) return;
-    Record(CudaCall(cudaEventRecord(copied_, compute_), "cudaEventRecord", __LINE__));
-    Record(CudaCall(cudaStreamWaitEvent(copy_, copied_, 0), "cudaStreamWaitEvent", __LINE__));
-    Record(CudaCall(cudaMemcpyAsync(staged, src, n * sizeof(float), cudaMemcpyDeviceToHost, copy_),
+    Record(CudaCall(cudaMemcpyAsync(staged, src, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                    compute_),
                     "cudaMemcpyAsync(D2H)", __LINE__));
-    Record(CudaCall(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy)", __LINE__));
+    Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)", __LINE__));
     if (status_.ok()) std::memcpy(host, staged, n * sizeof(float));
   }
 
-  void Fill(float* dst, float value, size_t n) override { Run(FillCuda(dst, value, n, compute_)); }
+  void Fill(float* dst, float value, size_t n) override {
+    Launch("fill", [&] { return FillCuda(dst, value, n, compute_); });
+  }
 
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-            const float* b, float beta, float* c) override {
-    if (!status_.ok()) return;
-    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-    const cublasStatus_t s = cublasSgemm(
-        handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-        k, &alpha, b, trans_b ? k : n, a, trans_a ? m : k, &beta, c, n);
-    if (s != CUBLAS_STATUS_SUCCESS) Run(CublasStatus(s, "cublasSgemm", __FILE__, __LINE__));
+  void GemmStrided(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                   int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+    auto op = [&]() -> Status {
+      // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+      const cublasStatus_t s = cublasSgemm(
+          handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+          m, k, &alpha, b, ldb, a, lda, &beta, c, ldc);
+      if (s != CUBLAS_STATUS_SUCCESS) return CublasStatus(s, "cublasSgemm", __FILE__, __LINE__);
+      return Status::Ok();
+    };
+    if (!profiling_) {
+      Launch("gemm", op);
+      return;
+    }
+    char name[96];
+    std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c", m, n, k, trans_a ? 'T' : 'N',
+                  trans_b ? 'T' : 'N');
+    Launch(name, op);
   }
 
   void AddBias(float* y, const float* bias, int rows, int cols) override {
-    Run(AddBiasCuda(y, bias, rows, cols, compute_));
+    Launch("add_bias", [&] { return AddBiasCuda(y, bias, rows, cols, compute_); });
   }
   void BiasGrad(float* db, const float* dy, int rows, int cols) override {
-    Run(BiasGradCuda(db, dy, rows, cols, compute_));
+    float* ws = Workspace(ColumnSumWorkspaceFloats(rows, cols));
+    Launch("bias_grad", [&] { return BiasGradCuda(db, dy, rows, cols, ws, compute_); });
   }
-  void Relu(float* y, const float* x, size_t n) override { Run(ReluCuda(y, x, n, compute_)); }
+  void Relu(float* y, const float* x, size_t n) override {
+    Launch("relu", [&] { return ReluCuda(y, x, n, compute_); });
+  }
   void ReluBackward(float* dx, const float* dy, const float* y, size_t n) override {
-    Run(ReluBackwardCuda(dx, dy, y, n, compute_));
+    Launch("relu_backward", [&] { return ReluBackwardCuda(dx, dy, y, n, compute_); });
+  }
+  void BiasActivation(float* y, const float* bias, int rows, int cols, bool relu) override {
+    Launch(relu ? "bias_relu" : "bias",
+           [&] { return BiasActivationCuda(y, bias, rows, cols, relu, compute_); });
+  }
+  void BiasActivationBackward(float* dpre, float* db, const float* dy, const float* y, int rows,
+                              int cols, bool relu) override {
+    float* ws = Workspace(ColumnSumWorkspaceFloats(rows, cols));
+    Launch(relu ? "bias_relu_backward" : "bias_backward", [&] {
+      return BiasActivationBackwardCuda(dpre, db, dy, y, rows, cols, relu, ws, compute_);
+    });
   }
   void EmbeddingPool(float* out, const float* rows, int dim, const uint32_t* indices,
-                     const float* values, const uint32_t* offsets, int batch) override {
-    Run(EmbeddingPoolCuda(out, rows, dim, indices, values, offsets, batch, compute_));
+                     const float* values, const uint32_t* offsets, int batch,
+                     uint32_t row_count) override {
+    Launch("embedding_pool", [&] {
+      return EmbeddingPoolCuda(out, rows, dim, indices, values, offsets, batch, row_count,
+                               compute_);
+    });
   }
   void EmbeddingPoolBackward(float* drows, const float* dout, int dim, const uint32_t* indices,
                              const float* values, const uint32_t* offsets, int batch) override {
-    Run(EmbeddingPoolBackwardCuda(drows, dout, dim, indices, values, offsets, batch, compute_));
+    Launch("embedding_pool_backward", [&] {
+      return EmbeddingPoolBackwardCuda(drows, dout, dim, indices, values, offsets, batch,
+                                       compute_);
+    });
   }
-  void Interaction(float* out, const float* z, const float* e, int batch, int fields,
+  void EmbeddingRowGrad(float* drows, const float* dout, int dim, const uint32_t* row_start,
+                        const uint32_t* occ, const uint32_t* hot_rows, uint32_t hot_count,
+                        const uint32_t* key_bags, const float* values, uint32_t unique,
+                        const uint32_t* counts) override {
+    Launch("embedding_row_grad", [&] {
+      return EmbeddingRowGradCuda(drows, dout, dim, row_start, occ, hot_rows, hot_count,
+                                  key_bags, values, unique, counts, compute_);
+    });
+  }
+  void Interaction(float* out, int out_ld, const float* z, const float* e, int batch, int fields,
                    int dim) override {
-    Run(InteractionCuda(out, z, e, batch, fields, dim, compute_));
+    Launch("interaction", [&] {
+      return InteractionCuda(out, out_ld, z, e, batch, fields, dim, compute_);
+    });
   }
-  void InteractionBackward(float* dz, float* de, const float* dout, const float* z,
+  void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, const float* z,
                            const float* e, int batch, int fields, int dim) override {
-    Run(InteractionBackwardCuda(dz, de, dout, z, e, batch, fields, dim, compute_));
+    Launch("interaction_backward", [&] {
+      return InteractionBackwardCuda(dz, de, dout, dout_ld, z, e, batch, fields, dim, compute_);
+    });
   }
-
-  double SigmoidBce(float* probs, float* dlogits, const float* logits, const float* labels,
-                    int n) override {
-    if (!status_.ok() || n == 0) return 0.0;
-    Record(CudaCall(cudaMemsetAsync(loss_, 0, sizeof(double), compute_), "cudaMemsetAsync",
-                    __LINE__));
-    Run(SigmoidBceCuda(probs, dlogits, loss_, logits, labels, n, compute_));
-    double sum = 0;
-    Record(CudaCall(cudaMemcpyAsync(&sum, loss_, sizeof(double), cudaMemcpyDeviceToHost, compute_),
-                    "cudaMemcpyAsync(loss)", __LINE__));
-    Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize", __LINE__));
-    return sum / n;
+  void SigmoidBce(float* probs, float* dlogits, double* loss_sum, const float* logits,
+                  const float* labels, int n) override {
+    Launch("sigmoid_bce", [&] {
+      return SigmoidBceCuda(probs, dlogits, loss_sum, logits, labels, n, compute_);
+    });
   }
 
   Status Sync() override {
+    ++transfers_.syncs;
     Record(CudaCall(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy)", __LINE__));
     Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)", __LINE__));
     for (auto& b : pinned_) b.used = 0;  // every staged copy has landed
-    Status st = status_;
-    return st;
+    CollectTimings();
+    return status_;
+  }
+
+  bool BeginGraph() override {
+    if (profiling_ || !status_.ok()) return false;
+    // Thread-local: other threads' CUDA calls are not this recording's business.
+    if (cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return true;
+  }
+
+  int EndGraph() override {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    const bool ok = status_.ok() && ended == cudaSuccess && graph &&
+                    cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph) cudaGraphDestroy(graph);
+    if (!ok) {
+      // Nothing ran: the caller issues the work directly. Forget the recording's errors.
+      cudaGetLastError();
+      status_ = Status::Ok();
+      if (exec) cudaGraphExecDestroy(exec);
+      return -1;
+    }
+    graphs_.push_back(exec);
+    return static_cast<int>(graphs_.size() - 1);
+  }
+
+  void RunGraph(int id) override {
+    if (!status_.ok() || id < 0 || id >= static_cast<int>(graphs_.size())) return;
+    Record(CudaCall(cudaGraphLaunch(graphs_[id], compute_), "cudaGraphLaunch", __LINE__));
+  }
+
+  void SetProfiling(bool on) override { profiling_ = on; }
+  std::vector<OpTime> OpTimes() const override {
+    std::vector<OpTime> out;
+    for (const auto& [op, t] : op_times_) out.push_back(t);
+    return out;
   }
 
  private:
@@ -160,6 +296,10 @@ class CudaBackend : public Backend {
     float* data = nullptr;
     size_t size = 0;  // floats
     size_t used = 0;
+  };
+  struct Timing {
+    std::string op;
+    cudaEvent_t start = nullptr, end = nullptr;
   };
 
   Status CudaCall(cudaError_t err, const char* expr, int line) {
@@ -169,10 +309,70 @@ class CudaBackend : public Backend {
   void Record(const Status& st) {
     if (status_.ok() && !st.ok()) status_ = st;
   }
-  void Run(const Status& st) { Record(st); }
 
-  // Pinned staging space for n floats, valid until the next Sync(). Allocates only while the
-  // blocks are warming up to a step's needs.
+  // Runs one operation unless an earlier one failed; while profiling, between two events.
+  template <typename Op>
+  void Launch(const char* op, Op&& run) {
+    if (!status_.ok()) return;
+    if (!profiling_) {
+      Record(run());
+      return;
+    }
+    Timing t{op, NewEvent(), NewEvent()};
+    Record(CudaCall(cudaEventRecord(t.start, compute_), "cudaEventRecord", __LINE__));
+    Record(run());
+    Record(CudaCall(cudaEventRecord(t.end, compute_), "cudaEventRecord", __LINE__));
+    timings_.push_back(std::move(t));
+  }
+  cudaEvent_t NewEvent() {
+    if (!spare_events_.empty()) {
+      cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    Record(CudaCall(cudaEventCreate(&e), "cudaEventCreate", __LINE__));
+    return e;
+  }
+  void CollectTimings() {
+    for (auto& t : timings_) {
+      float ms = 0;
+      if (status_.ok() && cudaEventElapsedTime(&ms, t.start, t.end) == cudaSuccess) {
+        OpTime& o = op_times_[t.op];
+        o.op = t.op;
+        o.seconds += ms / 1e3;
+        ++o.calls;
+      }
+      spare_events_.push_back(t.start);
+      spare_events_.push_back(t.end);
+    }
+    timings_.clear();
+  }
+
+  // Device scratch of at least n floats (column-sum partials); grows only while warming up.
+  float* Workspace(size_t n) {
+    if (n <= workspace_floats_ || !status_.ok()) return workspace_;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(compute_, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone) {  // no allocation while recording a graph
+      Record(Internal("the column-sum workspace must grow while a graph is recorded"));
+      return nullptr;
+    }
+    // The old scratch may still be in use by queued kernels.
+    Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)", __LINE__));
+    if (workspace_) cudaFree(workspace_);
+    workspace_ = nullptr;
+    workspace_floats_ = 0;
+    void* p = nullptr;
+    Record(CudaCall(cudaMalloc(&p, std::max<size_t>(n, 1 << 16) * sizeof(float)), "cudaMalloc",
+                    __LINE__));
+    if (!status_.ok()) return nullptr;
+    workspace_ = static_cast<float*>(p);
+    workspace_floats_ = std::max<size_t>(n, 1 << 16);
+    return workspace_;
+  }
+
+  // Pinned staging space for n floats, valid until the next Sync() (ToDevice/ToHost only).
   float* Stage(size_t n) {
     for (auto& b : pinned_) {
       if (b.size - b.used >= n) {
@@ -182,7 +382,6 @@ class CudaBackend : public Backend {
       }
     }
     // A fresh block; earlier copies may still be reading the others, so keep them.
-    Record(CudaCall(cudaStreamSynchronize(copy_), "cudaStreamSynchronize(copy)", __LINE__));
     Pinned b;
     b.size = std::max<size_t>(n, size_t{1} << 22);
     void* p = nullptr;
@@ -195,14 +394,24 @@ class CudaBackend : public Backend {
     return b.data;
   }
 
+  static constexpr size_t kCublasWorkspace = size_t{32} << 20;
+
   int device_;
   bool tf32_;
+  void* cublas_workspace_ = nullptr;
+  std::vector<cudaGraphExec_t> graphs_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
   cudaEvent_t copied_ = nullptr;
+  cudaEvent_t computed_ = nullptr;
   cublasHandle_t handle_ = nullptr;
-  double* loss_ = nullptr;
+  float* workspace_ = nullptr;
+  size_t workspace_floats_ = 0;
   std::vector<Pinned> pinned_;
+  bool profiling_ = false;
+  std::vector<Timing> timings_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::map<std::string, OpTime> op_times_;
   Status status_;
 };
 

@@ -8,40 +8,31 @@ LinearLayer::LinearLayer(Backend* backend, uint32_t in, uint32_t out, bool relu,
       in_(in),
       out_(out),
       relu_(relu),
-      w_(backend->Allocate(size_t{in} * out)),
-      b_(backend->Allocate(out)),
-      dw_(backend->Allocate(size_t{in} * out)),
-      db_(backend->Allocate(out)),
       y_(backend->Allocate(size_t{max_batch} * out)),
-      dpre_(backend->Allocate(size_t{max_batch} * out)) {}
+      dpre_(relu ? backend->Allocate(size_t{max_batch} * out) : DeviceBuffer()) {}
 
-void LinearLayer::SetParams(const float* weight, const float* bias) {
-  backend_->ToDevice(w_.data(), weight, size_t{in_} * out_);
-  backend_->ToDevice(b_.data(), bias, out_);
+void LinearLayer::Bind(const float* weight, const float* bias, float* dweight, float* dbias) {
+  w_ = weight;
+  b_ = bias;
+  dw_ = dweight;
+  db_ = dbias;
 }
 
-const float* LinearLayer::Forward(const float* x, uint32_t batch) {
-  backend_->Gemm(false, true, batch, out_, in_, 1.0f, x, w_.data(), 0.0f, y_.data());
-  backend_->AddBias(y_.data(), b_.data(), batch, out_);
-  if (relu_) backend_->Relu(y_.data(), y_.data(), size_t{batch} * out_);
+const float* LinearLayer::Forward(const float* x, int ldx, uint32_t batch) {
+  const int n = static_cast<int>(batch), o = static_cast<int>(out_), i = static_cast<int>(in_);
+  backend_->GemmStrided(false, true, n, o, i, 1.0f, x, ldx, w_, i, 0.0f, y_.data(), o);
+  backend_->BiasActivation(y_.data(), b_, n, o, relu_);
   return y_.data();
 }
 
-void LinearLayer::Backward(const float* x, const float* dy, float* dx, uint32_t batch) {
-  const float* dpre = dy;
-  if (relu_) {
-    backend_->ReluBackward(dpre_.data(), dy, y_.data(), size_t{batch} * out_);
-    dpre = dpre_.data();
-  }
-  // dW = dpre^T x, db = column sums of dpre, dx = dpre W.
-  backend_->Gemm(true, false, out_, in_, batch, 1.0f, dpre, x, 0.0f, dw_.data());
-  backend_->BiasGrad(db_.data(), dpre, batch, out_);
-  if (dx) backend_->Gemm(false, false, batch, in_, out_, 1.0f, dpre, w_.data(), 0.0f, dx);
-}
-
-void LinearLayer::GradsToHost(float* dweight, float* dbias) {
-  backend_->ToHost(dweight, dw_.data(), size_t{in_} * out_);
-  backend_->ToHost(dbias, db_.data(), out_);
+void LinearLayer::Backward(const float* x, int ldx, const float* dy, float* dx, int lddx,
+                           uint32_t batch) {
+  const int n = static_cast<int>(batch), o = static_cast<int>(out_), i = static_cast<int>(in_);
+  // dpre = dy through the ReLU, db = its column sums (one pass); dW = dpre^T x; dx = dpre W.
+  backend_->BiasActivationBackward(dpre_.data(), db_, dy, y_.data(), n, o, relu_);
+  const float* dpre = relu_ ? dpre_.data() : dy;
+  backend_->GemmStrided(true, false, o, i, n, 1.0f, dpre, o, x, ldx, 0.0f, dw_, i);
+  if (dx) backend_->GemmStrided(false, false, n, i, o, 1.0f, dpre, o, w_, i, 0.0f, dx, lddx);
 }
 
 }  // namespace parasol

@@ -1,89 +1,174 @@
 // Logistic regression on the hashed sparse keys plus the 13 dense features.
+//
+// Step buffers as in the DLRM model (model.hpp), with the batch's bags (offsets, values, the bag
+// of each key) besides. libsvm rows may carry any number of keys: a slot grows when a batch needs
+// more room, before anything is pulled into it for the step.
+#include <cstring>
+
 #include "common/model_tables.hpp"
+#include "kernels/embedding_pool.hpp"
 #include "worker/linear_layer.hpp"
 #include "worker/model.hpp"
 
 namespace parasol {
 namespace {
 
+constexpr int kXStride = 16;  // kCriteoDenseFeatures rounded up to 16-byte rows
+
+template <typename T>
+T* At(char* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
 class LrModel : public Model {
  public:
   LrModel(const Manifest& m, Backend* backend, uint32_t max_batch, uint32_t max_keys)
-      : backend_(backend),
+      : Model(backend),
         layout_(LayoutOf(m.model)),
+        max_batch_(max_batch),
         dense_(backend, kCriteoDenseFeatures, 1, /*relu=*/false, max_batch) {
-    x_ = backend->Allocate(size_t{max_batch} * kCriteoDenseFeatures);
-    rows_ = backend->Allocate(max_keys);
-    drows_ = backend->Allocate(max_keys);
-    indices_ = backend->Allocate(max_keys);
-    values_ = backend->Allocate(max_keys);
-    offsets_ = backend->Allocate(size_t{max_batch} + 1);
     pooled_ = backend->Allocate(max_batch);
-    labels_ = backend->Allocate(max_batch);
-    probs_dev_ = backend->Allocate(max_batch);
     dlogit_ = backend->Allocate(max_batch);
     sparse_table_ = static_cast<uint32_t>(m.FindTable(layout_.sparse_table));
     sparse_dim_ = 1;
     dense_tables_ = {static_cast<uint32_t>(m.FindTable(layout_.top[0].weight_table)),
                      static_cast<uint32_t>(m.FindTable(layout_.top[0].bias_table))};
-    dense_params_ = {std::vector<float>(kCriteoDenseFeatures), std::vector<float>(1)};
-    dense_grads_ = dense_params_;
-    max_keys_ = max_keys;
+    for (int s = 0; s < kSlots; ++s) Layout(s, max_keys);
+    Outputs(max_keys);
   }
 
-  double Forward(const Batch& batch, const float* rows, uint32_t unique,
-                 const uint32_t* indices) override {
+  float* StepRows(int slot, uint32_t /*unique*/, uint32_t keys) override {
+    if (keys > slots_[slot].max_keys) Layout(slot, keys * 2);
+    return At<float>(slots_[slot].host.data(), slots_[slot].rows);
+  }
+
+  void Run(const Batch& batch, int slot, uint32_t unique, const uint32_t* indices,
+           bool train) override {
     batch_ = batch.size;
     unique_ = unique;
-    keys_ = static_cast<uint32_t>(batch.keys.size());
-    if (keys_ > max_keys_) Grow(keys_);
-    dense_.SetParams(dense_params_[0].data(), dense_params_[1].data());
-    backend_->ToDevice(x_.data(), batch.dense.data(), size_t{batch_} * kCriteoDenseFeatures);
-    backend_->ToDevice(rows_.data(), rows, unique);
-    backend_->ToDevice(indices_.data(), reinterpret_cast<const float*>(indices), keys_);
-    backend_->ToDevice(values_.data(), batch.values.data(), keys_);
-    backend_->ToDevice(offsets_.data(), reinterpret_cast<const float*>(batch.offsets.data()),
-                       batch_ + 1);
-    backend_->ToDevice(labels_.data(), batch.labels.data(), batch_);
-    backend_->EmbeddingPool(pooled_.data(), rows_.data(), 1, Indices(), values_.data(), Offsets(),
-                            batch_);
-    const float* d = dense_.Forward(x_.data(), batch_);
-    // logit = pooled + dense part (the batch of outputs seen as one row of `batch_` columns).
-    backend_->AddBias(pooled_.data(), d, 1, batch_);
-    const double loss = backend_->SigmoidBce(probs_dev_.data(), dlogit_.data(), pooled_.data(),
-                                             labels_.data(), batch_);
-    probs_.resize(batch_);
-    backend_->ToHost(probs_.data(), probs_dev_.data(), batch_);
-    return loss;
-  }
+    const auto keys = static_cast<uint32_t>(batch.keys.size());
+    if (keys > slots_[slot].max_keys) Layout(slot, keys * 2);  // StepRows was not called
+    Slot& sl = slots_[slot];
+    if (keys > out_keys_) Outputs(keys * 2);
+    const bool shared = backend_->SharesHostMemory();
+    if (!shared && dev_in_.size() * sizeof(float) < sl.layout.size()) {
+      dev_in_ = backend_->Allocate(sl.layout.size() / sizeof(float) + 1);
+    }
+    char* h = sl.host.data();
+    float* x = At<float>(h, sl.x);
+    for (uint32_t r = 0; r < batch_; ++r) {
+      std::memcpy(x + size_t{r} * kXStride, batch.dense.data() + size_t{r} * kCriteoDenseFeatures,
+                  kCriteoDenseFeatures * sizeof(float));
+    }
+    std::memcpy(At<float>(h, sl.labels), batch.labels.data(), batch_ * sizeof(float));
+    std::memcpy(At<uint32_t>(h, sl.offsets), batch.offsets.data(),
+                (size_t{batch_} + 1) * sizeof(uint32_t));
+    std::memcpy(At<float>(h, sl.values), batch.values.data(), keys * sizeof(float));
+    std::memcpy(At<uint32_t>(h, sl.indices), indices, keys * sizeof(uint32_t));
+    uint32_t hot = 0;
+    if (train) {
+      uint32_t* bags = At<uint32_t>(h, sl.key_bags);
+      for (uint32_t b = 0; b < batch_; ++b) {
+        for (uint32_t j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) bags[j] = b;
+      }
+      hot = BuildRowIndex(indices, keys, unique, At<uint32_t>(h, sl.row_start),
+                          At<uint32_t>(h, sl.occ), At<uint32_t>(h, sl.hot));
+    }
+    char* d = shared ? h : reinterpret_cast<char*>(dev_in_.data());
+    backend_->Upload(d, h, sl.rows + size_t{unique} * sizeof(float));
 
-  void Backward(float* row_grads) override {
-    dense_.Backward(x_.data(), dlogit_.data(), nullptr, batch_);
-    dense_.GradsToHost(dense_grads_[0].data(), dense_grads_[1].data());
-    backend_->Fill(drows_.data(), 0.0f, unique_);
-    backend_->EmbeddingPoolBackward(drows_.data(), dlogit_.data(), 1, Indices(), values_.data(),
-                                    Offsets(), batch_);
-    backend_->ToHost(row_grads, drows_.data(), unique_);
+    char* o = shared ? host_out_.data() : reinterpret_cast<char*>(dev_out_.data());
+    dense_.Bind(At<float>(d, sl.dense[0]), At<float>(d, sl.dense[1]), At<float>(o, out_dense_[0]),
+                At<float>(o, out_dense_[1]));
+    const uint32_t* idx = At<uint32_t>(d, sl.indices);
+    const uint32_t* off = At<uint32_t>(d, sl.offsets);
+    const float* values = At<float>(d, sl.values);
+    backend_->EmbeddingPool(pooled_.data(), At<float>(d, sl.rows), 1, idx, values, off,
+                            static_cast<int>(batch_), unique);
+    const float* xd = At<float>(d, sl.x);
+    const float* dense_out = dense_.Forward(xd, kXStride, batch_);
+    // logit = pooled + dense part (the batch of outputs seen as one row of `batch_` columns).
+    backend_->AddBias(pooled_.data(), dense_out, 1, static_cast<int>(batch_));
+    backend_->SigmoidBce(At<float>(o, probs_off_), dlogit_.data(), At<double>(o, loss_off_),
+                         pooled_.data(), At<float>(d, sl.labels), static_cast<int>(batch_));
+    if (train) {
+      dense_.Backward(xd, kXStride, dlogit_.data(), nullptr, 0, batch_);
+      backend_->EmbeddingRowGrad(At<float>(o, row_grads_off_), dlogit_.data(), 1,
+                                 At<uint32_t>(d, sl.row_start), At<uint32_t>(d, sl.occ),
+                                 At<uint32_t>(d, sl.hot), hot, At<uint32_t>(d, sl.key_bags),
+                                 values, unique);
+    }
+    const size_t down = train ? row_grads_off_ + size_t{unique} * sizeof(float)
+                              : loss_off_ + sizeof(double);
+    backend_->Download(host_out_.data(), o, down);
+    char* ho = host_out_.data();
+    probs_ = At<float>(ho, probs_off_);
+    loss_sum_ = At<double>(ho, loss_off_);
+    row_grads_ = At<float>(ho, row_grads_off_);
   }
 
  private:
-  const uint32_t* Indices() const { return reinterpret_cast<const uint32_t*>(indices_.data()); }
-  const uint32_t* Offsets() const { return reinterpret_cast<const uint32_t*>(offsets_.data()); }
-  // libsvm rows may carry more keys than expected; grow once.
-  void Grow(uint32_t keys) {
-    max_keys_ = keys * 2;
-    rows_ = backend_->Allocate(max_keys_);
-    drows_ = backend_->Allocate(max_keys_);
-    indices_ = backend_->Allocate(max_keys_);
-    values_ = backend_->Allocate(max_keys_);
+  struct Slot {
+    uint32_t max_keys = 0;
+    RegionLayout layout;
+    size_t dense[2] = {0, 0};
+    size_t x = 0, labels = 0, offsets = 0, values = 0, indices = 0, key_bags = 0, occ = 0,
+           row_start = 0, hot = 0, rows = 0;
+    HostBuffer host;
+  };
+
+  // (Re)lays out slot s for max_keys keys, keeping the dense weights already pulled into it.
+  void Layout(int s, uint32_t max_keys) {
+    Slot next;
+    next.max_keys = max_keys;
+    RegionLayout& l = next.layout;
+    next.dense[0] = l.Add(kCriteoDenseFeatures * sizeof(float));
+    next.dense[1] = l.Add(sizeof(float));
+    next.x = l.Add(size_t{max_batch_} * kXStride * sizeof(float));
+    next.labels = l.Add(size_t{max_batch_} * sizeof(float));
+    next.offsets = l.Add((size_t{max_batch_} + 1) * sizeof(uint32_t));
+    next.values = l.Add(size_t{max_keys} * sizeof(float));
+    next.indices = l.Add(size_t{max_keys} * sizeof(uint32_t));
+    next.key_bags = l.Add(size_t{max_keys} * sizeof(uint32_t));
+    next.occ = l.Add(size_t{max_keys} * sizeof(uint32_t));
+    next.row_start = l.Add((size_t{max_keys} + 1) * sizeof(uint32_t));
+    next.hot = l.Add((size_t{max_keys} / kHotRowKeys + 1) * sizeof(uint32_t));
+    next.rows = l.Add(size_t{max_keys} * sizeof(float));
+    next.host = backend_->AllocateHost(l.size());
+    Slot& old = slots_[s];
+    if (old.host.data()) {
+      std::memcpy(next.host.data() + next.dense[0], old.host.data() + old.dense[0],
+                  kCriteoDenseFeatures * sizeof(float));
+      std::memcpy(next.host.data() + next.dense[1], old.host.data() + old.dense[1], sizeof(float));
+    }
+    old = std::move(next);
+    dense_in_[s] = {std::span<float>(At<float>(old.host.data(), old.dense[0]), kCriteoDenseFeatures),
+                    std::span<float>(At<float>(old.host.data(), old.dense[1]), 1)};
   }
 
-  Backend* backend_;
+  void Outputs(uint32_t max_keys) {
+    out_keys_ = max_keys;
+    RegionLayout l;
+    probs_off_ = l.Add(size_t{max_batch_} * sizeof(float));
+    loss_off_ = l.Add(sizeof(double));
+    out_dense_[0] = l.Add(kCriteoDenseFeatures * sizeof(float));
+    out_dense_[1] = l.Add(sizeof(float));
+    row_grads_off_ = l.Add(size_t{max_keys} * sizeof(float));
+    host_out_ = backend_->AllocateHost(l.size());
+    if (!backend_->SharesHostMemory()) dev_out_ = backend_->Allocate(l.size() / sizeof(float) + 1);
+    dense_grads_ = {
+        std::span<const float>(At<float>(host_out_.data(), out_dense_[0]), kCriteoDenseFeatures),
+        std::span<const float>(At<float>(host_out_.data(), out_dense_[1]), 1)};
+  }
+
   ModelLayout layout_;
+  uint32_t max_batch_;
   LinearLayer dense_;
-  uint32_t batch_ = 0, unique_ = 0, keys_ = 0, max_keys_ = 0;
-  DeviceBuffer x_, rows_, drows_, indices_, values_, offsets_, pooled_, labels_, probs_dev_,
-      dlogit_;
+  Slot slots_[kSlots];
+  uint32_t out_keys_ = 0;
+  size_t probs_off_ = 0, loss_off_ = 0, out_dense_[2] = {0, 0}, row_grads_off_ = 0;
+  HostBuffer host_out_;
+  DeviceBuffer dev_in_, dev_out_, pooled_, dlogit_;
 };
 
 }  // namespace

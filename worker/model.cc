@@ -23,4 +23,10 @@ Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* 
   return InvalidArgument(manifest.source + ": key 'model.kind': no model to train");
 }
 
+Status Model::Finish() {
+  PARASOL_RETURN_IF_ERROR(backend_->Sync());
+  loss_ = batch_ ? *loss_sum_ / batch_ : 0.0;
+  return Status::Ok();
+}
+
 }  // namespace parasol

@@ -1,8 +1,12 @@
 // Model: a CTR model computed on a Backend, with its parameters on the servers.
 //
 // Each step the trainer pulls the rows of the batch's unique keys and every dense table the
-// model lists, hands them to Forward(), calls Backward(), and pushes the row gradients and
-// DenseGrads(). Built-in models (manifest `model.kind`):
+// model lists straight into the step's input slot (StepRows, StepDense: host memory the
+// backend copies from without staging), calls Run() and Finish(), and pushes RowGrads() and
+// DenseGrads(). A step crosses to the device once each way: one upload of the slot (dense
+// weights, features, labels, the batch's row index, the rows) and one download (probabilities,
+// loss, gradients), with one synchronisation. There are two slots, so the next step's pulls can
+// land while a step runs. Built-in models (manifest `model.kind`):
 //   lr    logit = sum_k w_k * value_k + dense . x + b
 //   dlrm  bottom MLP on the 13 dense features; one embedding of dimension d per categorical
 //         field from one shared table; pairwise dot products of the 27 vectors concatenated
@@ -12,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +29,7 @@ namespace parasol {
 
 class Model {
  public:
+  static constexpr int kSlots = 2;
   virtual ~Model() = default;
 
   // REQUIRES: manifest.model.kind != none. `max_batch`: the largest batch to be seen.
@@ -32,29 +38,62 @@ class Model {
 
   uint32_t sparse_table() const { return sparse_table_; }
   uint32_t sparse_dim() const { return sparse_dim_; }
-  // The dense tables the model reads, in the order of DenseParams()/DenseGrads().
+  // The dense tables the model reads, in the order of StepDense()/DenseGrads().
   const std::vector<uint32_t>& dense_tables() const { return dense_tables_; }
-  // Host copies of the dense weights: the trainer pulls into them before Forward().
-  std::vector<std::vector<float>>& DenseParams() { return dense_params_; }
-  // Host gradients of the dense weights after Backward(), summed over the batch's mean loss.
-  const std::vector<std::vector<float>>& DenseGrads() const { return dense_grads_; }
 
-  // Runs the model on `batch`. `rows` holds the pulled rows of the batch's unique keys
-  // (unique x sparse_dim floats, host memory); key j of the batch uses row indices[j].
-  // Returns the mean log loss; Probabilities() then holds each sample's prediction.
-  virtual double Forward(const Batch& batch, const float* rows, uint32_t unique,
-                         const uint32_t* indices) = 0;
-  // Gradients of the last Forward(): row_grads (unique x sparse_dim, host) and DenseGrads().
-  virtual void Backward(float* row_grads) = 0;
-  const std::vector<float>& Probabilities() const { return probs_; }
+  // Where the rows of `unique` keys of a batch of `keys` keys go for slot `slot` (unique x
+  // sparse_dim floats). May move the slot's memory: call it before any pull into the slot for
+  // the step, and take StepDense(slot) after it.
+  virtual float* StepRows(int slot, uint32_t unique, uint32_t keys) = 0;
+  // Where dense table i's weights go for slot `slot` (one span per dense table).
+  std::span<float> StepDense(int slot, size_t i) { return dense_in_[slot][i]; }
+
+  // Runs the model on `batch` with slot `slot`'s inputs (key j uses row indices[j] of the
+  // `unique` rows): one upload, the forward pass and, when `train`, the backward pass, then one
+  // download. Asynchronous: Finish() waits.
+  virtual void Run(const Batch& batch, int slot, uint32_t unique, const uint32_t* indices,
+                   bool train) = 0;
+  // Waits for the step (one synchronisation) and returns the backend's first error; then
+  // Loss(), Probabilities() and, after a training step, RowGrads() and DenseGrads() hold its
+  // results until the next Run().
+  Status Finish();
+  double Loss() const { return loss_; }
+  std::span<const float> Probabilities() const { return {probs_, batch_}; }
+  std::span<const float> RowGrads() const { return {row_grads_, size_t{unique_} * sparse_dim_}; }
+  // Gradients of the dense weights over the batch's mean loss, one span per dense table.
+  const std::vector<std::span<const float>>& DenseGrads() const { return dense_grads_; }
 
  protected:
+  explicit Model(Backend* backend) : backend_(backend) {}
+
+  Backend* backend_;
   uint32_t sparse_table_ = 0;
   uint32_t sparse_dim_ = 0;
   std::vector<uint32_t> dense_tables_;
-  std::vector<std::vector<float>> dense_params_;
-  std::vector<std::vector<float>> dense_grads_;
-  std::vector<float> probs_;
+  // Set by the model: the spans into its slots and its output buffer.
+  std::vector<std::span<float>> dense_in_[kSlots];
+  std::vector<std::span<const float>> dense_grads_;
+  // After Finish(): the output buffer's probabilities and row gradients, the loss sum.
+  const float* probs_ = nullptr;
+  const float* row_grads_ = nullptr;
+  const double* loss_sum_ = nullptr;
+  uint32_t batch_ = 0, unique_ = 0;
+  double loss_ = 0;
+};
+
+// A buffer of regions: offsets rounded up to 256 bytes, laid out in the order they are added.
+class RegionLayout {
+ public:
+  // Adds a region of `bytes` bytes; returns its offset.
+  size_t Add(size_t bytes) {
+    const size_t at = (size_ + 255) / 256 * 256;
+    size_ = at + bytes;
+    return at;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
 };
 
 }  // namespace parasol

@@ -41,13 +41,13 @@ uint64_t EstimateLines(const std::vector<std::string>& files) {
   return lines;
 }
 
-// Pulls every dense table of the model into its host copies.
-Status PullDense(PsClient& client, Model& model) {
+// Pulls every dense table of the model into slot `slot`.
+Status PullDense(PsClient& client, Model& model, int slot) {
   std::vector<PsClient::Ticket> tickets;
   for (size_t i = 0; i < model.dense_tables().size(); ++i) {
     PARASOL_ASSIGN_OR_RETURN(
         PsClient::Ticket t,
-        client.PullDenseAsync(model.dense_tables()[i], model.DenseParams()[i].data()));
+        client.PullDenseAsync(model.dense_tables()[i], model.StepDense(slot, i).data()));
     tickets.push_back(t);
   }
   Status first;
@@ -91,7 +91,7 @@ void GradientSum::Start(Model& model) {
 }
 
 void GradientSum::Add(Model& model, const std::vector<uint64_t>& unique,
-                      const std::vector<float>& row_grads, uint64_t batch, uint32_t dim) {
+                      std::span<const float> row_grads, uint64_t batch, uint32_t dim) {
   const float w = static_cast<float>(batch);
   for (size_t i = 0; i < dense.size(); ++i) {
     const auto& g = model.DenseGrads()[i];
@@ -235,25 +235,35 @@ Trainer::Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Back
       backend_(backend),
       hooks_(std::move(hooks)) {}
 
-Result<EvalResult> Trainer::Evaluate(const std::string& file) {
+Result<Model*> Trainer::TheModel() {
+  if (!model_) {
+    PARASOL_ASSIGN_OR_RETURN(model_,
+                             Model::Create(manifest_, backend_, manifest_.training.batch_size));
+  }
+  return model_.get();
+}
+
+Result<EvalResult> Trainer::Evaluate(const std::string& file, int slot) {
   const uint32_t batch_size = manifest_.training.batch_size;
-  PARASOL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                           Model::Create(manifest_, backend_, batch_size));
+  PARASOL_ASSIGN_OR_RETURN(Model * model, TheModel());
   uint64_t bad = 0;
   PARASOL_ASSIGN_OR_RETURN(std::vector<Batch> batches,
                            ReadAll(manifest_.data.format, file, batch_size, true, &bad));
-  PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model));
-  std::vector<float> probs, labels, rows;
+  std::vector<float> probs, labels;
   KeyIndex index;
   BatchKeys keys;
+  bool dense_pulled = false;
   for (const Batch& b : batches) {
     DeduplicateKeys(b.keys, index, &keys);
-    rows.resize(keys.unique.size() * model->sparse_dim());
-    PARASOL_RETURN_IF_ERROR(
-        client_->PullSparseReadOnly(model->sparse_table(), keys.unique, rows.data()));
-    model->Forward(b, rows.data(), static_cast<uint32_t>(keys.unique.size()),
-                   keys.indices.data());
-    PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("evaluation"));
+    const auto unique = static_cast<uint32_t>(keys.unique.size());
+    float* rows = model->StepRows(slot, unique, static_cast<uint32_t>(b.keys.size()));
+    if (!dense_pulled) {  // after StepRows, which may move the slot
+      PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model, slot));
+      dense_pulled = true;
+    }
+    PARASOL_RETURN_IF_ERROR(client_->PullSparseReadOnly(model->sparse_table(), keys.unique, rows));
+    model->Run(b, slot, unique, keys.indices.data(), /*train=*/false);
+    PARASOL_RETURN_IF_ERROR(model->Finish().WithContext("evaluation"));
     probs.insert(probs.end(), model->Probabilities().begin(), model->Probabilities().end());
     labels.insert(labels.end(), b.labels.begin(), b.labels.end());
   }
@@ -270,8 +280,7 @@ Result<TrainReport> Trainer::Run() {
   if (manifest_.data.train.empty()) {
     return InvalidArgument(manifest_.source + ": key 'data.train': no training data given");
   }
-  PARASOL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                           Model::Create(manifest_, backend_, t.batch_size));
+  PARASOL_ASSIGN_OR_RETURN(Model * model, TheModel());
   ReaderOptions ro;
   ro.format = manifest_.data.format;
   ro.files = manifest_.data.train;
@@ -306,7 +315,8 @@ Result<TrainReport> Trainer::Run() {
   std::deque<double> recent_losses;
   KeyIndex index;
   BatchKeys cur_keys, next_keys;
-  std::vector<float> rows, next_rows, row_grads;
+  // The slot of the step about to run (cur_slot) and the one the next step's pulls fill.
+  int cur_slot = 0, pull_slot = 0;
   GradientSum acc;  // training.accumulate > 1
 
   phase = SteadyClock::now();
@@ -330,24 +340,24 @@ Result<TrainReport> Trainer::Run() {
   const uint32_t dim = model->sparse_dim();
   const bool fuse = manifest_.worker.fuse_requests;
 
-  // The pulls of the step about to run: its rows land in next_rows (swapped into rows when it
-  // starts), its dense weights in the model. A step's pulls are issued as soon as the step
+  // The pulls of the step about to run land in the model's slot pull_slot (which becomes
+  // cur_slot when the step starts): its rows and its dense weights. A step's pulls are issued as soon as the step
   // before has pushed (in the same flush: under BSP the shard answers them the moment the
   // tick is applied), or earlier under SSP/ASP with prefetch.
   std::optional<PsClient::Ticket> rows_pull;
   std::vector<PsClient::Ticket> dense_pulls;
-  auto issue_pulls = [&](const BatchKeys& keys, bool sparse) -> Status {
+  auto issue_pulls = [&](const Batch& batch, const BatchKeys& keys, bool sparse) -> Status {
     if (sparse) {
-      next_rows.resize(keys.unique.size() * dim);
-      PARASOL_ASSIGN_OR_RETURN(
-          PsClient::Ticket tk,
-          client_->PullSparseAsync(model->sparse_table(), keys.unique, next_rows.data()));
+      float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(keys.unique.size()),
+                                    static_cast<uint32_t>(batch.keys.size()));
+      PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket tk,
+                               client_->PullSparseAsync(model->sparse_table(), keys.unique, rows));
       rows_pull = tk;
     }
     for (size_t i = 0; i < model->dense_tables().size(); ++i) {
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket tk,
-          client_->PullDenseAsync(model->dense_tables()[i], model->DenseParams()[i].data()));
+          client_->PullDenseAsync(model->dense_tables()[i], model->StepDense(pull_slot, i).data()));
       dense_pulls.push_back(tk);
     }
     return Status::Ok();
@@ -365,7 +375,7 @@ Result<TrainReport> Trainer::Run() {
   };
   if (cur) {
     if (fuse) client_->BeginStep();
-    const Status st = issue_pulls(cur_keys, true);
+    const Status st = issue_pulls(*cur, cur_keys, true);
     if (fuse) client_->SendStep();
     PARASOL_RETURN_IF_ERROR(st);
   }
@@ -383,7 +393,8 @@ Result<TrainReport> Trainer::Run() {
     report.data_seconds += Since(phase);
     phase = SteadyClock::now();
     PARASOL_RETURN_IF_ERROR(wait_pulls());
-    std::swap(rows, next_rows);
+    cur_slot = pull_slot;
+    pull_slot = cur_slot ^ 1;
     report.pull_seconds += Since(phase);
     report.pull_latency.Observe(Since(phase));
     const bool more = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
@@ -391,20 +402,20 @@ Result<TrainReport> Trainer::Run() {
     if (prefetch && more) {
       // SSP/ASP: the next step's rows travel during this step's compute, at the clock they
       // will be used at.
-      next_rows.resize(next_keys.unique.size() * dim);
+      float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
+                                    static_cast<uint32_t>(next->keys.size()));
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket ticket,
-          client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, next_rows.data()));
+          client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, rows));
       rows_pull = ticket;
       rows_prefetched = true;
     }
 
     phase = SteadyClock::now();
-    double loss = model->Forward(*cur, rows.data(), static_cast<uint32_t>(cur_keys.unique.size()),
-                                 cur_keys.indices.data());
-    row_grads.resize(cur_keys.unique.size() * dim);
-    model->Backward(row_grads.data());
-    PARASOL_RETURN_IF_ERROR(backend_->Sync().WithContext("step " + std::to_string(report.steps)));
+    model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
+               cur_keys.indices.data(), /*train=*/true);
+    PARASOL_RETURN_IF_ERROR(model->Finish().WithContext("step " + std::to_string(report.steps)));
+    double loss = model->Loss();
     report.compute_seconds += Since(phase);
     uint64_t step_samples = cur->size;
 
@@ -413,30 +424,30 @@ Result<TrainReport> Trainer::Run() {
       // weighted by their sizes and averaged, which is the gradient of the mean loss over all
       // k x batch_size samples; one push and one tick for the k of them.
       acc.Start(*model);
-      acc.Add(*model, cur_keys.unique, row_grads, cur->size, dim);
+      acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
       double loss_sum = loss * cur->size;
       for (uint32_t j = 1; j < accumulate && next; ++j) {
         cur = std::move(next);
         std::swap(cur_keys, next_keys);
         phase = SteadyClock::now();
-        rows.resize(cur_keys.unique.size() * dim);
+        // The step's slot: its dense weights stay, its rows are replaced.
+        float* rows = model->StepRows(cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
+                                      static_cast<uint32_t>(cur->keys.size()));
         PARASOL_RETURN_IF_ERROR(
-            client_->PullSparse(model->sparse_table(), cur_keys.unique, rows.data()));
+            client_->PullSparse(model->sparse_table(), cur_keys.unique, rows));
         report.pull_seconds += Since(phase);
         phase = SteadyClock::now();
         PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
         report.data_seconds += Since(phase);
         if (next) DeduplicateKeys(next->keys, index, &next_keys);
         phase = SteadyClock::now();
-        const double l = model->Forward(*cur, rows.data(),
-                                        static_cast<uint32_t>(cur_keys.unique.size()),
-                                        cur_keys.indices.data());
-        row_grads.resize(cur_keys.unique.size() * dim);
-        model->Backward(row_grads.data());
+        model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
+                   cur_keys.indices.data(), /*train=*/true);
         PARASOL_RETURN_IF_ERROR(
-            backend_->Sync().WithContext("step " + std::to_string(report.steps)));
+            model->Finish().WithContext("step " + std::to_string(report.steps)));
+        const double l = model->Loss();
         report.compute_seconds += Since(phase);
-        acc.Add(*model, cur_keys.unique, row_grads, cur->size, dim);
+        acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
         loss_sum += l * cur->size;
         step_samples += cur->size;
       }
@@ -458,7 +469,8 @@ Result<TrainReport> Trainer::Run() {
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket sparse_push,
           client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
-                                   acc_on ? acc.rows : row_grads));
+                                   acc_on ? std::span<const float>(acc.rows)
+                                          : model->RowGrads()));
       pushes.push_back(sparse_push);
       for (size_t i = 0; i < model->dense_tables().size(); ++i) {
         PARASOL_ASSIGN_OR_RETURN(
@@ -482,7 +494,7 @@ Result<TrainReport> Trainer::Run() {
     phase = SteadyClock::now();
     if (fuse) client_->BeginStep();
     Result<PsClient::Ticket> tick = client_->TickAsync();
-    Status pulled = tick.ok() && pull_next ? issue_pulls(next_keys, !rows_prefetched)
+    Status pulled = tick.ok() && pull_next ? issue_pulls(*next, next_keys, !rows_prefetched)
                                            : tick.status();
     if (fuse) client_->SendStep();
     PARASOL_RETURN_IF_ERROR(pulled);
@@ -519,7 +531,8 @@ Result<TrainReport> Trainer::Run() {
     }
     if (t.eval_every > 0 && report.steps % t.eval_every == 0 && rank_ == 0 &&
         !manifest_.data.eval.empty()) {
-      PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
+      // The step's own slot is free (the next step's pulls fill the other).
+      PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval, cur_slot));
       point(&e);
       if (hooks_.line) {
         char buf[160];

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "common/metrics_server.hpp"
 #include "common/status.hpp"
 #include "worker/backend.hpp"
+#include "worker/model.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol {
@@ -72,7 +74,6 @@ struct ProgressPoint : StepTimes {  // StepTimes: for /metrics
   std::string ToPrometheus() const;
 };
 
-class Model;
 
 // training.accumulate: the gradients of a step's micro-batches, each weighted by its size,
 // summed per dense element and per key, then divided by the step's samples.
@@ -83,7 +84,7 @@ struct GradientSum {
   std::vector<std::vector<float>> dense;        // per dense table of the model
   uint64_t samples = 0;
   void Start(Model& model);
-  void Add(Model& model, const std::vector<uint64_t>& unique, const std::vector<float>& row_grads,
+  void Add(Model& model, const std::vector<uint64_t>& unique, std::span<const float> row_grads,
            uint64_t batch, uint32_t dim);
   void Finish(uint32_t dim);
 };
@@ -106,8 +107,9 @@ class Trainer {
 
   Result<TrainReport> Run();
 
-  // Logloss and AUC of the current weights over every row of `file`.
-  Result<EvalResult> Evaluate(const std::string& file);
+  // Logloss and AUC of the current weights over every row of `file`, on the training model's
+  // buffers (slot `slot`, which no pull may be filling).
+  Result<EvalResult> Evaluate(const std::string& file, int slot = 0);
 
  private:
   const Manifest& manifest_;
@@ -115,6 +117,9 @@ class Trainer {
   PsClient* client_;
   Backend* backend_;
   TrainerHooks hooks_;
+  // The model, made on first use; evaluation runs on its buffers too.
+  Result<Model*> TheModel();
+  std::unique_ptr<Model> model_;
 };
 
 }  // namespace parasol

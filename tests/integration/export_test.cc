@@ -12,6 +12,7 @@
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/data_reader.hpp"
+#include "tests/support/model_step.hpp"
 #include "worker/model.hpp"
 
 namespace parasol {
@@ -67,10 +68,10 @@ TEST(ExportTest, TheExportedModelPredictsExactlyAsTheServers) {
   auto served = Model::Create(m, backend.get(), 256);
   auto offline = Model::Create(m, backend.get(), 256);
   ASSERT_TRUE(served.ok() && offline.ok());
+  std::vector<std::vector<float>> served_dense = DenseShapes(**served), offline_dense;
   for (size_t t = 0; t < (*served)->dense_tables().size(); ++t) {
-    ASSERT_TRUE((*client)->PullDense((*served)->dense_tables()[t],
-                                     (*served)->DenseParams()[t].data()).ok());
-    (*offline)->DenseParams()[t] = exported->dense.at(m.tables[(*offline)->dense_tables()[t]].name);
+    ASSERT_TRUE((*client)->PullDense((*served)->dense_tables()[t], served_dense[t].data()).ok());
+    offline_dense.push_back(exported->dense.at(m.tables[(*offline)->dense_tables()[t]].name));
   }
   const TableOptions& emb = m.tables[(*served)->sparse_table()];
   const auto& rows_by_key = exported->sparse.at(emb.name);
@@ -92,9 +93,10 @@ TEST(ExportTest, TheExportedModelPredictsExactlyAsTheServers) {
         InitSparseRow(emb.init, emb.seed, k.unique[i], row);  // a key training never saw
       }
     }
-    (*served)->Forward(b, pulled.data(), k.unique.size(), k.indices.data());
-    (*offline)->Forward(b, loaded.data(), k.unique.size(), k.indices.data());
-    ASSERT_EQ((*served)->Probabilities(), (*offline)->Probabilities());
+    ASSERT_TRUE(RunModelStep(**served, b, k, pulled, served_dense, /*train=*/false).ok());
+    ASSERT_TRUE(RunModelStep(**offline, b, k, loaded, offline_dense, /*train=*/false).ok());
+    const auto a = (*served)->Probabilities(), c = (*offline)->Probabilities();
+    ASSERT_EQ(std::vector<float>(a.begin(), a.end()), std::vector<float>(c.begin(), c.end()));
     compared += b.size;
   }
   EXPECT_EQ(compared, 2000u);

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/embedding_pool.hpp"
 #include "worker/backend.hpp"
 #include "worker/linear_layer.hpp"
 
@@ -50,14 +51,11 @@ TEST(CpuBackendTest, LinearWithReluMatchesFiniteDifferences) {
   LinearLayer layer(backend.get(), in, out, /*relu=*/true, batch);
   std::vector<float> w = Random(in * out, 1), b = Random(out, 2), x = Random(batch * in, 3);
   const std::vector<float> r = Random(batch * out, 4);
-  auto loss = [&] {
-    layer.SetParams(w.data(), b.data());
-    return Dot(layer.Forward(x.data(), batch), r);
-  };
-  loss();
   std::vector<float> dx(batch * in), dw(in * out), db(out);
-  layer.Backward(x.data(), r.data(), dx.data(), batch);
-  layer.GradsToHost(dw.data(), db.data());
+  layer.Bind(w.data(), b.data(), dw.data(), db.data());
+  auto loss = [&] { return Dot(layer.Forward(x.data(), in, batch), r); };
+  loss();
+  layer.Backward(x.data(), in, r.data(), dx.data(), in, batch);
   ExpectGradient(w, dw, loss, "dW");
   ExpectGradient(b, db, loss, "db");
   ExpectGradient(x, dx, loss, "dx");
@@ -71,12 +69,12 @@ TEST(CpuBackendTest, InteractionMatchesFiniteDifferences) {
   const std::vector<float> r = Random(batch * width, 7);
   std::vector<float> out(batch * width);
   auto loss = [&] {
-    backend->Interaction(out.data(), z.data(), e.data(), batch, fields, dim);
+    backend->Interaction(out.data(), width, z.data(), e.data(), batch, fields, dim);
     return Dot(out.data(), r);
   };
   std::vector<float> dz(batch * dim), de(batch * fields * dim);
-  backend->InteractionBackward(dz.data(), de.data(), r.data(), z.data(), e.data(), batch, fields,
-                               dim);
+  backend->InteractionBackward(dz.data(), de.data(), r.data(), width, z.data(), e.data(), batch,
+                               fields, dim);
   ExpectGradient(z, dz, loss, "dz");
   ExpectGradient(e, de, loss, "de");
   // Forward layout: z first, then dot(v1, v0), dot(v2, v0), dot(v2, v1), ...
@@ -97,13 +95,27 @@ TEST(CpuBackendTest, WeightedEmbeddingPoolMatchesFiniteDifferences) {
   std::vector<float> out(batch * dim);
   auto loss = [&] {
     backend->EmbeddingPool(out.data(), rows.data(), dim, indices.data(), values.data(),
-                           offsets.data(), batch);
+                           offsets.data(), batch, unique);
     return Dot(out.data(), r);
   };
   std::vector<float> drows(unique * dim, 0.0f);
   backend->EmbeddingPoolBackward(drows.data(), r.data(), dim, indices.data(), values.data(),
                                  offsets.data(), batch);
   ExpectGradient(rows, drows, loss, "drows");
+  // The same gradient from the batch's row index, deterministic, bit for bit in this order.
+  std::vector<uint32_t> row_start(unique + 1), occ(indices.size()), hot(1), key_bags;
+  for (int b = 0; b < batch; ++b) {
+    for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) key_bags.push_back(b);
+  }
+  EXPECT_EQ(BuildRowIndex(indices.data(), indices.size(), unique, row_start.data(), occ.data(),
+                          hot.data()),
+            0u);
+  EXPECT_EQ(row_start, (std::vector<uint32_t>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(occ, (std::vector<uint32_t>{0, 5, 3, 1, 2, 4}));
+  std::vector<float> by_row(unique * dim, std::nanf(""));
+  backend->EmbeddingRowGrad(by_row.data(), r.data(), dim, row_start.data(), occ.data(),
+                            hot.data(), 0, key_bags.data(), values.data(), unique);
+  EXPECT_EQ(by_row, drows);
 }
 
 TEST(CpuBackendTest, SigmoidBceMatchesFiniteDifferencesAndIsStable) {
@@ -111,11 +123,16 @@ TEST(CpuBackendTest, SigmoidBceMatchesFiniteDifferencesAndIsStable) {
   std::vector<float> logits = {-3.0f, 0.1f, 2.5f, 0.0f};
   const std::vector<float> labels = {0, 1, 0, 1};
   std::vector<float> probs(4), dlogits(4);
+  auto mean_bce = [&](float* p, float* d, const float* x, const float* y, int n) {
+    double sum = 0;
+    backend->SigmoidBce(p, d, &sum, x, y, n);
+    return sum / n;
+  };
   auto loss = [&] {
     std::vector<float> p(4), d(4);
-    return backend->SigmoidBce(p.data(), d.data(), logits.data(), labels.data(), 4);
+    return mean_bce(p.data(), d.data(), logits.data(), labels.data(), 4);
   };
-  const double l = backend->SigmoidBce(probs.data(), dlogits.data(), logits.data(), labels.data(), 4);
+  const double l = mean_bce(probs.data(), dlogits.data(), logits.data(), labels.data(), 4);
   // By hand: mean of -log(1 - s(-3)), -log(s(0.1)), -log(1 - s(2.5)), -log(s(0)).
   auto s = [](double x) { return 1 / (1 + std::exp(-x)); };
   const double want = (-std::log(1 - s(-3)) - std::log(s(0.1)) - std::log(1 - s(2.5)) -
@@ -125,7 +142,7 @@ TEST(CpuBackendTest, SigmoidBceMatchesFiniteDifferencesAndIsStable) {
   ExpectGradient(logits, dlogits, loss, "dlogits");
   std::vector<float> huge = {200.0f, -200.0f};
   const std::vector<float> y = {0, 1};
-  const double big = backend->SigmoidBce(probs.data(), dlogits.data(), huge.data(), y.data(), 2);
+  const double big = mean_bce(probs.data(), dlogits.data(), huge.data(), y.data(), 2);
   EXPECT_NEAR(big, 200.0, 1e-3);  // no overflow, no NaN
 }
 

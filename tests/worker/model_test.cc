@@ -5,7 +5,9 @@
 #include <random>
 
 #include "common/key_index.hpp"
+#include "kernels/embedding_pool.hpp"
 #include "worker/data_reader.hpp"
+#include "tests/support/model_step.hpp"
 #include "worker/model.hpp"
 
 namespace parasol {
@@ -19,7 +21,7 @@ Manifest ModelManifest(const std::string& model) {
 }
 
 // A small Criteo batch with repeated categorical values (so rows are shared).
-Batch MakeBatch(uint32_t n, uint64_t seed) {
+Batch MakeBatch(uint32_t n, uint64_t seed, uint32_t ids = 3) {
   std::mt19937_64 rng(seed);
   Batch b;
   b.Clear();
@@ -31,7 +33,7 @@ Batch MakeBatch(uint32_t n, uint64_t seed) {
     }
     for (int c = 0; c < 26; ++c) {
       line += '\t';
-      line += std::to_string(rng() % 3);
+      line += std::to_string(rng() % ids);
     }
     EXPECT_TRUE(ParseCriteoRow(line, true, &b).ok());
   }
@@ -50,18 +52,19 @@ void CheckModelGradients(const std::string& model_yaml) {
   std::uniform_real_distribution<float> u(-0.3f, 0.3f);
   std::vector<float> rows(p.unique.size() * net.sparse_dim());
   for (auto& r : rows) r = u(rng);
-  for (auto& t : net.DenseParams()) {
+  std::vector<std::vector<float>> params = DenseShapes(net);
+  for (auto& t : params) {
     for (auto& v : t) v = u(rng);
   }
   auto loss = [&] {
-    return net.Forward(batch, rows.data(), static_cast<uint32_t>(p.unique.size()),
-                       p.indices.data());
+    EXPECT_TRUE(RunModelStep(net, batch, p, rows, params, /*train=*/false).ok());
+    return net.Loss();
   };
-  loss();
-  std::vector<float> row_grads(rows.size());
-  net.Backward(row_grads.data());
-  const auto dense_grads = net.DenseGrads();
-  ASSERT_EQ(dense_grads.size(), net.DenseParams().size());
+  ASSERT_TRUE(RunModelStep(net, batch, p, rows, params, /*train=*/true).ok());
+  const std::vector<float> row_grads(net.RowGrads().begin(), net.RowGrads().end());
+  std::vector<std::vector<float>> dense_grads;
+  for (auto g : net.DenseGrads()) dense_grads.emplace_back(g.begin(), g.end());
+  ASSERT_EQ(dense_grads.size(), params.size());
   const double base = loss();
   size_t kinks = 0, checked = 0;
   auto check = [&](std::vector<float>& x, const std::vector<float>& g, const std::string& what) {
@@ -87,7 +90,7 @@ void CheckModelGradients(const std::string& model_yaml) {
   };
   check(rows, row_grads, "rows");
   for (size_t t = 0; t < dense_grads.size(); ++t) {
-    check(net.DenseParams()[t], dense_grads[t], "dense table " + std::to_string(t));
+    check(params[t], dense_grads[t], "dense table " + std::to_string(t));
   }
   EXPECT_LT(kinks * 20, checked) << kinks << " of " << checked << " elements sat on a kink";
 }
@@ -105,7 +108,7 @@ TEST(ModelTest, DlrmSmallHasTheDocumentedShapes) {
   auto backend = MakeCpuBackend();
   auto model = Model::Create(m, backend.get(), 8);
   ASSERT_TRUE(model.ok());
-  const auto& params = (*model)->DenseParams();
+  const auto params = DenseShapes(**model);
   ASSERT_EQ(params.size(), 8u);
   EXPECT_EQ(params[0].size(), 64u * 13);   // bottom 13 -> 64
   EXPECT_EQ(params[2].size(), 16u * 64);   // bottom 64 -> 16
@@ -119,6 +122,64 @@ TEST(ModelTest, DlrmSmallHasTheDocumentedShapes) {
   EXPECT_NEAR(m.tables[m.FindTable("model.top.0.weight")].init.scale, std::sqrt(6.0 / (367 + 64)),
               1e-12);
   EXPECT_EQ(m.tables[m.FindTable("model.top.0.bias")].init.kind, InitOptions::Kind::kZeros);
+}
+
+// What a step moves between host and device (the CPU backend counts its copies as a device
+// backend makes them): one upload of the slot's used part, one download, one synchronisation.
+// The upload holds the dense weights, the padded features, the labels, the key indices, the row
+// index and the rows; the rows are last, so it grows by exactly the rows of each extra key.
+TEST(ModelTest, DlrmStepTransferPlan) {
+  const Manifest m = ModelManifest(
+      "  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n");
+  auto backend = MakeCpuBackend();
+  const uint32_t max_batch = 256;
+  auto model = Model::Create(m, backend.get(), max_batch);
+  ASSERT_TRUE(model.ok());
+  const std::vector<std::vector<float>> dense = DenseShapes(**model);
+  size_t dense_bytes = 0;
+  for (const auto& t : dense) dense_bytes += t.size() * sizeof(float);
+  const size_t bags = max_batch * 26;
+  // Fixed part: weights, features (16 per sample), labels, indices, occurrences, row starts,
+  // hot rows; each region rounded up to 256 bytes (at most 9 regions of padding).
+  const size_t fixed = dense_bytes + max_batch * 16 * 4 + max_batch * 4 + bags * 4 + bags * 4 +
+                       (bags + 1) * 4 + (bags / kHotRowKeys + 1) * 4;
+  size_t last_upload = 0, last_unique = 0;
+  for (uint32_t ids : {3u, 50u}) {
+    const Batch batch = MakeBatch(max_batch, 5, ids);
+    const BatchKeys keys = DeduplicateKeys(batch.keys);
+    if (last_unique) ASSERT_GT(keys.unique.size(), last_unique);
+    const std::vector<float> rows(keys.unique.size() * 16, 0.01f);
+    const TransferCounts before = backend->transfers();
+    ASSERT_TRUE(RunModelStep(**model, batch, keys, rows, dense, /*train=*/true).ok());
+    const TransferCounts after = backend->transfers();
+    EXPECT_EQ(after.uploads - before.uploads, 1u);
+    EXPECT_EQ(after.downloads - before.downloads, 1u);
+    EXPECT_EQ(after.syncs - before.syncs, 1u);
+    const size_t up = after.upload_bytes - before.upload_bytes;
+    const size_t rows_bytes = keys.unique.size() * 16 * 4;
+    EXPECT_GE(up, fixed + rows_bytes);
+    EXPECT_LE(up, fixed + rows_bytes + 9 * 256);
+    // Down: probabilities, the loss, the dense gradients, the row gradients.
+    const size_t down = after.download_bytes - before.download_bytes;
+    const size_t want_down = max_batch * 4 + 8 + dense_bytes + rows_bytes;
+    EXPECT_GE(down, want_down);
+    EXPECT_LE(down, want_down + 12 * 256);
+    if (last_upload) {
+      EXPECT_EQ(up - last_upload, (keys.unique.size() - last_unique) * 16 * 4);
+    }
+    last_upload = up;
+    last_unique = keys.unique.size();
+  }
+  // An evaluation step brings back only the probabilities and the loss.
+  const Batch batch = MakeBatch(max_batch, 9);
+  const BatchKeys keys = DeduplicateKeys(batch.keys);
+  const TransferCounts before = backend->transfers();
+  ASSERT_TRUE(RunModelStep(**model, batch, keys, std::vector<float>(keys.unique.size() * 16, 0.0f),
+                           dense, /*train=*/false, 1)
+                  .ok());
+  const TransferCounts after = backend->transfers();
+  EXPECT_EQ(after.downloads - before.downloads, 1u);
+  EXPECT_LE(after.download_bytes - before.download_bytes, max_batch * 4 + 256 + 8);
 }
 
 TEST(ModelTest, DlrmRefusesLibsvmData) {
