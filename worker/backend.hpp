@@ -75,10 +75,22 @@ class Backend {
   virtual bool SharesHostMemory() const { return false; }
 
   // One asynchronous copy each way. `host` must come from AllocateHost and stay untouched (an
-  // upload) or unread (a download) until the next Sync(). A copy to the same address is counted
-  // and skipped.
-  virtual void Upload(void* dst, const void* host, size_t bytes) = 0;
+  // upload) or unread (a download) until the copy is known done (Sync, or WaitMark of a mark
+  // set after it). A copy to the same address is counted and skipped. An upload runs beside the
+  // compute work: it waits for the compute work issued before mark `after` was set (-1: before
+  // the upload), and the compute work issued after the upload waits for it. So an upload into a
+  // buffer the work of mark `after` was the last to read overlaps the compute issued since.
+  virtual void Upload(void* dst, const void* host, size_t bytes, int after = -1) = 0;
   virtual void Download(void* host, const void* src, size_t bytes) = 0;
+  // Marks (0 <= mark < kMarks): Mark(m) notes the compute work and downloads issued so far;
+  // WaitMark(m) waits for them (one synchronisation) and returns the first error since the
+  // backend was made or last synchronised.
+  static constexpr int kMarks = 4;
+  virtual void Mark(int /*mark*/) {}
+  virtual Status WaitMark(int /*mark*/) {
+    ++transfers_.syncs;
+    return Status::Ok();
+  }
   // Synchronous copies of floats from and into any host memory (set-up and tests).
   virtual void ToDevice(float* dst, const float* host, size_t n) = 0;
   virtual void ToHost(float* host, const float* src, size_t n) = 0;
@@ -94,6 +106,19 @@ class Backend {
             const float* b, float beta, float* c) {
     GemmStrided(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta,
                 c, n);
+  }
+  // c = op(a) op(b) + bias (bias[j] added to column j), then ReLU when `relu`: a linear
+  // layer's forward in one call (a device backend fuses the bias and ReLU into the product's
+  // epilogue).
+  virtual void GemmBiasActivation(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                                  int lda, const float* b, int ldb, const float* bias, float* c,
+                                  int ldc, bool relu) {
+    GemmStrided(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    if (ldc == n) {
+      BiasActivation(c, bias, m, n, relu);
+    } else {
+      for (int r = 0; r < m; ++r) BiasActivation(c + size_t(r) * ldc, bias, 1, n, relu);
+    }
   }
   // y[r, :] += bias for every row r.
   virtual void AddBias(float* y, const float* bias, int rows, int cols) = 0;
@@ -131,6 +156,14 @@ class Backend {
                                 const uint32_t* hot_rows, uint32_t hot_count,
                                 const uint32_t* key_bags, const float* values, uint32_t unique,
                                 const uint32_t* counts = nullptr) = 0;
+
+  // The batch's row index (kernels/embedding_pool.hpp), built where the gradients are summed:
+  // from indices[0, keys), each < counts[0] (the number of rows, in this backend's memory;
+  // max_rows bounds it, and every row has a key), row_start [counts[0] + 1], occ [keys],
+  // hot_rows and counts[1] (their number).
+  virtual void BuildRowIndex(const uint32_t* indices, uint32_t keys, uint32_t max_rows,
+                             uint32_t* row_start, uint32_t* occ, uint32_t* hot_rows,
+                             uint32_t* counts) = 0;
 
   // DLRM interaction of the bottom output z [batch, dim] and the embeddings e
   // [batch, fields, dim]. With v_0 = z and v_i = e[:, i - 1], per sample:
@@ -170,11 +203,13 @@ class Backend {
 
   // Profiling: while on, the device time of each operation is summed by kind (a device
   // backend brackets each call with events; off by default, as it synchronises per call).
-  virtual void SetProfiling(bool /*on*/) {}
+  void SetProfiling(bool on) { profiling_ = on; }
+  bool profiling() const { return profiling_; }
   virtual std::vector<OpTime> OpTimes() const { return {}; }
 
  protected:
   TransferCounts transfers_;
+  bool profiling_ = false;
 };
 
 // The CPU backend (OpenBLAS with `threads` threads).

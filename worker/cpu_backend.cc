@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/embedding_pool.hpp"
 #include "worker/backend.hpp"
 
 namespace parasol {
@@ -30,7 +31,7 @@ class CpuBackend : public Backend {
     return HostBuffer(p, p ? bytes : 0, [](void* q) { std::free(q); });
   }
   bool SharesHostMemory() const override { return true; }
-  void Upload(void* dst, const void* host, size_t bytes) override {
+  void Upload(void* dst, const void* host, size_t bytes, int /*after*/) override {
     ++transfers_.uploads;
     transfers_.upload_bytes += bytes;
     if (bytes && dst != host) std::memcpy(dst, host, bytes);
@@ -41,7 +42,7 @@ class CpuBackend : public Backend {
     if (bytes && host != src) std::memcpy(host, src, bytes);
   }
   void ToDevice(float* dst, const float* host, size_t n) override {
-    Upload(dst, host, n * sizeof(float));
+    Upload(dst, host, n * sizeof(float), -1);
   }
   void ToHost(float* host, const float* src, size_t n) override {
     Download(host, src, n * sizeof(float));
@@ -117,6 +118,12 @@ class CpuBackend : public Backend {
         for (int d = 0; d < dim; ++d) r[d] += v * g[d];
       }
     }
+  }
+
+  void BuildRowIndex(const uint32_t* indices, uint32_t keys, uint32_t /*max_rows*/,
+                     uint32_t* row_start, uint32_t* occ, uint32_t* hot_rows,
+                     uint32_t* counts) override {
+    counts[1] = parasol::BuildRowIndex(indices, keys, counts[0], row_start, occ, hot_rows);
   }
 
   void EmbeddingRowGrad(float* drows, const float* dout, int dim, const uint32_t* row_start,

@@ -6,6 +6,7 @@
 // pinned host buffers (AllocateHost) and synchronises once (Sync). Every CUDA and cuBLAS status
 // is checked; the first error (file, line, expression or kernel) is kept, every call after it
 // is skipped (no launch, no copy), and Sync() returns it.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -15,12 +16,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda_check.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/embedding_pool.hpp"
 #include "kernels/interaction.hpp"
+#include "kernels/row_index.hpp"
 #include "kernels/sigmoid_bce.hpp"
 #include "worker/backend.hpp"
 
@@ -40,11 +43,17 @@ class CudaBackend : public Backend {
     if (compute_) cudaStreamSynchronize(compute_);
     if (copy_) cudaStreamSynchronize(copy_);
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+    lt_plans_.clear();
+    if (lt_) cublasLtDestroy(lt_);
     if (handle_) cublasDestroy(handle_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     for (cudaEvent_t e : {copied_, computed_}) {
       if (e) cudaEventDestroy(e);
     }
+    for (cudaEvent_t e : marks_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (row_scratch_) cudaFree(row_scratch_);
     for (auto& t : timings_) {
       cudaEventDestroy(t.start);
       cudaEventDestroy(t.end);
@@ -62,6 +71,9 @@ class CudaBackend : public Backend {
     PARASOL_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     PARASOL_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
     PARASOL_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : marks_) {
+      PARASOL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     if (cublasStatus_t s = cublasCreate(&handle_); s != CUBLAS_STATUS_SUCCESS) {
       return CublasStatus(s, "cublasCreate(&handle_)", __FILE__, __LINE__);
     }
@@ -104,18 +116,54 @@ class CudaBackend : public Backend {
     return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); });
   }
 
-  void Upload(void* dst, const void* host, size_t bytes) override {
+  void Upload(void* dst, const void* host, size_t bytes, int after) override {
     ++transfers_.uploads;
     transfers_.upload_bytes += bytes;
     if (bytes == 0 || !status_.ok()) return;
-    // The copy waits for the compute work issued so far (it may read dst); the compute work
-    // issued from now on waits for the copy.
-    Record(CudaCall(cudaEventRecord(computed_, compute_), "cudaEventRecord", __LINE__));
-    Record(CudaCall(cudaStreamWaitEvent(copy_, computed_, 0), "cudaStreamWaitEvent", __LINE__));
+    // The copy waits for the compute work issued before mark `after` (or so far): that work may
+    // read dst. The compute work issued from now on waits for the copy.
+    if (after >= 0 && after < kMarks) {
+      if (marked_[after]) {
+        Record(CudaCall(cudaStreamWaitEvent(copy_, marks_[after], 0), "cudaStreamWaitEvent",
+                        __LINE__));
+      }
+    } else {
+      Record(CudaCall(cudaEventRecord(computed_, compute_), "cudaEventRecord", __LINE__));
+      Record(CudaCall(cudaStreamWaitEvent(copy_, computed_, 0), "cudaStreamWaitEvent", __LINE__));
+    }
     Record(CudaCall(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, copy_),
                     "cudaMemcpyAsync(H2D)", __LINE__));
     Record(CudaCall(cudaEventRecord(copied_, copy_), "cudaEventRecord", __LINE__));
     Record(CudaCall(cudaStreamWaitEvent(compute_, copied_, 0), "cudaStreamWaitEvent", __LINE__));
+  }
+
+  void Mark(int mark) override {
+    if (!status_.ok() || mark < 0 || mark >= kMarks) return;
+    Record(CudaCall(cudaEventRecord(marks_[mark], compute_), "cudaEventRecord(mark)", __LINE__));
+    marked_[mark] = true;
+  }
+
+  Status WaitMark(int mark) override {
+    ++transfers_.syncs;
+    if (status_.ok() && mark >= 0 && mark < kMarks && marked_[mark]) {
+      Record(CudaCall(cudaEventSynchronize(marks_[mark]), "cudaEventSynchronize(mark)",
+                      __LINE__));
+    }
+    CollectTimings();
+    return status_;
+  }
+
+  void BuildRowIndex(const uint32_t* indices, uint32_t keys, uint32_t max_rows,
+                     uint32_t* row_start, uint32_t* occ, uint32_t* hot_rows,
+                     uint32_t* counts) override {
+    // Sized for as many rows as keys (the most there can be), so that a graph recorded later
+    // with a larger bound needs no more.
+    const size_t need = RowIndexScratchBytes(keys, std::max(keys, max_rows));
+    float* scratch = Scratch(&row_scratch_, &row_scratch_floats_, (need + 3) / 4);
+    Launch("row_index", [&] {
+      return BuildRowIndexCuda(indices, keys, max_rows, row_start, occ, hot_rows, counts, scratch,
+                               row_scratch_floats_ * sizeof(float), compute_);
+    });
   }
 
   void Download(void* host, const void* src, size_t bytes) override {
@@ -135,7 +183,7 @@ class CudaBackend : public Backend {
     float* staged = Stage(n);
     if (!staged) return;
     std::memcpy(staged, host, n * sizeof(float));
-    Upload(dst, staged, n * sizeof(float));
+    Upload(dst, staged, n * sizeof(float), -1);
   }
 
   void ToHost(float* host, const float* src, size_t n) override {
@@ -173,6 +221,43 @@ class CudaBackend : public Backend {
     std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c", m, n, k, trans_a ? 'T' : 'N',
                   trans_b ? 'T' : 'N');
     Launch(name, op);
+  }
+
+  // One cuBLASLt product with the bias (and ReLU) in its epilogue. The descriptors and the
+  // algorithm (cuBLASLt's first choice for the shape, never one that reduces in place, so the
+  // result is the same from run to run) are kept per shape; a shape with no such algorithm takes
+  // the product and a fused bias pass instead.
+  void GemmBiasActivation(bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                          int lda, const float* b, int ldb, const float* bias, float* c, int ldc,
+                          bool relu) override {
+    if (!status_.ok()) return;
+    const LtKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, relu};
+    auto it = lt_plans_.find(key);
+    if (it == lt_plans_.end()) it = lt_plans_.emplace(key, MakeLtPlan(key)).first;
+    LtPlan& plan = *it->second;
+    if (!plan.ok) {
+      Backend::GemmBiasActivation(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc, relu);
+      return;
+    }
+    char name[112] = "gemm";
+    if (profiling_) {
+      std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c %s", m, n, k, trans_a ? 'T' : 'N',
+                    trans_b ? 'T' : 'N', relu ? "+bias_relu" : "+bias");
+    }
+    Launch(name, [&]() -> Status {
+      if (cublasStatus_t s = cublasLtMatmulDescSetAttribute(
+              plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+          s != CUBLAS_STATUS_SUCCESS) {
+        return CublasStatus(s, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", __FILE__, __LINE__);
+      }
+      const float alpha = 1.0f, beta = 0.0f;
+      const cublasStatus_t s =
+          cublasLtMatmul(lt_, plan.desc, &alpha, b, plan.first, a, plan.second, &beta, c,
+                         plan.out, c, plan.out, &plan.algo, cublas_workspace_, kCublasWorkspace,
+                         compute_);
+      if (s != CUBLAS_STATUS_SUCCESS) return CublasStatus(s, "cublasLtMatmul", __FILE__, __LINE__);
+      return Status::Ok();
+    });
   }
 
   void AddBias(float* y, const float* bias, int rows, int cols) override {
@@ -284,7 +369,6 @@ class CudaBackend : public Backend {
     Record(CudaCall(cudaGraphLaunch(graphs_[id], compute_), "cudaGraphLaunch", __LINE__));
   }
 
-  void SetProfiling(bool on) override { profiling_ = on; }
   std::vector<OpTime> OpTimes() const override {
     std::vector<OpTime> out;
     for (const auto& [op, t] : op_times_) out.push_back(t);
@@ -292,6 +376,81 @@ class CudaBackend : public Backend {
   }
 
  private:
+  struct LtKey {
+    bool ta, tb;
+    int m, n, k, lda, ldb, ldc;
+    bool relu;
+    bool operator<(const LtKey& o) const {
+      return std::tie(ta, tb, m, n, k, lda, ldb, ldc, relu) <
+             std::tie(o.ta, o.tb, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.relu);
+    }
+  };
+  struct LtPlan {
+    bool ok = false;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+    cublasLtMatmulAlgo_t algo = {};
+    ~LtPlan() {
+      for (auto l : {first, second, out}) {
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      }
+      if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+  };
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand
+  // is our b, its second our a, and the bias runs along its rows (our columns).
+  std::unique_ptr<LtPlan> MakeLtPlan(const LtKey& key) {
+    auto plan = std::make_unique<LtPlan>();
+    if (!lt_ && cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) return plan;
+    const cublasComputeType_t compute = tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+      return plan;
+    }
+    const cublasOperation_t op_first = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    bool ok =
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                       sizeof op_first) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                       sizeof op_second) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                       sizeof epilogue) == CUBLAS_STATUS_SUCCESS;
+    const int first_rows = key.tb ? key.k : key.n, first_cols = key.tb ? key.n : key.k;
+    const int second_rows = key.ta ? key.m : key.k, second_cols = key.ta ? key.k : key.m;
+    ok = ok &&
+         cublasLtMatrixLayoutCreate(&plan->first, CUDA_R_32F, first_rows, first_cols, key.ldb) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&plan->second, CUDA_R_32F, second_rows, second_cols,
+                                    key.lda) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&plan->out, CUDA_R_32F, key.n, key.m, key.ldc) ==
+             CUBLAS_STATUS_SUCCESS;
+    if (!ok) return plan;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return plan;
+    const uint64_t workspace = kCublasWorkspace;
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                             CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    cublasLtMatmulHeuristicResult_t result = {};
+    int returned = 0;
+    ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &workspace, sizeof workspace) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &schemes, sizeof schemes) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->first, plan->second, plan->out,
+                                        plan->out, pref, 1, &result, &returned) ==
+             CUBLAS_STATUS_SUCCESS &&
+         returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (ok) {
+      plan->algo = result.algo;
+      plan->ok = true;
+    }
+    return plan;
+  }
+
   struct Pinned {
     float* data = nullptr;
     size_t size = 0;  // floats
@@ -350,26 +509,29 @@ class CudaBackend : public Backend {
   }
 
   // Device scratch of at least n floats (column-sum partials); grows only while warming up.
-  float* Workspace(size_t n) {
-    if (n <= workspace_floats_ || !status_.ok()) return workspace_;
+  float* Workspace(size_t n) { return Scratch(&workspace_, &workspace_floats_, n); }
+
+  // Device scratch *buffer of *floats floats, grown to at least n (only while warming up).
+  float* Scratch(float** buffer, size_t* floats, size_t n) {
+    if (n <= *floats || !status_.ok()) return *buffer;
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     cudaStreamIsCapturing(compute_, &capturing);
     if (capturing != cudaStreamCaptureStatusNone) {  // no allocation while recording a graph
-      Record(Internal("the column-sum workspace must grow while a graph is recorded"));
+      Record(Internal("device scratch must grow while a graph is recorded"));
       return nullptr;
     }
     // The old scratch may still be in use by queued kernels.
     Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)", __LINE__));
-    if (workspace_) cudaFree(workspace_);
-    workspace_ = nullptr;
-    workspace_floats_ = 0;
+    if (*buffer) cudaFree(*buffer);
+    *buffer = nullptr;
+    *floats = 0;
     void* p = nullptr;
-    Record(CudaCall(cudaMalloc(&p, std::max<size_t>(n, 1 << 16) * sizeof(float)), "cudaMalloc",
-                    __LINE__));
+    const size_t size = std::max<size_t>(n, 1 << 16);
+    Record(CudaCall(cudaMalloc(&p, size * sizeof(float)), "cudaMalloc", __LINE__));
     if (!status_.ok()) return nullptr;
-    workspace_ = static_cast<float*>(p);
-    workspace_floats_ = std::max<size_t>(n, 1 << 16);
-    return workspace_;
+    *buffer = static_cast<float*>(p);
+    *floats = size;
+    return *buffer;
   }
 
   // Pinned staging space for n floats, valid until the next Sync() (ToDevice/ToHost only).
@@ -399,6 +561,8 @@ class CudaBackend : public Backend {
   int device_;
   bool tf32_;
   void* cublas_workspace_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;
   std::vector<cudaGraphExec_t> graphs_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
@@ -407,8 +571,11 @@ class CudaBackend : public Backend {
   cublasHandle_t handle_ = nullptr;
   float* workspace_ = nullptr;
   size_t workspace_floats_ = 0;
+  float* row_scratch_ = nullptr;
+  size_t row_scratch_floats_ = 0;
+  cudaEvent_t marks_[kMarks] = {};
+  bool marked_[kMarks] = {};
   std::vector<Pinned> pinned_;
-  bool profiling_ = false;
   std::vector<Timing> timings_;
   std::vector<cudaEvent_t> spare_events_;
   std::map<std::string, OpTime> op_times_;

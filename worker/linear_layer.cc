@@ -20,8 +20,7 @@ void LinearLayer::Bind(const float* weight, const float* bias, float* dweight, f
 
 const float* LinearLayer::Forward(const float* x, int ldx, uint32_t batch) {
   const int n = static_cast<int>(batch), o = static_cast<int>(out_), i = static_cast<int>(in_);
-  backend_->GemmStrided(false, true, n, o, i, 1.0f, x, ldx, w_, i, 0.0f, y_.data(), o);
-  backend_->BiasActivation(y_.data(), b_, n, o, relu_);
+  backend_->GemmBiasActivation(false, true, n, o, i, x, ldx, w_, i, b_, y_.data(), o, relu_);
   return y_.data();
 }
 

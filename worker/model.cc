@@ -23,9 +23,11 @@ Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* 
   return InvalidArgument(manifest.source + ": key 'model.kind': no model to train");
 }
 
-Status Model::Finish() {
-  PARASOL_RETURN_IF_ERROR(backend_->Sync());
-  loss_ = batch_ ? *loss_sum_ / batch_ : 0.0;
+Status Model::Finish(int slot) {
+  PARASOL_RETURN_IF_ERROR(backend_->WaitMark(slot));
+  finished_ = slot;
+  const SlotOutput& o = out_[slot];
+  loss_ = o.batch ? *o.loss_sum / o.batch : 0.0;
   return Status::Ok();
 }
 

@@ -50,34 +50,47 @@ class Model {
 
   // Runs the model on `batch` with slot `slot`'s inputs (key j uses row indices[j] of the
   // `unique` rows): one upload, the forward pass and, when `train`, the backward pass, then one
-  // download. Asynchronous: Finish() waits.
+  // download. Asynchronous: Finish(slot) waits. The two slots have their own device buffers, so
+  // a step's upload overlaps the other slot's step still running. REQUIRES: the slot's last
+  // step was finished.
   virtual void Run(const Batch& batch, int slot, uint32_t unique, const uint32_t* indices,
                    bool train) = 0;
-  // Waits for the step (one synchronisation) and returns the backend's first error; then
-  // Loss(), Probabilities() and, after a training step, RowGrads() and DenseGrads() hold its
-  // results until the next Run().
-  Status Finish();
+  // Waits for slot `slot`'s step (one synchronisation) and returns the backend's first error;
+  // then Loss(), Probabilities() and, after a training step, RowGrads() and DenseGrads() hold its
+  // results until the slot's next Run().
+  Status Finish(int slot);
   double Loss() const { return loss_; }
-  std::span<const float> Probabilities() const { return {probs_, batch_}; }
-  std::span<const float> RowGrads() const { return {row_grads_, size_t{unique_} * sparse_dim_}; }
+  std::span<const float> Probabilities() const {
+    return {out_[finished_].probs, out_[finished_].batch};
+  }
+  std::span<const float> RowGrads() const {
+    return {out_[finished_].row_grads, size_t{out_[finished_].unique} * sparse_dim_};
+  }
   // Gradients of the dense weights over the batch's mean loss, one span per dense table.
-  const std::vector<std::span<const float>>& DenseGrads() const { return dense_grads_; }
+  const std::vector<std::span<const float>>& DenseGrads() const {
+    return out_[finished_].dense_grads;
+  }
 
  protected:
   explicit Model(Backend* backend) : backend_(backend) {}
+
+  // Where a slot's results land (host memory), set by Run().
+  struct SlotOutput {
+    const float* probs = nullptr;
+    const float* row_grads = nullptr;
+    const double* loss_sum = nullptr;
+    uint32_t batch = 0, unique = 0;
+    std::vector<std::span<const float>> dense_grads;
+  };
 
   Backend* backend_;
   uint32_t sparse_table_ = 0;
   uint32_t sparse_dim_ = 0;
   std::vector<uint32_t> dense_tables_;
-  // Set by the model: the spans into its slots and its output buffer.
+  // Set by the model: the spans into its slots' inputs, and its slots' outputs.
   std::vector<std::span<float>> dense_in_[kSlots];
-  std::vector<std::span<const float>> dense_grads_;
-  // After Finish(): the output buffer's probabilities and row gradients, the loss sum.
-  const float* probs_ = nullptr;
-  const float* row_grads_ = nullptr;
-  const double* loss_sum_ = nullptr;
-  uint32_t batch_ = 0, unique_ = 0;
+  SlotOutput out_[kSlots];
+  int finished_ = 0;
   double loss_ = 0;
 };
 

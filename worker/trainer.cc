@@ -263,7 +263,7 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file, int slot) {
     }
     PARASOL_RETURN_IF_ERROR(client_->PullSparseReadOnly(model->sparse_table(), keys.unique, rows));
     model->Run(b, slot, unique, keys.indices.data(), /*train=*/false);
-    PARASOL_RETURN_IF_ERROR(model->Finish().WithContext("evaluation"));
+    PARASOL_RETURN_IF_ERROR(model->Finish(slot).WithContext("evaluation"));
     probs.insert(probs.end(), model->Probabilities().begin(), model->Probabilities().end());
     labels.insert(labels.end(), b.labels.begin(), b.labels.end());
   }
@@ -414,7 +414,7 @@ Result<TrainReport> Trainer::Run() {
     phase = SteadyClock::now();
     model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                cur_keys.indices.data(), /*train=*/true);
-    PARASOL_RETURN_IF_ERROR(model->Finish().WithContext("step " + std::to_string(report.steps)));
+    PARASOL_RETURN_IF_ERROR(model->Finish(cur_slot).WithContext("step " + std::to_string(report.steps)));
     double loss = model->Loss();
     report.compute_seconds += Since(phase);
     uint64_t step_samples = cur->size;
@@ -444,7 +444,7 @@ Result<TrainReport> Trainer::Run() {
         model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                    cur_keys.indices.data(), /*train=*/true);
         PARASOL_RETURN_IF_ERROR(
-            model->Finish().WithContext("step " + std::to_string(report.steps)));
+            model->Finish(cur_slot).WithContext("step " + std::to_string(report.steps)));
         const double l = model->Loss();
         report.compute_seconds += Since(phase);
         acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);

@@ -142,6 +142,33 @@ TEST_P(CudaBackendTest, GemmWithEveryTransposeAndStride) {
   }
 }
 
+// A linear layer's forward in one call (bias and ReLU in the product's epilogue), at dlrm-small's
+// first layer shape: 13 features in rows padded to 16.
+TEST_P(CudaBackendTest, GemmWithBiasAndReluEpilogue) {
+  for (bool relu : {true, false}) {
+    const int m = 4096, n = 64, k = 13, lda = 16;
+    const std::vector<float> a = Random(size_t(m) * lda, 21), w = Random(n * k, 22),
+                             bias = Random(n, 23);
+    std::vector<float> want(size_t(m) * n), magnitude(size_t(m) * n);
+    cpu_->GemmBiasActivation(false, true, m, n, k, a.data(), lda, w.data(), k, bias.data(),
+                             want.data(), n, relu);
+    std::vector<float> abs_a(a.size()), abs_w(w.size()), abs_bias(n);
+    for (size_t i = 0; i < a.size(); ++i) abs_a[i] = std::abs(a[i]);
+    for (size_t i = 0; i < w.size(); ++i) abs_w[i] = std::abs(w[i]);
+    for (int i = 0; i < n; ++i) abs_bias[i] = std::abs(bias[i]);
+    cpu_->GemmBiasActivation(false, true, m, n, k, abs_a.data(), lda, abs_w.data(), k,
+                             abs_bias.data(), magnitude.data(), n, false);
+    DeviceBuffer da = Up(a), dw = Up(w), db = Up(bias), dc = Out(size_t(m) * n);
+    gpu_->GemmBiasActivation(false, true, m, n, k, da.data(), lda, dw.data(), k, db.data(),
+                             dc.data(), n, relu);
+    const std::vector<float> got = Down(dc, size_t(m) * n);
+    std::vector<double> bound(got.size());
+    const double unit = OperandUnit() + 2 * (k + 1) * std::ldexp(1.0, -24);
+    for (size_t i = 0; i < got.size(); ++i) bound[i] = unit * magnitude[i] + 1e-7;
+    ExpectWithin(got, want, bound, relu ? "gemm + bias + relu" : "gemm + bias");
+  }
+}
+
 TEST_P(CudaBackendTest, ElementwiseAndFusedBiasOps) {
   // Rows enough for many chunks of the grid-wide column sums, and a ragged last chunk.
   for (int rows : {33, 16384 + 5}) {

@@ -21,7 +21,7 @@ inline Status RunModelStep(Model& model, const Batch& batch, const BatchKeys& ke
     std::copy(dense[t].begin(), dense[t].end(), model.StepDense(slot, t).begin());
   }
   model.Run(batch, slot, unique, keys.indices.data(), train);
-  return model.Finish();
+  return model.Finish(slot);
 }
 
 // The sizes of the model's dense tables, as zeroed host vectors.
