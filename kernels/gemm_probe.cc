@@ -2,6 +2,7 @@
 
 #ifdef PARASOL_HAVE_CUDA
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@ Status LtStatus(cublasStatus_t s, const char* what) {
 
 // Everything the probe holds, released in any case.
 struct Resources {
+  cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -33,6 +35,7 @@ struct Resources {
   void* a = nullptr;
   void* b = nullptr;
   void* c = nullptr;
+  void* bias = nullptr;
   void* workspace = nullptr;
   ~Resources() {
     if (stream) cudaStreamSynchronize(stream);
@@ -42,11 +45,12 @@ struct Resources {
     }
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (lt) cublasLtDestroy(lt);
+    if (blas) cublasDestroy(blas);
     for (auto e : {start, end}) {
       if (e) cudaEventDestroy(e);
     }
     if (stream) cudaStreamDestroy(stream);
-    for (void* p : {a, b, c, workspace}) cudaFree(p);
+    for (void* p : {a, b, c, bias, workspace}) cudaFree(p);
   }
 };
 
@@ -63,11 +67,12 @@ Status Upload(void** dst, size_t floats, uint64_t seed) {
 }  // namespace
 
 Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, bool tf32,
-                                  int iters) {
+                                  GemmEpilogue epilogue, int iters) {
   Resources r;
   constexpr size_t kWorkspace = size_t{32} << 20;
   PARASOL_RETURN_IF_ERROR(Upload(&r.a, size_t(m) * k, 1));
   PARASOL_RETURN_IF_ERROR(Upload(&r.b, size_t(k) * n, 2));
+  PARASOL_RETURN_IF_ERROR(Upload(&r.bias, size_t(n), 3));
   PARASOL_CUDA_CHECK(cudaMalloc(&r.c, size_t(m) * n * sizeof(float)));
   PARASOL_CUDA_CHECK(cudaMalloc(&r.workspace, kWorkspace));
   PARASOL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
@@ -90,6 +95,17 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
       cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                      sizeof op_second),
       "TRANSB"));
+  if (epilogue != GemmEpilogue::kNone) {
+    const cublasLtEpilogue_t e =
+        epilogue == GemmEpilogue::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS;
+    PARASOL_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e),
+        "EPILOGUE"));
+    PARASOL_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &r.bias,
+                                       sizeof r.bias),
+        "BIAS_POINTER"));
+  }
   // Stored shapes (column-major rows x cols, leading dimension = rows).
   const int first_rows = trans_b ? k : n, first_cols = trans_b ? n : k;
   const int second_rows = trans_a ? m : k, second_cols = trans_a ? k : m;
@@ -115,16 +131,11 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
       "cublasLtMatmulAlgoGetHeuristic"));
   const float alpha = 1.0f, beta = 0.0f;
   GemmProbe probe;
-  for (int i = 0; i < returned; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    auto run = [&] {
-      return cublasLtMatmul(r.lt, r.desc, &alpha, r.b, r.la, r.a, r.lb, &beta, r.c, r.lc, r.c,
-                            r.lc, &results[i].algo, r.workspace, kWorkspace, r.stream);
-    };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // this algorithm refuses the shape
+  // Each sample: kBack products back to back between two events (the device never idle waiting
+  // for the next launch), per product; the median sample.
+  auto time = [&](auto&& run) -> Status {
+    if (!run()) return Status::Ok();  // this algorithm refuses the shape
     for (int w = 0; w < 2; ++w) run();
-    // Each sample: kBack products back to back between two events (as a model's step issues
-    // them, the device never idle waiting for the next launch), per product.
     constexpr int kBack = 20;
     std::vector<double> times;
     for (int it = 0; it < iters; ++it) {
@@ -140,12 +151,34 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
     const double median = times[times.size() / 2];
     if (probe.algorithms == 0 || median < probe.best_seconds) probe.best_seconds = median;
     ++probe.algorithms;
+    return Status::Ok();
+  };
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    PARASOL_RETURN_IF_ERROR(time([&] {
+      return cublasLtMatmul(r.lt, r.desc, &alpha, r.b, r.la, r.a, r.lb, &beta, r.c, r.lc, r.c,
+                            r.lc, &results[i].algo, r.workspace, kWorkspace,
+                            r.stream) == CUBLAS_STATUS_SUCCESS;
+    }));
+  }
+  if (epilogue == GemmEpilogue::kNone) {  // the classic interface's own choice
+    PARASOL_RETURN_IF_ERROR(LtStatus(cublasCreate(&r.blas), "cublasCreate"));
+    PARASOL_RETURN_IF_ERROR(LtStatus(cublasSetStream(r.blas, r.stream), "cublasSetStream"));
+    PARASOL_RETURN_IF_ERROR(LtStatus(
+        cublasSetMathMode(r.blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+        "cublasSetMathMode"));
+    PARASOL_RETURN_IF_ERROR(time([&] {
+      return cublasSgemm(r.blas, op_first, op_second, n, m, k, &alpha,
+                         static_cast<const float*>(r.b), first_rows,
+                         static_cast<const float*>(r.a), second_rows, &beta,
+                         static_cast<float*>(r.c), n) == CUBLAS_STATUS_SUCCESS;
+    }));
   }
   if (probe.algorithms == 0) return Internal("cuBLASLt offered no algorithm for the shape");
   return probe;
 }
 #else
-Result<GemmProbe> ProbeCublasGemm(bool, bool, int, int, int, bool, int) {
+Result<GemmProbe> ProbeCublasGemm(bool, bool, int, int, int, bool, GemmEpilogue, int) {
   return FailedPrecondition("this build has no CUDA support (nvcc not found)");
 }
 #endif

@@ -1,6 +1,7 @@
 // The fastest cuBLAS can do one product: every algorithm cuBLASLt's heuristic offers for the
-// shape (up to 16), each timed with device events on the same random operands; the best one's
-// time is the ceiling a layer's product is measured against (benchmarks only).
+// shape and epilogue (up to 16), and for a plain product cublasSgemm too, each timed with device
+// events over products issued back to back on the same random operands; the best one's time is
+// the ceiling a layer's product is measured against (benchmarks only).
 #pragma once
 
 #include "common/status.hpp"
@@ -12,8 +13,11 @@ struct GemmProbe {
   int algorithms = 0;       // how many were timed
 };
 
-// Row-major c[m x n] = op(a) op(b) as Backend::Gemm computes it, fp32 or TF32 tensor cores.
+enum class GemmEpilogue { kNone, kBias, kBiasRelu };
+
+// Row-major c[m x n] = op(a) op(b) (+ bias, ReLU) as Backend::Gemm and GemmBiasActivation
+// compute it, fp32 or TF32 tensor cores.
 Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, bool tf32,
-                                  int iters);
+                                  GemmEpilogue epilogue, int iters);
 
 }  // namespace parasol

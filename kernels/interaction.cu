@@ -23,19 +23,23 @@ __device__ void PairOf(int p, int* i, int* j) {
   *j = p - r * (r - 1) / 2;
 }
 
-// Loads the vectors of samples [b0, b0 + nb) into v[s][vector][dim]: v_0 = z[b], v_i = e[b, i-1].
+// Vectors sit `ld` floats apart in shared memory, ld odd: the threads of a warp reading element
+// d of vectors j, j + 1, ... then hit different banks (with ld = dim = 16 they would share two).
+__host__ __device__ int SharedStride(int dim) { return dim % 2 == 0 ? dim + 1 : dim; }
+
+// Loads the vectors of samples [b0, b0 + nb) into v[s][vector][ld]: v_0 = z[b], v_i = e[b, i-1].
 __device__ void LoadVectors(float* v, const float* z, const float* e, int b0, int nb, int fields,
                             int dim) {
-  const int vectors = fields + 1;
+  const int vectors = fields + 1, ld = SharedStride(dim);
   for (int t = threadIdx.x; t < nb * dim; t += blockDim.x) {
     const int s = t / dim, d = t % dim;
-    v[s * vectors * dim + d] = z[size_t(b0 + s) * dim + d];
+    v[s * vectors * ld + d] = z[size_t(b0 + s) * dim + d];
   }
   const int per = fields * dim;
   const float* eb = e + size_t(b0) * per;
   for (int t = threadIdx.x; t < nb * per; t += blockDim.x) {
     const int s = t / per, r = t % per;
-    v[s * vectors * dim + dim + r] = eb[t];
+    v[s * vectors * ld + (1 + r / dim) * ld + r % dim] = eb[t];
   }
 }
 
@@ -45,6 +49,7 @@ __global__ void InteractionSharedKernel(float* out, int out_ld, const float* z, 
                                         int batch, int fields, int dim, int spb) {
   extern __shared__ float smem[];
   const int vectors = fields + 1, pairs = vectors * fields / 2, width = dim + pairs;
+  const int ld = SharedStride(dim);
   const int b0 = blockIdx.x * spb;
   const int nb = min(spb, batch - b0);
   int2* pair_ij = reinterpret_cast<int2*>(smem);
@@ -52,13 +57,13 @@ __global__ void InteractionSharedKernel(float* out, int out_ld, const float* z, 
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
     int i, j;
     PairOf(p, &i, &j);
-    pair_ij[p] = make_int2(i * dim, j * dim);
+    pair_ij[p] = make_int2(i * ld, j * ld);
   }
   LoadVectors(v, z, e, b0, nb, fields, dim);
   __syncthreads();
   for (int t = threadIdx.x; t < nb * out_ld; t += blockDim.x) {
     const int s = t / out_ld, c = t % out_ld;
-    const float* vs = v + s * vectors * dim;
+    const float* vs = v + s * vectors * ld;
     float r = 0.0f;
     if (c < dim) {
       r = vs[c];
@@ -77,10 +82,11 @@ __global__ void InteractionBackwardSharedKernel(float* dz, float* de, const floa
                                                 int batch, int fields, int dim, int spb) {
   extern __shared__ float smem[];
   const int vectors = fields + 1, pairs = vectors * fields / 2;
+  const int ld = SharedStride(dim);
   const int b0 = blockIdx.x * spb;
   const int nb = min(spb, batch - b0);
   float* v = smem;
-  float* g = smem + spb * vectors * dim;
+  float* g = smem + spb * vectors * ld;
   LoadVectors(v, z, e, b0, nb, fields, dim);
   for (int t = threadIdx.x; t < nb * pairs; t += blockDim.x) {
     const int s = t / pairs, p = t % pairs;
@@ -90,11 +96,11 @@ __global__ void InteractionBackwardSharedKernel(float* dz, float* de, const floa
   const int per = vectors * dim;
   for (int t = threadIdx.x; t < nb * per; t += blockDim.x) {
     const int s = t / per, i = (t % per) / dim, d = t % dim;
-    const float* vs = v + s * per;
+    const float* vs = v + s * vectors * ld;
     const float* gs = g + s * pairs;
     float acc = i == 0 ? dout[size_t(b0 + s) * dout_ld + d] : 0.0f;
-    for (int j = 0; j < i; ++j) acc += gs[PairIndex(i, j)] * vs[j * dim + d];
-    for (int j = i + 1; j < vectors; ++j) acc += gs[PairIndex(j, i)] * vs[j * dim + d];
+    for (int j = 0; j < i; ++j) acc += gs[PairIndex(i, j)] * vs[j * ld + d];
+    for (int j = i + 1; j < vectors; ++j) acc += gs[PairIndex(j, i)] * vs[j * ld + d];
     if (i == 0) {
       dz[size_t(b0 + s) * dim + d] = acc;
     } else {
@@ -165,9 +171,10 @@ Status InteractionCuda(float* out, int out_ld, const float* z, const float* e, i
   if (batch == 0) return Status::Ok();
   const auto s = static_cast<cudaStream_t>(stream);
   const int vectors = fields + 1, pairs = vectors * fields / 2;
-  const int spb = SamplesPerBlock(size_t(vectors) * dim, 2 * size_t(pairs));
+  const size_t ld = SharedStride(dim);
+  const int spb = SamplesPerBlock(size_t(vectors) * ld, 2 * size_t(pairs));
   if (spb > 0) {
-    const size_t shared = (2 * size_t(pairs) + size_t(spb) * vectors * dim) * sizeof(float);
+    const size_t shared = (2 * size_t(pairs) + size_t(spb) * vectors * ld) * sizeof(float);
     InteractionSharedKernel<<<(batch + spb - 1) / spb, kThreads, shared, s>>>(
         out, out_ld, z, e, batch, fields, dim, spb);
     PARASOL_CUDA_CHECK_LAUNCH("InteractionSharedKernel");
@@ -184,9 +191,10 @@ Status InteractionBackwardCuda(float* dz, float* de, const float* dout, int dout
   if (batch == 0) return Status::Ok();
   const auto s = static_cast<cudaStream_t>(stream);
   const int vectors = fields + 1, pairs = vectors * fields / 2;
-  const int spb = SamplesPerBlock(size_t(vectors) * dim + pairs, 0);
+  const size_t ld = SharedStride(dim);
+  const int spb = SamplesPerBlock(size_t(vectors) * ld + pairs, 0);
   if (spb > 0) {
-    const size_t shared = size_t(spb) * (size_t(vectors) * dim + pairs) * sizeof(float);
+    const size_t shared = size_t(spb) * (size_t(vectors) * ld + pairs) * sizeof(float);
     InteractionBackwardSharedKernel<<<(batch + spb - 1) / spb, kThreads, shared, s>>>(
         dz, de, dout, dout_ld, z, e, batch, fields, dim, spb);
     PARASOL_CUDA_CHECK_LAUNCH("InteractionBackwardSharedKernel");

@@ -203,9 +203,13 @@ class Backend {
 
   // Profiling: while on, the device time of each operation is summed by kind (a device
   // backend brackets each call with events; off by default, as it synchronises per call).
+  // Benchmarks: seconds per run of `work` (which issues device work) run `repeats` times back
+  // to back, between two device events (the host clock on the CPU); median of `samples`.
+  virtual double TimeDevice(const std::function<void()>& work, int repeats, int samples);
   void SetProfiling(bool on) { profiling_ = on; }
   bool profiling() const { return profiling_; }
   virtual std::vector<OpTime> OpTimes() const { return {}; }
+  virtual void ClearOpTimes() {}
 
  protected:
   TransferCounts transfers_;

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -213,6 +214,19 @@ class CpuBackend : public Backend {
 };
 
 }  // namespace
+
+double Backend::TimeDevice(const std::function<void()>& work, int repeats, int samples) {
+  std::vector<double> times;
+  for (int s = 0; s < samples; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i) work();
+    if (!Sync().ok()) return -1;
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                    repeats);
+  }
+  std::sort(times.begin(), times.end());
+  return times.empty() ? -1 : times[times.size() / 2];
+}
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {
   return std::make_unique<CpuBackend>(threads);

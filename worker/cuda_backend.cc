@@ -336,6 +336,25 @@ class CudaBackend : public Backend {
     return status_;
   }
 
+  double TimeDevice(const std::function<void()>& work, int repeats, int samples) override {
+    cudaEvent_t start = NewEvent(), end = NewEvent();
+    std::vector<double> times;
+    for (int s = 0; s < samples && status_.ok(); ++s) {
+      Record(CudaCall(cudaEventRecord(start, compute_), "cudaEventRecord", __LINE__));
+      for (int i = 0; i < repeats; ++i) work();
+      Record(CudaCall(cudaEventRecord(end, compute_), "cudaEventRecord", __LINE__));
+      Record(CudaCall(cudaEventSynchronize(end), "cudaEventSynchronize", __LINE__));
+      float ms = 0;
+      Record(CudaCall(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime", __LINE__));
+      times.push_back(ms / 1e3 / repeats);
+    }
+    spare_events_.push_back(start);
+    spare_events_.push_back(end);
+    if (!status_.ok() || times.empty()) return -1;
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
   bool BeginGraph() override {
     if (profiling_ || !status_.ok()) return false;
     // Thread-local: other threads' CUDA calls are not this recording's business.
@@ -369,6 +388,7 @@ class CudaBackend : public Backend {
     Record(CudaCall(cudaGraphLaunch(graphs_[id], compute_), "cudaGraphLaunch", __LINE__));
   }
 
+  void ClearOpTimes() override { op_times_.clear(); }
   std::vector<OpTime> OpTimes() const override {
     std::vector<OpTime> out;
     for (const auto& [op, t] : op_times_) out.push_back(t);

@@ -312,6 +312,27 @@ TEST_P(CudaBackendTest, SigmoidBceWithLargeLogits) {
   ExpectNear(Down(gd, n), dl, "dlogits");
 }
 
+// After an error every call is skipped (no launch, no copy) and Sync names the failed call's
+// file and line; the memory a skipped call would have written keeps its contents.
+TEST_P(CudaBackendTest, CallsAfterAnErrorAreSkippedAndTheErrorNamesItsPlace) {
+  DeviceBuffer a = Up(Random(64, 30)), c = Out(64);
+  ASSERT_TRUE(gpu_->Sync().ok());
+  // lda below the row length: cuBLAS refuses the product.
+  gpu_->GemmStrided(false, false, 8, 8, 8, 1.0f, a.data(), 2, a.data(), 8, 0.0f, c.data(), 8);
+  gpu_->Fill(c.data(), 1.0f, 64);
+  const Status st = gpu_->Sync();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cublasSgemm"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("cuda_backend.cc:"), std::string::npos) << st.ToString();
+  // Another backend on the same device reads what the skipped fill would have overwritten.
+  auto other = MakeCudaBackend(0, tf32());
+  ASSERT_TRUE(other.ok());
+  std::vector<float> got(64, 0.0f);
+  (*other)->ToHost(got.data(), c.data(), 64);
+  ASSERT_TRUE((*other)->Sync().ok());
+  for (float v : got) ASSERT_TRUE(std::isnan(v)) << "a call after the error ran";
+}
+
 Manifest DlrmSmall() {
   Result<Manifest> m = ParseManifest(
       "cluster:\n  servers: [127.0.0.1:1]\nmodel:\n  kind: dlrm\n  embedding_dim: 16\n"
