@@ -759,17 +759,19 @@ double GemmTflops(Backend* backend, int m, int n, int k, int iters) {
   return s > 0 ? 2.0 * m * n * k / s / 1e12 : -1;
 }
 
-// A product the model runs: "gemm 4096x64x13 NT" (with " +bias" or " +bias_relu" when the
-// epilogue adds them).
+// A product the model runs: "gemm 4096x64x13 NT ld 16 13 64" (with " +bias" or " +bias_relu"
+// when the epilogue adds them).
 struct GemmOp {
   int m = 0, n = 0, k = 0;
   bool ta = false, tb = false;
+  int lda = 0, ldb = 0, ldc = 0;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
 };
 
 bool ParseGemmOp(const std::string& op, GemmOp* g) {
   char a = 0, b = 0;
-  if (std::sscanf(op.c_str(), "gemm %dx%dx%d %c%c", &g->m, &g->n, &g->k, &a, &b) != 5) {
+  if (std::sscanf(op.c_str(), "gemm %dx%dx%d %c%c ld %d %d %d", &g->m, &g->n, &g->k, &a, &b,
+                  &g->lda, &g->ldb, &g->ldc) != 8) {
     return false;
   }
   g->ta = a == 'T';
@@ -780,12 +782,12 @@ bool ParseGemmOp(const std::string& op, GemmOp* g) {
   return true;
 }
 
-// Seconds per product of the backend's own call for `g` on random operands, timed as the probe
-// times cuBLAS's: products back to back between two device events.
+// Seconds per product of the backend's own call for `g` (its leading dimensions too) on random
+// operands, timed as the probe times cuBLAS's: products back to back between two device events.
 double BackendGemmSeconds(Backend* backend, const GemmOp& g) {
-  const size_t a_n = size_t(g.m) * g.k, b_n = size_t(g.k) * g.n;
+  const size_t a_n = size_t(g.ta ? g.k : g.m) * g.lda, b_n = size_t(g.tb ? g.n : g.k) * g.ldb;
   DeviceBuffer a = backend->Allocate(a_n), b = backend->Allocate(b_n),
-               c = backend->Allocate(size_t(g.m) * g.n), bias = backend->Allocate(g.n);
+               c = backend->Allocate(size_t(g.m) * g.ldc), bias = backend->Allocate(g.n);
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> host(std::max(a_n, b_n));
@@ -793,14 +795,13 @@ double BackendGemmSeconds(Backend* backend, const GemmOp& g) {
   backend->ToDevice(a.data(), host.data(), a_n);
   backend->ToDevice(b.data(), host.data(), b_n);
   backend->ToDevice(bias.data(), host.data(), g.n);
-  const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
   auto run = [&] {
     if (g.epilogue == GemmEpilogue::kNone) {
-      backend->GemmStrided(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
-                           c.data(), g.n);
+      backend->GemmStrided(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.lda, b.data(), g.ldb,
+                           0.0f, c.data(), g.ldc);
     } else {
-      backend->GemmBiasActivation(g.ta, g.tb, g.m, g.n, g.k, a.data(), lda, b.data(), ldb,
-                                  bias.data(), c.data(), g.n,
+      backend->GemmBiasActivation(g.ta, g.tb, g.m, g.n, g.k, a.data(), g.lda, b.data(), g.ldb,
+                                  bias.data(), c.data(), g.ldc,
                                   g.epilogue == GemmEpilogue::kBiasRelu);
     }
   };
@@ -808,7 +809,13 @@ double BackendGemmSeconds(Backend* backend, const GemmOp& g) {
   return backend->TimeDevice(run, 20, 20);
 }
 
+// "gemm 4096x64x13 NT ld 16 13 64 +bias_relu" -> "gemm_4096x64x13_NT_+bias_relu" (the row
+// names stay those of earlier runs).
 std::string RowName(std::string s) {
+  if (const size_t ld = s.find(" ld "); ld != std::string::npos) {
+    const size_t plus = s.find(" +", ld);
+    s = s.substr(0, ld) + (plus == std::string::npos ? "" : s.substr(plus));
+  }
   for (char& c : s) {
     if (c == ' ') c = '_';
   }
@@ -854,7 +861,8 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
         GemmOp g;
         if (!ParseGemmOp(o.op, &g)) continue;
         const double ours = BackendGemmSeconds(backend.get(), g);
-        auto best = ProbeCublasGemm(g.ta, g.tb, g.m, g.n, g.k, tf32, g.epilogue, 20);
+        auto best = ProbeCublasGemm(g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, tf32,
+                                    g.epilogue, 20);
         const double flops = 2.0 * g.m * g.n * g.k;
         // The ceiling: the fastest of cuBLAS's algorithms for the shape, our own call (also one
         // of them) included, so that timing noise on a product of a few microseconds cannot put

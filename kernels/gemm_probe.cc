@@ -66,14 +66,14 @@ Status Upload(void** dst, size_t floats, uint64_t seed) {
 
 }  // namespace
 
-Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, bool tf32,
-                                  GemmEpilogue epilogue, int iters) {
+Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, int lda,
+                                  int ldb, int ldc, bool tf32, GemmEpilogue epilogue, int iters) {
   Resources r;
   constexpr size_t kWorkspace = size_t{32} << 20;
-  PARASOL_RETURN_IF_ERROR(Upload(&r.a, size_t(m) * k, 1));
-  PARASOL_RETURN_IF_ERROR(Upload(&r.b, size_t(k) * n, 2));
+  PARASOL_RETURN_IF_ERROR(Upload(&r.a, size_t(trans_a ? k : m) * lda, 1));
+  PARASOL_RETURN_IF_ERROR(Upload(&r.b, size_t(trans_b ? n : k) * ldb, 2));
   PARASOL_RETURN_IF_ERROR(Upload(&r.bias, size_t(n), 3));
-  PARASOL_CUDA_CHECK(cudaMalloc(&r.c, size_t(m) * n * sizeof(float)));
+  PARASOL_CUDA_CHECK(cudaMalloc(&r.c, size_t(m) * ldc * sizeof(float)));
   PARASOL_CUDA_CHECK(cudaMalloc(&r.workspace, kWorkspace));
   PARASOL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   PARASOL_CUDA_CHECK(cudaEventCreate(&r.start));
@@ -110,13 +110,11 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
   const int first_rows = trans_b ? k : n, first_cols = trans_b ? n : k;
   const int second_rows = trans_a ? m : k, second_cols = trans_a ? k : m;
   PARASOL_RETURN_IF_ERROR(LtStatus(
-      cublasLtMatrixLayoutCreate(&r.la, CUDA_R_32F, first_rows, first_cols, first_rows),
-      "layout"));
+      cublasLtMatrixLayoutCreate(&r.la, CUDA_R_32F, first_rows, first_cols, ldb), "layout"));
   PARASOL_RETURN_IF_ERROR(LtStatus(
-      cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_32F, second_rows, second_cols, second_rows),
-      "layout"));
+      cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_32F, second_rows, second_cols, lda), "layout"));
   PARASOL_RETURN_IF_ERROR(
-      LtStatus(cublasLtMatrixLayoutCreate(&r.lc, CUDA_R_32F, n, m, n), "layout"));
+      LtStatus(cublasLtMatrixLayoutCreate(&r.lc, CUDA_R_32F, n, m, ldc), "layout"));
   PARASOL_RETURN_IF_ERROR(
       LtStatus(cublasLtMatmulPreferenceCreate(&r.pref), "cublasLtMatmulPreferenceCreate"));
   PARASOL_RETURN_IF_ERROR(LtStatus(
@@ -169,16 +167,16 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
         "cublasSetMathMode"));
     PARASOL_RETURN_IF_ERROR(time([&] {
       return cublasSgemm(r.blas, op_first, op_second, n, m, k, &alpha,
-                         static_cast<const float*>(r.b), first_rows,
-                         static_cast<const float*>(r.a), second_rows, &beta,
-                         static_cast<float*>(r.c), n) == CUBLAS_STATUS_SUCCESS;
+                         static_cast<const float*>(r.b), ldb, static_cast<const float*>(r.a), lda,
+                         &beta, static_cast<float*>(r.c), ldc) == CUBLAS_STATUS_SUCCESS;
     }));
   }
   if (probe.algorithms == 0) return Internal("cuBLASLt offered no algorithm for the shape");
   return probe;
 }
 #else
-Result<GemmProbe> ProbeCublasGemm(bool, bool, int, int, int, bool, GemmEpilogue, int) {
+Result<GemmProbe> ProbeCublasGemm(bool, bool, int, int, int, int, int, int, bool, GemmEpilogue,
+                                  int) {
   return FailedPrecondition("this build has no CUDA support (nvcc not found)");
 }
 #endif

@@ -15,9 +15,9 @@ struct GemmProbe {
 
 enum class GemmEpilogue { kNone, kBias, kBiasRelu };
 
-// Row-major c[m x n] = op(a) op(b) (+ bias, ReLU) as Backend::Gemm and GemmBiasActivation
-// compute it, fp32 or TF32 tensor cores.
-Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, bool tf32,
-                                  GemmEpilogue epilogue, int iters);
+// Row-major c[m x n] = op(a) op(b) (+ bias, ReLU) with leading dimensions lda, ldb, ldc, as
+// Backend::GemmStrided and GemmBiasActivation compute it, fp32 or TF32 tensor cores.
+Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int k, int lda,
+                                  int ldb, int ldc, bool tf32, GemmEpilogue epilogue, int iters);
 
 }  // namespace parasol

@@ -83,8 +83,8 @@ class Backend {
   virtual void Upload(void* dst, const void* host, size_t bytes, int after = -1) = 0;
   virtual void Download(void* host, const void* src, size_t bytes) = 0;
   // Marks (0 <= mark < kMarks): Mark(m) notes the compute work and downloads issued so far;
-  // WaitMark(m) waits for them (one synchronisation) and returns the first error since the
-  // backend was made or last synchronised.
+  // WaitMark(m) waits for them (one synchronisation) and returns the backend's first error (a
+  // backend that failed stays failed).
   static constexpr int kMarks = 4;
   virtual void Mark(int /*mark*/) {}
   virtual Status WaitMark(int /*mark*/) {
@@ -182,9 +182,9 @@ class Backend {
   virtual void SigmoidBce(float* probs, float* dlogits, double* loss_sum, const float* logits,
                           const float* labels, int n) = 0;
 
-  // Waits for the device and returns the first error of any call since the last Sync() (a
-  // device backend records errors instead of throwing, and skips every call after one; the CPU
-  // backend has none).
+  // Waits for the device and returns the first error of any call (a device backend records
+  // errors instead of throwing, skips every call after one and stays failed; the CPU backend
+  // has none).
   virtual Status Sync() {
     ++transfers_.syncs;
     return Status::Ok();
@@ -196,10 +196,14 @@ class Backend {
   // recorded instead of run, and RunGraph(id) replays it as one launch (CUDA Graphs). EndGraph
   // returns the graph's id, or -1 when recording failed: then nothing ran, so issue the work
   // directly. The CPU backend records nothing (BeginGraph is false), nor does any backend while
-  // profiling. A graph replays the same pointers and shapes.
+  // profiling. A graph replays the same pointers and shapes. RunGraph returns false, running
+  // nothing, when the graph is gone (released, or dropped because the backend's scratch memory
+  // it used had to grow): record it again. GraphCount: graphs recorded so far.
   virtual bool BeginGraph() { return false; }
   virtual int EndGraph() { return -1; }
-  virtual void RunGraph(int /*id*/) {}
+  virtual bool RunGraph(int /*id*/) { return false; }
+  virtual void ReleaseGraph(int /*id*/) {}
+  virtual int GraphCount() const { return 0; }
 
   // Profiling: while on, the device time of each operation is summed by kind (a device
   // backend brackets each call with events; off by default, as it synchronises per call).

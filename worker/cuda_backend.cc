@@ -1,11 +1,11 @@
 // The CUDA backend: cuBLAS for matrix products, the kernels in kernels/ for the rest.
 //
 // Kernels and products run on one compute stream. Uploads run on a copy stream: each waits for
-// the compute work issued before it (the destination may still be read), and the compute work
-// issued after it waits for it. A model's step makes one upload from and one download into
-// pinned host buffers (AllocateHost) and synchronises once (Sync). Every CUDA and cuBLAS status
-// is checked; the first error (file, line, expression or kernel) is kept, every call after it
-// is skipped (no launch, no copy), and Sync() returns it.
+// the compute work issued before it, or before a mark (the destination may still be read), and
+// the compute work issued after it waits for it. A model's step makes one upload from and one
+// download into pinned host buffers (AllocateHost) and waits once (WaitMark). Every CUDA and
+// cuBLAS status is checked; the first error (file, line, expression or kernel) is kept, every
+// call after it is skipped (no launch, no copy), and Sync() and WaitMark() return it.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -42,7 +42,9 @@ class CudaBackend : public Backend {
   ~CudaBackend() override {
     if (compute_) cudaStreamSynchronize(compute_);
     if (copy_) cudaStreamSynchronize(copy_);
-    for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+    for (cudaGraphExec_t g : graphs_) {
+      if (g) cudaGraphExecDestroy(g);
+    }
     lt_plans_.clear();
     if (lt_) cublasLtDestroy(lt_);
     if (handle_) cublasDestroy(handle_);
@@ -113,6 +115,7 @@ class CudaBackend : public Backend {
     Record(CudaCall(cudaHostAlloc(&p, std::max<size_t>(1, bytes), cudaHostAllocDefault),
                     "cudaHostAlloc", __LINE__));
     if (!status_.ok()) return HostBuffer();
+    std::memset(p, 0, bytes);  // zeroed, as the CPU backend's
     return HostBuffer(p, bytes, [](void* q) { cudaFreeHost(q); });
   }
 
@@ -122,12 +125,10 @@ class CudaBackend : public Backend {
     if (bytes == 0 || !status_.ok()) return;
     // The copy waits for the compute work issued before mark `after` (or so far): that work may
     // read dst. The compute work issued from now on waits for the copy.
-    if (after >= 0 && after < kMarks) {
-      if (marked_[after]) {
-        Record(CudaCall(cudaStreamWaitEvent(copy_, marks_[after], 0), "cudaStreamWaitEvent",
-                        __LINE__));
-      }
-    } else {
+    if (after >= 0 && after < kMarks && marked_[after]) {
+      Record(CudaCall(cudaStreamWaitEvent(copy_, marks_[after], 0), "cudaStreamWaitEvent",
+                      __LINE__));
+    } else {  // no mark yet (or none asked for): after all compute work so far
       Record(CudaCall(cudaEventRecord(computed_, compute_), "cudaEventRecord", __LINE__));
       Record(CudaCall(cudaStreamWaitEvent(copy_, computed_, 0), "cudaStreamWaitEvent", __LINE__));
     }
@@ -217,9 +218,9 @@ class CudaBackend : public Backend {
       Launch("gemm", op);
       return;
     }
-    char name[96];
-    std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c", m, n, k, trans_a ? 'T' : 'N',
-                  trans_b ? 'T' : 'N');
+    char name[128];
+    std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c ld %d %d %d", m, n, k, trans_a ? 'T' : 'N',
+                  trans_b ? 'T' : 'N', lda, ldb, ldc);
     Launch(name, op);
   }
 
@@ -239,10 +240,11 @@ class CudaBackend : public Backend {
       Backend::GemmBiasActivation(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc, relu);
       return;
     }
-    char name[112] = "gemm";
+    char name[128] = "gemm";
     if (profiling_) {
-      std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c %s", m, n, k, trans_a ? 'T' : 'N',
-                    trans_b ? 'T' : 'N', relu ? "+bias_relu" : "+bias");
+      std::snprintf(name, sizeof name, "gemm %dx%dx%d %c%c ld %d %d %d %s", m, n, k,
+                    trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', lda, ldb, ldc,
+                    relu ? "+bias_relu" : "+bias");
     }
     Launch(name, [&]() -> Status {
       if (cublasStatus_t s = cublasLtMatmulDescSetAttribute(
@@ -380,13 +382,25 @@ class CudaBackend : public Backend {
       return -1;
     }
     graphs_.push_back(exec);
+    ++graphs_recorded_;
     return static_cast<int>(graphs_.size() - 1);
   }
 
-  void RunGraph(int id) override {
-    if (!status_.ok() || id < 0 || id >= static_cast<int>(graphs_.size())) return;
+  bool RunGraph(int id) override {
+    if (!status_.ok() || id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[id]) {
+      return false;
+    }
     Record(CudaCall(cudaGraphLaunch(graphs_[id], compute_), "cudaGraphLaunch", __LINE__));
+    return true;
   }
+
+  void ReleaseGraph(int id) override {
+    if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[id]) return;
+    cudaGraphExecDestroy(graphs_[id]);  // waits for its launches, if any are running
+    graphs_[id] = nullptr;
+  }
+
+  int GraphCount() const override { return graphs_recorded_; }
 
   void ClearOpTimes() override { op_times_.clear(); }
   std::vector<OpTime> OpTimes() const override {
@@ -513,8 +527,14 @@ class CudaBackend : public Backend {
     Record(CudaCall(cudaEventCreate(&e), "cudaEventCreate", __LINE__));
     return e;
   }
+  // Sums the timings whose operations have finished; keeps the others for later.
   void CollectTimings() {
+    std::vector<Timing> pending;
     for (auto& t : timings_) {
+      if (status_.ok() && cudaEventQuery(t.end) == cudaErrorNotReady) {
+        pending.push_back(std::move(t));
+        continue;
+      }
       float ms = 0;
       if (status_.ok() && cudaEventElapsedTime(&ms, t.start, t.end) == cudaSuccess) {
         OpTime& o = op_times_[t.op];
@@ -525,7 +545,8 @@ class CudaBackend : public Backend {
       spare_events_.push_back(t.start);
       spare_events_.push_back(t.end);
     }
-    timings_.clear();
+    cudaGetLastError();  // a query of an unfinished event is not an error
+    timings_ = std::move(pending);
   }
 
   // Device scratch of at least n floats (column-sum partials); grows only while warming up.
@@ -540,8 +561,13 @@ class CudaBackend : public Backend {
       Record(Internal("device scratch must grow while a graph is recorded"));
       return nullptr;
     }
-    // The old scratch may still be in use by queued kernels.
+    // The old scratch may still be in use by queued kernels, and recorded graphs use it: they
+    // are dropped (their models record them again).
     Record(CudaCall(cudaStreamSynchronize(compute_), "cudaStreamSynchronize(compute)", __LINE__));
+    for (cudaGraphExec_t& g : graphs_) {
+      if (g) cudaGraphExecDestroy(g);
+      g = nullptr;
+    }
     if (*buffer) cudaFree(*buffer);
     *buffer = nullptr;
     *floats = 0;
@@ -583,7 +609,8 @@ class CudaBackend : public Backend {
   void* cublas_workspace_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;
-  std::vector<cudaGraphExec_t> graphs_;
+  std::vector<cudaGraphExec_t> graphs_;  // null: released or dropped
+  int graphs_recorded_ = 0;
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
   cudaEvent_t copied_ = nullptr;

@@ -59,6 +59,10 @@ class DlrmModel : public Model {
     for (int s = 0; s < kSlots; ++s) {
       host_in_[s] = backend->AllocateHost(in_.size());
       host_out_[s] = backend->AllocateHost(out_layout_.size());
+      if (!host_in_[s].data() || !host_out_[s].data()) {
+        failed_ = true;  // Model::Create reports it
+        return;
+      }
       if (!shared) {
         dev_in_[s] = backend->Allocate(in_.size() / sizeof(float) + 1);
         dev_out_[s] = backend->Allocate(out_layout_.size() / sizeof(float) + 1);
@@ -96,6 +100,12 @@ class DlrmModel : public Model {
     }
     for (size_t i = 0; i + 1 < layout_.bottom.size(); ++i) {
       dbottom_.push_back(backend->Allocate(size_t{max_batch} * layout_.bottom[i].out));
+    }
+  }
+
+  ~DlrmModel() override {
+    for (auto& kinds : graph_) {
+      for (int g : kinds) backend_->ReleaseGraph(g);
     }
   }
 
@@ -137,8 +147,8 @@ class DlrmModel : public Model {
         if (graph < 0) graph = kGraphFailed;  // run directly from now on
       }
       if (graph >= 0) {
-        backend_->RunGraph(graph);
-        ran = true;
+        ran = backend_->RunGraph(graph);
+        if (!ran) graph = kNoGraph;  // dropped by the backend: record it again
       }
     }
     if (!ran) Compute(d, o, rows, train, unique);
@@ -216,8 +226,9 @@ class DlrmModel : public Model {
       bottom_[i].Backward(in, in_ld, dy, dx, in_ld, rows);
       dy = dx;
     }
+    // Hot rows have kHotRowKeys keys or more each, so there are at most bags / kHotRowKeys.
     backend_->EmbeddingRowGrad(At<float>(o, row_grads_off_), de_.data(), dim_, U32(row_start_),
-                               U32(occ_), U32(hot_), max_rows / kHotRowKeys + 1, nullptr, nullptr,
+                               U32(occ_), U32(hot_), bags / kHotRowKeys + 1, nullptr, nullptr,
                                max_rows, counts);
   }
 

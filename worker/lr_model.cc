@@ -42,6 +42,7 @@ class LrModel : public Model {
 
   float* StepRows(int slot, uint32_t /*unique*/, uint32_t keys) override {
     if (keys > slots_[slot].max_keys) Layout(slot, keys * 2);
+    if (failed_) return nullptr;
     return At<float>(slots_[slot].host.data(), slots_[slot].rows);
   }
 
@@ -53,13 +54,20 @@ class LrModel : public Model {
     if (keys > slots_[slot].max_keys) Layout(slot, keys * 2);  // StepRows was not called
     Slot& sl = slots_[slot];
     if (keys > outs_[slot].max_keys) Outputs(slot, keys * 2);
+    if (failed_) return;  // Finish() reports it
     Out& out = outs_[slot];
     const bool shared = backend_->SharesHostMemory();
-    if (!shared && dev_in_.size() * sizeof(float) < sl.layout.size()) {
-      dev_in_ = backend_->Allocate(sl.layout.size() / sizeof(float) + 1);
-    }
-    if (!shared && dev_out_.size() * sizeof(float) < out.layout.size()) {
-      dev_out_ = backend_->Allocate(out.layout.size() / sizeof(float) + 1);
+    // The device buffers are shared by the slots: before one is replaced, the other slot's
+    // step (which may still read it) must be done.
+    if (!shared && (dev_in_.size() * sizeof(float) < sl.layout.size() ||
+                    dev_out_.size() * sizeof(float) < out.layout.size())) {
+      backend_->WaitMark(slot ^ 1);
+      if (dev_in_.size() * sizeof(float) < sl.layout.size()) {
+        dev_in_ = backend_->Allocate(sl.layout.size() / sizeof(float) + 1);
+      }
+      if (dev_out_.size() * sizeof(float) < out.layout.size()) {
+        dev_out_ = backend_->Allocate(out.layout.size() / sizeof(float) + 1);
+      }
     }
     char* h = sl.host.data();
     float* x = At<float>(h, sl.x);
@@ -151,6 +159,10 @@ class LrModel : public Model {
     next.key_bags = l.Add(size_t{max_keys} * sizeof(uint32_t));
     next.rows = l.Add(size_t{max_keys} * sizeof(float));
     next.host = backend_->AllocateHost(l.size());
+    if (!next.host.data()) {
+      failed_ = true;
+      return;
+    }
     Slot& old = slots_[s];
     if (old.host.data()) {
       std::memcpy(next.host.data() + next.dense[0], old.host.data() + old.dense[0],
@@ -173,12 +185,17 @@ class LrModel : public Model {
     next.dense[1] = l.Add(sizeof(float));
     next.row_grads = l.Add(size_t{max_keys} * sizeof(float));
     next.host = backend_->AllocateHost(l.size());
+    if (!next.host.data()) {
+      failed_ = true;
+      return;
+    }
     outs_[s] = std::move(next);
     out_[s].dense_grads = {
         std::span<const float>(At<float>(outs_[s].host.data(), outs_[s].dense[0]),
                                kCriteoDenseFeatures),
         std::span<const float>(At<float>(outs_[s].host.data(), outs_[s].dense[1]), 1)};
     if (occ_.size() < max_keys) {
+      backend_->WaitMark(s ^ 1);  // the other slot's step may still use them
       row_start_ = backend_->Allocate(size_t{max_keys} + 1);
       occ_ = backend_->Allocate(max_keys);
       hot_ = backend_->Allocate(max_keys / kHotRowKeys + 1);

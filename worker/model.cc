@@ -7,6 +7,7 @@ std::unique_ptr<Model> MakeLrModel(const Manifest& m, Backend* backend, uint32_t
 
 Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* backend,
                                              uint32_t max_batch) {
+  std::unique_ptr<Model> model;
   switch (manifest.model.kind) {
     case ModelOptions::Kind::kDlrm:
       if (manifest.data.format != DataOptions::Format::kCriteo) {
@@ -14,17 +15,26 @@ Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* 
                                ": model dlrm reads Criteo data (one key per field); "
                                "data.format is libsvm");
       }
-      return MakeDlrmModel(manifest, backend, max_batch);
-    case ModelOptions::Kind::kLr:
-      return MakeLrModel(manifest, backend, max_batch);
-    case ModelOptions::Kind::kNone:
+      model = MakeDlrmModel(manifest, backend, max_batch);
       break;
+    case ModelOptions::Kind::kLr:
+      model = MakeLrModel(manifest, backend, max_batch);
+      break;
+    case ModelOptions::Kind::kNone:
+      return InvalidArgument(manifest.source + ": key 'model.kind': no model to train");
   }
-  return InvalidArgument(manifest.source + ": key 'model.kind': no model to train");
+  if (model->failed_) {
+    Status st = backend->Sync();
+    return ResourceExhausted("the model's step buffers (batch " + std::to_string(max_batch) +
+                             ") could not be allocated on the " + backend->name() + " backend" +
+                             (st.ok() ? std::string() : ": " + st.message()));
+  }
+  return model;
 }
 
 Status Model::Finish(int slot) {
   PARASOL_RETURN_IF_ERROR(backend_->WaitMark(slot));
+  if (failed_) return ResourceExhausted("the model's step buffers could not be grown");
   finished_ = slot;
   const SlotOutput& o = out_[slot];
   loss_ = o.batch ? *o.loss_sum / o.batch : 0.0;

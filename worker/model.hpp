@@ -42,8 +42,9 @@ class Model {
   const std::vector<uint32_t>& dense_tables() const { return dense_tables_; }
 
   // Where the rows of `unique` keys of a batch of `keys` keys go for slot `slot` (unique x
-  // sparse_dim floats). May move the slot's memory: call it before any pull into the slot for
-  // the step, and take StepDense(slot) after it.
+  // sparse_dim floats), or null when the host memory for them could not be had. May move the
+  // slot's memory: call it before any pull into the slot for the step, and take StepDense(slot)
+  // after it.
   virtual float* StepRows(int slot, uint32_t unique, uint32_t keys) = 0;
   // Where dense table i's weights go for slot `slot` (one span per dense table).
   std::span<float> StepDense(int slot, size_t i) { return dense_in_[slot][i]; }
@@ -84,6 +85,7 @@ class Model {
   };
 
   Backend* backend_;
+  bool failed_ = false;  // its host or device memory could not be had
   uint32_t sparse_table_ = 0;
   uint32_t sparse_dim_ = 0;
   std::vector<uint32_t> dense_tables_;

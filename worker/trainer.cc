@@ -257,6 +257,7 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file, int slot) {
     DeduplicateKeys(b.keys, index, &keys);
     const auto unique = static_cast<uint32_t>(keys.unique.size());
     float* rows = model->StepRows(slot, unique, static_cast<uint32_t>(b.keys.size()));
+    if (!rows) return ResourceExhausted("evaluation: no host memory for the batch's rows");
     if (!dense_pulled) {  // after StepRows, which may move the slot
       PARASOL_RETURN_IF_ERROR(PullDense(*client_, *model, slot));
       dense_pulled = true;
@@ -350,6 +351,7 @@ Result<TrainReport> Trainer::Run() {
     if (sparse) {
       float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(keys.unique.size()),
                                     static_cast<uint32_t>(batch.keys.size()));
+      if (!rows) return ResourceExhausted("no host memory for the step's rows");
       PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket tk,
                                client_->PullSparseAsync(model->sparse_table(), keys.unique, rows));
       rows_pull = tk;
@@ -404,6 +406,7 @@ Result<TrainReport> Trainer::Run() {
       // will be used at.
       float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
                                     static_cast<uint32_t>(next->keys.size()));
+      if (!rows) return ResourceExhausted("no host memory for the step's rows");
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket ticket,
           client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, rows));
@@ -433,6 +436,7 @@ Result<TrainReport> Trainer::Run() {
         // The step's slot: its dense weights stay, its rows are replaced.
         float* rows = model->StepRows(cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                                       static_cast<uint32_t>(cur->keys.size()));
+        if (!rows) return ResourceExhausted("no host memory for the step's rows");
         PARASOL_RETURN_IF_ERROR(
             client_->PullSparse(model->sparse_table(), cur_keys.unique, rows));
         report.pull_seconds += Since(phase);

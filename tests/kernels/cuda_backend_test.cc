@@ -47,14 +47,7 @@ double RelativeError(std::span<const float> got, std::span<const float> want) {
 }
 
 class CudaBackendTest : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << CudaUnavailableReason();
-    auto cuda = MakeCudaBackend(0, /*tf32=*/tf32());
-    ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
-    gpu_ = std::move(*cuda);
-    cpu_ = MakeCpuBackend();
-  }
+ public:
   bool tf32() const { return GetParam(); }
   // The relative error of one product's operands: TF32 rounding, or fp32's.
   double OperandUnit() const { return tf32() ? std::ldexp(1.0, -10) : std::ldexp(1.0, -23); }
@@ -63,6 +56,14 @@ class CudaBackendTest : public ::testing::TestWithParam<bool> {
     return chain * (OperandUnit() + std::sqrt(k) * std::ldexp(1.0, -24)) * 4;
   }
 
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << CudaUnavailableReason();
+    auto cuda = MakeCudaBackend(0, /*tf32=*/tf32());
+    ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
+    gpu_ = std::move(*cuda);
+    cpu_ = MakeCpuBackend();
+  }
   DeviceBuffer Up(const std::vector<float>& host) {
     DeviceBuffer b = gpu_->Allocate(host.size());
     gpu_->ToDevice(b.data(), host.data(), host.size());
@@ -362,70 +363,96 @@ Batch RandomBatch(uint32_t n, uint64_t seed, uint32_t ids) {
   return batch;
 }
 
-// Whole dlrm-small steps on both backends from the same inputs: the real shapes at batch 4096
-// and 16384, a batch smaller than the model's maximum, consecutive steps through both slots,
-// a hot id in every sample, and the same bits when a step is run twice.
-TEST_P(CudaBackendTest, WholeDlrmStepsMatchTheCpu) {
+struct DlrmCase {
+  uint32_t max_batch, batch, ids;
+};
+
+// Whole dlrm-small steps on both backends from the same inputs, three per case through both
+// slots (so full batches also run as recorded graphs). After each, a different batch runs on the
+// same slot and then the first again: it must give the same bits as the first time (an output
+// the device fails to write would keep the other batch's values).
+void CheckDlrmSteps(CudaBackendTest* t, Backend* cpu, Backend* gpu, double (*bound)(const CudaBackendTest*, double),
+                    std::initializer_list<DlrmCase> cases) {
   const Manifest m = DlrmSmall();
-  struct Case {
-    uint32_t max_batch, batch, ids;
-  };
-  for (const Case c : {Case{64, 64, 7}, Case{4096, 4096, 5000}, Case{4096, 1000, 300},
-                       Case{16384, 16384, 100000}}) {
-    auto cpu_model = Model::Create(m, cpu_.get(), c.max_batch);
-    auto gpu_model = Model::Create(m, gpu_.get(), c.max_batch);
+  for (const DlrmCase c : cases) {
+    auto cpu_model = Model::Create(m, cpu, c.max_batch);
+    auto gpu_model = Model::Create(m, gpu, c.max_batch);
     ASSERT_TRUE(cpu_model.ok() && gpu_model.ok());
+    Model& g = **gpu_model;
+    Model& r = **cpu_model;
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE("max batch " + std::to_string(c.max_batch) + ", batch " +
-                   std::to_string(c.batch) + ", step " + std::to_string(step));
+                   std::to_string(c.batch) + ", ids " + std::to_string(c.ids) + ", step " +
+                   std::to_string(step));
       const Batch batch = RandomBatch(c.batch, 13 + step, c.ids);
       const BatchKeys keys = DeduplicateKeys(batch.keys);
-      std::vector<std::vector<float>> dense = DenseShapes(**cpu_model);
-      for (size_t t = 0; t < dense.size(); ++t) dense[t] = Random(dense[t].size(), 100 + t + step, 0.2f);
+      std::vector<std::vector<float>> dense = DenseShapes(r);
+      for (size_t i = 0; i < dense.size(); ++i) dense[i] = Random(dense[i].size(), 100 + i + step, 0.2f);
       const std::vector<float> rows = Random(keys.unique.size() * 16, 14 + step);
       const int slot = step % 2;
-      ASSERT_TRUE(RunModelStep(**cpu_model, batch, keys, rows, dense, true, slot).ok());
-      const TransferCounts before = gpu_->transfers();
-      const Status st = RunModelStep(**gpu_model, batch, keys, rows, dense, true, slot);
+      ASSERT_TRUE(RunModelStep(r, batch, keys, rows, dense, true, slot).ok());
+      const TransferCounts before = gpu->transfers();
+      const Status st = RunModelStep(g, batch, keys, rows, dense, true, slot);
       ASSERT_TRUE(st.ok()) << st.ToString();
       // One upload, one download, one synchronisation.
-      const TransferCounts after = gpu_->transfers();
+      const TransferCounts after = gpu->transfers();
       EXPECT_EQ(after.uploads - before.uploads, 1u);
       EXPECT_EQ(after.downloads - before.downloads, 1u);
       EXPECT_EQ(after.syncs - before.syncs, 1u);
-      Model& g = **gpu_model;
-      Model& r = **cpu_model;
-      // The longest chain: 4 products forward and back, sums over the batch (dW, bias) or over
-      // the batch's uses of a row. With TF32 a ReLU input within its rounding of zero can
-      // switch, which changes a gradient element by its whole size; at batch 64 a few such
-      // switches measured 5.8% norm-wise (H200), so TF32 steps allow 0.15 more. A wrong or
-      // unwritten element is off by O(1); TF32's products alone are checked element-wise in
-      // GemmWithEveryTransposeAndStride.
-      const double bound = StepBound(8, c.batch) + (tf32() ? 0.15 : 0.0);
-      EXPECT_LE(std::abs(g.Loss() - r.Loss()), bound * std::abs(r.Loss()));
-      EXPECT_LE(RelativeError(g.Probabilities(), r.Probabilities()), bound) << "probabilities";
-      EXPECT_LE(RelativeError(g.RowGrads(), r.RowGrads()), bound) << "row gradients";
-      for (size_t t = 0; t < r.DenseGrads().size(); ++t) {
-        EXPECT_LE(RelativeError(g.DenseGrads()[t], r.DenseGrads()[t]), bound)
-            << "dense gradient " << t;
+      const double b = bound(t, c.batch);
+      EXPECT_LE(std::abs(g.Loss() - r.Loss()), b * std::abs(r.Loss()));
+      EXPECT_LE(RelativeError(g.Probabilities(), r.Probabilities()), b) << "probabilities";
+      EXPECT_LE(RelativeError(g.RowGrads(), r.RowGrads()), b) << "row gradients";
+      for (size_t i = 0; i < r.DenseGrads().size(); ++i) {
+        EXPECT_LE(RelativeError(g.DenseGrads()[i], r.DenseGrads()[i]), b) << "dense gradient " << i;
       }
-      // The same step again: the same bits.
       const std::vector<float> probs(g.Probabilities().begin(), g.Probabilities().end());
       const std::vector<float> grads(g.RowGrads().begin(), g.RowGrads().end());
       std::vector<std::vector<float>> dgrads;
       for (auto d : g.DenseGrads()) dgrads.emplace_back(d.begin(), d.end());
       const double loss = g.Loss();
+      // Another batch on the same slot, then this one again: the same bits.
+      const Batch other = RandomBatch(c.batch, 1000 + step, c.ids + 5);
+      const BatchKeys other_keys = DeduplicateKeys(other.keys);
+      ASSERT_TRUE(RunModelStep(g, other, other_keys, Random(other_keys.unique.size() * 16, 99),
+                               dense, true, slot)
+                      .ok());
       ASSERT_TRUE(RunModelStep(g, batch, keys, rows, dense, true, slot).ok());
       EXPECT_EQ(g.Loss(), loss);
       EXPECT_EQ(std::vector<float>(g.Probabilities().begin(), g.Probabilities().end()), probs);
       EXPECT_EQ(std::vector<float>(g.RowGrads().begin(), g.RowGrads().end()), grads);
-      for (size_t t = 0; t < dgrads.size(); ++t) {
-        EXPECT_EQ(std::vector<float>(g.DenseGrads()[t].begin(), g.DenseGrads()[t].end()),
-                  dgrads[t])
-            << "dense gradient " << t << " differs between runs";
+      for (size_t i = 0; i < dgrads.size(); ++i) {
+        EXPECT_EQ(std::vector<float>(g.DenseGrads()[i].begin(), g.DenseGrads()[i].end()),
+                  dgrads[i])
+            << "dense gradient " << i << " differs between runs";
       }
     }
   }
+}
+
+// The longest chain: 4 products forward and back, sums over the batch (dW, bias) or over the
+// batch's uses of a row. With TF32 a ReLU input within its rounding of zero can switch, which
+// changes a gradient element by its whole size; at batch 64 a few such switches measured 5.8%
+// norm-wise (H200), so TF32 steps allow 0.15 more. A wrong or unwritten element is off by O(1);
+// TF32's products alone are checked element-wise in GemmWithEveryTransposeAndStride.
+double DlrmStepBound(const CudaBackendTest* t, double batch) {
+  return t->StepBound(8, batch) + (t->tf32() ? 0.15 : 0.0);
+}
+
+// Small batches (quick enough for the memory checker): full ones, and a partial one where most
+// rows are hot (200 samples over 3 ids a field: about 67 keys per row).
+TEST_P(CudaBackendTest, SmallDlrmStepsMatchTheCpu) {
+  const int graphs = gpu_->GraphCount();
+  CheckDlrmSteps(this, cpu_.get(), gpu_.get(), DlrmStepBound,
+                 {DlrmCase{64, 64, 7}, DlrmCase{256, 200, 3}});
+  EXPECT_GT(gpu_->GraphCount(), graphs) << "no full batch ran as a recorded graph";
+}
+
+// The real shapes: batch 4096 and 16384, and a partial batch of 1000 with hot rows.
+TEST_P(CudaBackendTest, LargeDlrmStepsMatchTheCpu) {
+  CheckDlrmSteps(this, cpu_.get(), gpu_.get(), DlrmStepBound,
+                 {DlrmCase{4096, 4096, 5000}, DlrmCase{4096, 1000, 3},
+                  DlrmCase{16384, 16384, 100000}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, CudaBackendTest, ::testing::Values(false, true),
