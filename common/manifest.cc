@@ -593,6 +593,16 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   return r.Finish();
 }
 
+Status ParseWire(MapReader& root, WireOptions* w, const std::string& file) {
+  if (!root.Has("wire")) return Status::Ok();
+  MapReader r(root.Child("wire"), "wire", file);
+  PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
+  int compression = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("compression", {"none", "bf16", "f16"}, &compression));
+  w->compression = static_cast<WireOptions::Compression>(compression);
+  return r.Finish();
+}
+
 Status ParseInit(MapReader& table, const std::string& path, InitOptions* init,
                  const std::string& file) {
   if (!table.Has("init")) return Status::Ok();
@@ -831,6 +841,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseModel(root, &m.model, m.source));
     PARASOL_RETURN_IF_ERROR(ParseData(root, &m.data, m.source));
     PARASOL_RETURN_IF_ERROR(ParseWorker(root, &m.worker, m.source));
+    PARASOL_RETURN_IF_ERROR(ParseWire(root, &m.wire, m.source));
     PARASOL_RETURN_IF_ERROR(
         ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.workers, m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));

@@ -193,6 +193,14 @@ struct WorkerOptions {
   std::string command_dir;
 };
 
+// How values travel between workers and shards: f32, or 16-bit (pulled rows and dense weights
+// without state, pushed gradients; rounded to nearest even; f16 scaled per message by a power of
+// two so small gradients keep their bits). The shards apply every update in f32.
+struct WireOptions {
+  enum class Compression { kNone, kBf16, kF16 };
+  Compression compression = Compression::kNone;
+};
+
 struct DataOptions {
   enum class Format { kCriteo, kLibsvm };
   enum class OnBadRow { kSkip, kFail };
@@ -217,6 +225,7 @@ struct Manifest {
   ModelOptions model;
   DataOptions data;
   WorkerOptions worker;
+  WireOptions wire;
   SecurityOptions security;
   MetricsOptions metrics;
   CheckpointOptions checkpoint;

@@ -1,10 +1,12 @@
 #include "common/wire.hpp"
 
-#include "common/checked_math.hpp"
-
 #include <flatbuffers/flatbuffers.h>
 
 #include <algorithm>
+#include <cmath>
+
+#include "common/checked_math.hpp"
+#include "common/half.hpp"
 
 namespace parasol {
 
@@ -55,6 +57,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_read_only(h.read_only);
   b.add_known_epoch(h.known_epoch);
   b.add_read_clock(h.read_clock);
+  b.add_value_scale(h.value_scale);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -134,6 +137,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.read_only = fb->read_only();
   h.known_epoch = fb->known_epoch();
   h.read_clock = fb->read_clock();
+  h.value_scale = fb->value_scale();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
   return h;
@@ -237,12 +241,19 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
   }
   uint64_t row_bytes = 0;
   if (layout.values) {
-    if (h.dtype != wire::DType::F32) {
-      return BadMessage(what + ": dtype " + wire::EnumNameDType(h.dtype) +
-                        " is not supported (values must be f32)");
+    if (h.dtype != wire::DType::F32 && h.dtype != wire::DType::F16 &&
+        h.dtype != wire::DType::BF16) {
+      return BadMessage(what + ": dtype " + std::to_string(static_cast<int>(h.dtype)) +
+                        " is not one of f32, f16, bf16");
+    }
+    if (h.dtype == wire::DType::F16 ? std::abs(int{h.value_scale}) > kMaxValueScale
+                                    : h.value_scale != 0) {
+      return BadMessage(what + ": value_scale " + std::to_string(h.value_scale) + " for dtype " +
+                        wire::EnumNameDType(h.dtype) + " (f16: at most " +
+                        std::to_string(kMaxValueScale) + " either way; otherwise 0)");
     }
     if (h.value_dim == 0) return BadMessage(what + ": value_dim is 0");
-    row_bytes = uint64_t{h.value_dim} * sizeof(float);
+    row_bytes = uint64_t{h.value_dim} * DTypeBytes(h.dtype);
     PARASOL_ASSIGN_OR_RETURN(const uint64_t value_bytes,
                              CheckedMul(h.key_count, row_bytes, what + ": key_count x value_dim"));
     PARASOL_ASSIGN_OR_RETURN(total, CheckedAdd(total, value_bytes, what + ": payload size"));
@@ -292,8 +303,63 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
       }
       view.value_frames_.push_back(static_cast<const std::byte*>(frames[next].data()));
     }
+    if (h.dtype != wire::DType::F32) {
+      // Widen into the view's own f32 buffer: rows x dim floats, at most twice the payload
+      // (checked against max_bytes above).
+      const uint64_t dim = h.value_dim;
+      view.widened_.resize(h.key_count * dim);
+      for (uint32_t f = 0; f < h.value_frames; ++f) {
+        const uint64_t first = uint64_t{f} * view.rows_per_frame_;
+        const uint64_t rows = std::min(view.rows_per_frame_, h.key_count - first);
+        float* out = view.widened_.data() + first * dim;
+        WidenValues(view.value_frames_[f], rows * dim, h.dtype, h.value_scale, out);
+        view.value_frames_[f] = reinterpret_cast<const std::byte*>(out);
+      }
+    }
   }
   return view;
+}
+
+size_t DTypeBytes(wire::DType dtype) { return dtype == wire::DType::F32 ? 4 : 2; }
+
+int F16Scale(float max_abs) {
+  if (!(max_abs > 0.0f) || std::isinf(max_abs)) return 0;
+  int e = 0;
+  std::frexp(max_abs, &e);  // max_abs in [2^(e-1), 2^e)
+  return std::clamp(15 - e, -kMaxValueScale, kMaxValueScale);
+}
+
+void NarrowValues(const float* in, size_t n, wire::DType dtype, int scale, std::byte* out) {
+  uint16_t* o = reinterpret_cast<uint16_t*>(out);  // out may be unaligned: write through memcpy
+  if (dtype == wire::DType::BF16) {
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = F32ToBf16(in[i]);
+      std::memcpy(o + i, &h, sizeof h);
+    }
+    return;
+  }
+  const float mul = std::ldexp(1.0f, scale);
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = F32ToF16(in[i] * mul);
+    std::memcpy(o + i, &h, sizeof h);
+  }
+}
+
+void WidenValues(const std::byte* in, size_t n, wire::DType dtype, int scale, float* out) {
+  if (dtype == wire::DType::BF16) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, sizeof h);
+      out[i] = Bf16ToF32(h);
+    }
+    return;
+  }
+  const float mul = std::ldexp(1.0f, -scale);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, sizeof h);
+    out[i] = F16ToF32(h) * mul;
+  }
 }
 
 }  // namespace parasol

@@ -25,8 +25,9 @@ namespace parasol {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
-// 2: the Step op (a step's requests to one shard in one message).
-inline constexpr uint16_t kProtocolVersion = 2;
+// 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
+// (value_scale).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -69,6 +70,7 @@ struct Header {
   bool read_only = false;
   uint64_t known_epoch = 0;
   int64_t read_clock = -1;
+  int16_t value_scale = 0;
 };
 
 zmq::message_t EncodeHeader(const Header& h);
@@ -113,10 +115,30 @@ struct FramePlan {
 };
 FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes);
 
+// Values on the wire (manifest wire.compression): f32, or 16-bit with round-to-nearest-even.
+// An f16 message scales its values by 2^value_scale first (F16Scale), so that the largest
+// magnitude lands just under f16's top and small gradients do not flush to zero.
+inline constexpr int kMaxValueScale = 64;
+size_t DTypeBytes(wire::DType dtype);
+// The power of two that brings max_abs into [2^14, 2^15) (f16's largest finite value is 65504),
+// within +-kMaxValueScale; 0 for 0, infinities and NaN.
+int F16Scale(float max_abs);
+// n f32 values to 16-bit `dtype` (F16 or BF16), times 2^scale first (F16).
+void NarrowValues(const float* in, size_t n, wire::DType dtype, int scale, std::byte* out);
+// n 16-bit values back to f32, divided by 2^scale (F16).
+void WidenValues(const std::byte* in, size_t n, wire::DType dtype, int scale, float* out);
+
 // A checked view of a message's payload frames. Holds pointers into the frames: it must not
-// outlive them.
+// outlive them. Values that travelled as f16/bf16 are widened to f32 into the view's own buffer
+// (at most twice the payload's bytes), so every reader sees f32 rows.
 class PayloadView {
  public:
+  PayloadView() = default;
+  PayloadView(PayloadView&&) = default;
+  PayloadView& operator=(PayloadView&&) = default;
+  PayloadView(const PayloadView&) = delete;  // value_frames_ may point into widened_
+  PayloadView& operator=(const PayloadView&) = delete;
+
   // Checks `frames` (everything after the header) against `h` and the op's layout: frame count,
   // each frame's size, dtype, and the total against `max_bytes`.
   static Result<PayloadView> Parse(const Header& h, std::span<zmq::message_t> frames,
@@ -148,6 +170,7 @@ class PayloadView {
  private:
   const std::byte* keys_ = nullptr;
   std::vector<const std::byte*> value_frames_;
+  std::vector<float> widened_;  // the values, when they travelled as f16/bf16
   uint64_t rows_ = 0;
   uint64_t rows_per_frame_ = 1;
   uint32_t dim_ = 0;

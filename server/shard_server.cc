@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <cinttypes>
 #include <set>
@@ -446,8 +447,41 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
 
 Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* reply,
                                std::vector<zmq::message_t>* payload) {
-  if (req.op == Op::PullSparse) return HandlePullSparse(req, p, reply, payload);
-  return HandlePullDense(req, reply, payload);
+  // The dtype asked for the reply's values (wire.compression); state travels in f32.
+  if (req.dtype != wire::DType::F32) {
+    if (req.dtype != wire::DType::F16 && req.dtype != wire::DType::BF16) {
+      return BadMessage(std::string(OpName(req.op)) + ": dtype " +
+                        std::to_string(static_cast<int>(req.dtype)) +
+                        " is not one of f32, f16, bf16");
+    }
+    if (req.with_state) {
+      return BadMessage(std::string(OpName(req.op)) + ": a pull with state travels in f32");
+    }
+  }
+  PARASOL_RETURN_IF_ERROR(req.op == Op::PullSparse ? HandlePullSparse(req, p, reply, payload)
+                                                   : HandlePullDense(req, reply, payload));
+  if (req.dtype == wire::DType::F32) return Status::Ok();
+  // 16-bit copies of the value frames (f16: one power-of-two scale for the whole reply).
+  int scale = 0;
+  if (req.dtype == wire::DType::F16) {
+    float max_abs = 0;
+    for (const zmq::message_t& m : *payload) {
+      const auto* v = static_cast<const float*>(m.data());
+      for (size_t i = 0; i < m.size() / sizeof(float); ++i) {
+        if (std::isfinite(v[i])) max_abs = std::max(max_abs, std::abs(v[i]));
+      }
+    }
+    scale = F16Scale(max_abs);
+  }
+  for (zmq::message_t& m : *payload) {
+    const size_t n = m.size() / sizeof(float);
+    OwnedBuffer narrow = OwnedBuffer::Allocate(n * 2);
+    NarrowValues(static_cast<const float*>(m.data()), n, req.dtype, scale, narrow.data());
+    m = std::move(narrow).ToMessage();
+  }
+  reply->dtype = req.dtype;
+  reply->value_scale = static_cast<int16_t>(scale);
+  return Status::Ok();
 }
 
 Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* /*reply*/) {

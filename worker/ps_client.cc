@@ -5,6 +5,7 @@
 #include <zmq_addon.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <random>
 
@@ -317,6 +318,46 @@ uint64_t PsClient::NextPushIndex(uint32_t shard) {
   return push_index_[shard]++;
 }
 
+wire::DType PsClient::WireDType() const {
+  switch (manifest_.wire.compression) {
+    case WireOptions::Compression::kBf16:
+      return wire::DType::BF16;
+    case WireOptions::Compression::kF16:
+      return wire::DType::F16;
+    case WireOptions::Compression::kNone:
+      break;
+  }
+  return wire::DType::F32;
+}
+
+// A push's f32 value frames in the manifest's wire dtype (wire.compression): the same frames,
+// or their 16-bit copies (f16 scaled by one power of two for the whole message).
+void PsClient::CompressValues(Header* h, std::vector<zmq::message_t>* payload,
+                              size_t first_value_frame) const {
+  const wire::DType dtype = WireDType();
+  if (dtype == wire::DType::F32) return;
+  int scale = 0;
+  if (dtype == wire::DType::F16) {
+    float max_abs = 0;
+    for (size_t f = first_value_frame; f < payload->size(); ++f) {
+      const auto* v = static_cast<const float*>((*payload)[f].data());
+      for (size_t i = 0; i < (*payload)[f].size() / sizeof(float); ++i) {
+        max_abs = std::max(max_abs, std::isfinite(v[i]) ? std::abs(v[i]) : 0.0f);
+      }
+    }
+    scale = F16Scale(max_abs);
+  }
+  for (size_t f = first_value_frame; f < payload->size(); ++f) {
+    zmq::message_t& m = (*payload)[f];
+    const size_t n = m.size() / sizeof(float);
+    OwnedBuffer narrow = OwnedBuffer::Allocate(n * 2);
+    NarrowValues(static_cast<const float*>(m.data()), n, dtype, scale, narrow.data());
+    m = std::move(narrow).ToMessage();
+  }
+  h->dtype = dtype;
+  h->value_scale = static_cast<int16_t>(scale);
+}
+
 Header PsClient::NewRequest(Op op, uint32_t table) {
   Header h;
   h.op = op;
@@ -548,10 +589,13 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     h.value_dim = dim;
     h.with_state = with_state;
     h.read_only = read_only;
+    // The rows travel back in the wire dtype (state always in f32).
+    if (!with_state) h.dtype = WireDType();
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     const uint64_t id = h.request_id;
-    pulled_row_bytes_ += split.counts[s] * (sizeof(uint64_t) + uint64_t{dim} * sizeof(float));
+    pulled_row_bytes_ +=
+        split.counts[s] * (sizeof(uint64_t) + uint64_t{dim} * DTypeBytes(h.dtype));
     Send(ticket, s, std::move(h), std::move(payload));
     if (auto it = in_flight_.find(id); it != in_flight_.end()) {
       it->second->expect_rows = split.counts[s];
@@ -619,6 +663,7 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     for (auto& b : value_bufs[s]) payload.push_back(std::move(b).ToMessage());
+    CompressValues(&h, &payload, 1);
     Send(ticket, s, std::move(h), std::move(payload));
   }
   return ticket;
@@ -643,6 +688,7 @@ void PsClient::SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, cons
   h.value_dim = dim;
   h.offset = c.begin;
   h.with_state = with_state;
+  if (!with_state) h.dtype = WireDType();
   const uint64_t id = h.request_id;
   Send(ticket, shard, std::move(h), {});
   if (auto it = in_flight_.find(id); it != in_flight_.end()) {
@@ -671,6 +717,7 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
     payload.push_back(BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float),
                                       pending_.at(ticket)->borrows.get()));
   }
+  CompressValues(&h, &payload, 0);  // a 16-bit copy replaces the borrowed frame
   Send(ticket, shard, std::move(h), std::move(payload));
 }
 

@@ -216,6 +216,11 @@ class PsClient {
 
   Ticket NewTicket(Op op, uint32_t table);
   Header NewRequest(Op op, uint32_t table);
+  // The dtype values travel in (manifest wire.compression), and a push's value frames (from
+  // index first_value_frame of payload) converted to it.
+  wire::DType WireDType() const;
+  void CompressValues(Header* h, std::vector<zmq::message_t>* payload,
+                      size_t first_value_frame) const;
   void Send(Ticket ticket, uint32_t shard, Header header, std::vector<zmq::message_t> payload);
   // Receives what is waiting (up to `timeout`) and resends overdue requests.
   Status Pump(std::chrono::milliseconds timeout);

@@ -3,10 +3,14 @@
 #include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
+#include "common/half.hpp"
 #include "common/transport.hpp"
 
 namespace parasol {
@@ -32,6 +36,7 @@ Header FullHeader() {
   h.duplicate = true;
   h.shard_rank = 1;
   h.shard_count = 4;
+  h.value_scale = -9;
   return h;
 }
 
@@ -58,6 +63,7 @@ TEST(WireTest, HeaderRoundTripKeepsEveryField) {
   EXPECT_EQ(d->duplicate, h.duplicate);
   EXPECT_EQ(d->shard_rank, h.shard_rank);
   EXPECT_EQ(d->shard_count, h.shard_count);
+  EXPECT_EQ(d->value_scale, h.value_scale);
 }
 
 TEST(WireTest, TruncatedHeaderIsRejectedAtEveryLength) {
@@ -191,14 +197,92 @@ TEST(WireTest, PayloadSizeMismatchesAreRejected) {
     h.value_dim = 0;
     EXPECT_FALSE(PayloadView::Parse(h, frames, 1 << 20).ok());
   }
-  {  // unsupported dtype
+  {  // 16-bit values in frames sized for f32
     auto frames = PushFrames(10, 4);
     Header h = PushHeader(10, 4);
     h.dtype = wire::DType::BF16;
     auto v = PayloadView::Parse(h, frames, 1 << 20);
     ASSERT_FALSE(v.ok());
-    EXPECT_NE(v.status().message().find("BF16"), std::string::npos);
+    EXPECT_NE(v.status().message().find("expected 32"), std::string::npos)
+        << v.status().message();
   }
+  {  // a dtype that does not exist
+    auto frames = PushFrames(10, 4);
+    Header h = PushHeader(10, 4);
+    h.dtype = static_cast<wire::DType>(7);
+    auto v = PayloadView::Parse(h, frames, 1 << 20);
+    ASSERT_FALSE(v.ok());
+    EXPECT_NE(v.status().message().find("dtype 7"), std::string::npos) << v.status().message();
+  }
+  {  // a scale on f32 values, and an f16 scale out of range
+    auto frames = PushFrames(10, 4);
+    Header h = PushHeader(10, 4);
+    h.value_scale = 3;
+    EXPECT_FALSE(PayloadView::Parse(h, frames, 1 << 20).ok());
+    std::vector<zmq::message_t> half;
+    half.emplace_back(10 * 8);
+    for (uint64_t first = 0; first < 10; first += 4) half.emplace_back(std::min<uint64_t>(4, 10 - first) * 4 * 2);
+    h.dtype = wire::DType::F16;
+    h.value_scale = kMaxValueScale + 1;
+    auto v = PayloadView::Parse(h, half, 1 << 20);
+    ASSERT_FALSE(v.ok());
+    EXPECT_NE(v.status().message().find("value_scale"), std::string::npos) << v.status().message();
+    h.value_scale = -kMaxValueScale;
+    EXPECT_TRUE(PayloadView::Parse(h, half, 1 << 20).ok());
+  }
+}
+
+// Compressed values: bf16 and f16 frames are widened to f32 rows, equal to the values rounded
+// to nearest even; an f16 message's scale keeps gradients far below f16's smallest normal
+// (6e-5) from flushing to zero.
+TEST(WireTest, SixteenBitValuesAreWidenedToTheRoundedValues) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const uint64_t rows = 10, rpf = 4, dim = 4;
+  std::vector<float> values(rows * dim);
+  for (float& v : values) v = u(rng) * 1e-6f;  // small gradients
+  values[5] = 0.0f;
+  for (wire::DType dtype : {wire::DType::BF16, wire::DType::F16}) {
+    float max_abs = 0;
+    for (float v : values) max_abs = std::max(max_abs, std::abs(v));
+    const int scale = dtype == wire::DType::F16 ? F16Scale(max_abs) : 0;
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back(rows * 8);
+    for (uint64_t first = 0; first < rows; first += rpf) {
+      const uint64_t n = std::min(rpf, rows - first) * dim;
+      frames.emplace_back(n * 2);
+      NarrowValues(values.data() + first * dim, n, dtype, scale,
+                   static_cast<std::byte*>(frames.back().data()));
+    }
+    Header h = PushHeader(rows, rpf);
+    h.dtype = dtype;
+    h.value_scale = static_cast<int16_t>(scale);
+    Result<PayloadView> v = PayloadView::Parse(h, frames, 1 << 20);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    for (uint64_t r = 0; r < rows; ++r) {
+      float got[4];
+      std::memcpy(got, v->Row(r), sizeof got);
+      for (uint64_t d = 0; d < dim; ++d) {
+        const float want = values[r * dim + d];
+        const float rounded = dtype == wire::DType::BF16
+                                  ? Bf16ToF32(F32ToBf16(want))
+                                  : F16ToF32(F32ToF16(std::ldexp(want, scale))) * std::ldexp(1.0f, -scale);
+        EXPECT_EQ(got[d], rounded) << "row " << r << " column " << d;
+        // bf16 keeps 8 bits, f16 (scaled) 11: nothing flushed to zero.
+        const double rel = dtype == wire::DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+        EXPECT_NEAR(got[d], want, std::abs(want) * rel) << "row " << r << " column " << d;
+        if (want != 0) EXPECT_NE(got[d], 0.0f);
+      }
+    }
+  }
+  // Without the scale, f16 would have flushed most of them.
+  int flushed = 0;
+  for (float v : values) flushed += v != 0 && F16ToF32(F32ToF16(v)) == 0.0f;
+  EXPECT_GT(flushed, 0);
+  EXPECT_EQ(F16Scale(0.0f), 0);
+  EXPECT_EQ(F16Scale(std::numeric_limits<float>::infinity()), 0);
+  EXPECT_EQ(F16Scale(1.0f), 14);  // 1 x 2^14 in [2^14, 2^15)
+  EXPECT_EQ(F16Scale(1e30f), -kMaxValueScale);
 }
 
 TEST(WireTest, OversizedCountsAreRefusedBeforeAnyAllocation) {

@@ -527,7 +527,10 @@ class Session {
         h.message = s.text;
         break;
       case 15:
-        h.dtype = static_cast<wire::DType>(s.anomaly_value);
+        // A dtype (the compressed ones more often, with an f16 scale in and out of range).
+        h.dtype = static_cast<wire::DType>(s.anomaly_value < 192 ? 1 + s.anomaly_value % 2
+                                                                 : s.anomaly_value);
+        h.value_scale = static_cast<int16_t>(static_cast<int8_t>(s.text.empty() ? 0 : s.text[0]));
         break;
       default:
         break;
@@ -602,7 +605,10 @@ class Session {
       frames.push_back(std::move(keys));
     }
     if (layout.values) {
-      const uint64_t row_bytes = uint64_t{h.value_dim} * 4;
+      // 16-bit values (wire compression) when the header says so: the server widens them
+      // before any handler reads them.
+      const bool half = h.dtype == wire::DType::F16 || h.dtype == wire::DType::BF16;
+      const uint64_t row_bytes = uint64_t{h.value_dim} * (half ? 2 : 4);
       const uint32_t count = std::min(h.value_frames, kMaxValueFrames);
       for (uint32_t f = 0; f < count; ++f) {
         uint64_t first = 0, rows = 0, bytes = 0;

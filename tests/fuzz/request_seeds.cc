@@ -326,6 +326,40 @@ std::vector<Session> FocusedSessions() {
     }
   }
   {
+    // Values in f16 (scaled) and bf16, as a client with wire.compression sends them: pushes to
+    // every table and pulls asking for 16-bit replies, under BSP and ASP; then an f16 scale out
+    // of range. (Anomaly 15: value 0 is f16, 1 bf16; the text's first byte the f16 scale.)
+    for (const uint8_t config : {bsp2, asp2}) {
+      Session s{config == bsp2 ? "compressed-bsp" : "compressed-asp", config, {}};
+      for (uint32_t w = 0; w < 2; ++w) s.Add(Message(kHello, w));
+      for (int clock = 0; clock < 2; ++clock) {
+        for (uint32_t w = 0; w < 2; ++w) {
+          for (uint32_t t = 0; t < kTableCount; ++t) {
+            for (uint8_t dtype : {0, 1}) {
+              Step push = Push(w, t, 3);
+              push.anomaly = 15;
+              push.anomaly_value = dtype;
+              push.text = dtype == 0 ? "\x0c" : "";
+              Step pull = Pull(w, t, 3);
+              pull.anomaly = 15;
+              pull.anomaly_value = dtype;
+              s.Add(push);
+              s.Add(pull);
+            }
+          }
+          s.Add(Tick(w));
+        }
+      }
+      Step bad = Push(0, kSparseAdagrad, 2);
+      bad.anomaly = 15;
+      bad.anomaly_value = 0;
+      bad.text = "\x7f";
+      s.Add(bad);
+      s.Add(Kind(kStatsCall));
+      out.push_back(s);
+    }
+  }
+  {
     // Each header anomaly once, then a message of raw frames.
     Session s{"anomalies", ssp2, {}};
     for (uint8_t a = 11; a <= 15; ++a) {
