@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -147,7 +148,9 @@ TEST_F(TrainingTest, SixteenBitRowsAndWireKeepTheAuc) {
     Launch r = RunLaunch(dir_, Manifest(1, model, train, eval) + "wire: {compression: " + wire +
                                    "}\n");
     ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
-    EXPECT_NEAR(JsonAt(r.summary, "/eval_auc", -1), auc, 0.002) << r.summary;
+    const double got = JsonAt(r.summary, "/eval_auc", -1);
+    std::printf("eval AUC: f32 %.4f, bf16 rows and %s wire %.4f\n", auc, wire, got);
+    EXPECT_NEAR(got, auc, 0.002) << r.summary;
     // The rows really travelled in 16 bits: half the pulled bytes per row.
     EXPECT_LT(JsonAt(r.summary, "/workers/0/pull_bytes_per_step", -1),
               0.6 * JsonAt(f32.summary, "/workers/0/pull_bytes_per_step", -1))
