@@ -254,8 +254,12 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
     }
     if (h.value_dim == 0) return BadMessage(what + ": value_dim is 0");
     row_bytes = uint64_t{h.value_dim} * DTypeBytes(h.dtype);
-    PARASOL_ASSIGN_OR_RETURN(const uint64_t value_bytes,
-                             CheckedMul(h.key_count, row_bytes, what + ": key_count x value_dim"));
+    // Against the limit as f32 (what 16-bit values are widened to): a compressed request is
+    // accepted exactly when the same request in f32 would be.
+    PARASOL_ASSIGN_OR_RETURN(
+        const uint64_t value_bytes,
+        CheckedMul(h.key_count, uint64_t{h.value_dim} * sizeof(float),
+                   what + ": key_count x value_dim"));
     PARASOL_ASSIGN_OR_RETURN(total, CheckedAdd(total, value_bytes, what + ": payload size"));
   }
   if (total > max_bytes) {
@@ -304,8 +308,8 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
       view.value_frames_.push_back(static_cast<const std::byte*>(frames[next].data()));
     }
     if (h.dtype != wire::DType::F32) {
-      // Widen into the view's own f32 buffer: rows x dim floats, at most twice the payload
-      // (checked against max_bytes above).
+      // Widen into the view's own f32 buffer: rows x dim floats (checked against max_bytes
+      // above, as f32).
       const uint64_t dim = h.value_dim;
       view.widened_.resize(h.key_count * dim);
       for (uint32_t f = 0; f < h.value_frames; ++f) {

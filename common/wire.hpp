@@ -118,7 +118,9 @@ FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes);
 // Values on the wire (manifest wire.compression): f32, or 16-bit with round-to-nearest-even.
 // An f16 message scales its values by 2^value_scale first (F16Scale), so that the largest
 // magnitude lands just under f16's top and small gradients do not flush to zero.
-inline constexpr int kMaxValueScale = 64;
+// Up to 2^126 either way: a normal float, so every finite value (up to 2^128) can be brought
+// under f16's top.
+inline constexpr int kMaxValueScale = 126;
 size_t DTypeBytes(wire::DType dtype);
 // The power of two that brings max_abs into [2^14, 2^15) (f16's largest finite value is 65504),
 // within +-kMaxValueScale; 0 for 0, infinities and NaN.

@@ -13,7 +13,9 @@
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
-#                    [--tiered BYTES]
+#                    [--tiered BYTES] [--wire bf16|f16]
+# --wire: every run (the undisturbed one too) sends values in 16 bits (wire.compression), so
+# replays after a kill resend compressed pushes; under BSP the models must still be equal.
 # --tiered BYTES: the embedding table is tiered (model.sparse_storage) with that memory budget
 # per shard, so rows cross between memory and disk throughout, kills included; the undisturbed
 # run keeps it in memory, so each run is also compared with a memory table.
@@ -31,6 +33,7 @@ CONSISTENCY=bsp
 PARASOL="${PARASOL:-}"
 KEEP=""
 TIERED=""
+WIRE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -43,12 +46,14 @@ while [ $# -gt 0 ]; do
     --parasol) PARASOL="$2"; shift 2 ;;
     --keep) KEEP="$2"; shift 2 ;;
     --tiered) TIERED="$2"; shift 2 ;;
+    --wire) WIRE="$2"; shift 2 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 # Seed 0: one drawn from the clock (printed, so a failing run can be repeated).
 if [ "$SEED" = 0 ]; then SEED=$(( $(date +%s%N) % 1000000 + 1 )); fi
 case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
+case "$WIRE" in ""|bf16|f16) ;; *) echo "chaos.sh: --wire bf16 or f16" >&2; exit 2 ;; esac
 if [ -z "$PARASOL" ]; then
   source "$ROOT/scripts/lib.sh"
   parasol_install_deps
@@ -128,6 +133,7 @@ model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]$storage}
 data: {train: $work/train.tsv, eval: $work/eval.tsv}
 checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3}
 $server
+${WIRE:+wire: {compression: $WIRE\}}
 YAML
 }
 

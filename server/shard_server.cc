@@ -346,6 +346,20 @@ Status ShardServer::Admit(const Header& req) {
   return Status::Ok();
 }
 
+// The dtype a pull asks its reply's values in (wire.compression); state travels in f32.
+static Status CheckPullDType(const Header& req) {
+  if (req.dtype == wire::DType::F32) return Status::Ok();
+  if (req.dtype != wire::DType::F16 && req.dtype != wire::DType::BF16) {
+    return BadMessage(std::string(OpName(req.op)) + ": dtype " +
+                      std::to_string(static_cast<int>(req.dtype)) +
+                      " is not one of f32, f16, bf16");
+  }
+  if (req.with_state) {
+    return BadMessage(std::string(OpName(req.op)) + ": a pull with state travels in f32");
+  }
+  return Status::Ok();
+}
+
 Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
                              Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
   if (req.is_reply) return BadMessage(std::string(OpName(req.op)) + ": expected a request");
@@ -365,6 +379,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound.
       if (in_job) PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
+      PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
       if (in_job && !controller_.PullAllowed(req.clock)) {
         PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
         *held = true;
@@ -447,17 +462,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
 
 Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* reply,
                                std::vector<zmq::message_t>* payload) {
-  // The dtype asked for the reply's values (wire.compression); state travels in f32.
-  if (req.dtype != wire::DType::F32) {
-    if (req.dtype != wire::DType::F16 && req.dtype != wire::DType::BF16) {
-      return BadMessage(std::string(OpName(req.op)) + ": dtype " +
-                        std::to_string(static_cast<int>(req.dtype)) +
-                        " is not one of f32, f16, bf16");
-    }
-    if (req.with_state) {
-      return BadMessage(std::string(OpName(req.op)) + ": a pull with state travels in f32");
-    }
-  }
+  PARASOL_RETURN_IF_ERROR(CheckPullDType(req));
   PARASOL_RETURN_IF_ERROR(req.op == Op::PullSparse ? HandlePullSparse(req, p, reply, payload)
                                                    : HandlePullDense(req, reply, payload));
   if (req.dtype == wire::DType::F32) return Status::Ok();

@@ -594,8 +594,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     std::vector<zmq::message_t> payload;
     payload.push_back(std::move(key_bufs[s]).ToMessage());
     const uint64_t id = h.request_id;
-    pulled_row_bytes_ +=
-        split.counts[s] * (sizeof(uint64_t) + uint64_t{dim} * DTypeBytes(h.dtype));
+    pulled_row_bytes_ += split.counts[s] * sizeof(uint64_t);  // the rows: counted on arrival
     Send(ticket, s, std::move(h), std::move(payload));
     if (auto it = in_flight_.find(id); it != in_flight_.end()) {
       it->second->expect_rows = split.counts[s];
@@ -882,6 +881,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   Pending& p = *pending_.at(r.ticket);
   p.replies[shard] = std::move(frames);
   std::vector<zmq::message_t>& stored = p.replies[shard];
+  if (r.op == Op::PullSparse) {  // the rows' bytes as they travelled (16-bit when compressed)
+    for (size_t f = 1; f < stored.size(); ++f) pulled_row_bytes_ += stored[f].size();
+  }
   Result<PayloadView> view = PayloadView::Parse(
       *h, std::span<zmq::message_t>(stored).subspan(1), manifest_.server.max_request_bytes);
   const std::string where = "shard " + std::to_string(shard) + " reply to " + OpName(r.op);

@@ -78,6 +78,26 @@ TEST(ManifestTest, MinimalFileGetsDocumentedDefaults) {
   EXPECT_TRUE(r->tables.empty());
 }
 
+TEST(ManifestTest, WireCompressionIsNoneBf16OrF16) {
+  Result<Manifest> none = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n", "w.yaml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->wire.compression, WireOptions::Compression::kNone);
+  Result<Manifest> f16 = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\nwire: {compression: f16}\n", "w.yaml");
+  ASSERT_TRUE(f16.ok()) << f16.status().ToString();
+  EXPECT_EQ(f16->wire.compression, WireOptions::Compression::kF16);
+  Result<Manifest> bad = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\nwire:\n  compression: fp8\n", "w.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("w.yaml:4"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("wire.compression"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("fp8"), std::string::npos);
+  Result<Manifest> typo = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\nwire: {compresion: bf16}\n", "w.yaml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("compresion"), std::string::npos);
+}
+
 TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
   // A typo of a known key of the same section is suggested; anything else is not.
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),

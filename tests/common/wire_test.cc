@@ -282,7 +282,18 @@ TEST(WireTest, SixteenBitValuesAreWidenedToTheRoundedValues) {
   EXPECT_EQ(F16Scale(0.0f), 0);
   EXPECT_EQ(F16Scale(std::numeric_limits<float>::infinity()), 0);
   EXPECT_EQ(F16Scale(1.0f), 14);  // 1 x 2^14 in [2^14, 2^15)
-  EXPECT_EQ(F16Scale(1e30f), -kMaxValueScale);
+  // Every finite value comes back finite: 1e30 is brought under f16's top, not to infinity.
+  // (f32's very largest values round up to 2^128, infinity, in f16 as in bf16: 1e38 stays.)
+  for (float big : {1e30f, 1e38f, 65504.0f, 1e5f}) {
+    const int scale = F16Scale(big);
+    EXPECT_LE(std::abs(scale), kMaxValueScale);
+    std::byte narrow[2];
+    float back = 0;
+    NarrowValues(&big, 1, wire::DType::F16, scale, narrow);
+    WidenValues(narrow, 1, wire::DType::F16, scale, &back);
+    EXPECT_TRUE(std::isfinite(back)) << big;
+    EXPECT_NEAR(back, big, big / 1024) << big;
+  }
 }
 
 TEST(WireTest, OversizedCountsAreRefusedBeforeAnyAllocation) {

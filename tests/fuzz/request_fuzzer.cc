@@ -878,6 +878,9 @@ class Session {
                                                   job_.manifest.server.max_request_bytes);
     FUZZ_CHECK(view.ok());
     FUZZ_CHECK(view->rows() == q.key_count);
+    // The values travel in the dtype the pull asked for; only f16 carries a scale.
+    FUZZ_CHECK(r.dtype == q.dtype);
+    FUZZ_CHECK(r.dtype == wire::DType::F16 || r.value_scale == 0);
     if (q.op == Op::PullSparse) {
       FUZZ_CHECK(r.value_dim == q.value_dim);
     } else {

@@ -142,16 +142,19 @@ TEST_F(TrainingTest, SixteenBitRowsAndWireKeepTheAuc) {
   ASSERT_TRUE(WIFEXITED(f32.status) && WEXITSTATUS(f32.status) == 0) << f32.output;
   const double auc = JsonAt(f32.summary, "/eval_auc", -1);
   ASSERT_GT(auc, 0.70) << f32.summary;
-  for (const char* wire : {"bf16", "f16"}) {
-    SCOPED_TRACE(std::string("wire ") + wire);
-    const std::string model = std::string(kDlrmSmall) + "  sparse_dtype: bf16\n";
+  // bf16 on the wire alone, then with bf16 rows; f16 on the wire with bf16 rows.
+  for (const auto& [wire, rows] : {std::pair{"bf16", "f32"}, std::pair{"bf16", "bf16"},
+                                   std::pair{"f16", "bf16"}}) {
+    SCOPED_TRACE(std::string("wire ") + wire + ", rows " + rows);
+    const std::string model = std::string(kDlrmSmall) + "  sparse_dtype: " + rows + "\n";
     Launch r = RunLaunch(dir_, Manifest(1, model, train, eval) + "wire: {compression: " + wire +
                                    "}\n");
     ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
     const double got = JsonAt(r.summary, "/eval_auc", -1);
-    std::printf("eval AUC: f32 %.4f, bf16 rows and %s wire %.4f\n", auc, wire, got);
+    std::printf("eval AUC: f32 %.4f, %s rows and %s wire %.4f\n", auc, rows, wire, got);
     EXPECT_NEAR(got, auc, 0.002) << r.summary;
-    // The rows really travelled in 16 bits: half the pulled bytes per row.
+    // The rows really travelled in 16 bits (the bytes of the replies as received): key 8 +
+    // 16 x 2 against 8 + 16 x 4.
     EXPECT_LT(JsonAt(r.summary, "/workers/0/pull_bytes_per_step", -1),
               0.6 * JsonAt(f32.summary, "/workers/0/pull_bytes_per_step", -1))
         << r.summary << f32.summary;
