@@ -76,6 +76,7 @@ struct Options {
   bool capacity = false;
   uint64_t tiered_rows = 0;     // --tiered-rows (0: 10^7, --quick 10^6)
   uint64_t memory_budget = 0;   // --memory-budget (0: 64 MiB)
+  std::string tiered_dtype = "f32";  // --tiered-dtype: the tiered table's values (f32, bf16, f16)
 };
 
 // Real `parasol server` processes for one benchmark configuration.
@@ -1018,8 +1019,8 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
     char tmpl[] = "/tmp/parasol-bench-disk-XXXXXX";
     const std::string disk = ::mkdtemp(tmpl) ? tmpl : "/tmp";
     BenchCluster cluster(
-        "  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}" +
-            std::string(tiered ? ", storage: tiered" : "") + "}\n",
+        "  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}, dtype: " +
+            opt.tiered_dtype + std::string(tiered ? ", storage: tiered" : "") + "}\n",
         1,
         "training:\n  consistency: asp\nserver: {engine_threads: 2, memory_budget: " +
             std::to_string(budget) + ", disk_dir: " + disk + "}\n");
@@ -1036,12 +1037,21 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
     std::vector<uint64_t> keys(kBatch);
     std::vector<float> grads(kBatch * kDim, 0.01f);
     auto start = std::chrono::steady_clock::now();
+    auto last_report = start;
     for (uint64_t first = 0; first < n; first += kBatch) {
       const uint64_t m = std::min(kBatch, n - first);
       keys.resize(m);
       for (uint64_t i = 0; i < m; ++i) keys[i] = first + i;
       if (!c.PushSparse(0, keys, std::span<const float>(grads.data(), m * kDim)).ok()) return false;
       peak = std::max(peak, ResidentBytes(pid));
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::minutes(1)) {  // a long fill says how far it is
+        last_report = now;
+        std::fprintf(stderr, "tiered fill: %llu rows, %.0f rows/s, resident growth %.2f GB\n",
+                     static_cast<unsigned long long>(first + m),
+                     (first + m) / std::chrono::duration<double>(now - start).count(),
+                     (ResidentBytes(pid) - base) / 1e9);
+      }
     }
     *fill_rate = n / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // Updates: distinct Zipf keys over the filled rows (key generation untimed).
@@ -1086,7 +1096,9 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
     rows->push_back({"memory_table_peak_rss_bytes_" + tag + "x16", static_cast<double>(mem_growth),
                      "B", std::nullopt, "", std::nullopt});
   }
-  rows->push_back({"tiered_disk_bytes_per_row", disk_per_row, "B/row", 8 + 4 + 17 * 4,
+  // Raw: key, clock, 16 values of the table's dtype, the row's f32 accumulator.
+  const double raw = 8 + 4 + 16 * (opt.tiered_dtype == "f32" ? 4 : 2) + 4;
+  rows->push_back({"tiered_disk_bytes_per_row", disk_per_row, "B/row", raw,
                    "raw_key_clock_value_state", std::nullopt});
 }
 
@@ -1172,6 +1184,13 @@ int Main(int argc, char** argv) {
       opt.quick = true;
     } else if (a == "--capacity") {
       opt.capacity = true;
+    } else if (a == "--tiered-dtype" && i + 1 < argc) {
+      opt.tiered_dtype = argv[++i];
+      if (opt.tiered_dtype != "f32" && opt.tiered_dtype != "bf16" && opt.tiered_dtype != "f16") {
+        std::fprintf(stderr, "--tiered-dtype: f32, bf16 or f16, not '%s'\n",
+                     opt.tiered_dtype.c_str());
+        return 2;
+      }
     } else if (a == "--tiered-rows" && i + 1 < argc) {
       opt.tiered_rows = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--memory-budget" && i + 1 < argc) {
@@ -1184,7 +1203,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: parasol_bench [--only GROUP] "
                            "[--json FILE] [--quick] [--capacity] [--tiered-rows N] "
-                           "[--memory-budget BYTES]\n");
+                           "[--memory-budget BYTES] [--tiered-dtype f32|bf16|f16]\n");
       return 2;
     }
   }
