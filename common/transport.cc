@@ -1,5 +1,8 @@
 #include "common/transport.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include <malloc.h>
 
 #include <zmq_addon.hpp>
@@ -105,6 +108,27 @@ void TuneAllocatorForLargeMessages() {
 
 std::string TcpEndpoint(const std::string& host, uint16_t port) {
   return "tcp://" + host + ":" + std::to_string(port);
+}
+
+int NarrowValueFrames(std::span<zmq::message_t> frames, wire::DType dtype) {
+  int scale = 0;
+  if (dtype == wire::DType::F16) {
+    float max_abs = 0;
+    for (const zmq::message_t& m : frames) {
+      const auto* v = static_cast<const float*>(m.data());
+      for (size_t i = 0; i < m.size() / sizeof(float); ++i) {
+        if (std::isfinite(v[i])) max_abs = std::max(max_abs, std::abs(v[i]));
+      }
+    }
+    scale = F16Scale(max_abs);
+  }
+  for (zmq::message_t& m : frames) {
+    const size_t n = m.size() / sizeof(float);
+    OwnedBuffer narrow = OwnedBuffer::Allocate(n * 2);
+    NarrowValues(static_cast<const float*>(m.data()), n, dtype, scale, narrow.data());
+    m = std::move(narrow).ToMessage();
+  }
+  return scale;
 }
 
 }  // namespace parasol

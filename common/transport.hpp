@@ -8,12 +8,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "common/status.hpp"
+#include "common/wire.hpp"
 
 namespace parasol {
 
@@ -81,5 +83,10 @@ void TuneAllocatorForLargeMessages();
 
 // "tcp://host:port".
 std::string TcpEndpoint(const std::string& host, uint16_t port);
+
+// Replaces each frame of f32 values in `frames` by its 16-bit copy in `dtype` (F16 or BF16;
+// wire.compression). F16: one power-of-two scale for all of them (F16Scale of their largest
+// finite magnitude), returned for the header's value_scale; 0 otherwise.
+int NarrowValueFrames(std::span<zmq::message_t> frames, wire::DType dtype);
 
 }  // namespace parasol

@@ -467,23 +467,7 @@ Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* 
                                                    : HandlePullDense(req, reply, payload));
   if (req.dtype == wire::DType::F32) return Status::Ok();
   // 16-bit copies of the value frames (f16: one power-of-two scale for the whole reply).
-  int scale = 0;
-  if (req.dtype == wire::DType::F16) {
-    float max_abs = 0;
-    for (const zmq::message_t& m : *payload) {
-      const auto* v = static_cast<const float*>(m.data());
-      for (size_t i = 0; i < m.size() / sizeof(float); ++i) {
-        if (std::isfinite(v[i])) max_abs = std::max(max_abs, std::abs(v[i]));
-      }
-    }
-    scale = F16Scale(max_abs);
-  }
-  for (zmq::message_t& m : *payload) {
-    const size_t n = m.size() / sizeof(float);
-    OwnedBuffer narrow = OwnedBuffer::Allocate(n * 2);
-    NarrowValues(static_cast<const float*>(m.data()), n, req.dtype, scale, narrow.data());
-    m = std::move(narrow).ToMessage();
-  }
+  const int scale = NarrowValueFrames(*payload, req.dtype);
   reply->dtype = req.dtype;
   reply->value_scale = static_cast<int16_t>(scale);
   return Status::Ok();

@@ -336,24 +336,8 @@ void PsClient::CompressValues(Header* h, std::vector<zmq::message_t>* payload,
                               size_t first_value_frame) const {
   const wire::DType dtype = WireDType();
   if (dtype == wire::DType::F32) return;
-  int scale = 0;
-  if (dtype == wire::DType::F16) {
-    float max_abs = 0;
-    for (size_t f = first_value_frame; f < payload->size(); ++f) {
-      const auto* v = static_cast<const float*>((*payload)[f].data());
-      for (size_t i = 0; i < (*payload)[f].size() / sizeof(float); ++i) {
-        max_abs = std::max(max_abs, std::isfinite(v[i]) ? std::abs(v[i]) : 0.0f);
-      }
-    }
-    scale = F16Scale(max_abs);
-  }
-  for (size_t f = first_value_frame; f < payload->size(); ++f) {
-    zmq::message_t& m = (*payload)[f];
-    const size_t n = m.size() / sizeof(float);
-    OwnedBuffer narrow = OwnedBuffer::Allocate(n * 2);
-    NarrowValues(static_cast<const float*>(m.data()), n, dtype, scale, narrow.data());
-    m = std::move(narrow).ToMessage();
-  }
+  const int scale =
+      NarrowValueFrames(std::span<zmq::message_t>(*payload).subspan(first_value_frame), dtype);
   h->dtype = dtype;
   h->value_scale = static_cast<int16_t>(scale);
 }
