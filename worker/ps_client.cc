@@ -691,8 +691,8 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
   h.value_frames = 1;
   h.rows_per_frame = c.size();
   std::vector<zmq::message_t> payload;
-  if (log_pushes_) {
-    // The log outlives the caller's buffer: copy.
+  if (log_pushes_ && WireDType() == wire::DType::F32) {
+    // The log outlives the caller's buffer: copy. (Compressed, the 16-bit copy below is it.)
     OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
     std::memcpy(copy.data(), grads.data() + c.begin, c.size() * sizeof(float));
     payload.push_back(std::move(copy).ToMessage());
@@ -700,7 +700,7 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
     payload.push_back(BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float),
                                       pending_.at(ticket)->borrows.get()));
   }
-  CompressValues(&h, &payload, 0);  // a 16-bit copy replaces the borrowed frame
+  CompressValues(&h, &payload, 0);  // a 16-bit copy replaces the borrowed frame, for good
   Send(ticket, shard, std::move(h), std::move(payload));
 }
 
