@@ -269,7 +269,12 @@ for r in $(seq 1 "$RUNS"); do
     cmp_json="$("$PARASOL" compare-models --manifest "$work/run$r.yaml" "$work/run$r-model" "$work/ref-model" || true)"
     diff="$(echo "$cmp_json" | grep -o '"max_relative_difference": [0-9.e+-]*' | awk '{print $2}')"
     [ -n "$diff" ] || diff=1
-    auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/run$r.json" | head -n 1 | awk '{print $2}')"
+    # A run excused for a server killed after the workers finished has no summary (launch
+    # failed): its model is still compared, its AUC is unknown.
+    if [ -f "$work/run$r.json" ]; then
+      auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/run$r.json" | head -n 1 | awk '{print $2}')"
+    fi
+    [ -n "$auc" ] || auc="-"
     max_diff="$(awk -v a="$max_diff" -v b="$diff" 'BEGIN { print (b > a) ? b : a }')"
     if [ "$CONSISTENCY" = bsp ]; then
       if awk -v d="$diff" 'BEGIN { exit !(d > 0) }'; then
@@ -277,7 +282,8 @@ for r in $(seq 1 "$RUNS"); do
         echo "    $cmp_json"
       fi
     else
-      if awk -v a="$auc" -v b="$ref_auc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0.005) }'; then
+      if [ "$auc" != - ] &&
+         awk -v a="$auc" -v b="$ref_auc" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0.005) }'; then
         result="AUC OFF"
       fi
     fi
