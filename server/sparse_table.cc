@@ -32,10 +32,8 @@ uint32_t SparseTable::Partition::NewSlot() {
     if (slot / kRowsPerBlock >= blocks_.size()) {
       blocks_.push_back(
           std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_words_));
-      if (disk_) {
-        referenced_.resize(blocks_.size() * kRowsPerBlock, kFreeSlot);
-        slot_keys_.resize(blocks_.size() * kRowsPerBlock, 0);
-      }
+      key_blocks_.push_back(std::make_unique_for_overwrite<uint64_t[]>(kRowsPerBlock));
+      if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, kFreeSlot);
     }
   }
   return slot;
@@ -44,9 +42,9 @@ uint32_t SparseTable::Partition::NewSlot() {
 float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
   const uint32_t slot = NewSlot();
   Touch(slot);
-  if (disk_) slot_keys_[slot] = key;
+  KeyAt(slot) = key;
   bool inserted = false;
-  index_.FindOrInsert(key, slot, &inserted);
+  index_.FindOrInsert(key, slot, keys(), &inserted);
   float* values;
   if (codec_.identity()) {
     values = RowAt(slot) + 1;
@@ -68,7 +66,7 @@ float* SparseTable::Partition::Create(uint64_t key, uint32_t clock) {
 }
 
 void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
-  if (disk_ && disk_rows_ > 0 && index_.Find(key) == KeyIndex::kAbsent) {
+  if (disk_ && disk_rows_ > 0 && index_.Find(key, keys()) == SlotIndex::kAbsent) {
     // The same key twice in a checkpoint (damaged, or hostile, with good checksums) must not
     // leave a second copy on disk.
     const uint64_t one[1] = {key};
@@ -86,8 +84,8 @@ void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
 }
 
 float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {
-  const uint32_t slot = index_.Find(key);
-  if (slot != KeyIndex::kAbsent) {
+  const uint32_t slot = index_.Find(key, keys());
+  if (slot != SlotIndex::kAbsent) {
     Touch(slot);
     return ViewOf(slot);
   }
@@ -95,8 +93,8 @@ float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {
 }
 
 float* SparseTable::Partition::Find(uint64_t key) {
-  const uint32_t slot = index_.Find(key);
-  if (slot == KeyIndex::kAbsent) return nullptr;
+  const uint32_t slot = index_.Find(key, keys());
+  if (slot == SlotIndex::kAbsent) return nullptr;
   Touch(slot);
   return ViewOf(slot);
 }
@@ -106,15 +104,14 @@ void SparseTable::Partition::SetDiskTier(DiskTier* disk, uint32_t family, uint64
   family_ = family;
   memory_limit_ = std::max<uint64_t>(1, memory_rows);
   referenced_.assign(blocks_.size() * kRowsPerBlock, kFreeSlot);
-  slot_keys_.assign(blocks_.size() * kRowsPerBlock, 0);
 }
 
-Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
+Status SparseTable::Partition::Prefault(std::span<const uint64_t> wanted) {
   if (!disk_) return Status::Ok();
   missing_.clear();
-  for (uint64_t key : keys) {
-    const uint32_t slot = index_.Find(key);
-    if (slot != KeyIndex::kAbsent) {
+  for (uint64_t key : wanted) {
+    const uint32_t slot = index_.Find(key, keys());
+    if (slot != SlotIndex::kAbsent) {
       Touch(slot);
       ++counters_.memory_hits;
     } else {
@@ -129,13 +126,13 @@ Status SparseTable::Partition::Prefault(std::span<const uint64_t> keys) {
   DiskTier::Batch moved = disk_->NewBatch(family_);
   for (size_t i = 0; i < missing_.size(); ++i) {
     // A key twice in one batch (a hostile request) is brought in once.
-    if (!found_[i] || index_.Find(missing_[i]) != KeyIndex::kAbsent) continue;
+    if (!found_[i] || index_.Find(missing_[i], keys()) != SlotIndex::kAbsent) continue;
     const uint32_t slot = NewSlot();
+    KeyAt(slot) = missing_[i];
     bool inserted = false;
-    index_.FindOrInsert(missing_[i], slot, &inserted);
+    index_.FindOrInsert(missing_[i], slot, keys(), &inserted);
     std::memcpy(RowAt(slot), fetched_.data() + i * row_bytes, row_bytes);
     Touch(slot);
-    slot_keys_[slot] = missing_[i];
     moved.Delete(missing_[i]);
     --disk_rows_;
     ++counters_.promoted;
@@ -191,12 +188,12 @@ void SparseTable::Partition::Settle() {
         continue;
       }
       referenced_[slot] = kFreeSlot;  // chosen: not again in this batch
-      batch.Put(slot_keys_[slot], RowAt(slot), row_bytes);
+      batch.Put(KeyAt(slot), RowAt(slot), row_bytes);
       chosen.push_back(slot);
     }
     if (Status st = disk_->Write(batch); !st.ok()) DiskFailed(st);
     for (uint32_t slot : chosen) {
-      index_.Erase(slot_keys_[slot]);
+      index_.Erase(KeyAt(slot), keys());
       free_slots_.push_back(slot);
       ++disk_rows_;
       ++counters_.demoted;
@@ -216,7 +213,7 @@ void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
       family_, disk_cursor_, max_rows, [&](uint64_t key, std::span<const char> row) {
         if (row.size() < sizeof(uint32_t)) return;
         // A stale copy of a row that is in memory is not a row (its delete failed).
-        if (index_.Find(key) != KeyIndex::kAbsent) return;
+        if (index_.Find(key, keys()) != SlotIndex::kAbsent) return;
         uint32_t last;
         std::memcpy(&last, row.data(), sizeof(last));
         const bool expired = ttl > 0 && now >= last && now - last >= ttl;
@@ -296,7 +293,7 @@ void SparseTable::Partition::SweepPending(size_t max_buckets, uint32_t now) {
 void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
   if (disk_) referenced_[index_.BucketSlot(bucket)] = kFreeSlot;
   free_slots_.push_back(index_.BucketSlot(bucket));
-  index_.EraseBucket(bucket);
+  index_.EraseBucket(bucket, keys());
   ++(by_ttl ? counters_.evicted_ttl : counters_.evicted_max_rows);
 }
 
@@ -341,9 +338,9 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
   return index_.MemoryBytes() + pending_.MemoryBytes() +
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
-         blocks_.size() * uint64_t{kRowsPerBlock} * row_words_ * sizeof(float) +
-         free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity() +
-         slot_keys_.capacity() * sizeof(uint64_t);
+         blocks_.size() * uint64_t{kRowsPerBlock} *
+             (row_words_ * sizeof(float) + sizeof(uint64_t)) +
+         free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
 }
 
 SparseTable::SparseTable(const TableOptions& options, uint32_t engines)

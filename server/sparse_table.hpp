@@ -10,7 +10,8 @@
 // with 16-bit values or state (tables[].dtype, state_dtype) stored as RowCodec says; the
 // Partition's accessors then return a decoded f32 copy of the row (its "view"), valid until the
 // next accessor call, and a caller that changes it writes it back with Store().
-// An open-addressing KeyIndex maps key -> slot; slots of evicted rows are reused.
+// An open-addressing SlotIndex maps key -> slot, holding only the slot (4 bytes a bucket); each
+// block keeps its rows' keys in an array beside it. Slots of evicted rows are reused.
 //
 // Tiered tables (storage: tiered) keep at most memory_rows rows per partition in memory and
 // the rest in the shard's DiskTier; a row lives in one tier at a time. Before a batch of keys
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "common/key_index.hpp"
+#include "common/slot_index.hpp"
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 #include "server/disk_tier.hpp"
@@ -109,9 +111,12 @@ class SparseTable {
     // Lookahead for batched access: the index bucket of a key some iterations ahead, then its
     // row a few iterations later (its bucket is cached by then).
     void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
+    // The row in the key's home bucket, and its key: the key's own row in the common case.
     void PrefetchRow(uint64_t key) const {
-      const uint32_t slot = index_.Find(key);
-      if (slot != KeyIndex::kAbsent) __builtin_prefetch(RowAt(slot));
+      const uint32_t slot = index_.HomeSlot(key);
+      if (slot == SlotIndex::kAbsent) return;
+      __builtin_prefetch(&KeyAt(slot));
+      __builtin_prefetch(RowAt(slot));
     }
 
     // Calls fn(i, key) for each position i in `positions`, in order, prefetching the index
@@ -150,14 +155,16 @@ class SparseTable {
           codec_.Decode(row, view.data());
           row = view.data();
         }
-        if (!call(index_.BucketKey(b), row)) return Status::Ok();
+        if (!call(KeyAt(index_.BucketSlot(b)), row)) return Status::Ok();
       }
       if (!disk_ || disk_rows_ == 0) return Status::Ok();
       std::vector<float> stored(row_words_);
       const size_t row_bytes = sizeof(float) * row_words_;
       return disk_->ForEachRow(family_, [&](uint64_t key, std::span<const char> bytes) {
         // A stale copy of a row in memory is not the row.
-        if (bytes.size() != row_bytes || index_.Find(key) != KeyIndex::kAbsent) return true;
+        if (bytes.size() != row_bytes || index_.Find(key, keys()) != SlotIndex::kAbsent) {
+          return true;
+        }
         std::memcpy(stored.data(), bytes.data(), row_bytes);
         codec_.Decode(stored.data(), view.data());
         return call(key, view.data());
@@ -167,7 +174,7 @@ class SparseTable {
     void RestoreRow(uint64_t key, const float* row);
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
-    void Reserve(uint64_t rows) { index_.Reserve(rows); }
+    void Reserve(uint64_t rows) { index_.Reserve(rows, keys()); }
     // f32 words of a row as checkpoints hold it (the view: clock, values, state).
     uint32_t stored_floats() const { return codec_.view_floats(); }
     // 32-bit words a row takes in memory and on disk.
@@ -187,6 +194,15 @@ class SparseTable {
     float* RowAt(uint32_t slot) const {
       return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * row_words_;
     }
+    // The key of the row in `slot` (the index's key_of).
+    uint64_t& KeyAt(uint32_t slot) const {
+      return key_blocks_[slot / kRowsPerBlock][slot % kRowsPerBlock];
+    }
+    struct KeyOfSlot {
+      const Partition* partition;
+      uint64_t operator()(uint32_t slot) const { return partition->KeyAt(slot); }
+    };
+    KeyOfSlot keys() const { return KeyOfSlot{this}; }
     // The values of the row in `slot` as the accessors return them: the row itself (f32), or
     // its decoded view.
     float* ViewOf(uint32_t slot) {
@@ -211,10 +227,9 @@ class SparseTable {
     uint32_t family_ = 0;
     uint64_t memory_limit_ = 0;     // rows
     uint64_t disk_rows_ = 0;
-    // By slot: 1 accessed since the hand last passed, 0 not, kFreeSlot no row; and its key.
+    // By slot: 1 accessed since the hand last passed, 0 not, kFreeSlot no row.
     static constexpr uint8_t kFreeSlot = 2;
     std::vector<uint8_t> referenced_;
-    std::vector<uint64_t> slot_keys_;
     size_t hand_ = 0;                  // CLOCK's position among the slots
     Status disk_status_;
     std::vector<uint64_t> prefault_keys_;
@@ -231,7 +246,7 @@ class SparseTable {
     uint32_t view_slot_ = 0;
     RoundingBits rounding_;
     uint64_t max_rows_;            // this partition's share of eviction.max_rows (0: none)
-    KeyIndex index_;               // key -> slot
+    SlotIndex index_;              // key -> slot
     // Keys not yet admitted: key -> entry of pending_counts_/pending_clocks_ (the pushes so
     // far, and the clock of the last). They expire like rows (ttl_clocks) and count towards
     // max_rows, going first: a count only delays an admission.
@@ -242,7 +257,8 @@ class SparseTable {
     size_t pending_cursor_ = 0;
     void ErasePendingBucket(size_t bucket);
     void SweepPending(size_t max_buckets, uint32_t now);
-    std::vector<std::unique_ptr<float[]>> blocks_;
+    std::vector<std::unique_ptr<float[]>> blocks_;        // kRowsPerBlock rows each
+    std::vector<std::unique_ptr<uint64_t[]>> key_blocks_;  // their keys
     std::vector<uint32_t> free_slots_;
     uint32_t next_slot_ = 0;
     Counters counters_;
