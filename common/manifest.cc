@@ -410,6 +410,12 @@ Status ParseModel(MapReader& root, ModelOptions* m, const std::string& file) {
       r.Choice("sparse_state_dtype", {"f32", "bf16", "f16"}, &sparse_state_dtype));
   m->sparse_dtype = static_cast<DType>(sparse_dtype);
   m->sparse_state_dtype = static_cast<DType>(sparse_state_dtype);
+  int dense_dtype = 0, dense_state_dtype = 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("dense_dtype", {"f32", "bf16", "f16"}, &dense_dtype));
+  PARASOL_RETURN_IF_ERROR(
+      r.Choice("dense_state_dtype", {"f32", "bf16", "f16"}, &dense_state_dtype));
+  m->dense_dtype = static_cast<DType>(dense_dtype);
+  m->dense_state_dtype = static_cast<DType>(dense_state_dtype);
   if (m->kind == ModelOptions::Kind::kDlrm) {
     if (m->bottom.back() != m->embedding_dim) {
       return r.ErrorAt(node, "model.bottom", "the last bottom width (" +
@@ -703,14 +709,6 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   t->dtype = static_cast<DType>(dtype);
   t->state_dtype = static_cast<DType>(state_dtype);
   t->rounding = static_cast<TableOptions::Rounding>(rounding);
-  if (t->kind == TableKind::kDense) {
-    for (const char* key : {"dtype", "state_dtype", "rounding"}) {
-      if (r.Has(key) && (std::string(key) == "rounding" || r.Child(key).Scalar() != "f32")) {
-        return r.ErrorAt(node[key], path + "." + key, "applies to sparse tables only (dense "
-                         "tables are f32)");
-      }
-    }
-  }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("dim", 1, 1 << 16, &t->dim));
   int storage = 0;
   PARASOL_RETURN_IF_ERROR(r.Choice("storage", {"memory", "tiered"}, &storage));

@@ -55,8 +55,8 @@ struct TableOptions {
   TableKind kind = TableKind::kSparse;
   uint32_t dim = 8;                 // sparse: floats per row
   std::vector<uint64_t> shape;      // dense: tensor shape (required for dense tables)
-  DType dtype = DType::kF32;        // sparse: how row values are stored (f32, bf16, f16)
-  DType state_dtype = DType::kF32;  // sparse: how optimizer state is stored
+  DType dtype = DType::kF32;        // how values are stored (f32, bf16, f16)
+  DType state_dtype = DType::kF32;  // how optimizer state is stored
   // How a 16-bit value is rounded when stored: to nearest (even), or stochastically.
   enum class Rounding { kNearest, kStochastic };
   Rounding rounding = Rounding::kNearest;
@@ -138,6 +138,8 @@ struct ModelOptions {
   TableOptions::Storage sparse_storage = TableOptions::Storage::kMemory;  // of the sparse table
   DType sparse_dtype = DType::kF32;        // of the sparse table's values
   DType sparse_state_dtype = DType::kF32;  // of its optimizer state
+  DType dense_dtype = DType::kF32;         // of every dense layer's values
+  DType dense_state_dtype = DType::kF32;   // of their optimizer state
   ModelOptions() {
     sparse_optimizer.kind = OptimizerOptions::Kind::kAdagrad;
     sparse_optimizer.lr = 0.05;

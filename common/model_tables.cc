@@ -26,6 +26,8 @@ TableOptions DenseTableOf(const std::string& name, std::vector<uint64_t> shape, 
   t.shape = std::move(shape);
   t.init = init;
   t.optimizer = m.dense_optimizer;
+  t.dtype = m.dense_dtype;
+  t.state_dtype = m.dense_state_dtype;
   t.seed = job_seed ^ HashBytes(name);
   return t;
 }

@@ -178,13 +178,7 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
     DenseTable& d = *dense_[t];
     const uint64_t n = d.slice().size();
     b.count = n;
-    std::shared_ptr<const float[]> values = d.Share();
-    const char* v = reinterpret_cast<const char*>(values.get());
-    b.bytes.insert(b.bytes.end(), v, v + n * sizeof(float));
-    for (uint32_t a = 0; a < d.state_array_count(); ++a) {
-      const char* s = reinterpret_cast<const char*>(d.state_arrays()[a]);
-      b.bytes.insert(b.bytes.end(), s, s + n * sizeof(float));
-    }
+    d.AppendArrays(&b.bytes);
     PARASOL_RETURN_IF_ERROR(sink(b));
   }
   CheckpointBlock clocks;
@@ -468,12 +462,7 @@ Status ShardState::ApplyDense(const CheckpointBlock& b) {
       b.bytes.size() % (sizeof(float) * (1 + d.state_array_count())) != 0) {
     return Internal("table '" + d.options().name + "' slice does not match the table");
   }
-  if (n == 0) return Status::Ok();
-  std::memcpy(d.PrepareWrite(), b.bytes.data(), n * sizeof(float));
-  for (uint32_t a = 0; a < d.state_array_count(); ++a) {
-    std::memcpy(d.state_arrays()[a], b.bytes.data() + (1 + a) * n * sizeof(float),
-                n * sizeof(float));
-  }
+  d.RestoreArrays(b.bytes.data());
   return Status::Ok();
 }
 

@@ -226,17 +226,10 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
                                " bytes (server.max_request_bytes)");
     }
     const FramePlan plan = PlanValueFrames(n, row, manifest_.server.frame_bytes);
-    std::shared_ptr<const float[]> values = table->Share();
-    float* const* state = table->state_arrays();
     for (uint32_t f = 0; f < plan.frames; ++f) {
       const uint64_t rows = plan.RowsInFrame(f, n);
       OwnedBuffer b = OwnedBuffer::Allocate(rows * row * sizeof(float));
-      float* out = b.floats();
-      for (uint64_t r = 0; r < rows; ++r) {
-        const uint64_t i = local + uint64_t{f} * plan.rows_per_frame + r;
-        out[r * row] = values[i];
-        for (uint32_t a = 0; a < k; ++a) out[r * row + 1 + a] = state[a][i];
-      }
+      table->ReadWithState(local + uint64_t{f} * plan.rows_per_frame, rows, b.floats());
       payload->push_back(std::move(b).ToMessage());
     }
     reply->value_dim = row;
@@ -246,16 +239,15 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
   }
   const FramePlan plan = PlanValueFrames(n, 1, manifest_.server.frame_bytes);
   std::shared_ptr<const float[]> values = table->Share();
-  const float* first = values.get() + local;
-  if (n < table->slice().size()) {
+  if (n < table->slice().size() || !values) {
     // A part (a chunk of a chunked pull) is copied: a shared reply keeps the whole slice
     // alive, and the next push (of the next chunk, right behind it) would copy all of it while
     // the reply waits to be sent. Copying the chunk costs its size once; that copy, the
-    // slice's size per chunk.
+    // slice's size per chunk. 16-bit values are widened into the copy.
     for (uint32_t f = 0; f < plan.frames; ++f) {
       const uint64_t rows = plan.RowsInFrame(f, n);
       OwnedBuffer b = OwnedBuffer::Allocate(rows * sizeof(float));
-      std::memcpy(b.data(), first + uint64_t{f} * plan.rows_per_frame, rows * sizeof(float));
+      table->ReadValues(local + uint64_t{f} * plan.rows_per_frame, rows, b.floats());
       payload->push_back(std::move(b).ToMessage());
     }
     reply->value_dim = 1;
@@ -263,6 +255,7 @@ Status ShardServer::HandlePullDense(const Header& req, Header* reply,
     reply->rows_per_frame = plan.rows_per_frame;
     return Status::Ok();
   }
+  const float* first = values.get() + local;
   // Zero-copy: every frame shares the table's current buffer until it has been sent.
   for (uint32_t f = 0; f < plan.frames; ++f) {
     payload->push_back(SharedMessage(values, first + uint64_t{f} * plan.rows_per_frame,
@@ -280,11 +273,9 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   }
   if (req.with_state) return InvalidArgument("PushDense: with_state applies to pulls only");
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
-  const Optimizer& opt = table->optimizer();
   const uint32_t engines = engines_.size();
   const uint64_t local = req.offset - table->slice().begin;
-  float* values = table->PrepareWrite();
-  float* const* state = table->state_arrays();
+  table->PrepareWrite();
   struct FrameRef {
     uint64_t first;
     const std::byte* data;
@@ -298,8 +289,7 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   engines_.RunOnAll(
       [&](uint32_t e) {
         for (size_t f = e; f < frames.size(); f += engines) {
-          const uint64_t i = local + frames[f].first;
-          opt.Apply(values + i, opt.DenseState(state, i), frames[f].data, frames[f].rows, 1.0);
+          table->Apply(local + frames[f].first, frames[f].data, frames[f].rows, 1.0);
         }
       },
       p.rows() < kInlineFloats || frames.size() < 2);
@@ -344,10 +334,11 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
   // The average over the workers expected at this clock (live, and not finished before it).
   const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
-  std::vector<float*> dense_values(dense_.size(), nullptr);
+  std::vector<uint8_t> dense_pushed(dense_.size(), 0);
   for (size_t t = 0; t < dense_.size(); ++t) {
     if (dense_[t] && agg.DenseSumIfAny(static_cast<uint32_t>(t))) {
-      dense_values[t] = dense_[t]->PrepareWrite();
+      dense_[t]->PrepareWrite();
+      dense_pushed[t] = 1;
     }
   }
   const uint32_t engines = engines_.size();
@@ -383,15 +374,13 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
       part.Settle();
     }
     for (size_t t = 0; t < dense_.size(); ++t) {
-      if (!dense_values[t]) continue;
+      if (!dense_pushed[t]) continue;
       // Engine e updates its contiguous share of the slice.
       DenseTable& table = *dense_[t];
       const uint64_t n = table.slice().size();
       const uint64_t b = n * e / engines, end = n * (e + 1) / engines;
       const float* sums = agg.DenseSumIfAny(static_cast<uint32_t>(t));
-      table.optimizer().Apply(dense_values[t] + b,
-                              table.optimizer().DenseState(table.state_arrays(), b),
-                              reinterpret_cast<const std::byte*>(sums + b), end - b, scale);
+      table.Apply(b, reinterpret_cast<const std::byte*>(sums + b), end - b, scale);
     }
   });
   ++counters_.bsp_clocks_applied;

@@ -98,6 +98,43 @@ TEST(ManifestTest, WireCompressionIsNoneBf16OrF16) {
   EXPECT_NE(typo.status().message().find("compresion"), std::string::npos);
 }
 
+// Values and optimizer state may be 16-bit in sparse and dense tables alike; the model
+// shorthand sets its dense layers' with model.dense_dtype and dense_state_dtype.
+TEST(ManifestTest, TablesStoreF32Bf16OrF16ValuesAndState) {
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\ntables:\n"
+      "  - {name: emb, kind: sparse, dim: 4, dtype: bf16, state_dtype: f16}\n"
+      "  - {name: w, kind: dense, shape: [8], dtype: f16, state_dtype: bf16, rounding: "
+      "stochastic}\n",
+      "t.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->tables[0].dtype, DType::kBf16);
+  EXPECT_EQ(m->tables[0].state_dtype, DType::kF16);
+  EXPECT_EQ(m->tables[1].dtype, DType::kF16);
+  EXPECT_EQ(m->tables[1].state_dtype, DType::kBf16);
+  EXPECT_EQ(m->tables[1].rounding, TableOptions::Rounding::kStochastic);
+  Result<Manifest> model = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\nmodel:\n  kind: dlrm\n  dense_dtype: bf16\n"
+      "  dense_state_dtype: f16\n",
+      "m.yaml");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  int dense = 0;
+  for (const TableOptions& t : model->tables) {
+    EXPECT_EQ(t.dtype, t.kind == TableKind::kDense ? DType::kBf16 : DType::kF32) << t.name;
+    EXPECT_EQ(t.state_dtype, t.kind == TableKind::kDense ? DType::kF16 : DType::kF32) << t.name;
+    dense += t.kind == TableKind::kDense;
+  }
+  EXPECT_GE(dense, 4);
+  Result<Manifest> bad = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\ntables:\n"
+      "  - {name: w, kind: dense, shape: [8], dtype: fp8}\n",
+      "b.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tables[0].dtype"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("fp8"), std::string::npos);
+}
+
 TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
   // A typo of a known key of the same section is suggested; anything else is not.
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),

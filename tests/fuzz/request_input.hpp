@@ -88,16 +88,18 @@ inline const char* const kTablesYaml =
     "  - {name: s_rowwise, kind: sparse, dim: 4, init: {kind: constant, value: 1.0},\n"
     "     optimizer: {kind: adagrad_rowwise, lr: 0.1, weight_decay: 0.01}}\n"
     "  - {name: s_adam, kind: sparse, dim: 8, init: {kind: normal, stddev: 0.1},\n"
-    "     optimizer: {kind: adam, lr: 0.01, weight_decay: 0.001}}\n"
+    "     optimizer: {kind: adam, lr: 0.01, weight_decay: 0.001},\n"
+    "     dtype: f16, state_dtype: bf16}\n"
     "  - {name: s_ftrl, kind: sparse, dim: 4, optimizer: {kind: ftrl, l1: 0.1, l2: 0.1},\n"
     "     admission: {min_count: 2}, eviction: {ttl_clocks: 2, max_rows: 8}, storage: %s}\n"
     "  - {name: d_sgd, kind: dense, shape: [10], optimizer: {kind: sgd}}\n"
     "  - {name: d_adagrad, kind: dense, shape: [4, 6], init: {kind: zeros},\n"
-    "     optimizer: {kind: adagrad}}\n"
+    "     optimizer: {kind: adagrad}, dtype: bf16}\n"
     "  - {name: d_adam, kind: dense, shape: [40, 40], optimizer: {kind: adam, bias_correction: "
     "false}}\n"
     "  - {name: d_ftrl, kind: dense, shape: [3, 5, 7], init: {kind: constant, value: 0.5},\n"
-    "     optimizer: {kind: ftrl, l1: 0.01}}\n";
+    "     optimizer: {kind: ftrl, l1: 0.01}, dtype: f16, state_dtype: bf16,\n"
+    "     rounding: stochastic}\n";
 
 // The manifest of job `s`, with checkpoints (and the disk tier) in `checkpoint_dir`.
 inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_dir) {

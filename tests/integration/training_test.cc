@@ -135,23 +135,33 @@ TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
 }
 
 // bf16 rows on the shards and bf16 (or scaled f16) values on the wire train dlrm-small to the
-// f32 job's eval AUC within 0.002 (same data, same seeds).
+// f32 job's eval AUC within 0.002 (same data, same seeds); so do bf16 dense layers (values and
+// adam's state) on top of them.
 TEST_F(TrainingTest, SixteenBitRowsAndWireKeepTheAuc) {
   const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
   Launch f32 = RunLaunch(dir_, Manifest(1, kDlrmSmall, train, eval));
   ASSERT_TRUE(WIFEXITED(f32.status) && WEXITSTATUS(f32.status) == 0) << f32.output;
   const double auc = JsonAt(f32.summary, "/eval_auc", -1);
   ASSERT_GT(auc, 0.70) << f32.summary;
-  // bf16 on the wire alone, then with bf16 rows; f16 on the wire with bf16 rows.
-  for (const auto& [wire, rows] : {std::pair{"bf16", "f32"}, std::pair{"bf16", "bf16"},
-                                   std::pair{"f16", "bf16"}}) {
-    SCOPED_TRACE(std::string("wire ") + wire + ", rows " + rows);
-    const std::string model = std::string(kDlrmSmall) + "  sparse_dtype: " + rows + "\n";
-    Launch r = RunLaunch(dir_, Manifest(1, model, train, eval) + "wire: {compression: " + wire +
+  struct Config {
+    const char* wire;
+    const char* rows;
+    const char* dense;
+  };
+  // bf16 on the wire alone, then with bf16 rows; f16 on the wire with bf16 rows; everything
+  // in bf16.
+  for (const Config& c : {Config{"bf16", "f32", "f32"}, Config{"bf16", "bf16", "f32"},
+                          Config{"f16", "bf16", "f32"}, Config{"bf16", "bf16", "bf16"}}) {
+    SCOPED_TRACE(std::string("wire ") + c.wire + ", rows " + c.rows + ", dense " + c.dense);
+    const std::string model = std::string(kDlrmSmall) + "  sparse_dtype: " + c.rows +
+                              "\n  dense_dtype: " + c.dense + "\n  dense_state_dtype: " +
+                              c.dense + "\n";
+    Launch r = RunLaunch(dir_, Manifest(1, model, train, eval) + "wire: {compression: " + c.wire +
                                    "}\n");
     ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
     const double got = JsonAt(r.summary, "/eval_auc", -1);
-    std::printf("eval AUC: f32 %.4f, %s rows and %s wire %.4f\n", auc, rows, wire, got);
+    std::printf("eval AUC: f32 %.4f, %s rows, %s dense and %s wire %.4f\n", auc, c.rows,
+                c.dense, c.wire, got);
     EXPECT_NEAR(got, auc, 0.002) << r.summary;
     // The rows really travelled in 16 bits (the bytes of the replies as received): key 8 +
     // 16 x 2 against 8 + 16 x 4.

@@ -47,3 +47,139 @@ TEST(DenseTableTest, AWriteWithNoReplyInFlightUpdatesInPlace) {
 
 }  // namespace
 }  // namespace parasol
+
+#include <cmath>
+#include <cstring>
+
+#include "common/half.hpp"
+
+namespace parasol {
+namespace {
+
+float RoundTo(DType t, float v) {
+  if (t == DType::kBf16) return Bf16ToF32(F32ToBf16(v));
+  if (t == DType::kF16) return F16ToF32(F32ToF16(v));
+  return v;
+}
+
+// A 16-bit dense slice: every optimizer step equals the f32 step on the stored (rounded)
+// values and state, rounded to the dtype (to nearest even), whatever the chunking of the
+// pushes; it stores 2 bytes a value (and a 16-bit state element), adam's step 4.
+TEST(DenseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
+  constexpr uint64_t kN = 700;  // more than one decoding chunk, not a whole number of them
+  for (DType values : {DType::kF32, DType::kBf16, DType::kF16}) {
+    for (DType state : {DType::kF32, DType::kBf16, DType::kF16}) {
+      for (auto kind : {OptimizerOptions::Kind::kSgd, OptimizerOptions::Kind::kAdagrad,
+                        OptimizerOptions::Kind::kAdam, OptimizerOptions::Kind::kFtrl}) {
+        SCOPED_TRACE("values " + std::to_string(static_cast<int>(values)) + " state " +
+                     std::to_string(static_cast<int>(state)) + " optimizer " +
+                     std::to_string(static_cast<int>(kind)));
+        TableOptions t = Tensor(1000);
+        t.init.kind = InitOptions::Kind::kUniform;
+        t.init.scale = 0.5;
+        t.dtype = values;
+        t.state_dtype = state;
+        t.optimizer.kind = kind;
+        t.optimizer.lr = 0.05;
+        DenseTable table(t, SliceRange{300, 300 + kN});
+        const Optimizer& opt = table.optimizer();
+        const uint32_t k = table.state_array_count();
+        // The reference: f32 arrays holding what the table stores, stepped in f32 and rounded.
+        std::vector<float> init(kN), ref(kN);
+        InitDenseRange(t.init, t.seed, 300, init);
+        std::vector<std::vector<float>> ref_state(k, std::vector<float>(kN));
+        std::vector<float*> ptrs;
+        for (auto& a : ref_state) ptrs.push_back(a.data());
+        opt.InitState(init.data(), opt.DenseState(ptrs.data(), 0), kN);
+        const uint32_t raw = kind == OptimizerOptions::Kind::kAdam ? 1 : 0;
+        auto round_all = [&] {
+          for (uint64_t i = 0; i < kN; ++i) ref[i] = RoundTo(values, ref[i]);
+          for (uint32_t a = 0; a + raw < k; ++a) {
+            for (float& v : ref_state[a]) v = RoundTo(state, v);
+          }
+        };
+        ref = init;
+        round_all();
+        auto expect_equal = [&](int step) {
+          std::vector<float> got((1 + k) * kN);
+          table.ReadWithState(0, kN, got.data());
+          for (uint64_t i = 0; i < kN; ++i) {
+            ASSERT_EQ(0, std::memcmp(&got[i * (1 + k)], &ref[i], sizeof(float)))
+                << "step " << step << " element " << i;
+            for (uint32_t a = 0; a < k; ++a) {
+              ASSERT_EQ(0, std::memcmp(&got[i * (1 + k) + 1 + a], &ref_state[a][i], 4))
+                  << "step " << step << " element " << i << " state " << a;
+            }
+          }
+        };
+        expect_equal(-1);
+        for (int step = 0; step < 12; ++step) {
+          std::vector<float> g(kN);
+          for (uint64_t i = 0; i < kN; ++i) {
+            g[i] = 0.37f * static_cast<float>((step * 7 + i) % 5) - 0.7f;
+          }
+          const auto* gb = reinterpret_cast<const std::byte*>(g.data());
+          opt.Apply(ref.data(), opt.DenseState(ptrs.data(), 0), gb, kN, 0.5);
+          round_all();
+          // Pushed in two uneven parts, as engines take them.
+          table.PrepareWrite();
+          const uint64_t cut = 37 * (step + 1) % kN;
+          table.Apply(0, gb, cut, 0.5);
+          table.Apply(cut, gb + cut * sizeof(float), kN - cut, 0.5);
+          expect_equal(step);
+        }
+        const uint64_t value_bytes = values == DType::kF32 ? 4 : 2;
+        const uint64_t state_bytes = (k - raw) * (state == DType::kF32 ? 4 : 2) + raw * 4;
+        EXPECT_EQ(table.MemoryBytes(), kN * (value_bytes + state_bytes));
+        EXPECT_EQ(table.Share() != nullptr, values == DType::kF32);
+      }
+    }
+  }
+}
+
+// A checkpoint's arrays (f32 words) restore a 16-bit slice bit for bit, and stochastic
+// rounding rounds the same updates the same way on every run.
+TEST(DenseTableDtypeTest, ArraysRestoreExactlyAndStochasticRoundingRepeats) {
+  TableOptions t = Tensor(5000);
+  t.init.kind = InitOptions::Kind::kUniform;
+  t.init.scale = 1.0;
+  t.dtype = DType::kBf16;
+  t.state_dtype = DType::kF16;
+  t.rounding = TableOptions::Rounding::kStochastic;
+  t.optimizer.kind = OptimizerOptions::Kind::kAdam;
+  t.optimizer.lr = 1e-4;  // steps far below bf16's spacing: only stochastic rounding moves them
+  std::vector<float> g(5000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.1f * static_cast<float>(i));
+  const auto* gb = reinterpret_cast<const std::byte*>(g.data());
+  auto run = [&](DenseTable& table) {
+    for (int step = 0; step < 5; ++step) {
+      table.PrepareWrite();
+      table.Apply(0, gb, 2500, 1.0);
+      table.Apply(2500, gb + 2500 * sizeof(float), 2500, 1.0);
+    }
+  };
+  DenseTable a(t, SliceRange{0, 5000}), b(t, SliceRange{0, 5000});
+  std::vector<char> initial, after_a, after_b;
+  a.AppendArrays(&initial);
+  run(a);
+  run(b);
+  a.AppendArrays(&after_a);
+  b.AppendArrays(&after_b);
+  EXPECT_EQ(after_a, after_b);  // the same rounding on both runs
+  ASSERT_EQ(after_a.size(), initial.size());
+  // Stochastic rounding moved values that steps of 1e-4 could never move to nearest.
+  size_t moved = 0;
+  for (size_t i = 0; i < 5000; ++i) {
+    moved += std::memcmp(&after_a[i * 4], &initial[i * 4], 4) != 0;
+  }
+  EXPECT_GT(moved, 100u);
+  // Restored into a fresh slice, the arrays read back as they were written.
+  DenseTable c(t, SliceRange{0, 5000});
+  c.RestoreArrays(after_a.data());
+  std::vector<char> restored;
+  c.AppendArrays(&restored);
+  EXPECT_EQ(restored, after_a);
+}
+
+}  // namespace
+}  // namespace parasol

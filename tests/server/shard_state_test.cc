@@ -121,11 +121,10 @@ std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> Contents(SmallShard&
   for (uint32_t t : {2u, 3u}) {
     DenseTable& d = s.dense(t);
     std::vector<float>& v = out[{t, ~0ull}];
-    const uint64_t n = d.slice().size();
-    v.assign(d.Share().get(), d.Share().get() + n);
-    for (uint32_t a = 0; a < d.state_array_count(); ++a) {
-      v.insert(v.end(), d.state_arrays()[a], d.state_arrays()[a] + n);
-    }
+    std::vector<char> bytes;
+    d.AppendArrays(&bytes);
+    v.resize(bytes.size() / sizeof(float));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
   }
   return out;
 }
