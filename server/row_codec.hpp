@@ -5,7 +5,8 @@
 //   [last update clock: uint32][values: dim floats][optimizer state: state floats]
 // A stored row keeps the clock word as it is, the values in the table's dtype and the state in
 // its state dtype (each array padded to whole 32-bit words); raw 32-bit words at the end of the
-// state (adam's step count) stay as they are. Encode() rounds to nearest even, or
+// state (adam's step count) stay as they are. A 16-bit table that never evicts (no ttl_clocks,
+// no max_rows: nothing reads the clock) stores no clock word; its view's clock reads 0. Encode() rounds to nearest even, or
 // stochastically with `bits` (tables[].rounding: stochastic). For f32 values and state the view
 // is the stored row itself (identity()). Without `bits`, Encode() rounds to nearest even
 // whatever the table says (initial values, restored rows: the same on every run).
@@ -21,22 +22,26 @@ namespace parasol {
 
 class RowCodec {
  public:
-  // `raw_tail`: state words at the end that are not floats (adam: 1).
+  // `raw_tail`: state words at the end that are not floats (adam: 1). `keep_clock`: store the
+  // clock word (always, for f32 values and state).
   RowCodec(uint32_t dim, uint32_t state_floats, uint32_t raw_tail, DType values, DType state,
-           bool stochastic)
+           bool stochastic, bool keep_clock = true)
       : dim_(dim),
         state_(state_floats - raw_tail),
         raw_(raw_tail),
         values_(values),
         state_type_(state),
-        stochastic_(stochastic) {}
+        stochastic_(stochastic),
+        clock_(keep_clock || (values == DType::kF32 && state == DType::kF32) ? 1 : 0) {}
 
   bool identity() const { return values_ == DType::kF32 && state_type_ == DType::kF32; }
+  // Whether a stored row starts with its clock word.
+  bool stores_clock() const { return clock_ == 1; }
   // f32 words of the view: clock, values, state.
   uint32_t view_floats() const { return 1 + dim_ + state_ + raw_; }
   // 32-bit words of a stored row.
   uint32_t stored_words() const {
-    return 1 + Words(values_, dim_) + Words(state_type_, state_) + raw_;
+    return clock_ + Words(values_, dim_) + Words(state_type_, state_) + raw_;
   }
 
   void Decode(const float* stored, float* view) const {
@@ -44,8 +49,13 @@ class RowCodec {
       std::memcpy(view, stored, sizeof(float) * view_floats());
       return;
     }
-    view[0] = stored[0];
-    const float* p = stored + 1;
+    if (clock_) {
+      view[0] = stored[0];
+    } else {
+      const uint32_t zero = 0;
+      std::memcpy(view, &zero, sizeof(zero));
+    }
+    const float* p = stored + clock_;
     DecodeArray(values_, p, view + 1, dim_);
     p += Words(values_, dim_);
     DecodeArray(state_type_, p, view + 1 + dim_, state_);
@@ -58,8 +68,8 @@ class RowCodec {
       std::memcpy(stored, view, sizeof(float) * view_floats());
       return;
     }
-    stored[0] = view[0];
-    float* p = stored + 1;
+    if (clock_) stored[0] = view[0];
+    float* p = stored + clock_;
     EncodeArray(values_, view + 1, p, dim_, bits);
     p += Words(values_, dim_);
     EncodeArray(state_type_, view + 1 + dim_, p, state_, bits);
@@ -107,6 +117,7 @@ class RowCodec {
   uint32_t dim_, state_, raw_;
   DType values_, state_type_;
   bool stochastic_;
+  uint32_t clock_;  // 1: the stored row starts with the clock word; 0: no clock
 };
 
 }  // namespace parasol

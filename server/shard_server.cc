@@ -107,11 +107,12 @@ Status ShardServer::ResetTables() {
   constexpr uint64_t kDiskCacheBytes = 8 << 20;
   PARASOL_ASSIGN_OR_RETURN(disk_, DiskTier::Open(DiskDir(), families, kDiskCacheBytes));
   // The budget, shared equally among the tiered tables, in rows: a row's bytes in memory are
-  // its floats and clock word, its index entry, its key (for CLOCK) and its referenced flag.
+  // its stored words (values, state, clock word), its index entry (4-byte buckets at a load of
+  // 0.35 or more: at most 12 bytes a row), its key and its referenced flag (for CLOCK).
   const uint64_t share = manifest_.server.memory_budget / tiered.size();
   for (const auto& [id, family] : tiered) {
     SparseTable& table = *sparse_[id];
-    const uint64_t row_bytes = sizeof(float) * table.partition(0).stored_words() + 24 + 8 + 1;
+    const uint64_t row_bytes = sizeof(float) * table.partition(0).stored_words() + 12 + 8 + 1;
     table.SetDiskTier(disk_.get(), family, std::max<uint64_t>(engines, share / row_bytes));
   }
   spdlog::info("shard {}: disk tier of {} table(s) in {}, memory budget {} bytes", rank_,

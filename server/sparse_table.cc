@@ -15,7 +15,8 @@ SparseTable::Partition::Partition(const TableOptions* options, const Optimizer* 
       optimizer_(optimizer),
       codec_(options->dim, optimizer->SparseStateFloats(options->dim),
              options->optimizer.kind == OptimizerOptions::Kind::kAdam ? 1 : 0, options->dtype,
-             options->state_dtype, options->rounding == TableOptions::Rounding::kStochastic),
+             options->state_dtype, options->rounding == TableOptions::Rounding::kStochastic,
+             /*keep_clock=*/options->eviction.ttl_clocks > 0 || options->eviction.max_rows > 0),
       row_words_(codec_.stored_words()),
       view_(codec_.view_floats()),
       max_rows_(max_rows),
@@ -304,6 +305,8 @@ void SparseTable::Partition::Sweep(size_t max_buckets, uint32_t now) {
   const uint64_t ttl = options_->eviction.ttl_clocks;
   const size_t buckets = index_.buckets();
   if (cursor_ >= buckets) cursor_ = 0;
+  // Rows without a stored clock are in a table that evicts nothing.
+  if (!codec_.stores_clock()) return;
   for (size_t seen = 0; seen < max_buckets; ++seen) {
     const size_t b = cursor_;
     if (index_.BucketFull(b)) {

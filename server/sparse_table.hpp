@@ -7,6 +7,7 @@
 //
 // Row layout, in large arena blocks (a row never moves while it lives):
 //   [last update clock: uint32][values: dim floats][optimizer state: see optimizer.hpp]
+// (16-bit tables that evict nothing store no clock word: see row_codec.hpp)
 // with 16-bit values or state (tables[].dtype, state_dtype) stored as RowCodec says; the
 // Partition's accessors then return a decoded f32 copy of the row (its "view"), valid until the
 // next accessor call, and a caller that changes it writes it back with Store().

@@ -197,13 +197,55 @@ TEST(SparseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
           ASSERT_EQ(0, std::memcmp(got - 1, ref.data(), sizeof(float) * floats))
               << "step " << step << " optimizer " << static_cast<int>(kind);
         }
+        // No clock word: the table evicts nothing.
         const uint32_t want_words =
-            1 + 3 + (state == DType::kF32 ? opt.SparseStateFloats(6)
+            3 + (state == DType::kF32 ? opt.SparseStateFloats(6)
                      : kind == OptimizerOptions::Kind::kAdam ? (12 + 1) / 2 + 1
                                                            : (opt.SparseStateFloats(6) + 1) / 2);
         EXPECT_EQ(p.stored_words(), want_words) << static_cast<int>(kind);
       }
     }
+  }
+}
+
+// A 16-bit table stores its rows' clock word only when it evicts (ttl_clocks or max_rows):
+// with it, the TTL sweep and max_rows evict bf16 rows as they do f32 rows; without it, the
+// row is a word shorter and its view's clock reads 0.
+TEST(SparseTableDtypeTest, TheClockWordIsStoredOnlyWhenTheTableEvicts) {
+  TableOptions plain = Table(4);
+  plain.dtype = DType::kBf16;
+  SparseTable a(plain, 1);
+  EXPECT_EQ(a.partition(0).stored_words(), 2u);  // 4 bf16 values, sgd: no state, no clock
+  float* row = a.partition(0).FindOrCreate(5, 7);
+  EXPECT_EQ(SparseTable::Partition::LastClock(row), 0u);  // the row as stored
+  row[0] = 2.0f;
+  SparseTable::Partition::LastClock(row) = 9;
+  a.partition(0).Store(row);
+  row = a.partition(0).Find(5);
+  EXPECT_EQ(row[0], 2.0f);
+  EXPECT_EQ(SparseTable::Partition::LastClock(row), 0u);
+  a.partition(0).Sweep(1 << 20, 1000);  // evicts nothing, reads no clock
+  EXPECT_EQ(a.partition(0).rows(), 1u);
+
+  for (bool by_ttl : {true, false}) {
+    TableOptions t = plain;
+    if (by_ttl) {
+      t.eviction.ttl_clocks = 2;
+    } else {
+      t.eviction.max_rows = 500;
+    }
+    SparseTable table(t, 1);
+    SparseTable::Partition& p = table.partition(0);
+    EXPECT_EQ(p.stored_words(), 1u + 2u);
+    for (uint64_t k = 0; k < 1000; ++k) {
+      float* r = p.FindOrCreate(k, /*clock=*/k < 500 ? 1 : 3);
+      p.Store(r);
+    }
+    EXPECT_EQ(SparseTable::Partition::LastClock(p.Find(700)), 3u);
+    // max_rows measures the clocks in one pass and evicts the oldest in the next.
+    for (int i = 0; i < 4; ++i) p.Sweep(1 << 20, /*now=*/4);
+    EXPECT_EQ(p.rows(), 500u) << (by_ttl ? "ttl" : "max_rows");
+    for (uint64_t k = 0; k < 1000; k += 37) EXPECT_EQ(p.Find(k) != nullptr, k >= 500) << k;
   }
 }
 
