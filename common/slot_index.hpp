@@ -1,11 +1,13 @@
 // SlotIndex: an open-addressing hash index from uint64 key to uint32 slot that stores only
 // the slots, with linear probing.
 //
-// The key lives beside what the slot names (a sparse table keeps each row's key in the row's
-// block), so a bucket costs 4 bytes instead of KeyIndex's 12; every method that compares or
-// moves entries takes `key_of`, a callable returning the key stored for a slot. A lookup
-// reads the key of each slot it probes: for a table whose rows are read next anyway, that is
-// the cache line the caller was about to load.
+// The key lives beside what the slot names (a sparse table keeps its rows' keys in an array
+// beside each block of rows), so a bucket costs 4 bytes instead of KeyIndex's 12; every method
+// that compares or moves entries takes `key_of`, a callable returning the key stored for a
+// slot. The price: a lookup reads the key of each slot it probes, a memory access of its own
+// (KeyIndex finds the next bucket's key in the same cache line), so probe runs and lookups of
+// absent keys cost more, and growth reads every key. A hit in its home bucket, the common case
+// at load <= 0.7, costs what it did when the caller prefetches the key (HomeSlot()).
 // REQUIRES of the caller: key_of(slot) returns the key a slot was inserted with for as long as
 // the slot is in the index. Every key value is valid, including 0 and ~0.
 // Thread-safety: none; one owner at a time.

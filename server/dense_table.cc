@@ -126,10 +126,13 @@ void DenseTable::Apply(uint64_t local, const std::byte* grad, uint64_t n, double
                      n, scale);
     return;
   }
-  // Stochastic rounding draws from bits seeded by the write and the range: the same updates
-  // round the same way on every run, whichever engine applies them.
+  // Stochastic rounding draws from bits seeded by the table, the write and the range's global
+  // position: the same updates round the same way on every run of the same job (a restarted
+  // shard counts its writes from 0 again, so its draws differ from the first run's).
   RoundingBits bits;
-  bits.state = static_cast<uint32_t>(Fmix64(writes_ * 0x9E3779B97F4A7C15ull ^ local)) | 1u;
+  bits.state = static_cast<uint32_t>(Fmix64(options_.seed ^ Fmix64(writes_) ^
+                                            (slice_.begin + local) * 0x9E3779B97F4A7C15ull)) |
+               1u;
   float w[kChunk], st[3][kChunk];
   for (uint64_t i = local; i < local + n; i += kChunk) {
     const uint64_t m = std::min(kChunk, local + n - i);
@@ -176,6 +179,7 @@ void DenseTable::ReadWithState(uint64_t local, uint64_t n, float* out) const {
 
 void DenseTable::AppendArrays(std::vector<char>* bytes) const {
   const uint64_t n = slice_.size();
+  if (n == 0) return;  // a tensor with fewer elements than shards
   const size_t at = bytes->size();
   bytes->resize(at + n * sizeof(float) * (1 + state_.size()));
   float* out = reinterpret_cast<float*>(bytes->data() + at);

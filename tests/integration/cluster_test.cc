@@ -245,3 +245,73 @@ TEST(ClusterUniqueKeysTest, TheNoHashingPathEqualsTheHashingOne) {
 
 }  // namespace
 }  // namespace parasol
+
+#include "common/half.hpp"
+#include "server/optimizer.hpp"
+#include "tests/support/json_figures.hpp"
+
+namespace parasol {
+namespace {
+
+// A dense tensor stored in bf16 (adagrad state in f16) on 2 shards with 2 engine threads each,
+// pushed in frames of 4 KiB (so engines split every push): every element pulled equals the
+// reference, the f32 step on the stored values rounded to the dtypes (to nearest), and each
+// shard holds its slice in 2 + 2 bytes an element.
+TEST(ClusterDtypeTest, ASixteenBitDenseTableServesTheRoundedReference) {
+  constexpr const char* kDense16 =
+      "  - name: mlp\n"
+      "    kind: dense\n"
+      "    shape: [301, 37]\n"
+      "    init: {kind: normal, stddev: 0.1}\n"
+      "    optimizer: {kind: adagrad, lr: 0.05}\n"
+      "    dtype: bf16\n"
+      "    state_dtype: f16\n";
+  TestCluster cluster(2, 1, kDense16, "server: {engine_threads: 2, frame_bytes: 4KiB}\n");
+  ASSERT_TRUE(cluster.Start());
+  const TableOptions& mlp = cluster.manifest().tables[0];
+  const uint64_t n = mlp.NumElements();
+  auto client = cluster.Connect(0);
+  ASSERT_NE(client, nullptr);
+
+  // The reference, element by element.
+  const Optimizer opt(mlp.optimizer);
+  std::vector<float> w(n), acc(n);
+  InitDenseRange(mlp.init, mlp.seed, 0, w);
+  float* arrays[1] = {acc.data()};
+  opt.InitState(w.data(), opt.DenseState(arrays, 0), static_cast<uint32_t>(n));
+  auto round = [&] {
+    for (uint64_t e = 0; e < n; ++e) {
+      w[e] = Bf16ToF32(F32ToBf16(w[e]));
+      acc[e] = F16ToF32(F32ToF16(acc[e]));
+    }
+  };
+  round();
+  std::vector<float> got(n), grad(n);
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(client->PullDense(0, got.data()).ok());
+    for (uint64_t e = 0; e < n; ++e) {
+      ASSERT_EQ(got[e], w[e]) << "step " << step << " element " << e;
+    }
+    for (uint64_t e = 0; e < n; ++e) grad[e] = Grad(0, e, 0, step);
+    ASSERT_TRUE(client->PushDense(0, grad).ok());
+    opt.Apply(w.data(), opt.DenseState(arrays, 0), reinterpret_cast<const std::byte*>(grad.data()),
+              n, 1.0);
+    round();
+  }
+  ASSERT_TRUE(client->PullDense(0, got.data()).ok());
+  for (uint64_t e = 0; e < n; ++e) ASSERT_EQ(got[e], w[e]) << "element " << e;
+
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  uint64_t elements = 0;
+  for (const std::string& s : *stats) {
+    const Json t = testing::ParseJson(s)["tables"][0];
+    const uint64_t slice = t["slice_end"].get<uint64_t>() - t["slice_begin"].get<uint64_t>();
+    EXPECT_EQ(t["bytes"].get<uint64_t>(), slice * 4) << s;
+    elements += slice;
+  }
+  EXPECT_EQ(elements, n);
+}
+
+}  // namespace
+}  // namespace parasol
