@@ -357,6 +357,19 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   PARASOL_RETURN_IF_ERROR(r.Unsigned("max_steps", 0, int64_t{1} << 50, &t->max_steps));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("eval_every", 0, int64_t{1} << 50, &t->eval_every));
   PARASOL_RETURN_IF_ERROR(r.Bool("prefetch", &t->prefetch));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("prefetch_depth", 1, 64, &t->prefetch_depth));
+  if (t->prefetch_depth > 1) {
+    if (t->consistency == TrainingOptions::Consistency::kBsp) {
+      return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
+                       "applies to consistency: ssp or asp (bsp pulls after each tick)");
+    }
+    if (t->consistency == TrainingOptions::Consistency::kSsp && t->prefetch_depth > t->staleness) {
+      return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
+                       "must be at most training.staleness (" + std::to_string(t->staleness) +
+                           "): rows pulled k steps ahead miss the worker's own pushes of the "
+                           "k steps before, which only a staleness of k allows");
+    }
+  }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("accumulate", 1, 1 << 16, &t->accumulate));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("progress_every", &t->progress_ms));
   int loss = static_cast<int>(t->on_worker_loss);
@@ -797,6 +810,10 @@ uint64_t Manifest::Fingerprint() const {
   s << ";curve=" << security.curve;
   s << ";workers=" << cluster.workers << ";consistency="
     << static_cast<int>(training.consistency) << "," << training.staleness << ";";
+  // Only when set: the fingerprints of manifests without it stay as they were.
+  if (training.prefetch && training.prefetch_depth > 1) {
+    s << "prefetch_depth=" << training.prefetch_depth << ";";
+  }
   for (const auto& t : tables) {
     s << "table=" << t.name << "|" << static_cast<int>(t.kind) << "|" << t.dim << "|";
     for (uint64_t d : t.shape) s << d << "x";

@@ -122,6 +122,9 @@ struct TrainingOptions {
   uint64_t max_steps = 0;                 // stop after this many steps per worker (0: no limit)
   uint64_t eval_every = 0;                // evaluate every this many steps (0: only at the end)
   bool prefetch = true;                   // ssp/asp: pull the next batch's rows during compute
+  // ssp/asp with prefetch: how many steps ahead rows are pulled (each pull carries the clock of
+  // the step it is for); at most staleness under ssp.
+  uint32_t prefetch_depth = 1;
   uint32_t accumulate = 1;                // micro-batches of batch_size per push and per clock
   int64_t progress_ms = 5000;             // a progress line this often
 };

@@ -13,12 +13,14 @@
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
-#                    [--tiered BYTES] [--wire bf16|f16]
+#                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K]
 # --wire: every run (the undisturbed one too) sends values in 16 bits (wire.compression), so
 # replays after a kill resend compressed pushes; under BSP the models must still be equal.
 # --tiered BYTES: the embedding table is tiered (model.sparse_storage) with that memory budget
 # per shard, so rows cross between memory and disk throughout, kills included; the undisturbed
 # run keeps it in memory, so each run is also compared with a memory table.
+# --prefetch-depth K (with --consistency ssp, staleness 2: K is 1 or 2): workers pull rows K
+# steps ahead (training.prefetch_depth), so kills land with prefetches in flight.
 # Prints one line per kill (seed, moment, victim) and a table; exits 1 when a run failed.
 set -euo pipefail
 
@@ -34,6 +36,7 @@ PARASOL="${PARASOL:-}"
 KEEP=""
 TIERED=""
 WIRE=""
+PREFETCH_DEPTH=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -47,6 +50,7 @@ while [ $# -gt 0 ]; do
     --keep) KEEP="$2"; shift 2 ;;
     --tiered) TIERED="$2"; shift 2 ;;
     --wire) WIRE="$2"; shift 2 ;;
+    --prefetch-depth) PREFETCH_DEPTH="$2"; shift 2 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +58,10 @@ done
 if [ "$SEED" = 0 ]; then SEED=$(( $(date +%s%N) % 1000000 + 1 )); fi
 case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
 case "$WIRE" in ""|bf16|f16) ;; *) echo "chaos.sh: --wire bf16 or f16" >&2; exit 2 ;; esac
+case "$CONSISTENCY,$PREFETCH_DEPTH" in
+  *,|ssp,1|ssp,2) ;;
+  *) echo "chaos.sh: --prefetch-depth 1 or 2, with --consistency ssp" >&2; exit 2 ;;
+esac
 if [ -z "$PARASOL" ]; then
   source "$ROOT/scripts/lib.sh"
   parasol_install_deps
@@ -113,6 +121,7 @@ write_manifest() {  # NAME
   while [ "$p1" = "$p0" ]; do p1="$(free_port)"; done
   local consistency="$CONSISTENCY"
   [ "$CONSISTENCY" = ssp ] && consistency="ssp, staleness: 2"
+  [ -n "$PREFETCH_DEPTH" ] && consistency="$consistency, prefetch_depth: $PREFETCH_DEPTH"
   local storage="" server=""
   # The undisturbed run keeps its table in memory: the tiered runs must end equal to it.
   if [ -n "$TIERED" ] && [ "$1" != ref ]; then

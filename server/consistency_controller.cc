@@ -23,10 +23,18 @@ namespace {
 
 // How far past the slowest live worker a request's clock may be: one more than the read bound
 // (see the header).
+// How far ahead of its own clock a worker may ask: the next clock (the pulls that travel with
+// its tick), or as many as its prefetches reach.
+int64_t AheadOf(const TrainingOptions& o) {
+  return o.prefetch && o.consistency != TrainingOptions::Consistency::kBsp
+             ? std::max<int64_t>(1, o.prefetch_depth)
+             : 1;
+}
+
 int64_t SlackOf(const TrainingOptions& o) {
   return o.consistency == TrainingOptions::Consistency::kBsp
              ? 2
-             : static_cast<int64_t>(o.staleness) + 2;
+             : static_cast<int64_t>(o.staleness) + 1 + AheadOf(o);
 }
 
 }  // namespace
@@ -80,10 +88,13 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
 
 Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) const {
   const int64_t own = clocks_[worker];
-  if (clock > own && clock - own > 1) {
-    return FailedPrecondition("worker " + std::to_string(worker) + " asks at clock " +
-                              std::to_string(clock) + ", beyond its own next clock " +
-                              std::to_string(own + 1));
+  const int64_t ahead = AheadOf(options_);
+  if (clock > own && clock - own > ahead) {
+    return FailedPrecondition(
+        "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
+        (ahead == 1 ? ", beyond its own next clock " + std::to_string(own + 1)
+                    : ", beyond its own clock " + std::to_string(own) + " + " +
+                          std::to_string(ahead) + " (training.prefetch_depth)"));
   }
   if (options_.consistency == TrainingOptions::Consistency::kAsp) return Status::Ok();
   if (!ClocksKnown()) return Status::Ok();  // restored clocks are only a lower bound

@@ -1212,8 +1212,8 @@ void PsClient::ApplyToCache(uint32_t table, const TableOptions& t, std::span<con
 
 Result<PsClient::Ticket> PsClient::PrefetchSparseAsync(uint32_t table,
                                                        std::span<const uint64_t> keys,
-                                                       float* out) {
-  request_clock_offset_ = 1;
+                                                       float* out, uint32_t ahead) {
+  request_clock_offset_ = std::max<uint32_t>(1, ahead);
   Result<Ticket> t = PullSparseAsync(table, keys, out);
   request_clock_offset_ = 0;
   return t;

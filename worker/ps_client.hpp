@@ -101,10 +101,12 @@ class PsClient {
   void SetWaitInterrupt(std::function<Status()> check) { wait_interrupt_ = std::move(check); }
 
   Status PullSparse(uint32_t table, std::span<const uint64_t> keys, float* out);
-  // A pull for the next step, issued before this one has ticked: it carries clock() + 1, the
-  // clock its rows will be used at, so the shards hold it to the consistency bound of that
-  // step (under SSP a prefetch at clock() would read one clock staler than the bound).
-  Result<Ticket> PrefetchSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out);
+  // A pull for a later step, issued before this one has ticked: it carries clock() + ahead
+  // (1 for the next step; up to training.prefetch_depth), the clock its rows will be used at,
+  // so the shards hold it to the consistency bound of that step (under SSP a prefetch at
+  // clock() would read staler than the bound).
+  Result<Ticket> PrefetchSparseAsync(uint32_t table, std::span<const uint64_t> keys, float* out,
+                                     uint32_t ahead = 1);
   // The caller's sparse keys are deduplicated already (the trainer's are): the client splits
   // them by shard without hashing them again. REQUIRES, while on: no key twice in one call.
   void AssumeUniqueKeys(bool on) { keys_unique_ = on; }

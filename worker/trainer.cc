@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,7 @@ std::string TrainReport::ToJson() const {
   s["cache_hits"] = cache_hits;
   s["cache_misses"] = cache_misses;
   s["pull_bytes_per_step"] = pull_bytes_per_step;
+  s["prefetch_ahead_max"] = prefetch_ahead_max;
   s["evaluated"] = evaluated;
   s["eval_samples"] = eval_samples;
   s["eval_logloss"] = eval_logloss;
@@ -300,6 +302,9 @@ Result<TrainReport> Trainer::Run() {
       t.prefetch && t.accumulate == 1 &&
       (t.consistency == TrainingOptions::Consistency::kAsp ||
        (t.consistency == TrainingOptions::Consistency::kSsp && t.staleness >= 1));
+  // Steps ahead whose rows are pulled during compute (the next one's land in its slot; further
+  // ones in buffers of their own, copied into their slot when their step starts).
+  const uint32_t depth = prefetch ? std::max<uint32_t>(1, t.prefetch_depth) : 1;
   const uint32_t accumulate = t.accumulate;
   TrainReport report;
   report.worker = rank_;
@@ -364,10 +369,47 @@ Result<TrainReport> Trainer::Run() {
     }
     return Status::Ok();
   };
+  // training.prefetch_depth > 1: the batches after `next`, read ahead, each with its rows
+  // pulled into a buffer of its own; `next` and `cur` keep theirs here, and a step's rows are
+  // copied into its slot (at cur_rows) when it starts.
+  struct Ahead {
+    std::optional<Batch> batch;
+    BatchKeys keys;
+    std::vector<float> rows;
+    std::optional<PsClient::Ticket> ticket;
+  };
+  std::deque<Ahead> further;
+  Ahead next_ahead, cur_ahead;
+  float* cur_rows = nullptr;
+  float* next_rows = nullptr;
+  // On every way out, no pull may be left writing into these buffers.
+  struct WaitOnExit {
+    PsClient* client;
+    std::deque<Ahead>* further;
+    Ahead* next;
+    Ahead* cur;
+    ~WaitOnExit() {
+      for (Ahead* a : {cur, next}) {
+        if (a->ticket) (void)client->Wait(*a->ticket);
+      }
+      for (Ahead& a : *further) {
+        if (a.ticket) (void)client->Wait(*a.ticket);
+      }
+    }
+  } wait_on_exit{client_, &further, &next_ahead, &cur_ahead};
   auto wait_pulls = [&]() -> Status {
     Status first;
     if (rows_pull) first = client_->Wait(*rows_pull);
     rows_pull.reset();
+    if (cur_ahead.ticket) {
+      const Status st = client_->Wait(*cur_ahead.ticket);
+      cur_ahead.ticket.reset();
+      if (first.ok()) first = st;
+      if (st.ok()) {
+        std::memcpy(cur_rows, cur_ahead.rows.data(),
+                    cur_keys.unique.size() * size_t{model->sparse_dim()} * sizeof(float));
+      }
+    }
     for (PsClient::Ticket tk : dense_pulls) {
       Status st = client_->Wait(tk);
       if (first.ok()) first = st;
@@ -388,8 +430,16 @@ Result<TrainReport> Trainer::Run() {
     // The next batch is read and deduplicated while this step's pulls travel.
     phase = SteadyClock::now();
     if (!next_read) {
-      PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
-      if (next) DeduplicateKeys(next->keys, index, &next_keys);
+      if (!further.empty()) {  // read, and its rows pulled, ahead
+        next = std::move(further.front().batch);
+        std::swap(next_keys, further.front().keys);
+        std::swap(next_ahead.rows, further.front().rows);
+        next_ahead.ticket = further.front().ticket;
+        further.pop_front();
+      } else {
+        PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
+        if (next) DeduplicateKeys(next->keys, index, &next_keys);
+      }
       next_read = true;
     }
     report.data_seconds += Since(phase);
@@ -401,7 +451,7 @@ Result<TrainReport> Trainer::Run() {
     report.pull_latency.Observe(Since(phase));
     const bool more = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
     bool rows_prefetched = false;
-    if (prefetch && more) {
+    if (prefetch && more && depth == 1) {
       // SSP/ASP: the next step's rows travel during this step's compute, at the clock they
       // will be used at.
       float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
@@ -412,6 +462,42 @@ Result<TrainReport> Trainer::Run() {
           client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, rows));
       rows_pull = ticket;
       rows_prefetched = true;
+      report.prefetch_ahead_max = std::max<uint32_t>(report.prefetch_ahead_max, 1);
+    } else if (prefetch && more) {
+      // Depth k: the rows of the next k steps travel during this one's compute, each pull at
+      // the clock its step will run at. Batches past max_steps or the data are not read.
+      phase = SteadyClock::now();
+      while (further.size() + 1 < depth &&
+             (t.max_steps == 0 || report.steps + 2 + further.size() < t.max_steps)) {
+        PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, reader.Next());
+        if (!b) break;
+        Ahead a;
+        a.batch = std::move(b);
+        DeduplicateKeys(a.batch->keys, index, &a.keys);
+        further.push_back(std::move(a));
+      }
+      report.data_seconds += Since(phase);
+      auto prefetch_into = [&](Ahead& a, const BatchKeys& keys, uint32_t ahead) -> Status {
+        if (a.ticket) return Status::Ok();
+        a.rows.resize(keys.unique.size() * size_t{dim});
+        PARASOL_ASSIGN_OR_RETURN(
+            PsClient::Ticket ticket,
+            client_->PrefetchSparseAsync(model->sparse_table(), keys.unique, a.rows.data(), ahead));
+        a.ticket = ticket;
+        return Status::Ok();
+      };
+      PARASOL_RETURN_IF_ERROR(prefetch_into(next_ahead, next_keys, 1));
+      for (size_t j = 0; j < further.size(); ++j) {
+        PARASOL_RETURN_IF_ERROR(prefetch_into(further[j], further[j].keys, 2 + j));
+      }
+      // The next step's slot takes its rows when it starts; sized now, before its dense pulls
+      // (with the tick) write into the same slot.
+      next_rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
+                                  static_cast<uint32_t>(next->keys.size()));
+      if (!next_rows) return ResourceExhausted("no host memory for the step's rows");
+      rows_prefetched = true;
+      report.prefetch_ahead_max =
+          std::max(report.prefetch_ahead_max, static_cast<uint32_t>(1 + further.size()));
     }
 
     phase = SteadyClock::now();
@@ -547,6 +633,11 @@ Result<TrainReport> Trainer::Run() {
     }
     cur = std::move(next);
     std::swap(cur_keys, next_keys);
+    std::swap(cur_ahead.rows, next_ahead.rows);
+    cur_ahead.ticket = next_ahead.ticket;
+    next_ahead.ticket.reset();
+    cur_rows = next_rows;
+    next_rows = nullptr;
     next_read = false;
   }
   PARASOL_RETURN_IF_ERROR(wait_pulls());

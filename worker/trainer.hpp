@@ -46,6 +46,7 @@ struct TrainReport : StepTimes {
   uint64_t cache_hits = 0;             // rows answered by the worker's row cache
   uint64_t cache_misses = 0;           // rows it pulled while the cache was on
   double pull_bytes_per_step = 0;      // sparse keys and rows pulled, per step
+  uint32_t prefetch_ahead_max = 0;     // the most steps whose rows were pulled ahead at once
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;

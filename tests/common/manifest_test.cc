@@ -279,6 +279,40 @@ TEST(ManifestTrainingTest, ConsistencyFieldsAndDefaults) {
   EXPECT_EQ(m->training.on_worker_loss, TrainingOptions::OnWorkerLoss::kContinue);
 }
 
+TEST(ManifestTrainingTest, PrefetchDepthIsAtMostTheStalenessAndNotForBsp) {
+  const std::string base = "cluster:\n  servers: [127.0.0.1:9000]\ntraining:\n";
+  Result<Manifest> ok = ParseManifest(
+      base + "  consistency: ssp\n  staleness: 3\n  prefetch_depth: 3\n", "p.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->training.prefetch_depth, 3u);
+  Result<Manifest> plain = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n", "p.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->training.prefetch_depth, 1u);
+  Result<Manifest> asp =
+      ParseManifest(base + "  consistency: asp\n  prefetch_depth: 8\n", "p.yaml");
+  ASSERT_TRUE(asp.ok()) << asp.status().ToString();
+  struct Bad {
+    const char* yaml;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"  consistency: ssp\n  staleness: 1\n  prefetch_depth: 2\n",
+                           "must be at most training.staleness (1)"},
+                       Bad{"  consistency: bsp\n  prefetch_depth: 2\n", "ssp or asp"},
+                       Bad{"  consistency: asp\n  prefetch_depth: 0\n", "prefetch_depth"},
+                       Bad{"  consistency: asp\n  prefetch_depth: 65\n", "prefetch_depth"}}) {
+    Result<Manifest> m = ParseManifest(base + b.yaml, "p.yaml");
+    ASSERT_FALSE(m.ok()) << b.yaml;
+    EXPECT_NE(m.status().message().find(b.says), std::string::npos) << m.status().ToString();
+    EXPECT_NE(m.status().message().find("training.prefetch_depth"), std::string::npos)
+        << m.status().ToString();
+  }
+  // Shards and workers must agree on it: it is part of the job's fingerprint.
+  Result<Manifest> two =
+      ParseManifest(base + "  consistency: ssp\n  staleness: 3\n  prefetch_depth: 2\n", "p.yaml");
+  ASSERT_TRUE(two.ok());
+  EXPECT_NE(two->Fingerprint(), ok->Fingerprint());
+}
+
 TEST(ManifestWorkerTest, DeviceMustBeCpuOrCuda) {
   Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\nworker: {device: 'cuda:1', tf32: true}\n", "w.yaml");
   ASSERT_TRUE(m.ok()) << m.status().ToString();

@@ -67,6 +67,29 @@ TEST(ConsistencyControllerTest, SspAdmitsUpToStalenessPlusTwoAhead) {
   EXPECT_TRUE(c.Advance(0, 5, false).ok());
 }
 
+// training.prefetch_depth k: a worker may ask up to k clocks past its own, and the job admits
+// up to staleness + 1 + k past the slowest.
+TEST(ConsistencyControllerTest, PrefetchDepthWidensTheOwnAndTheJobBound) {
+  TrainingOptions t;
+  t.consistency = TrainingOptions::Consistency::kSsp;
+  t.staleness = 3;
+  t.prefetch_depth = 3;
+  ConsistencyController c(t, 2, std::chrono::steady_clock::now());
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(c.Advance(w, 0, false, true).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 3).ok());
+  const Status own = c.CheckRequestClock(0, 4);
+  EXPECT_FALSE(own.ok());
+  EXPECT_NE(own.ToString().find("training.prefetch_depth"), std::string::npos) << own.ToString();
+  for (int64_t k = 1; k <= 4; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
+  EXPECT_TRUE(c.CheckRequestClock(0, 7).ok());   // 4 + 3, and 7 = slowest 0 + 3 + 1 + 3
+  EXPECT_FALSE(c.CheckRequestClock(0, 8).ok());
+  // Without prefetch the depth does not count.
+  t.prefetch = false;
+  ConsistencyController d(t, 2, std::chrono::steady_clock::now());
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(d.Advance(w, 0, false, true).ok());
+  EXPECT_FALSE(d.CheckRequestClock(0, 2).ok());
+}
+
 TEST(ConsistencyControllerTest, AspBoundsOnlyByTheSendersOwnClock) {
   ConsistencyController c = Controller(TrainingOptions::Consistency::kAsp);
   for (int64_t k = 1; k <= 50; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
