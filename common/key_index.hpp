@@ -20,10 +20,16 @@ class KeyIndex {
 
   explicit KeyIndex(size_t expected = 16) { Reset(expected); }
 
+  // Buckets for `expected` keys at a load factor of at most 0.7 (a power of two, at least 16).
+  static size_t CapacityFor(size_t expected) {
+    size_t cap = 16;
+    while (cap * 7 < expected * 10) cap <<= 1;
+    return cap;
+  }
+
   // Removes every key and sizes the table for `expected` keys without further growth.
   void Reset(size_t expected) {
-    size_t cap = 16;
-    while (cap * 7 < expected * 10) cap <<= 1;  // load factor <= 0.7
+    const size_t cap = CapacityFor(expected);
     keys_.assign(cap, 0);
     slots_.assign(cap, kAbsent);
     mask_ = cap - 1;

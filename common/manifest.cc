@@ -357,11 +357,16 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   PARASOL_RETURN_IF_ERROR(r.Unsigned("max_steps", 0, int64_t{1} << 50, &t->max_steps));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("eval_every", 0, int64_t{1} << 50, &t->eval_every));
   PARASOL_RETURN_IF_ERROR(r.Bool("prefetch", &t->prefetch));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("accumulate", 1, 1 << 16, &t->accumulate));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("prefetch_depth", 1, 64, &t->prefetch_depth));
   if (t->prefetch_depth > 1) {
     if (t->consistency == TrainingOptions::Consistency::kBsp) {
       return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
                        "applies to consistency: ssp or asp (bsp pulls after each tick)");
+    }
+    if (t->accumulate > 1) {
+      return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
+                       "does not apply with training.accumulate > 1 (which does not prefetch)");
     }
     if (t->consistency == TrainingOptions::Consistency::kSsp && t->prefetch_depth > t->staleness) {
       return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
@@ -370,7 +375,6 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
                            "k steps before, which only a staleness of k allows");
     }
   }
-  PARASOL_RETURN_IF_ERROR(r.Unsigned("accumulate", 1, 1 << 16, &t->accumulate));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("progress_every", &t->progress_ms));
   int loss = static_cast<int>(t->on_worker_loss);
   PARASOL_RETURN_IF_ERROR(r.Choice("on_worker_loss", {"fail", "continue"}, &loss));

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/hash.hpp"
+#include "common/key_index.hpp"
 
 namespace parasol {
 
@@ -29,8 +30,7 @@ class SlotIndex {
 
   // Removes every key and sizes the index for `expected` keys without further growth.
   void Reset(size_t expected) {
-    size_t cap = 16;
-    while (cap * 7 < expected * 10) cap <<= 1;  // load factor <= 0.7
+    const size_t cap = KeyIndex::CapacityFor(expected);
     slots_.assign(cap, kAbsent);
     mask_ = cap - 1;
     size_ = 0;

@@ -21,8 +21,6 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
 
 namespace {
 
-// How far past the slowest live worker a request's clock may be: one more than the read bound
-// (see the header).
 // How far ahead of its own clock a worker may ask: the next clock (the pulls that travel with
 // its tick), or as many as its prefetches reach.
 int64_t AheadOf(const TrainingOptions& o) {
@@ -31,10 +29,12 @@ int64_t AheadOf(const TrainingOptions& o) {
              : 1;
 }
 
-int64_t SlackOf(const TrainingOptions& o) {
-  return o.consistency == TrainingOptions::Consistency::kBsp
-             ? 2
-             : static_cast<int64_t>(o.staleness) + 1 + AheadOf(o);
+// How far past the slowest live worker a Clock may move, or (`request`) a request's clock may
+// be: one more than the read bound (see the header), and for requests as many more as a
+// prefetch reaches past the next clock.
+int64_t SlackOf(const TrainingOptions& o, bool request) {
+  if (o.consistency == TrainingOptions::Consistency::kBsp) return 2;
+  return static_cast<int64_t>(o.staleness) + 1 + (request ? AheadOf(o) : 1);
 }
 
 }  // namespace
@@ -71,7 +71,8 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
   if (clock > current && options_.consistency != TrainingOptions::Consistency::kAsp &&
       ClocksKnown()) {
     const int64_t slowest = MinClock();
-    if (slowest != std::numeric_limits<int64_t>::max() && clock - slowest > SlackOf(options_)) {
+    if (slowest != std::numeric_limits<int64_t>::max() &&
+        clock - slowest > SlackOf(options_, /*request=*/false)) {
       return FailedPrecondition("Clock: worker " + std::to_string(worker) + " moves to clock " +
                                 std::to_string(clock) + ", which the job could never reach " +
                                 "while the slowest worker is at " + std::to_string(slowest));
@@ -100,7 +101,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) 
   if (!ClocksKnown()) return Status::Ok();  // restored clocks are only a lower bound
   const int64_t slowest = MinClock();
   if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
-  const int64_t slack = SlackOf(options_);
+  const int64_t slack = SlackOf(options_, /*request=*/true);
   if (clock > slowest && clock - slowest > slack) {
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +

@@ -7,13 +7,13 @@
 //   asp  never waits
 //
 // Clocks move forward by one: a Clock at or below the worker's clock is a resend (no change),
-// one above it by more than one is refused. A request beyond the sender's own clock + 1 (+ k
-// with training.prefetch_depth k under ssp/asp: prefetches carry the clock of their step) is
-// refused, and so is one at a clock the mode could never admit, rather than held: bsp beyond
-// the slowest live worker's clock + 2, ssp beyond it + staleness + 1 + k (k = 1 without
-// deeper prefetch). (One more than the read bound: a worker's Clock reaches the shards one by
-// one, so a shard may not have seen the slowest worker's last tick yet when a faster one,
-// admitted elsewhere, asks here.) A Clock is bounded the same way. A shard's clocks are only a lower bound until each worker has said
+// one above it by more than one is refused. A request beyond the sender's own clock + k is
+// refused (k = 1; under ssp/asp with prefetch, k = training.prefetch_depth: prefetches carry
+// the clock of their step), and so is one at a clock the mode could never admit, rather than
+// held: bsp beyond the slowest live worker's clock + 2, ssp beyond it + staleness + 1 + k.
+// (One more than the read bound: a worker's Clock reaches the shards one by one, so a shard may
+// not have seen the slowest worker's last tick yet when a faster one, admitted elsewhere, asks
+// here.) A Clock is bounded the same way with k = 1. A shard's clocks are only a lower bound until each worker has said
 // where it is (a Clock marked caught_up: every tick, and the last Clock of a replay after a
 // restart; or done): a shard may have been restarted with or without a checkpoint while the
 // workers went on. Until then only the sender's own clock bounds its requests.

@@ -20,6 +20,13 @@
 
 namespace parasol {
 
+// `v` rounded to nearest even in dtype `t`, as stored, and widened back (f32: `v` itself).
+inline float RoundedTo(DType t, float v) {
+  if (t == DType::kBf16) return Bf16ToF32(F32ToBf16(v));
+  if (t == DType::kF16) return F16ToF32(F32ToF16(v));
+  return v;
+}
+
 class RowCodec {
  public:
   // `raw_tail`: state words at the end that are not floats (adam: 1). `keep_clock`: store the

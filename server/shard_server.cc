@@ -379,7 +379,11 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     case Op::PullSparse:
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound.
-      if (in_job) PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
+      if (in_job) {
+        PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
+        counters_.pull_ahead_max = std::max(counters_.pull_ahead_max,
+                                            req.clock - controller_.clocks()[req.worker_id]);
+      }
       PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
       if (in_job && !controller_.PullAllowed(req.clock)) {
         PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
@@ -1238,6 +1242,7 @@ std::string ShardServer::StatsJson() const {
   s["checkpoints"] = counters_.checkpoints;
   s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
+  s["pull_ahead_max"] = counters_.pull_ahead_max;
   s["replayed_pushes"] = counters_.replayed_pushes;
   s["replayed_clocks"] = counters_.replayed_clocks;
   s["refused_replays"] = counters_.refused_replays;

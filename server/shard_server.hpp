@@ -88,6 +88,7 @@ class ShardServer {
     uint64_t bad_messages = 0;
     uint64_t errors = 0;
     uint64_t duplicate_pushes = 0;
+    int64_t pull_ahead_max = 0;  // the most clocks a pull was ahead of its sender's (prefetch)
     uint64_t replayed_pushes = 0;    // pushes and clocks of workers' replays after a restart
     uint64_t replayed_clocks = 0;
     uint64_t refused_replays = 0;    // of those, refused (the worker stops with the error)

@@ -405,7 +405,7 @@ Result<TrainReport> Trainer::Run() {
       const Status st = client_->Wait(*cur_ahead.ticket);
       cur_ahead.ticket.reset();
       if (first.ok()) first = st;
-      if (st.ok()) {
+      if (st.ok() && !cur_keys.unique.empty()) {
         std::memcpy(cur_rows, cur_ahead.rows.data(),
                     cur_keys.unique.size() * size_t{model->sparse_dim()} * sizeof(float));
       }

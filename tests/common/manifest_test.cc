@@ -299,6 +299,8 @@ TEST(ManifestTrainingTest, PrefetchDepthIsAtMostTheStalenessAndNotForBsp) {
                            "must be at most training.staleness (1)"},
                        Bad{"  consistency: bsp\n  prefetch_depth: 2\n", "ssp or asp"},
                        Bad{"  consistency: asp\n  prefetch_depth: 0\n", "prefetch_depth"},
+                       Bad{"  consistency: asp\n  accumulate: 2\n  prefetch_depth: 2\n",
+                           "training.accumulate"},
                        Bad{"  consistency: asp\n  prefetch_depth: 65\n", "prefetch_depth"}}) {
     Result<Manifest> m = ParseManifest(base + b.yaml, "p.yaml");
     ASSERT_FALSE(m.ok()) << b.yaml;

@@ -103,8 +103,10 @@ inline const char* const kTablesYaml =
 
 // The manifest of job `s`, with checkpoints (and the disk tier) in `checkpoint_dir`.
 inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_dir) {
+  // ssp with staleness 2 prefetches two steps ahead: requests up to 2 clocks past the sender's.
   static const char* const kModes[] = {"consistency: bsp", "consistency: ssp, staleness: 1",
-                                       "consistency: ssp, staleness: 2", "consistency: asp"};
+                                       "consistency: ssp, staleness: 2, prefetch_depth: 2",
+                                       "consistency: asp"};
   std::string y = "job: {name: fuzz, seed: 7}\ncluster:\n  servers: [127.0.0.1:1";
   if (s.shards == 2) y += ", 127.0.0.1:2";
   y += "]\n  workers: " + std::to_string(s.workers) + "\n";

@@ -362,9 +362,9 @@ namespace parasol {
 namespace {
 
 // training.prefetch_depth 2 under SSP (staleness 2): a worker at clock 1 may prefetch for
-// clocks 2 and 3, each held to its own step's bound (the slowest at 0 admits clock 2, not 3),
-// and the clock-3 rows include what the other worker pushed at clock 0, which the bound of
-// clock 3 requires; clock 4 (1 + 3) is refused, naming the depth.
+// clocks 2 and 3, each held to its own step's bound (the slowest at 0 admits clock 2, not 3);
+// the clock-3 rows, held while the slowest worker pushes at clock 0, include that push, which
+// the bound of clock 3 requires; clock 4 (1 + 3) is refused, naming the depth.
 TEST(ConsistencyTest, PrefetchesKStepsAheadAreEachHeldToTheirOwnBound) {
   TestCluster cluster(1, 2, kTables,
                       Training("  consistency: ssp\n  staleness: 2\n  prefetch_depth: 2\n"));
@@ -373,22 +373,20 @@ TEST(ConsistencyTest, PrefetchesKStepsAheadAreEachHeldToTheirOwnBound) {
   auto observer = cluster.Connect(PsClient::kObserver);
   ASSERT_TRUE(fast && slow && observer);
   const std::vector<uint64_t> keys = {101, 102, 103};
-  std::vector<float> before(keys.size() * 4), two(keys.size() * 4), three(keys.size() * 4);
+  std::vector<float> before(keys.size() * 4), at2(keys.size() * 4), at3(keys.size() * 4);
   ASSERT_TRUE(observer->PullSparse(0, keys, before.data()).ok());
-  // The slow worker pushes at clock 0 and stays there; the fast one moves to clock 1.
-  const std::vector<float> grads(keys.size() * 4, 0.25f);
-  ASSERT_TRUE(slow->PushSparse(0, keys, grads).ok());
-  ASSERT_TRUE(fast->Tick().ok());
+  ASSERT_TRUE(fast->Tick().ok());  // fast at 1, slow at 0
   auto held_pulls = [&] {
     auto stats = observer->Stats();
     EXPECT_TRUE(stats.ok());
     return stats.ok() ? JsonAt((*stats)[0], "/held_pulls") : -1.0;
   };
-  auto t2 = fast->PrefetchSparseAsync(0, keys, two.data(), 2);  // clock 3: needs slowest >= 1
+  auto t3 = fast->PrefetchSparseAsync(0, keys, at3.data(), 2);  // clock 3: needs slowest >= 1
+  ASSERT_TRUE(t3.ok()) << t3.status().ToString();
+  auto t2 = fast->PrefetchSparseAsync(0, keys, at2.data(), 1);  // clock 2: slowest 0 will do
   ASSERT_TRUE(t2.ok()) << t2.status().ToString();
-  auto t1 = fast->PrefetchSparseAsync(0, keys, three.data(), 1);  // clock 2: slowest 0 will do
-  ASSERT_TRUE(t1.ok()) << t1.status().ToString();
-  ASSERT_TRUE(fast->Wait(*t1).ok());
+  ASSERT_TRUE(fast->Wait(*t2).ok());
+  EXPECT_EQ(at2, before);
   double held = 0;
   for (int i = 0; i < 100 && held < 1; ++i) {
     held = held_pulls();
@@ -396,19 +394,22 @@ TEST(ConsistencyTest, PrefetchesKStepsAheadAreEachHeldToTheirOwnBound) {
   }
   EXPECT_EQ(held, 1) << "the prefetch for clock 3 was not held while the slowest was at 0";
   // Beyond the depth: refused.
-  std::vector<float> four(keys.size() * 4);
-  auto t3 = fast->PrefetchSparseAsync(0, keys, four.data(), 3);
-  ASSERT_TRUE(t3.ok());
-  const Status refused = fast->Wait(*t3);
+  std::vector<float> at4(keys.size() * 4);
+  auto t4 = fast->PrefetchSparseAsync(0, keys, at4.data(), 3);
+  ASSERT_TRUE(t4.ok());
+  const Status refused = fast->Wait(*t4);
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.ToString().find("training.prefetch_depth"), std::string::npos)
       << refused.ToString();
+  // The slow worker pushes at clock 0 while the clock-3 pull is held, then moves to clock 1.
+  const std::vector<float> grads(keys.size() * 4, 0.25f);
+  ASSERT_TRUE(slow->PushSparse(0, keys, grads).ok());
   ASSERT_TRUE(slow->Tick().ok());  // slowest at 1: clock 3 may read
-  ASSERT_TRUE(fast->Wait(*t2).ok());
+  ASSERT_TRUE(fast->Wait(*t3).ok());
   std::vector<float> after(keys.size() * 4);
   ASSERT_TRUE(observer->PullSparse(0, keys, after.data()).ok());
   ASSERT_NE(after, before);
-  EXPECT_EQ(two, after) << "the clock-3 rows miss the clock-0 push the bound requires";
+  EXPECT_EQ(at3, after) << "the clock-3 rows miss the clock-0 push the bound requires";
   EXPECT_EQ(held_pulls(), 0);
 }
 

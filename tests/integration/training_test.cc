@@ -146,6 +146,15 @@ TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
               2)
         << deep.summary;
   }
+  // Each prefetch carried the clock of its step: the shards saw pulls two clocks ahead of
+  // their senders' (one ahead with depth 1).
+  for (const auto& [launch, ahead] : {std::pair{&r, 1}, std::pair{&deep, 2}}) {
+    const std::vector<Json> stats = testing::StoppingStats(launch->output);
+    ASSERT_GE(stats.size(), 2u) << launch->output;  // each shard's line, at least
+    int64_t most = 0;
+    for (const Json& s : stats) most = std::max<int64_t>(most, s.value("pull_ahead_max", -1));
+    EXPECT_EQ(most, ahead) << launch->output;
+  }
 }
 
 // bf16 rows on the shards and bf16 (or scaled f16) values on the wire train dlrm-small to the

@@ -80,9 +80,14 @@ TEST(ConsistencyControllerTest, PrefetchDepthWidensTheOwnAndTheJobBound) {
   const Status own = c.CheckRequestClock(0, 4);
   EXPECT_FALSE(own.ok());
   EXPECT_NE(own.ToString().find("training.prefetch_depth"), std::string::npos) << own.ToString();
-  for (int64_t k = 1; k <= 4; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 7).ok());   // 4 + 3, and 7 = slowest 0 + 3 + 1 + 3
-  EXPECT_FALSE(c.CheckRequestClock(0, 8).ok());
+  // Clocks (ticks) keep their bound: staleness + 2 past the slowest.
+  for (int64_t k = 1; k <= 5; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
+  EXPECT_FALSE(c.Advance(0, 6, false).ok());
+  // Requests: own 5 + 3 = 8 would pass the own bound; the job's is slowest 0 + 3 + 1 + 3 = 7.
+  EXPECT_TRUE(c.CheckRequestClock(0, 7).ok());
+  const Status job = c.CheckRequestClock(0, 8);
+  EXPECT_FALSE(job.ok());
+  EXPECT_NE(job.ToString().find("could never admit"), std::string::npos) << job.ToString();
   // Without prefetch the depth does not count.
   t.prefetch = false;
   ConsistencyController d(t, 2, std::chrono::steady_clock::now());

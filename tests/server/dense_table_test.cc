@@ -52,15 +52,10 @@ TEST(DenseTableTest, AWriteWithNoReplyInFlightUpdatesInPlace) {
 #include <cstring>
 
 #include "common/half.hpp"
+#include "server/row_codec.hpp"
 
 namespace parasol {
 namespace {
-
-float RoundTo(DType t, float v) {
-  if (t == DType::kBf16) return Bf16ToF32(F32ToBf16(v));
-  if (t == DType::kF16) return F16ToF32(F32ToF16(v));
-  return v;
-}
 
 // A 16-bit dense slice: every optimizer step equals the f32 step on the stored (rounded)
 // values and state, rounded to the dtype (to nearest even), whatever the chunking of the
@@ -93,9 +88,9 @@ TEST(DenseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
         opt.InitState(init.data(), opt.DenseState(ptrs.data(), 0), kN);
         const uint32_t raw = kind == OptimizerOptions::Kind::kAdam ? 1 : 0;
         auto round_all = [&] {
-          for (uint64_t i = 0; i < kN; ++i) ref[i] = RoundTo(values, ref[i]);
+          for (uint64_t i = 0; i < kN; ++i) ref[i] = RoundedTo(values, ref[i]);
           for (uint32_t a = 0; a + raw < k; ++a) {
-            for (float& v : ref_state[a]) v = RoundTo(state, v);
+            for (float& v : ref_state[a]) v = RoundedTo(state, v);
           }
         };
         ref = init;

@@ -152,12 +152,6 @@ TEST(SparseTableTest, AdmissionCountsCountTowardsMaxRowsAndGoFirst) {
 namespace parasol {
 namespace {
 
-float RoundTo(DType t, float v) {
-  if (t == DType::kBf16) return Bf16ToF32(F32ToBf16(v));
-  if (t == DType::kF16) return F16ToF32(F32ToF16(v));
-  return v;
-}
-
 // A 16-bit row: every optimizer step equals the f32 step on the stored (rounded) values and
 // state, rounded to the dtype (to nearest even); the row takes the bytes the dtype says.
 TEST(SparseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
@@ -180,16 +174,16 @@ TEST(SparseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
         std::copy(row - 1, row - 1 + floats, ref.begin());
         std::vector<float> init(6);
         InitSparseRow(t.init, t.seed, 42, init);
-        for (int i = 0; i < 6; ++i) ASSERT_EQ(ref[1 + i], RoundTo(values, init[i]));
+        for (int i = 0; i < 6; ++i) ASSERT_EQ(ref[1 + i], RoundedTo(values, init[i]));
         for (int step = 0; step < 20; ++step) {
           std::vector<float> g(6);
           for (int i = 0; i < 6; ++i) g[i] = 0.37f * static_cast<float>((step * 7 + i) % 5) - 0.7f;
           const auto* gb = reinterpret_cast<const std::byte*>(g.data());
           float* r = ref.data() + 1;
           opt.Apply(r, opt.SparseState(r, 6), gb, 6, 1.0);
-          for (int i = 0; i < 6; ++i) r[i] = RoundTo(values, r[i]);
+          for (int i = 0; i < 6; ++i) r[i] = RoundedTo(values, r[i]);
           const uint32_t raw = kind == OptimizerOptions::Kind::kAdam ? 1 : 0;
-          for (uint32_t i = 6; i + raw < floats - 1; ++i) r[i] = RoundTo(state, r[i]);
+          for (uint32_t i = 6; i + raw < floats - 1; ++i) r[i] = RoundedTo(state, r[i]);
           float* got = p.Find(42);
           opt.Apply(got, opt.SparseState(got, 6), gb, 6, 1.0);
           p.Store(got);
