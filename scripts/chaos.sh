@@ -312,7 +312,7 @@ for row in "${rows[@]}"; do echo "$row"; done
 echo "total: $RUNS runs, $total_kills kills, $failed failed runs, largest relative difference $max_diff" \
   "(undisturbed: ${undisturbed_seconds}s, AUC $ref_auc)"
 if [ -n "$JSON" ]; then
-  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "max_relative_difference": %s, "consistency": "%s"}\n' \
-    "$RUNS" "$total_kills" "$failed" "$max_diff" "$CONSISTENCY" > "$JSON"
+  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "max_relative_difference": %s, "consistency": "%s", "prefetch_depth": %d}\n' \
+    "$RUNS" "$total_kills" "$failed" "$max_diff" "$CONSISTENCY" "${PREFETCH_DEPTH:-1}" > "$JSON"
 fi
 [ "$failed" -eq 0 ]
