@@ -47,7 +47,11 @@ class DurabilityTest : public ::testing::Test {
     // The undisturbed run, once for every test of the suite.
     reference_ = new ExportedModel();
     std::string error;
+    const auto start = std::chrono::steady_clock::now();
     ASSERT_TRUE(RunJob("ref", "", &error)) << error;
+    reference_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
     auto m = Load("ref");
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     *reference_ = std::move(*m);
@@ -143,10 +147,12 @@ class DurabilityTest : public ::testing::Test {
 
   static std::string* dir_;
   static ExportedModel* reference_;
+  static int64_t reference_ms_;  // the undisturbed run's wall time
 };
 
 std::string* DurabilityTest::dir_ = nullptr;
 ExportedModel* DurabilityTest::reference_ = nullptr;
+int64_t DurabilityTest::reference_ms_ = 0;
 
 // The seeds: fixed ones (reproducible) and one from the clock (printed), so that every run of
 // the suite also tries a moment no earlier run tried.
@@ -239,45 +245,57 @@ TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums
   // SIGTERM writes a last checkpoint wherever the shard is, often inside a clock (pushes of
   // one worker summed, the other's not yet); launch starts it again and it restores.
   for (uint64_t seed : Seeds()) {
-    const int delay_ms = static_cast<int>(Draw(seed, 200, 1200));
-    std::printf("[ seed     ] %llu: SIGTERM to server 1 after %d ms\n",
-                (unsigned long long)seed, delay_ms);
-    const std::string name = "term" + std::to_string(seed);
-    RemoveTree(*dir_ + "/" + name + "-ckpt");
-    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name));
-    auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", *dir_ + "/" + name + ".yaml"},
-                                 *dir_ + "/" + name + ".log");
-    ASSERT_TRUE(job.ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    const std::string needle = std::string(PARASOL_BINARY) + " server --manifest " + *dir_ +
-                               "/" + name + ".yaml --rank 1";
-    // Bounded: the server process is found within 5 s (on a loaded machine launch may still be
-    // starting it, or restarting it after a failed bind).
-    pid_t pid = -1;
-    for (int tries = 0; tries < 100 && pid < 0; ++tries) {
-      if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      std::error_code ec;
-      for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-        const std::string p = e.path().filename().string();
-        if (p.find_first_not_of("0123456789") != std::string::npos) continue;
-        std::string cmd = ReadFile(e.path().string() + "/cmdline");
-        std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-        if (cmd.find(needle) != std::string::npos) pid = static_cast<pid_t>(std::stol(p));
+    // A moment within the job's run: from 200 ms (the processes started) to 80% of the
+    // undisturbed run's wall time (the whole job, startup and evaluation included). A job that
+    // ended before the signal tested nothing: the moment is drawn again, before the last one
+    // (at most 3 tries).
+    uint64_t latest = std::max<uint64_t>(300, static_cast<uint64_t>(reference_ms_) * 4 / 5);
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      const int delay_ms = static_cast<int>(Draw(seed + 1000 * attempt, 200, latest));
+      std::printf("[ seed     ] %llu: SIGTERM to server 1 after %d ms (try %d)\n",
+                  (unsigned long long)seed, delay_ms, attempt + 1);
+      const std::string name = "term" + std::to_string(seed) + "-" + std::to_string(attempt);
+      RemoveTree(*dir_ + "/" + name + "-ckpt");
+      WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name));
+      auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", *dir_ + "/" + name + ".yaml"},
+                                   *dir_ + "/" + name + ".log");
+      ASSERT_TRUE(job.ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      const std::string needle = std::string(PARASOL_BINARY) + " server --manifest " + *dir_ + "/" +
+                                 name + ".yaml --rank 1";
+      // Bounded: the server process is found within 5 s (on a loaded machine launch may still be
+      // starting it, or restarting it after a failed bind).
+      pid_t pid = -1;
+      for (int tries = 0; tries < 100 && pid < 0; ++tries) {
+        if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::error_code ec;
+        for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+          const std::string p = e.path().filename().string();
+          if (p.find_first_not_of("0123456789") != std::string::npos) continue;
+          std::string cmd = ReadFile(e.path().string() + "/cmdline");
+          std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+          if (cmd.find(needle) != std::string::npos) pid = static_cast<pid_t>(std::stol(p));
+        }
       }
+      ASSERT_GT(pid, 0) << "no server 1 process within 5 s\n"
+                        << ReadFile(*dir_ + "/" + name + ".log");
+      ASSERT_EQ(::kill(pid, SIGTERM), 0);
+      auto status = job->Wait(std::chrono::seconds(240));
+      const std::string log = ReadFile(*dir_ + "/" + name + ".log");
+      ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;
+      if (log.find("launch: server 1 exited with code 0; restarting it") == std::string::npos) {
+        ASSERT_LT(attempt, 2) << "the job ended before the SIGTERM, three times\n" << log;
+        std::printf("[ seed     ] the job ended before the SIGTERM: drawing again\n");
+        latest = std::max<uint64_t>(250, static_cast<uint64_t>(delay_ms));
+        continue;
+      }
+      ASSERT_NE(log.find("(on stop)"), std::string::npos) << log;
+      auto m = Load(name);
+      ASSERT_TRUE(m.ok()) << m.status().ToString();
+      const ModelDifference d = CompareModels(*m, *reference_);
+      EXPECT_EQ(d.max_relative, 0.0) << d.ToJson() << "\n" << log;
+      break;
     }
-    ASSERT_GT(pid, 0) << "no server 1 process within 5 s\n"
-                      << ReadFile(*dir_ + "/" + name + ".log");
-    ASSERT_EQ(::kill(pid, SIGTERM), 0);
-    auto status = job->Wait(std::chrono::seconds(240));
-    const std::string log = ReadFile(*dir_ + "/" + name + ".log");
-    ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;
-    ASSERT_NE(log.find("launch: server 1 exited with code 0; restarting it"), std::string::npos)
-        << "the job ended before the SIGTERM\n" << log;
-    ASSERT_NE(log.find("(on stop)"), std::string::npos) << log;
-    auto m = Load(name);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    const ModelDifference d = CompareModels(*m, *reference_);
-    EXPECT_EQ(d.max_relative, 0.0) << d.ToJson() << "\n" << log;
   }
 }
 
