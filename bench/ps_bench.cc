@@ -850,8 +850,8 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
       const std::string tag = "b" + std::to_string(batch) + "_" + name;
       std::vector<OpTime> ops;
       double profiled_wall = 0;
-      const double rate = ModelSamplesPerSecond(backend.get(), batch, gpu ? 50 : 3,
-                                                gpu ? &ops : nullptr, &profiled_wall);
+      const double rate =
+          ModelSamplesPerSecond(backend.get(), batch, gpu ? 50 : 3, &ops, &profiled_wall);
       rows->push_back({"compute_dlrm_small_" + tag, rate, "samples/s", std::nullopt, "",
                        std::nullopt});
       double kernel_ms = 0;
@@ -860,7 +860,7 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
                          std::nullopt, "", std::nullopt});
         kernel_ms += o.seconds * 1e3;
         GemmOp g;
-        if (!ParseGemmOp(o.op, &g)) continue;
+        if (!gpu || !ParseGemmOp(o.op, &g)) continue;
         const double ours = BackendGemmSeconds(backend.get(), g);
         auto best = ProbeCublasGemm(g.ta, g.tb, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, tf32,
                                     g.epilogue, 20);
