@@ -381,8 +381,12 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       // Workers outside the job (observers) read without a bound.
       if (in_job) {
         PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
-        counters_.pull_ahead_max = std::max(counters_.pull_ahead_max,
-                                            req.clock - controller_.clocks()[req.worker_id]);
+        // Checked: a clock past the sender's is at most prefetch_depth past it (no overflow);
+        // one before it (any, down to INT64_MIN) is not a prefetch.
+        const int64_t own = controller_.clocks()[req.worker_id];
+        if (req.clock > own) {
+          counters_.pull_ahead_max = std::max(counters_.pull_ahead_max, req.clock - own);
+        }
       }
       PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
       if (in_job && !controller_.PullAllowed(req.clock)) {

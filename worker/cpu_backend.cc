@@ -86,7 +86,11 @@ namespace {
 //   j) adds them in; four m at a time, each lane an element d.
 
 typedef float V4 __attribute__((vector_size(16)));
-typedef float V4U __attribute__((vector_size(16), aligned(4)));  // at any float's alignment
+// The same at any float's alignment, and allowed to alias floats (as SSE's __m128_u).
+typedef float V4U __attribute__((vector_size(16), aligned(4), may_alias));
+
+// x in every lane (a shuffle: `V4{} + x` would add +0.0 and turn -0.0 into +0.0).
+inline V4 Broadcast(float x) { return V4{x, x, x, x}; }
 
 struct InteractionScratch {
   std::vector<V4> transposed, row0, row1;
@@ -103,7 +107,7 @@ void TwoDotRows(const float* v0, const float* v1, const V4* vt, size_t lanes, in
   V4 a0[B], a1[B];
   for (int q = 0; q < B; ++q) a0[q] = a1[q] = V4{};
   for (int d = 0; d < dim; ++d) {
-    const V4 x0 = V4{} + v0[d], x1 = V4{} + v1[d];
+    const V4 x0 = Broadcast(v0[d]), x1 = Broadcast(v1[d]);
     const V4* row = vt + d * lanes;
 #pragma GCC unroll 8
     for (int q = 0; q < B; ++q) {
@@ -173,7 +177,7 @@ void GradientRows(int m0, int vectors, const float* gm, const float* const* vecs
     for (int q = 0; q < L; ++q) v[q] = *reinterpret_cast<const V4U*>(vecs[n] + 4 * q);
     for (int r = 0; r < M; ++r) {
       if (n == m0 + r) continue;
-      const V4 c = V4{} + gm[size_t(m0 + r) * vectors + n];
+      const V4 c = Broadcast(gm[size_t(m0 + r) * vectors + n]);
       for (int q = 0; q < L; ++q) acc[r][q] += c * v[q];
     }
   }
@@ -195,7 +199,7 @@ void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, c
   using Sample = void (*)(int, const float*, const float* const*, float* const*, const float*);
   static constexpr Sample kSample[] = {nullptr, GradientsOfSample<1>, GradientsOfSample<2>,
                                        GradientsOfSample<3>, GradientsOfSample<4>};
-  if (dim % 4 != 0 || dim / 4 >= int(std::size(kSample))) {
+  if (dim == 0 || dim % 4 != 0 || dim / 4 >= int(std::size(kSample))) {
     return InteractionBackwardReference(dz, de, dout, dout_ld, z, e, batch, fields, dim);
   }
   const int vectors = fields + 1;
@@ -380,7 +384,7 @@ class CpuBackend : public Backend {
         for (uint32_t k = begin; k < end; ++k) {
           if (k + kAhead < keys) __builtin_prefetch(grad_row(k + kAhead));
           const float* g = grad_row(k);
-          const V4 v = V4{} + (values ? values[occ[k]] : 1.0f);
+          const V4 v = Broadcast(values ? values[occ[k]] : 1.0f);
           for (int q = 0; q < lanes; ++q) acc[q] += v * *reinterpret_cast<const V4U*>(g + 4 * q);
         }
         for (int q = 0; q < lanes; ++q) *reinterpret_cast<V4U*>(r + 4 * q) = acc[q];
@@ -427,22 +431,24 @@ class CpuBackend : public Backend {
   // Adds the wall time of its scope to op_times_[op] while profiling is on.
   class Timed {
    public:
+    // `op` must outlive the scope (a literal, or the caller's buffer).
     Timed(CpuBackend* backend, const char* op)
         : backend_(backend->profiling() ? backend : nullptr), op_(op) {
       if (backend_) start_ = std::chrono::steady_clock::now();
     }
     ~Timed() {
       if (!backend_) return;
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       OpTime& t = backend_->op_times_[op_];
       t.op = op_;
-      t.seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      t.seconds += seconds;
       ++t.calls;
     }
 
    private:
     CpuBackend* backend_;
-    std::string op_;
+    const char* op_;
     std::chrono::steady_clock::time_point start_;
   };
 

@@ -180,9 +180,20 @@ TEST(CpuBackendTest, InteractionEqualsThePlainLoopsBitForBit) {
     const int batch = 37;
     const int width = dim + (fields + 1) * fields / 2;
     const int ld = width + 3;  // padded rows, as the model's are
-    const std::vector<float> z = Random(size_t(batch) * dim, 11, 3.0f);
-    const std::vector<float> e = Random(size_t(batch) * fields * dim, 12, 3.0f);
-    const std::vector<float> dout = Random(size_t(batch) * ld, 13, 2.0f);
+    std::vector<float> z = Random(size_t(batch) * dim, 11, 3.0f);
+    std::vector<float> e = Random(size_t(batch) * fields * dim, 12, 3.0f);
+    std::vector<float> dout = Random(size_t(batch) * ld, 13, 2.0f);
+    // Signed zeros, whose sign a lane's fill or broadcast could lose: in the first samples,
+    // every vector and gradient is -0.0 (a sum of -0.0 terms stays -0.0), elsewhere some.
+    for (size_t i = 0; i < z.size(); ++i) {
+      if (i < size_t(4) * dim || i % 7 == 0) z[i] = -0.0f;
+    }
+    for (size_t i = 0; i < e.size(); ++i) {
+      if (i < size_t(4) * fields * dim || i % 5 == 0) e[i] = -0.0f;
+    }
+    for (size_t i = 0; i < dout.size(); ++i) {
+      if (i < size_t(4) * ld || i % 3 == 0) dout[i] = -0.0f;
+    }
     std::vector<float> got(size_t(batch) * ld, std::nanf("")), want(got.size(), 1.0f);
     backend->Interaction(got.data(), ld, z.data(), e.data(), batch, fields, dim);
     InteractionReference(want.data(), ld, z.data(), e.data(), batch, fields, dim);
