@@ -1,8 +1,10 @@
 // Writes valid checkpoints of the small shard (tests/support/small_shard.hpp), as the seed
 // corpus of checkpoint_fuzzer. Usage: fuzz_checkpoint_seeds FOLDER
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
@@ -32,14 +34,25 @@ void Train(SmallShard& shard, uint64_t rows) {
     parasol::SparseTable& t = shard.sparse(table);
     for (uint64_t key = 1; key <= rows; ++key) {
       const uint64_t k = key * 0x9e3779b97f4a7c15ULL >> table;
-      float* values = t.partition(parasol::EngineOfKey(k, t.engines())).FindOrCreate(k, 3);
+      parasol::SparseTable::Partition& part = t.partition(parasol::EngineOfKey(k, t.engines()));
+      float* values = part.FindOrCreate(k, 3);
       values[0] += 0.25f * static_cast<float>(key);
+      part.Store(values);  // a 16-bit row keeps its change
     }
   }
+  // One SGD-like step of +0.5 on every dense element, through the table's own arrays (16-bit
+  // values are rounded as the table stores them).
   for (uint32_t table : {2u, 3u}) {
     parasol::DenseTable& d = shard.dense(table);
-    float* values = d.PrepareWrite();
-    for (uint64_t i = 0; i < d.slice().size(); ++i) values[i] += 0.5f;
+    std::vector<char> bytes;
+    d.AppendArrays(&bytes);
+    for (uint64_t i = 0; i < d.slice().size(); ++i) {
+      float v;
+      std::memcpy(&v, bytes.data() + i * sizeof(float), sizeof(v));
+      v += 0.5f;
+      std::memcpy(bytes.data() + i * sizeof(float), &v, sizeof(v));
+    }
+    d.RestoreArrays(bytes.data());
   }
   for (uint32_t w = 0; w < 3; ++w) shard.controller().SetClock(w, 4 + w);
   for (uint64_t seq = 0; seq < 70; seq += 3) (void)shard.record().Mark(seq % 2, int64_t(seq / 4), seq);

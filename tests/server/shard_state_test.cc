@@ -35,13 +35,21 @@ class ShardStateTest : public ::testing::Test {
     for (uint32_t t : {0u, 1u}) {
       SparseTable& table = s.sparse(t);
       for (uint64_t key : {1ull, 2ull, 77ull, 1ull << 40}) {
-        float* v = table.partition(EngineOfKey(key, table.engines())).FindOrCreate(key, 2);
+        SparseTable::Partition& part = table.partition(EngineOfKey(key, table.engines()));
+        float* v = part.FindOrCreate(key, 2);
         v[0] = static_cast<float>(key % 1000) + 0.5f * t;
+        part.Store(v);  // a 16-bit row keeps its change
       }
     }
     for (uint32_t t : {2u, 3u}) {
-      float* v = s.dense(t).PrepareWrite();
-      for (uint64_t i = 0; i < s.dense(t).slice().size(); ++i) v[i] = 0.25f * i - t;
+      DenseTable& d = s.dense(t);
+      std::vector<char> bytes;
+      d.AppendArrays(&bytes);  // values, then state: the values set here
+      for (uint64_t i = 0; i < d.slice().size(); ++i) {
+        const float v = 0.25f * i - t;
+        std::memcpy(bytes.data() + i * sizeof(float), &v, sizeof(v));
+      }
+      d.RestoreArrays(bytes.data());
     }
     s.controller().SetClock(0, 3);
     s.controller().SetClock(1, 4);

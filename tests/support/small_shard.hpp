@@ -20,7 +20,8 @@
 namespace parasol::testing {
 
 // Shard 0 of 2, three workers, three engines: sparse tables with and without optimizer state,
-// admission and eviction; dense tables whose slices on this shard are not the whole tensor.
+// admission and eviction; dense tables whose slices on this shard are not the whole tensor; one
+// table of each kind with 16-bit values and state.
 inline constexpr const char* kSmallShardManifest = R"(
 cluster:
   servers: ["127.0.0.1:1", "127.0.0.1:2"]
@@ -31,6 +32,8 @@ tables:
   - name: emb
     dim: 4
     optimizer: {kind: adagrad, lr: 0.1}
+    dtype: bf16
+    state_dtype: f16
   - name: small
     dim: 1
     admission: {min_count: 2}
@@ -43,6 +46,8 @@ tables:
     kind: dense
     shape: [5]
     optimizer: {kind: ftrl}
+    dtype: f16
+    state_dtype: bf16
 )";
 
 // A small push record window keeps its checkpoints small (the shard keeps 64 clocks).
