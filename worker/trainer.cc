@@ -380,6 +380,9 @@ Result<TrainReport> Trainer::Run() {
   };
   std::deque<Ahead> further;
   Ahead next_ahead, cur_ahead;
+  // An entry whose step has started, kept with its buffers (the step before's rows and keys)
+  // for the next batch read ahead: no allocation per step in steady state.
+  Ahead spare;
   float* cur_rows = nullptr;
   float* next_rows = nullptr;
   // On every way out, no pull may be left writing into these buffers.
@@ -435,6 +438,9 @@ Result<TrainReport> Trainer::Run() {
         std::swap(next_keys, further.front().keys);
         std::swap(next_ahead.rows, further.front().rows);
         next_ahead.ticket = further.front().ticket;
+        spare = std::move(further.front());
+        spare.ticket.reset();
+        spare.batch.reset();
         further.pop_front();
       } else {
         PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
@@ -471,7 +477,8 @@ Result<TrainReport> Trainer::Run() {
              (t.max_steps == 0 || report.steps + 2 + further.size() < t.max_steps)) {
         PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, reader.Next());
         if (!b) break;
-        Ahead a;
+        Ahead a = std::move(spare);
+        spare = Ahead();
         a.batch = std::move(b);
         DeduplicateKeys(a.batch->keys, index, &a.keys);
         further.push_back(std::move(a));

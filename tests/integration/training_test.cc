@@ -133,12 +133,15 @@ TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
   ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
   EXPECT_GT(JsonAt(r.summary, "/eval_auc", -1), 0.70) << r.summary;
   EXPECT_EQ(JsonAt(r.summary, "/workers/0/prefetch_ahead_max", -1), 1) << r.summary;
-  // Two steps ahead (the most staleness 2 allows): the same data trained, to the same AUC
-  // within 0.01, with two steps' rows in flight at once.
+  // Two steps ahead (the most staleness 2 allows): the same data trained, past the same bar
+  // and near the same AUC, with two steps' rows in flight at once. (SSP runs differ with the
+  // workers' timing: two runs of this small job, at either depth, have been 0.0103 apart, so
+  // "near" is 0.03.)
   Launch deep = RunLaunch(dir_, Manifest(2, kDlrmSmall, train, eval,
                                          "consistency: ssp, staleness: 2, prefetch_depth: 2"));
   ASSERT_TRUE(WIFEXITED(deep.status) && WEXITSTATUS(deep.status) == 0) << deep.output;
-  EXPECT_NEAR(JsonAt(deep.summary, "/eval_auc", -1), JsonAt(r.summary, "/eval_auc", -1), 0.01)
+  EXPECT_GT(JsonAt(deep.summary, "/eval_auc", -1), 0.70) << deep.summary;
+  EXPECT_NEAR(JsonAt(deep.summary, "/eval_auc", -1), JsonAt(r.summary, "/eval_auc", -1), 0.03)
       << deep.summary;
   EXPECT_EQ(JsonAt(deep.summary, "/train_samples", -1), JsonAt(r.summary, "/train_samples", -1));
   for (int w = 0; w < 2; ++w) {
