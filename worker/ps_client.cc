@@ -119,6 +119,7 @@ zmq::message_t CopyMessage(zmq::message_t& m) {
 
 PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
     : manifest_(manifest),
+      fingerprint_(manifest_.Fingerprint()),
       worker_id_(worker_id),
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       context_(1) {
@@ -350,7 +351,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.incarnation = incarnation_;
   h.table_id = table;
   h.clock = clock_ + request_clock_offset_;
-  h.manifest_hash = manifest_.Fingerprint();
+  h.manifest_hash = fingerprint_;
   // A tick says where this worker really is (a replay's intermediate clocks do not).
   h.caught_up = op == Op::Clock;
   return h;

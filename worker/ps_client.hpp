@@ -232,6 +232,7 @@ class PsClient {
 
   std::function<Status()> wait_interrupt_;
   const Manifest manifest_;
+  const uint64_t fingerprint_;  // manifest_.Fingerprint(), which every request carries
   const uint32_t worker_id_;
   const uint64_t incarnation_;
   zmq::context_t context_;
