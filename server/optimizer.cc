@@ -104,6 +104,11 @@ void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_
       return;
     }
     case Kind::kAdam: {
+      // The bias corrections of the last step count seen: the elements of a dense slice
+      // usually share one, and pow costs more than the rest of the update.
+      bool corrected = false;
+      uint32_t corrected_t = 0;
+      double c1 = 1, c2 = 1;
       auto update = [&](uint64_t i, uint32_t t) {
         const double g = g_at(i);
         const double m = o_.beta1 * s.a[i] + (1 - o_.beta1) * g;
@@ -112,8 +117,14 @@ void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_
         s.b[i] = static_cast<float>(v);
         double mhat = m, vhat = v;
         if (o_.bias_correction) {
-          mhat = m / (1 - std::pow(o_.beta1, t));
-          vhat = v / (1 - std::pow(o_.beta2, t));
+          if (!corrected || t != corrected_t) {
+            corrected = true;
+            corrected_t = t;
+            c1 = 1 - std::pow(o_.beta1, t);
+            c2 = 1 - std::pow(o_.beta2, t);
+          }
+          mhat = m / c1;
+          vhat = v / c2;
         }
         w[i] = static_cast<float>(w[i] - o_.lr * mhat / (std::sqrt(vhat) + o_.eps));
       };

@@ -8,6 +8,13 @@
 
 namespace parasol {
 
+// A batch's distinct keys, and for each of its keys the index of its distinct key: the rows
+// to pull, and where each key finds its row.
+struct BatchKeys {
+  std::vector<uint64_t> unique;
+  std::vector<uint32_t> indices;
+};
+
 struct Batch {
   uint32_t size = 0;
   std::vector<float> labels;      // [size], 0 or 1
@@ -15,6 +22,8 @@ struct Batch {
   std::vector<uint64_t> keys;     // sample b's keys are keys[offsets[b] .. offsets[b + 1])
   std::vector<float> values;      // one per key (1 for categorical keys)
   std::vector<uint32_t> offsets;  // [size + 1]
+  // With ReaderOptions::deduplicate: `keys` deduplicated, by the reader's thread.
+  BatchKeys distinct;
 
   void Clear() {
     size = 0;
@@ -24,13 +33,6 @@ struct Batch {
     values.clear();
     offsets.assign(1, 0);
   }
-};
-
-// A batch's distinct keys, and for each of its keys the index of its distinct key: the rows
-// to pull, and where each key finds its row.
-struct BatchKeys {
-  std::vector<uint64_t> unique;
-  std::vector<uint32_t> indices;
 };
 
 // Fills `out` from `keys`, reusing `index` (and out's buffers) across calls.

@@ -183,11 +183,30 @@ BatchReader::~BatchReader() {
 }
 
 void BatchReader::Emit(Batch batch) {
+  if (options_.deduplicate) DeduplicateKeys(batch.keys, dedup_index_, &batch.distinct);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.queue_batches; });
   if (stopping_) return;
   queue_.push_back(std::move(batch));
   cv_.notify_all();
+}
+
+Batch BatchReader::Fresh() {
+  Batch b;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      b = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  b.Clear();
+  return b;
+}
+
+void BatchReader::Recycle(Batch batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < size_t{options_.queue_batches} + 4) free_.push_back(std::move(batch));
 }
 
 void BatchReader::Finish(Status status) {
@@ -198,8 +217,7 @@ void BatchReader::Finish(Status status) {
 }
 
 void BatchReader::Run() {
-  Batch batch;
-  batch.Clear();
+  Batch batch = Fresh();
   std::string line;
   for (uint32_t epoch = 0; epoch < options_.epochs; ++epoch) {
     for (const std::string& file : options_.files) {
@@ -240,15 +258,13 @@ void BatchReader::Run() {
         }
         if (batch.size == options_.batch_size) {
           Emit(std::move(batch));
-          batch = Batch();
-          batch.Clear();
+          batch = Fresh();
         }
       }
     }
     if (batch.size > 0) {
       Emit(std::move(batch));
-      batch = Batch();
-      batch.Clear();
+      batch = Fresh();
     }
   }
   Finish(Status::Ok());

@@ -55,6 +55,9 @@ struct ReaderOptions {
   DataOptions::OnBadRow on_bad_row = DataOptions::OnBadRow::kSkip;
   uint32_t queue_batches = 8;
   bool has_label = true;
+  // Each batch's keys deduplicated into Batch::distinct on the reader's thread, off the
+  // consumer's.
+  bool deduplicate = false;
 };
 
 // Reads on a thread of its own and hands out full batches (the last of an epoch may be short).
@@ -69,6 +72,9 @@ class BatchReader {
   // The next batch; an empty optional at the end of the last epoch; an error for a file that
   // cannot be read, or a malformed row under on_bad_row: fail (naming file and line).
   Result<std::optional<Batch>> Next();
+  // Gives a consumed batch back: its buffers are filled again by a later batch, so a steady
+  // consumer that recycles what it takes causes no allocation. Optional.
+  void Recycle(Batch batch);
 
   uint64_t bad_rows() const;
   uint64_t rows_read() const;
@@ -78,18 +84,22 @@ class BatchReader {
  private:
   void Run();
   void Emit(Batch batch);
+  // An empty batch: a recycled one (its buffers kept) or a new one.
+  Batch Fresh();
   void Finish(Status status);
 
   const ReaderOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> queue_;      // guarded by mu_
+  std::vector<Batch> free_;      // guarded by mu_: recycled, at most queue_batches + 4
   bool done_ = false;            // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
   Status status_;                // guarded by mu_
   uint64_t bad_rows_ = 0;        // guarded by mu_
   uint64_t rows_ = 0;            // guarded by mu_
   std::string first_bad_;        // guarded by mu_
+  KeyIndex dedup_index_;         // the reader thread's
   std::thread thread_;
 };
 

@@ -293,6 +293,7 @@ Result<TrainReport> Trainer::Run() {
   ro.workers = workers;
   ro.on_bad_row = manifest_.data.on_bad_row;
   ro.queue_batches = manifest_.data.queue_batches;
+  ro.deduplicate = true;  // on the reader's thread: each batch's keys arrive deduplicated
   const uint64_t expected_samples = EstimateLines(ro.files) * t.epochs / workers;
   BatchReader reader(ro);
   // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
@@ -319,8 +320,10 @@ Result<TrainReport> Trainer::Run() {
   const auto start = SteadyClock::now();
   auto last_progress = start;
   std::deque<double> recent_losses;
-  KeyIndex index;
   BatchKeys cur_keys, next_keys;
+  // A batch's distinct keys, deduplicated by the reader, into `keys`; the buffers `keys` had
+  // go back with the batch when it is recycled.
+  auto take_keys = [](Batch& b, BatchKeys* keys) { std::swap(b.distinct, *keys); };
   // The slot of the step about to run (cur_slot) and the one the next step's pulls fill.
   int cur_slot = 0, pull_slot = 0;
   GradientSum acc;  // training.accumulate > 1
@@ -342,7 +345,7 @@ Result<TrainReport> Trainer::Run() {
   }
   PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, reader.Next());
   report.data_seconds += Since(phase);
-  if (cur) DeduplicateKeys(cur->keys, index, &cur_keys);
+  if (cur) take_keys(*cur, &cur_keys);
   const uint32_t dim = model->sparse_dim();
   const bool fuse = manifest_.worker.fuse_requests;
 
@@ -444,7 +447,7 @@ Result<TrainReport> Trainer::Run() {
         further.pop_front();
       } else {
         PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
-        if (next) DeduplicateKeys(next->keys, index, &next_keys);
+        if (next) take_keys(*next, &next_keys);
       }
       next_read = true;
     }
@@ -480,7 +483,7 @@ Result<TrainReport> Trainer::Run() {
         Ahead a = std::move(spare);
         spare = Ahead();
         a.batch = std::move(b);
-        DeduplicateKeys(a.batch->keys, index, &a.keys);
+        take_keys(*a.batch, &a.keys);
         further.push_back(std::move(a));
       }
       report.data_seconds += Since(phase);
@@ -523,6 +526,7 @@ Result<TrainReport> Trainer::Run() {
       acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
       double loss_sum = loss * cur->size;
       for (uint32_t j = 1; j < accumulate && next; ++j) {
+        reader.Recycle(std::move(*cur));
         cur = std::move(next);
         std::swap(cur_keys, next_keys);
         phase = SteadyClock::now();
@@ -536,7 +540,7 @@ Result<TrainReport> Trainer::Run() {
         phase = SteadyClock::now();
         PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
         report.data_seconds += Since(phase);
-        if (next) DeduplicateKeys(next->keys, index, &next_keys);
+        if (next) take_keys(*next, &next_keys);
         phase = SteadyClock::now();
         model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                    cur_keys.indices.data(), /*train=*/true);
@@ -638,6 +642,7 @@ Result<TrainReport> Trainer::Run() {
         hooks_.line(buf);
       }
     }
+    reader.Recycle(std::move(*cur));
     cur = std::move(next);
     std::swap(cur_keys, next_keys);
     std::swap(cur_ahead.rows, next_ahead.rows);
