@@ -75,8 +75,11 @@ void Optimizer::InitState(const float* w, OptimizerState s, uint32_t n) const {
   }
 }
 
-void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
-                      double scale) const {
+namespace {
+
+// Optimizer::Apply's loops.
+void ApplyLoops(const OptimizerOptions& o_, float* w, OptimizerState s, const std::byte* grad,
+                uint64_t n, double scale) {
   const double wd = o_.weight_decay;
   auto g_at = [&](uint64_t i) { return LoadF32(grad + i * sizeof(float)) * scale + wd * w[i]; };
   switch (o_.kind) {
@@ -104,35 +107,36 @@ void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_
       return;
     }
     case Kind::kAdam: {
-      // The bias corrections of the last step count seen: the elements of a dense slice
-      // usually share one, and pow costs more than the rest of the update.
-      bool corrected = false;
-      uint32_t corrected_t = 0;
-      double c1 = 1, c2 = 1;
-      auto update = [&](uint64_t i, uint32_t t) {
+      // Bias corrections 1 - beta^t (1 without bias correction: dividing by it is exact).
+      auto corrections = [&](uint32_t t, double* c1, double* c2) {
+        *c1 = o_.bias_correction ? 1 - std::pow(o_.beta1, t) : 1.0;
+        *c2 = o_.bias_correction ? 1 - std::pow(o_.beta2, t) : 1.0;
+      };
+      auto update = [&](uint64_t i, double c1, double c2) {
         const double g = g_at(i);
         const double m = o_.beta1 * s.a[i] + (1 - o_.beta1) * g;
         const double v = o_.beta2 * s.b[i] + (1 - o_.beta2) * g * g;
         s.a[i] = static_cast<float>(m);
         s.b[i] = static_cast<float>(v);
-        double mhat = m, vhat = v;
-        if (o_.bias_correction) {
-          if (!corrected || t != corrected_t) {
-            corrected = true;
-            corrected_t = t;
-            c1 = 1 - std::pow(o_.beta1, t);
-            c2 = 1 - std::pow(o_.beta2, t);
-          }
-          mhat = m / c1;
-          vhat = v / c2;
-        }
-        w[i] = static_cast<float>(w[i] - o_.lr * mhat / (std::sqrt(vhat) + o_.eps));
+        w[i] = static_cast<float>(w[i] - o_.lr * (m / c1) / (std::sqrt(v / c2) + o_.eps));
       };
+      double c1 = 1, c2 = 1;
       if (s.step_per_element) {
-        for (uint64_t i = 0; i < n; ++i) update(i, ++s.step[i]);
+        // The elements of a dense slice usually share one step count: pow only when it changes.
+        bool have = false;
+        uint32_t have_t = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+          const uint32_t t = ++s.step[i];
+          if (!have || t != have_t) {
+            have = true;
+            have_t = t;
+            corrections(t, &c1, &c2);
+          }
+          update(i, c1, c2);
+        }
       } else {
-        const uint32_t t = ++*s.step;
-        for (uint64_t i = 0; i < n; ++i) update(i, t);
+        corrections(++*s.step, &c1, &c2);
+        for (uint64_t i = 0; i < n; ++i) update(i, c1, c2);
       }
       return;
     }
@@ -154,6 +158,13 @@ void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_
       }
       return;
   }
+}
+
+}  // namespace
+
+void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
+                      double scale) const {
+  ApplyLoops(o_, w, s, grad, n, scale);
 }
 
 }  // namespace parasol
