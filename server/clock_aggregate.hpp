@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/key_index.hpp"
@@ -27,6 +28,14 @@ class ClockAggregate {
   void ForEachSparse(uint32_t table, uint32_t engine, uint32_t dim, Fn&& fn) const {
     const SparseSums& s = sparse_[table][engine];
     for (size_t i = 0; i < s.keys.size(); ++i) fn(s.keys[i], s.sums.data() + i * dim);
+  }
+
+  // The keys summed for `table` on `engine`, and their sums (dim floats each, in key order).
+  std::span<const uint64_t> SparseKeys(uint32_t table, uint32_t engine) const {
+    return sparse_[table][engine].keys;
+  }
+  const float* SparseSumsOf(uint32_t table, uint32_t engine) const {
+    return sparse_[table][engine].sums.data();
   }
 
   // The sum buffer of dense table `table`'s slice (`elements` floats, zeroed when new).

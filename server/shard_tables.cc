@@ -362,15 +362,20 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
           std::_Exit(1);
         }
       }
-      agg.ForEachSparse(static_cast<uint32_t>(t), e, dim, [&](uint64_t key, const float* sum) {
-        float* row = part.Find(key);
-        if (!row) row = part.CountPush(key, now);
-        if (!row) return;
-        opt.Apply(row, opt.SparseState(row, dim), reinterpret_cast<const std::byte*>(sum), dim,
-                  scale);
-        SparseTable::Partition::LastClock(row) = now;
-        part.Store(row);
-      });
+      // In key order, with the index buckets and rows of the keys ahead prefetched.
+      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
+      const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
+      part.ForEachKeyAt(
+          keys.size(), [&](size_t j) { return keys[j]; },
+          [&](size_t j, uint64_t key) {
+            float* row = part.Find(key);
+            if (!row) row = part.CountPush(key, now);
+            if (!row) return;
+            opt.Apply(row, opt.SparseState(row, dim),
+                      reinterpret_cast<const std::byte*>(sums + j * dim), dim, scale);
+            SparseTable::Partition::LastClock(row) = now;
+            part.Store(row);
+          });
       part.Settle();
     }
     for (size_t t = 0; t < dense_.size(); ++t) {

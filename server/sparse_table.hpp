@@ -113,26 +113,35 @@ class SparseTable {
     // row a few iterations later (its bucket is cached by then).
     void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
     // The row in the key's home bucket, and its key: the key's own row in the common case.
+    // The row's first cache lines (up to 4: an optimizer step reads its state too).
     void PrefetchRow(uint64_t key) const {
       const uint32_t slot = index_.HomeSlot(key);
       if (slot == SlotIndex::kAbsent) return;
       __builtin_prefetch(&KeyAt(slot));
-      __builtin_prefetch(RowAt(slot));
+      const char* row = reinterpret_cast<const char*>(RowAt(slot));
+      const size_t bytes = std::min<size_t>(size_t{row_words_} * sizeof(float), 256);
+      for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
     }
 
-    // Calls fn(i, key) for each position i in `positions`, in order, prefetching the index
-    // and rows of the keys ahead so that the cache misses of many keys overlap.
+    // Calls fn(j, key_of(j)) for j in [0, n), in order, prefetching the index and rows of the
+    // keys ahead so that the cache misses of many keys overlap.
+    template <typename KeyOf, typename Fn>
+    void ForEachKeyAt(size_t n, KeyOf&& key_of, Fn&& fn) {
+      constexpr size_t kIndexAhead = 16, kRowAhead = 8;
+      for (size_t j = 0; j < std::min(n, kIndexAhead); ++j) PrefetchIndex(key_of(j));
+      for (size_t j = 0; j < std::min(n, kRowAhead); ++j) PrefetchRow(key_of(j));
+      for (size_t j = 0; j < n; ++j) {
+        if (j + kIndexAhead < n) PrefetchIndex(key_of(j + kIndexAhead));
+        if (j + kRowAhead < n) PrefetchRow(key_of(j + kRowAhead));
+        fn(j, key_of(j));
+      }
+    }
+    // The same over the keys at `positions`: fn(positions[j], key).
     template <typename KeyOf, typename Fn>
     void ForEachKey(const std::vector<uint32_t>& positions, KeyOf&& key_of, Fn&& fn) {
-      constexpr size_t kIndexAhead = 16, kRowAhead = 8;
-      const size_t n = positions.size();
-      for (size_t j = 0; j < std::min(n, kIndexAhead); ++j) PrefetchIndex(key_of(positions[j]));
-      for (size_t j = 0; j < std::min(n, kRowAhead); ++j) PrefetchRow(key_of(positions[j]));
-      for (size_t j = 0; j < n; ++j) {
-        if (j + kIndexAhead < n) PrefetchIndex(key_of(positions[j + kIndexAhead]));
-        if (j + kRowAhead < n) PrefetchRow(key_of(positions[j + kRowAhead]));
-        fn(positions[j], key_of(positions[j]));
-      }
+      ForEachKeyAt(
+          positions.size(), [&](size_t j) { return key_of(positions[j]); },
+          [&](size_t j, uint64_t key) { fn(positions[j], key); });
     }
 
     // Calls fn(key, row) for every row, in memory and (tiered) on disk; `row` is the clock
