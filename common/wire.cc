@@ -20,7 +20,9 @@ static_assert(static_cast<int>(wire::Code::MAX) == static_cast<int>(StatusCode::
               "protocols/message.fbs: Code must list every StatusCode");
 
 zmq::message_t EncodeHeader(const Header& h) {
-  flatbuffers::FlatBufferBuilder fbb(256);
+  // One builder per thread, its buffer kept from one header to the next.
+  thread_local flatbuffers::FlatBufferBuilder fbb(256);
+  fbb.Clear();
   auto message = h.message.empty() ? 0 : fbb.CreateString(h.message);
   wire::HeaderBuilder b(fbb);
   b.add_version(h.version);
@@ -177,34 +179,35 @@ uint64_t PayloadFrameCount(const Header& h) {
 
 Result<std::vector<StepPart>> SplitStep(const Header& step,
                                         std::span<const zmq::message_t> frames) {
-  const std::string what = std::string("Step") + (step.is_reply ? " reply" : " request");
+  // Built only for an error.
+  auto what = [&step] { return std::string("Step") + (step.is_reply ? " reply" : " request"); };
   if (step.key_count == 0 || step.key_count > kMaxStepParts) {
-    return BadMessage(what + ": " + std::to_string(step.key_count) + " parts (1 to " +
+    return BadMessage(what() + ": " + std::to_string(step.key_count) + " parts (1 to " +
                       std::to_string(kMaxStepParts) + " allowed)");
   }
   std::vector<StepPart> parts;
   parts.reserve(step.key_count);
   size_t next = 0;
   for (uint64_t i = 0; i < step.key_count; ++i) {
-    const std::string where = what + ", part " + std::to_string(i);
+    auto where = [&] { return what() + ", part " + std::to_string(i); };
     if (next >= frames.size()) {
-      return BadMessage(where + ": missing (" + std::to_string(frames.size()) +
+      return BadMessage(where() + ": missing (" + std::to_string(frames.size()) +
                         " frames for " + std::to_string(step.key_count) + " parts)");
     }
     Result<Header> h = DecodeHeader(frames[next].data(), frames[next].size());
-    if (!h.ok()) return h.status().WithContext(where);
-    if (h->op == Op::Step) return BadMessage(where + ": a Step inside a Step");
+    if (!h.ok()) return h.status().WithContext(where());
+    if (h->op == Op::Step) return BadMessage(where() + ": a Step inside a Step");
     if (h->is_reply != step.is_reply) {
-      return BadMessage(where + ": a " + (h->is_reply ? "reply" : "request") + " inside a " +
-                        what);
+      return BadMessage(where() + ": a " + (h->is_reply ? "reply" : "request") + " inside a " +
+                        what());
     }
     if (h->worker_id != step.worker_id) {
-      return BadMessage(where + ": worker " + std::to_string(h->worker_id) +
+      return BadMessage(where() + ": worker " + std::to_string(h->worker_id) +
                         " inside a Step of worker " + std::to_string(step.worker_id));
     }
     const uint64_t payload = PayloadFrameCount(*h);
     if (payload > frames.size() - next - 1) {
-      return BadMessage(where + ": its header needs " + std::to_string(payload) +
+      return BadMessage(where() + ": its header needs " + std::to_string(payload) +
                         " payload frames, only " + std::to_string(frames.size() - next - 1) +
                         " follow");
     }
@@ -212,7 +215,7 @@ Result<std::vector<StepPart>> SplitStep(const Header& step,
     next += 1 + payload;
   }
   if (next != frames.size()) {
-    return BadMessage(what + ": " + std::to_string(frames.size() - next) +
+    return BadMessage(what() + ": " + std::to_string(frames.size() - next) +
                       " frames after its last part");
   }
   return parts;
@@ -229,7 +232,8 @@ FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
 Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t> frames,
                                        uint64_t max_bytes) {
   const PayloadLayout layout = PayloadLayoutOf(h.op, h.is_reply, h.status);
-  const std::string what = std::string(OpName(h.op)) + (h.is_reply ? " reply" : " request");
+  // Built only for an error: a request that parses allocates nothing here.
+  auto what = [&h] { return std::string(OpName(h.op)) + (h.is_reply ? " reply" : " request"); };
   PayloadView view;
   view.rows_ = h.key_count;
   view.dim_ = h.value_dim;
@@ -237,42 +241,45 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
   uint64_t total = 0;  // payload bytes the header implies
   if (layout.keys) {
     ++expected;
-    PARASOL_ASSIGN_OR_RETURN(total, CheckedMul(h.key_count, sizeof(uint64_t), what + ": key_count"));
+    Result<uint64_t> key_bytes = CheckedMul(h.key_count, sizeof(uint64_t), "key_count");
+    if (!key_bytes.ok()) return key_bytes.status().WithContext(what());
+    total = *key_bytes;
   }
   uint64_t row_bytes = 0;
   if (layout.values) {
     if (h.dtype != wire::DType::F32 && h.dtype != wire::DType::F16 &&
         h.dtype != wire::DType::BF16) {
-      return BadMessage(what + ": dtype " + std::to_string(static_cast<int>(h.dtype)) +
+      return BadMessage(what() + ": dtype " + std::to_string(static_cast<int>(h.dtype)) +
                         " is not one of f32, f16, bf16");
     }
     if (h.dtype == wire::DType::F16 ? std::abs(int{h.value_scale}) > kMaxValueScale
                                     : h.value_scale != 0) {
-      return BadMessage(what + ": value_scale " + std::to_string(h.value_scale) + " for dtype " +
+      return BadMessage(what() + ": value_scale " + std::to_string(h.value_scale) + " for dtype " +
                         wire::EnumNameDType(h.dtype) + " (f16: at most " +
                         std::to_string(kMaxValueScale) + " either way; otherwise 0)");
     }
-    if (h.value_dim == 0) return BadMessage(what + ": value_dim is 0");
+    if (h.value_dim == 0) return BadMessage(what() + ": value_dim is 0");
     row_bytes = uint64_t{h.value_dim} * DTypeBytes(h.dtype);
     // Against the limit as f32 (what 16-bit values are widened to): a compressed request is
     // accepted exactly when the same request in f32 would be.
-    PARASOL_ASSIGN_OR_RETURN(
-        const uint64_t value_bytes,
-        CheckedMul(h.key_count, uint64_t{h.value_dim} * sizeof(float),
-                   what + ": key_count x value_dim"));
-    PARASOL_ASSIGN_OR_RETURN(total, CheckedAdd(total, value_bytes, what + ": payload size"));
+    Result<uint64_t> value_bytes =
+        CheckedMul(h.key_count, uint64_t{h.value_dim} * sizeof(float), "key_count x value_dim");
+    if (!value_bytes.ok()) return value_bytes.status().WithContext(what());
+    Result<uint64_t> sum = CheckedAdd(total, *value_bytes, "payload size");
+    if (!sum.ok()) return sum.status().WithContext(what());
+    total = *sum;
   }
   if (total > max_bytes) {
-    return ResourceExhausted(what + ": " + std::to_string(h.key_count) + " rows need " +
+    return ResourceExhausted(what() + ": " + std::to_string(h.key_count) + " rows need " +
                              std::to_string(total) + " payload bytes, over the limit of " +
                              std::to_string(max_bytes) + " bytes (server.max_request_bytes)");
   }
   if (layout.values) {
-    if (h.key_count > 0 && h.rows_per_frame == 0) return BadMessage(what + ": rows_per_frame is 0");
+    if (h.key_count > 0 && h.rows_per_frame == 0) return BadMessage(what() + ": rows_per_frame is 0");
     const uint64_t rpf = std::max<uint64_t>(1, h.rows_per_frame);
     const uint64_t need_frames = CeilDiv(h.key_count, rpf);
     if (h.value_frames != need_frames) {
-      return BadMessage(what + ": header says " + std::to_string(h.value_frames) +
+      return BadMessage(what() + ": header says " + std::to_string(h.value_frames) +
                         " value frames, but " + std::to_string(h.key_count) + " rows at " +
                         std::to_string(rpf) + " per frame need " + std::to_string(need_frames));
     }
@@ -280,14 +287,14 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
     expected += h.value_frames;
   }
   if (frames.size() != expected) {
-    return BadMessage(what + ": expected " + std::to_string(expected) + " payload frames, got " +
+    return BadMessage(what() + ": expected " + std::to_string(expected) + " payload frames, got " +
                       std::to_string(frames.size()));
   }
   size_t next = 0;
   if (layout.keys) {
     const uint64_t want = h.key_count * sizeof(uint64_t);  // checked above
     if (frames[next].size() != want) {
-      return BadMessage(what + ": keys frame has " + std::to_string(frames[next].size()) +
+      return BadMessage(what() + ": keys frame has " + std::to_string(frames[next].size()) +
                         " bytes, header's key_count " + std::to_string(h.key_count) + " needs " +
                         std::to_string(want));
     }
@@ -301,7 +308,7 @@ Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t
       const uint64_t rows =
           std::min(view.rows_per_frame_, h.key_count - uint64_t{f} * view.rows_per_frame_);
       if (frames[next].size() != rows * row_bytes) {
-        return BadMessage(what + ": value frame " + std::to_string(f) + " has " +
+        return BadMessage(what() + ": value frame " + std::to_string(f) + " has " +
                           std::to_string(frames[next].size()) + " bytes, expected " +
                           std::to_string(rows * row_bytes));
       }

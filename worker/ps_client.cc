@@ -301,15 +301,79 @@ Result<const TableOptions*> PsClient::CheckTable(uint32_t table, TableKind kind)
 }
 
 PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
-  auto p = std::make_unique<Pending>();
-  p->op = op;
-  p->table = table;
-  p->replies.resize(shards_.size());
-  p->views.resize(shards_.size());
-  p->messages.resize(shards_.size());
   const Ticket t = next_ticket_++;
-  pending_.emplace(t, std::move(p));
+  PendingMap::node_type node;
+  if (!spare_pending_.empty()) {
+    node = std::move(spare_pending_.back());
+    spare_pending_.pop_back();
+    node.key() = t;
+  } else {
+    PendingMap one;
+    one.emplace(t, std::make_unique<Pending>());
+    node = one.extract(one.begin());
+  }
+  Pending& p = *node.mapped();
+  p.op = op;
+  p.table = table;
+  p.replies.resize(shards_.size());
+  p.views.resize(shards_.size());
+  p.messages.resize(shards_.size());
+  pending_.insert(std::move(node));
   return t;
+}
+
+void PsClient::RetirePending(PendingMap::iterator it) {
+  PendingMap::node_type node = pending_.extract(it);
+  if (spare_pending_.size() >= kSpareNodes) return;
+  Pending& p = *node.mapped();
+  // Back to a new ticket's state, the buffers' capacity kept (the received frames released).
+  auto replies = std::move(p.replies);
+  for (auto& r : replies) r.clear();
+  auto views = std::move(p.views);
+  for (auto& v : views) v.reset();
+  auto messages = std::move(p.messages);
+  for (auto& m : messages) m.clear();
+  auto inverse = std::move(p.inverse);
+  auto unique_shard = std::move(p.unique_shard);
+  auto unique_local = std::move(p.unique_local);
+  auto hit_rows = std::move(p.hit_rows);
+  inverse.clear();
+  unique_shard.clear();
+  unique_local.clear();
+  hit_rows.clear();
+  p = Pending();
+  p.replies = std::move(replies);
+  p.views = std::move(views);
+  p.messages = std::move(messages);
+  p.inverse = std::move(inverse);
+  p.unique_shard = std::move(unique_shard);
+  p.unique_local = std::move(unique_local);
+  p.hit_rows = std::move(hit_rows);
+  spare_pending_.push_back(std::move(node));
+}
+
+PsClient::RequestMap::node_type PsClient::RequestNode(uint64_t id) {
+  RequestMap::node_type node;
+  if (!spare_requests_.empty()) {
+    node = std::move(spare_requests_.back());
+    spare_requests_.pop_back();
+    node.key() = id;
+    return node;
+  }
+  RequestMap one;
+  one.emplace(id, std::make_unique<ShardRequest>());
+  return one.extract(one.begin());
+}
+
+void PsClient::RetireRequest(RequestMap::iterator it) {
+  RequestMap::node_type node = in_flight_.extract(it);
+  if (spare_requests_.size() >= kSpareNodes) return;
+  ShardRequest& r = *node.mapped();
+  auto kept = std::move(r.kept);
+  kept.clear();
+  r = ShardRequest();
+  r.kept = std::move(kept);
+  spare_requests_.push_back(std::move(node));
 }
 
 uint64_t PsClient::NextPushIndex(uint32_t shard) {
@@ -359,7 +423,8 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
 
 void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
                     std::vector<zmq::message_t> payload) {
-  auto r = std::make_unique<ShardRequest>();
+  RequestMap::node_type node = RequestNode(header.request_id);
+  ShardRequest* r = node.mapped().get();
   r->ticket = ticket;
   r->clock = header.clock;
   r->request_id = header.request_id;
@@ -397,12 +462,12 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
     for (size_t f = 1; f < frames.size(); ++f) g.payload_bytes += frames[f].size();
     g.frames = std::move(frames);
     gathered_[shard].push_back(std::move(g));
-    in_flight_.emplace(id, std::move(r));
+    in_flight_.insert(std::move(node));
     return;
   }
   (void)FaultPoints::Get().Hit("client.send");
   Status st = SendFrames(shards_[shard], frames);
-  in_flight_.emplace(id, std::move(r));
+  in_flight_.insert(std::move(node));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);
 }
 
@@ -653,16 +718,15 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   return ticket;
 }
 
-std::vector<SliceRange> PsClient::DenseChunks(uint64_t total, uint32_t shard) const {
+template <typename Fn>
+void PsClient::ForEachDenseChunk(uint64_t total, uint32_t shard, Fn&& fn) const {
   // Each shard's slice travels as several requests of one frame each, so that the transfer of
   // one chunk overlaps the update (push) or the copy-out (pull) of the previous one.
   const SliceRange slice = DenseSlice(total, shard, num_shards());
   const uint64_t chunk = std::max<uint64_t>(1, manifest_.server.frame_bytes / sizeof(float));
-  std::vector<SliceRange> chunks;
   for (uint64_t b = slice.begin; b < slice.end; b += chunk) {
-    chunks.push_back({b, std::min(slice.end, b + chunk)});
+    fn(SliceRange{b, std::min(slice.end, b + chunk)});
   }
-  return chunks;
 }
 
 void PsClient::SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& c,
@@ -712,9 +776,9 @@ Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bo
   pending_.at(ticket)->out = out;
   pending_.at(ticket)->dim = dim;
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
+    ForEachDenseChunk(t->NumElements(), s, [&](const SliceRange& c) {
       SendDensePull(ticket, table, s, c, dim, with_state);
-    }
+    });
   }
   return ticket;
 }
@@ -734,9 +798,8 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   const Ticket ticket = NewTicket(Op::PushDense, table);
   pending_.at(ticket)->borrows = std::make_unique<BorrowTracker>();
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
-      SendDensePush(ticket, table, s, c, grads);
-    }
+    ForEachDenseChunk(t->NumElements(), s,
+                      [&](const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
   }
   return ticket;
 }
@@ -753,10 +816,10 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
   // the chunk, then reads it back, while the next chunk is still on its way up.
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    for (const SliceRange& c : DenseChunks(t->NumElements(), s)) {
+    ForEachDenseChunk(t->NumElements(), s, [&](const SliceRange& c) {
       SendDensePush(ticket, table, s, c, grads);
       SendDensePull(ticket, table, s, c, 1, false);
-    }
+    });
   }
   return ticket;
 }
@@ -871,15 +934,16 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   Result<PayloadView> view = PayloadView::Parse(
       *h, std::span<zmq::message_t>(stored).subspan(1), manifest_.server.max_request_bytes);
-  const std::string where = "shard " + std::to_string(shard) + " reply to " + OpName(r.op);
+  // Built only for an error.
+  auto where = [&] { return "shard " + std::to_string(shard) + " reply to " + OpName(r.op); };
   if (!view.ok()) {
-    FailRequest(r, view.status().WithContext(where));
+    FailRequest(r, view.status().WithContext(where()));
     return;
   }
   if ((r.op == Op::PullSparse || r.op == Op::PullDense) &&
       (view->rows() != r.expect_rows || view->dim() != r.expect_dim ||
        h->offset != r.expect_offset)) {
-    FailRequest(r, BadMessage(where + ": " + std::to_string(view->rows()) + " rows of dim " +
+    FailRequest(r, BadMessage(where() + ": " + std::to_string(view->rows()) + " rows of dim " +
                               std::to_string(view->dim()) + ", expected " +
                               std::to_string(r.expect_rows) + " of dim " +
                               std::to_string(r.expect_dim)));
@@ -904,7 +968,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
     push_log_.Add(shard, r.clock, h->server_epoch, h->checkpoint_count, std::move(r.kept));
   }
-  in_flight_.erase(it);
+  RetireRequest(it);
 }
 
 void PsClient::WatchShard(uint32_t shard) {
@@ -1175,7 +1239,7 @@ Status PsClient::Wait(Ticket ticket) {
     // The reply proves the shard has the bytes; wait until ZeroMQ has let go of them too.
     p.borrows->WaitReleased();
   }
-  pending_.erase(it);
+  RetirePending(it);
   return result;
 }
 

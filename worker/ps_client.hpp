@@ -207,7 +207,9 @@ class PsClient {
   Status Handshake();
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
-  std::vector<SliceRange> DenseChunks(uint64_t total, uint32_t shard) const;
+  // fn(chunk) for each chunk of shard `shard`'s slice of a `total`-element tensor.
+  template <typename Fn>
+  void ForEachDenseChunk(uint64_t total, uint32_t shard, Fn&& fn) const;
   // One chunk's request of a dense pull or push, tracked under `ticket`.
   void SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& chunk,
                      uint32_t dim, bool with_state);
@@ -253,8 +255,19 @@ class PsClient {
   uint64_t pulled_row_bytes_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)
   uint64_t next_request_id_ = 1;
   Ticket next_ticket_ = 1;
-  std::map<Ticket, std::unique_ptr<Pending>> pending_;
-  std::map<uint64_t, std::unique_ptr<ShardRequest>> in_flight_;  // by request id
+  using PendingMap = std::map<Ticket, std::unique_ptr<Pending>>;
+  using RequestMap = std::map<uint64_t, std::unique_ptr<ShardRequest>>;
+  PendingMap pending_;
+  RequestMap in_flight_;  // by request id
+  // Finished tickets' and answered requests' map nodes, with their objects and buffers, taken
+  // again by new ones: a steady stream of steps allocates no map node, Pending or ShardRequest.
+  std::vector<PendingMap::node_type> spare_pending_;
+  std::vector<RequestMap::node_type> spare_requests_;
+  static constexpr size_t kSpareNodes = 256;
+  // A node for request `id` (its ShardRequest reset), and the return of an answered one.
+  RequestMap::node_type RequestNode(uint64_t id);
+  void RetireRequest(RequestMap::iterator it);
+  void RetirePending(PendingMap::iterator it);
   // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
   // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
   // a new epoch; the shard's restored push record applies each one once.
