@@ -87,17 +87,25 @@ Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames, bo
   return Status::Ok();
 }
 
+Result<bool> RecvFramesInto(zmq::socket_t& socket, bool dontwait,
+                            std::vector<zmq::message_t>* frames) {
+  frames->clear();
+  try {
+    auto n = zmq::recv_multipart(socket, std::back_inserter(*frames),
+                                 dontwait ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
+    if (!n) return false;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
+    return Unavailable(std::string("zmq receive failed: ") + e.what());
+  }
+  return true;
+}
+
 Result<std::optional<std::vector<zmq::message_t>>> RecvFrames(zmq::socket_t& socket,
                                                               bool dontwait) {
   std::vector<zmq::message_t> frames;
-  try {
-    auto n = zmq::recv_multipart(socket, std::back_inserter(frames),
-                                 dontwait ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
-    if (!n) return std::optional<std::vector<zmq::message_t>>();
-  } catch (const zmq::error_t& e) {
-    if (e.num() == EINTR) return std::optional<std::vector<zmq::message_t>>();
-    return Unavailable(std::string("zmq receive failed: ") + e.what());
-  }
+  PARASOL_ASSIGN_OR_RETURN(const bool got, RecvFramesInto(socket, dontwait, &frames));
+  if (!got) return std::optional<std::vector<zmq::message_t>>();
   return std::optional<std::vector<zmq::message_t>>(std::move(frames));
 }
 

@@ -74,6 +74,9 @@ Status SendFrames(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
 // dontwait) or the wait was interrupted. Never throws.
 Result<std::optional<std::vector<zmq::message_t>>> RecvFrames(zmq::socket_t& socket,
                                                               bool dontwait);
+// The same into `frames` (cleared first, its capacity reused): true when a message came.
+Result<bool> RecvFramesInto(zmq::socket_t& socket, bool dontwait,
+                            std::vector<zmq::message_t>* frames);
 
 // Makes glibc serve large message buffers from the heap and keep freed memory for reuse. By
 // default each received frame above the (dynamic, at most 32 MiB) mmap threshold gets a fresh

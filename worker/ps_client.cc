@@ -571,8 +571,8 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     return;
   }
   for (const StepPart& part : *parts) {
-    std::vector<zmq::message_t> own;
-    own.reserve(1 + part.payload_frames);
+    std::vector<zmq::message_t>& own = step_part_frames_;
+    own.clear();
     for (size_t f = 0; f <= part.payload_frames; ++f) {
       own.push_back(std::move(frames[1 + part.header_frame + f]));
     }
@@ -843,8 +843,8 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r->deadline - now);
     wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
   }
-  std::vector<zmq::pollitem_t> items;
-  items.reserve(shards_.size());
+  std::vector<zmq::pollitem_t>& items = poll_items_;
+  items.clear();
   for (auto& s : shards_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
   try {
     zmq::poll(items.data(), items.size(), wait);
@@ -854,10 +854,10 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
   for (uint32_t s = 0; s < shards_.size(); ++s) {
     if (!(items[s].revents & ZMQ_POLLIN)) continue;
     while (true) {
-      auto frames = RecvFrames(shards_[s], /*dontwait=*/true);
-      if (!frames.ok()) return frames.status();
-      if (!frames->has_value()) break;
-      OnReply(s, **frames);
+      Result<bool> got = RecvFramesInto(shards_[s], /*dontwait=*/true, &received_);
+      if (!got.ok()) return got.status();
+      if (!*got) break;
+      OnReply(s, received_);
     }
   }
   PollMonitors();
@@ -927,7 +927,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;
   }
   Pending& p = *pending_.at(r.ticket);
-  p.replies[shard] = std::move(frames);
+  // Swapped, not moved: the caller's vector takes the slot's empty buffer back for reuse.
+  p.replies[shard].clear();
+  std::swap(p.replies[shard], frames);
   std::vector<zmq::message_t>& stored = p.replies[shard];
   if (r.op == Op::PullSparse) {  // the rows' bytes as they travelled (16-bit when compressed)
     for (size_t f = 1; f < stored.size(); ++f) pulled_row_bytes_ += stored[f].size();

@@ -264,6 +264,10 @@ class PsClient {
   std::vector<PendingMap::node_type> spare_pending_;
   std::vector<RequestMap::node_type> spare_requests_;
   static constexpr size_t kSpareNodes = 256;
+  // Reused from call to call: Pump's poll items and received frames, a Step reply's part.
+  std::vector<zmq::pollitem_t> poll_items_;
+  std::vector<zmq::message_t> received_;
+  std::vector<zmq::message_t> step_part_frames_;
   // A node for request `id` (its ShardRequest reset), and the return of an answered one.
   RequestMap::node_type RequestNode(uint64_t id);
   void RetireRequest(RequestMap::iterator it);
