@@ -601,9 +601,15 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
     }
     rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", std::nullopt, "",
                      std::nullopt});
-    // Worker 0's time, by phase, as a share of its training time.
-    const double total = JsonFigure(summary, "/train_seconds");
-    for (const std::string phase : {"data", "pull", "compute", "push", "wait"}) {
+    // Worker 0's time, by phase, as a share of all of it: its training time and its wait at
+    // the end for the other workers (counted as wait; the job's train_seconds leaves it out,
+    // so shares of that could add up to more than 100%).
+    const char* phases[] = {"data", "pull", "compute", "push", "wait"};
+    double total = 0;
+    for (const std::string phase : phases) {
+      total += JsonFigure(summary, "/workers/0/time_split/" + phase);
+    }
+    for (const std::string phase : phases) {
       const double spent = JsonFigure(summary, "/workers/0/time_split/" + phase);
       rows->push_back({"train_split_" + tag + "_" + phase, total > 0 ? 100.0 * spent / total : 0.0,
                        "%", std::nullopt, "", std::nullopt});

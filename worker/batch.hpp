@@ -32,6 +32,8 @@ struct Batch {
     keys.clear();
     values.clear();
     offsets.assign(1, 0);
+    distinct.unique.clear();
+    distinct.indices.clear();
   }
 };
 

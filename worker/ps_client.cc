@@ -1236,7 +1236,7 @@ Status PsClient::Wait(Ticket ticket) {
   Pending& p = *it->second;
   Finish(p);
   Status result = p.status;
-  p.replies.clear();
+  for (auto& r : p.replies) r.clear();  // the frames released, the buffers kept for reuse
   if (p.borrows) {
     // The reply proves the shard has the bytes; wait until ZeroMQ has let go of them too.
     p.borrows->WaitReleased();
