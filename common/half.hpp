@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/hash.hpp"
+
 namespace parasol {
 
 inline uint32_t F32Bits(float f) {
@@ -109,7 +111,7 @@ inline uint16_t F32ToF16Stochastic(float f, uint32_t bits) {
   return sign | m;
 }
 
-// A small, fast generator of the random bits (xorshift32), one per thread or partition.
+// A small, fast generator of the random bits (xorshift32).
 struct RoundingBits {
   uint32_t state = 0x9e3779b9u;
   uint32_t Next() {
@@ -119,5 +121,17 @@ struct RoundingBits {
     return state;
   }
 };
+
+// The bits of one element's (or row's) stochastic rounding in one write: a function of the
+// table's seed, the write's name and the element alone, so that the same writes round the same
+// way on every run, after a restart (whose replays carry the same names), and however the
+// work is split between threads.
+inline RoundingBits RoundingBitsFor(uint64_t seed, uint64_t write, uint64_t element) {
+  RoundingBits bits;
+  bits.state = static_cast<uint32_t>(
+                   Fmix64(seed ^ Fmix64(write) ^ (element * 0x9E3779B97F4A7C15ull))) |
+               1u;
+  return bits;
+}
 
 }  // namespace parasol

@@ -30,7 +30,8 @@ class ClockAggregate {
     for (size_t i = 0; i < s.keys.size(); ++i) fn(s.keys[i], s.sums.data() + i * dim);
   }
 
-  // The keys summed for `table` on `engine`, and their sums (dim floats each, in key order).
+  // The keys summed for `table` on `engine` (in the order of their first push), and their sums
+  // (dim floats each, in the same order).
   std::span<const uint64_t> SparseKeys(uint32_t table, uint32_t engine) const {
     return sparse_[table][engine].keys;
   }

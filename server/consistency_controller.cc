@@ -87,9 +87,10 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
   return Status::Ok();
 }
 
-Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) const {
+Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
+                                                bool prefetch) const {
   const int64_t own = clocks_[worker];
-  const int64_t ahead = AheadOf(options_);
+  const int64_t ahead = prefetch ? AheadOf(options_) : 1;
   if (clock > own && clock - own > ahead) {
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
@@ -101,7 +102,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock) 
   if (!ClocksKnown()) return Status::Ok();  // restored clocks are only a lower bound
   const int64_t slowest = MinClock();
   if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
-  const int64_t slack = SlackOf(options_, /*request=*/true);
+  const int64_t slack = SlackOf(options_, /*request=*/true) - (AheadOf(options_) - ahead);
   if (clock > slowest && clock - slowest > slack) {
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +

@@ -68,9 +68,11 @@ class ConsistencyController {
   // Whether a live worker still owes this shard a replay (its clock is a checkpoint's).
   bool ReplayOwed() const;
   // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
-  // naming the bound it is beyond.
+  // naming the bound it is beyond. Only sparse pulls (`prefetch`) may be prefetches, up to
+  // training.prefetch_depth clocks past the worker's own; pushes and dense pulls at most one:
+  // a push named at a later clock would mark that clock's push as done before it is made.
   // REQUIRES: InJob(worker).
-  Status CheckRequestClock(uint32_t worker, int64_t clock) const;
+  Status CheckRequestClock(uint32_t worker, int64_t clock, bool prefetch = false) const;
   bool IsDone(uint32_t worker) const { return InJob(worker) && done_at_[worker] >= 0; }
   // The clock the worker left at, or -1.
   int64_t DoneAt(uint32_t worker) const { return InJob(worker) ? done_at_[worker] : -1; }

@@ -76,19 +76,31 @@ DenseTable::DenseTable(const TableOptions& options, SliceRange slice,
       if (state_[a].type == DType::kF32) arrays[a] = state_[a].words.get() + i;
     }
     optimizer_.InitState(values, optimizer_.DenseState(arrays, 0), static_cast<uint32_t>(m));
-    Store(i, m, w, st, nullptr);
+    Store(i, m, w, st, /*stochastic=*/false);
   }
 }
 
 void DenseTable::Store(uint64_t i, uint64_t m, const float* w, const float (*st)[kDenseChunk],
-                       RoundingBits* bits) {
+                       bool stochastic) {
+  if (stochastic && stochastic_) {
+    // Each element's draws (its value's, then each state array's) from its own bits.
+    for (uint64_t j = 0; j < m; ++j) {
+      RoundingBits bits = RoundingBitsFor(options_.seed, write_, slice_.begin + i + j);
+      if (!f32_values()) halves_[i + j] = Narrow(options_.dtype, w[j], &bits);
+      for (uint32_t a = 0; a < state_.size(); ++a) {
+        StateArray& s = state_[a];
+        if (s.type != DType::kF32) s.halves[i + j] = Narrow(s.type, st[a][j], &bits);
+      }
+    }
+    return;
+  }
   if (!f32_values()) {
-    for (uint64_t j = 0; j < m; ++j) halves_[i + j] = Narrow(options_.dtype, w[j], bits);
+    for (uint64_t j = 0; j < m; ++j) halves_[i + j] = Narrow(options_.dtype, w[j], nullptr);
   }
   for (uint32_t a = 0; a < state_.size(); ++a) {
     StateArray& s = state_[a];
     if (s.type == DType::kF32) continue;
-    for (uint64_t j = 0; j < m; ++j) s.halves[i + j] = Narrow(s.type, st[a][j], bits);
+    for (uint64_t j = 0; j < m; ++j) s.halves[i + j] = Narrow(s.type, st[a][j], nullptr);
   }
 }
 
@@ -100,8 +112,8 @@ uint16_t DenseTable::Narrow(DType t, float v, RoundingBits* bits) const {
   return t == DType::kBf16 ? F32ToBf16(v) : F32ToF16(v);
 }
 
-float* DenseTable::PrepareWrite() {
-  ++writes_;
+float* DenseTable::PrepareWrite(uint64_t write) {
+  write_ = write;
   if (!f32_values()) return nullptr;
   // Only this thread creates shares, so a count of 1 cannot grow behind our back; a stale
   // higher count merely costs a copy. The fence orders our writes after the last reader's
@@ -126,14 +138,7 @@ void DenseTable::Apply(uint64_t local, const std::byte* grad, uint64_t n, double
                      n, scale);
     return;
   }
-  // Stochastic rounding draws from bits seeded by the table, the write and the range's global
-  // position: the same updates round the same way on every run of the same job (a restarted
-  // shard counts its writes from 0 again, so its draws differ from the first run's).
-  RoundingBits bits;
-  bits.state = static_cast<uint32_t>(Fmix64(options_.seed ^ Fmix64(writes_) ^
-                                            (slice_.begin + local) * 0x9E3779B97F4A7C15ull)) |
-               1u;
-  float w[kChunk], st[3][kChunk];
+  float w[kChunk], st[3][kChunk];  // at most 3 state arrays (adam: m, v, step)
   for (uint64_t i = local; i < local + n; i += kChunk) {
     const uint64_t m = std::min(kChunk, local + n - i);
     float* values = w;
@@ -153,7 +158,7 @@ void DenseTable::Apply(uint64_t local, const std::byte* grad, uint64_t n, double
     }
     optimizer_.Apply(values, optimizer_.DenseState(arrays, 0),
                      grad + (i - local) * sizeof(float), m, scale);
-    Store(i, m, w, st, &bits);
+    Store(i, m, w, st, /*stochastic=*/true);
   }
 }
 

@@ -54,7 +54,10 @@ class DenseTable {
   // Call before updating. f32 values: returns a buffer no reply shares, for updating in place
   // (element `global` at [global - slice().begin]), copying the values first when replies
   // still hold shares. 16-bit values: returns nullptr (update them with Apply()).
-  float* PrepareWrite();
+  // `write` names the update (the clock applied, or the push's name): with stochastic
+  // rounding, each element's draw depends on the table's seed, this name and its global index
+  // only (RoundingBitsFor), so a restarted shard that redoes the same writes rounds them alike.
+  float* PrepareWrite(uint64_t write = 0);
 
   // One optimizer step of local elements [local, local + n) with the raw f32 gradient `grad`
   // times `scale`, rounded into storage. After PrepareWrite(); engines may call it at once on
@@ -99,8 +102,9 @@ class DenseTable {
   uint16_t Narrow(DType t, float v, RoundingBits* bits) const;
   // Rounds elements [i, i + m) of the values (`w`, unless f32) and the 16-bit state arrays
   // (`st[a]`) into storage.
+  // `stochastic`: with the bits of the current write (else to nearest).
   void Store(uint64_t i, uint64_t m, const float* w, const float (*st)[kDenseChunk],
-             RoundingBits* bits);
+             bool stochastic);
 
   bool identity_ = false;
   bool stochastic_;
@@ -110,7 +114,7 @@ class DenseTable {
   std::shared_ptr<BufferState> data_state_;
   std::vector<StateArray> state_;
   std::vector<float*> state_ptrs_;           // f32 state arrays (identity tables)
-  uint64_t writes_ = 0;                      // PrepareWrite() calls: seeds stochastic rounding
+  uint64_t write_ = 0;                       // the current write's name (PrepareWrite)
   uint64_t copies_on_write_ = 0;
 };
 

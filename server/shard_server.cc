@@ -35,6 +35,12 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
+// Whether every part is a sparse pull (only those may be prefetches).
+bool OnlySparsePulls(std::span<const StepPart> parts) {
+  return std::all_of(parts.begin(), parts.end(),
+                     [](const StepPart& p) { return p.header.op == Op::PullSparse; });
+}
+
 }  // namespace
 
 ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
@@ -380,7 +386,8 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound.
       if (in_job) {
-        PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
+        PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(
+            req.worker_id, req.clock, /*prefetch=*/req.op == Op::PullSparse));
         // Checked: a clock past the sender's is at most prefetch_depth past it (no overflow);
         // one before it (any, down to INT64_MIN) is not a prefetch.
         const int64_t own = controller_.clocks()[req.worker_id];
@@ -1069,8 +1076,9 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
   const bool pulls = st.ok() && ((*parts)[0].header.op == Op::PullSparse ||
                                  (*parts)[0].header.op == Op::PullDense);
   if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
-    // The pulls share the Step's clock: held together until the read bound allows it.
-    st = controller_.CheckRequestClock(step.worker_id, step.clock);
+    // The pulls share the Step's clock: held together until the read bound allows it. Only a
+    // Step of sparse pulls alone may be a prefetch.
+    st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
     if (st.ok() && !controller_.PullAllowed(step.clock)) {
       st = HoldPull(step, frames, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
@@ -1125,7 +1133,9 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
       for (size_t f = 2 + part.header_frame; f < frames.size(); ++f) {
         held.push_back(std::move(frames[f]));
       }
-      Status st = controller_.CheckRequestClock(step.worker_id, rest.clock);
+      Status st = controller_.CheckRequestClock(
+          step.worker_id, rest.clock,
+          OnlySparsePulls(std::span<const StepPart>(*parts).subspan(i)));
       if (st.ok()) st = HoldPull(rest, held, static_cast<uint32_t>(parts->size() - i));
       if (!st.ok()) {
         ++counters_.errors;

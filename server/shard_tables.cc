@@ -8,6 +8,7 @@
 #include <limits>
 #include <cstring>
 
+#include "common/hash.hpp"
 #include "common/initializer.hpp"
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
@@ -21,6 +22,14 @@ namespace {
 // would cost more than the work.
 constexpr uint64_t kInlineFloats = 32 * 1024;
 
+// Names of writes (with the table's seed, they seed stochastic rounding; RoundingBitsFor): a
+// BSP clock's apply, and one push, named as exactly-once names it (worker, clock, index), so a
+// restarted shard that applies the replayed pushes rounds them as the first process did.
+uint64_t ClockWrite(int64_t clock) { return Fmix64(static_cast<uint64_t>(clock)); }
+uint64_t PushWrite(const Header& req) {
+  return Fmix64(Fmix64(Fmix64(uint64_t{req.worker_id} + 1) ^ static_cast<uint64_t>(req.clock)) ^
+                req.seq);
+}
 
 // Calls fn(partition, i, key) for every key of the request, on the engine that owns the key,
 // with the lookahead of Partition::ForEachKey.
@@ -52,10 +61,6 @@ Status ShardServer::PrefaultKeys(SparseTable& table, const PayloadView& p) {
   }
   return Status::Ok();
 }
-
-namespace {
-
-}  // namespace
 
 void ShardServer::MaybeSweep() {
   const auto now = std::chrono::steady_clock::now();
@@ -159,6 +164,7 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
   PARASOL_RETURN_IF_ERROR(PrefaultKeys(*table, p));
+  for (uint32_t e = 0; e < table->engines(); ++e) table->partition(e).SetWrite(PushWrite(req));
   ForEachOwnedKey(engines_, *table, engine_positions_, p, n * out_floats < kInlineFloats,
                   [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
                     const uint64_t f = i / plan.rows_per_frame;
@@ -194,6 +200,7 @@ Status ShardServer::HandlePushSparse(const Header& req, const PayloadView& p) {
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
   PARASOL_RETURN_IF_ERROR(PrefaultKeys(*table, p));
+  for (uint32_t e = 0; e < table->engines(); ++e) table->partition(e).SetWrite(PushWrite(req));
   ForEachOwnedKey(engines_, *table, engine_positions_, p, n * dim < kInlineFloats,
                   [&](SparseTable::Partition& part, uint32_t i, uint64_t key) {
                     float* row = part.Find(key);
@@ -275,7 +282,7 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
   const uint32_t engines = engines_.size();
   const uint64_t local = req.offset - table->slice().begin;
-  table->PrepareWrite();
+  table->PrepareWrite(PushWrite(req));
   struct FrameRef {
     uint64_t first;
     const std::byte* data;
@@ -337,7 +344,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
   std::vector<uint8_t> dense_pushed(dense_.size(), 0);
   for (size_t t = 0; t < dense_.size(); ++t) {
     if (dense_[t] && agg.DenseSumIfAny(static_cast<uint32_t>(t))) {
-      dense_[t]->PrepareWrite();
+      dense_[t]->PrepareWrite(ClockWrite(clock));
       dense_pushed[t] = 1;
     }
   }
@@ -347,12 +354,13 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
       if (!sparse_[t]) continue;
       SparseTable& table = *sparse_[t];
       SparseTable::Partition& part = table.partition(e);
+      part.SetWrite(ClockWrite(clock));
       const uint32_t dim = table.dim();
       const Optimizer& opt = table.optimizer();
+      // The clock's keys in the order they were first pushed, and their sums.
+      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
+      const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
       if (part.tiered()) {
-        std::vector<uint64_t> keys;
-        agg.ForEachSparse(static_cast<uint32_t>(t), e, dim,
-                          [&](uint64_t key, const float*) { keys.push_back(key); });
         if (Status st = part.Prefault(keys); !st.ok()) {
           // The clock's sums cannot be applied without the rows: the shard stops, and its
           // restart (from its checkpoint, with the workers' replays) redoes this clock.
@@ -362,9 +370,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
           std::_Exit(1);
         }
       }
-      // In key order, with the index buckets and rows of the keys ahead prefetched.
-      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
-      const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
+      // With the index buckets and rows of the keys ahead prefetched.
       part.ForEachKeyAt(
           keys.size(), [&](size_t j) { return keys[j]; },
           [&](size_t j, uint64_t key) {

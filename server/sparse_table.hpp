@@ -89,9 +89,15 @@ class SparseTable {
 
     // Writes back a row changed through `values` (from Find, FindOrCreate or CountPush, the
     // last accessor called): rounds a 16-bit row into its storage. Nothing to do for f32.
+    // With stochastic rounding, the row's draws depend on the table's seed, the current write
+    // (SetWrite) and the row's key only (RoundingBitsFor).
     void Store(float* values) {
-      if (!codec_.identity()) codec_.Encode(values - 1, RowAt(view_slot_), &rounding_);
+      if (codec_.identity()) return;
+      RoundingBits bits = RoundingBitsFor(options_->seed, write_, KeyAt(view_slot_));
+      codec_.Encode(values - 1, RowAt(view_slot_), &bits);
     }
+    // Names the writes that follow (the clock applied, or the push's name).
+    void SetWrite(uint64_t write) { write_ = write; }
 
     // The values of `key`'s row, created (and counted as admitted) when absent.
     float* FindOrCreate(uint64_t key, uint32_t clock);
@@ -118,9 +124,12 @@ class SparseTable {
       const uint32_t slot = index_.HomeSlot(key);
       if (slot == SlotIndex::kAbsent) return;
       __builtin_prefetch(&KeyAt(slot));
-      const char* row = reinterpret_cast<const char*>(RowAt(slot));
-      const size_t bytes = std::min<size_t>(size_t{row_words_} * sizeof(float), 256);
-      for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+      // Every line the row touches, from the line its first byte is in.
+      const auto first = reinterpret_cast<uintptr_t>(RowAt(slot));
+      const uintptr_t end = first + std::min<size_t>(size_t{row_words_} * sizeof(float), 256);
+      for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64) {
+        __builtin_prefetch(reinterpret_cast<const void*>(line));
+      }
     }
 
     // Calls fn(j, key_of(j)) for j in [0, n), in order, prefetching the index and rows of the
@@ -254,7 +263,7 @@ class SparseTable {
     uint32_t row_words_;            // stored
     std::vector<float> view_;       // the decoded row of view_slot_ (16-bit tables)
     uint32_t view_slot_ = 0;
-    RoundingBits rounding_;
+    uint64_t write_ = 0;           // the current write's name (SetWrite)
     uint64_t max_rows_;            // this partition's share of eviction.max_rows (0: none)
     SlotIndex index_;              // key -> slot
     // Keys not yet admitted: key -> entry of pending_counts_/pending_clocks_ (the pushes so

@@ -335,6 +335,7 @@ Result<TrainReport> Trainer::Run() {
   for (int64_t i = 0; i < resume * int64_t{accumulate}; ++i) {
     PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> skipped, reader.Next());
     if (!skipped) break;
+    reader.Recycle(std::move(*skipped));
   }
   if (resume > 0) {
     report.steps = static_cast<uint64_t>(resume);

@@ -76,23 +76,30 @@ TEST(ConsistencyControllerTest, PrefetchDepthWidensTheOwnAndTheJobBound) {
   t.prefetch_depth = 3;
   ConsistencyController c(t, 2, std::chrono::steady_clock::now());
   for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(c.Advance(w, 0, false, true).ok());
-  EXPECT_TRUE(c.CheckRequestClock(0, 3).ok());
-  const Status own = c.CheckRequestClock(0, 4);
+  EXPECT_TRUE(c.CheckRequestClock(0, 3, /*prefetch=*/true).ok());
+  const Status own = c.CheckRequestClock(0, 4, /*prefetch=*/true);
   EXPECT_FALSE(own.ok());
   EXPECT_NE(own.ToString().find("training.prefetch_depth"), std::string::npos) << own.ToString();
+  // A push or dense pull is no prefetch: one past its own clock at most (a push named at a
+  // later clock would mark that clock's push as made).
+  EXPECT_TRUE(c.CheckRequestClock(0, 1).ok());
+  const Status push = c.CheckRequestClock(0, 2);
+  EXPECT_FALSE(push.ok());
+  EXPECT_NE(push.ToString().find("beyond its own next clock 1"), std::string::npos)
+      << push.ToString();
   // Clocks (ticks) keep their bound: staleness + 2 past the slowest.
   for (int64_t k = 1; k <= 5; ++k) ASSERT_TRUE(c.Advance(0, k, false).ok());
   EXPECT_FALSE(c.Advance(0, 6, false).ok());
   // Requests: own 5 + 3 = 8 would pass the own bound; the job's is slowest 0 + 3 + 1 + 3 = 7.
-  EXPECT_TRUE(c.CheckRequestClock(0, 7).ok());
-  const Status job = c.CheckRequestClock(0, 8);
+  EXPECT_TRUE(c.CheckRequestClock(0, 7, /*prefetch=*/true).ok());
+  const Status job = c.CheckRequestClock(0, 8, /*prefetch=*/true);
   EXPECT_FALSE(job.ok());
   EXPECT_NE(job.ToString().find("could never admit"), std::string::npos) << job.ToString();
   // Without prefetch the depth does not count.
   t.prefetch = false;
   ConsistencyController d(t, 2, std::chrono::steady_clock::now());
   for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(d.Advance(w, 0, false, true).ok());
-  EXPECT_FALSE(d.CheckRequestClock(0, 2).ok());
+  EXPECT_FALSE(d.CheckRequestClock(0, 2, /*prefetch=*/true).ok());
 }
 
 TEST(ConsistencyControllerTest, AspBoundsOnlyByTheSendersOwnClock) {

@@ -133,7 +133,8 @@ TEST(DenseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
 }
 
 // A checkpoint's arrays (f32 words) restore a 16-bit slice bit for bit, and stochastic
-// rounding rounds the same updates the same way on every run.
+// rounding depends on the write's name and the element only: the same writes round the same
+// way however the slice is split between engines, and after a restore from a checkpoint.
 TEST(DenseTableDtypeTest, ArraysRestoreExactlyAndStochasticRoundingRepeats) {
   TableOptions t = Tensor(5000);
   t.init.kind = InitOptions::Kind::kUniform;
@@ -146,21 +147,23 @@ TEST(DenseTableDtypeTest, ArraysRestoreExactlyAndStochasticRoundingRepeats) {
   std::vector<float> g(5000);
   for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.1f * static_cast<float>(i));
   const auto* gb = reinterpret_cast<const std::byte*>(g.data());
-  auto run = [&](DenseTable& table) {
-    for (int step = 0; step < 5; ++step) {
-      table.PrepareWrite();
-      table.Apply(0, gb, 2500, 1.0);
-      table.Apply(2500, gb + 2500 * sizeof(float), 2500, 1.0);
+  // Writes named first .. first + steps - 1, each applied in the given pieces.
+  auto run = [&](DenseTable& table, uint64_t first, int steps, std::vector<uint64_t> cuts) {
+    for (int step = 0; step < steps; ++step) {
+      table.PrepareWrite(first + step);
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        table.Apply(cuts[c], gb + cuts[c] * sizeof(float), cuts[c + 1] - cuts[c], 1.0);
+      }
     }
   };
   DenseTable a(t, SliceRange{0, 5000}), b(t, SliceRange{0, 5000});
   std::vector<char> initial, after_a, after_b;
   a.AppendArrays(&initial);
-  run(a);
-  run(b);
+  run(a, 1, 5, {0, 2500, 5000});
+  run(b, 1, 5, {0, 7, 1031, 4999, 5000});  // other engine ranges
   a.AppendArrays(&after_a);
   b.AppendArrays(&after_b);
-  EXPECT_EQ(after_a, after_b);  // the same rounding on both runs
+  EXPECT_EQ(after_a, after_b);  // the same rounding however the slice was split
   ASSERT_EQ(after_a.size(), initial.size());
   // Stochastic rounding moved values that steps of 1e-4 could never move to nearest.
   size_t moved = 0;
@@ -168,12 +171,53 @@ TEST(DenseTableDtypeTest, ArraysRestoreExactlyAndStochasticRoundingRepeats) {
     moved += std::memcmp(&after_a[i * 4], &initial[i * 4], 4) != 0;
   }
   EXPECT_GT(moved, 100u);
-  // Restored into a fresh slice, the arrays read back as they were written.
+  // Restored into a fresh slice, the arrays read back as they were written; the writes after
+  // the checkpoint then round as they do without the restart.
   DenseTable c(t, SliceRange{0, 5000});
   c.RestoreArrays(after_a.data());
   std::vector<char> restored;
   c.AppendArrays(&restored);
   EXPECT_EQ(restored, after_a);
+  run(a, 6, 3, {0, 5000});
+  run(c, 6, 3, {0, 5000});
+  std::vector<char> continued_a, continued_c;
+  a.AppendArrays(&continued_a);
+  c.AppendArrays(&continued_c);
+  EXPECT_EQ(continued_a, continued_c);
+  // Other names, other draws.
+  run(b, 100, 3, {0, 5000});
+  std::vector<char> other;
+  b.AppendArrays(&other);
+  EXPECT_NE(other, continued_a);
+}
+
+// Stochastic rounding is unbiased and each element draws on its own: 1 + 0.3 of bf16's spacing
+// at 1.0 is stored as 1 + spacing in 30% of the elements (and as 1 in the rest).
+TEST(DenseTableDtypeTest, StochasticRoundingRoundsUpInProportion) {
+  constexpr uint64_t kN = 20000;
+  TableOptions t = Tensor(kN);
+  t.init.kind = InitOptions::Kind::kConstant;
+  t.init.value = 1.0;
+  t.dtype = DType::kBf16;
+  t.rounding = TableOptions::Rounding::kStochastic;
+  t.optimizer.kind = OptimizerOptions::Kind::kSgd;
+  t.optimizer.lr = 1.0;
+  const float spacing = 1.0f / 128;  // bf16 at 1.0
+  std::vector<float> g(kN, -0.3f * spacing);
+  for (uint64_t write : {7u, 8u}) {
+    DenseTable table(t, SliceRange{0, kN});
+    table.PrepareWrite(write);
+    table.Apply(0, reinterpret_cast<const std::byte*>(g.data()), kN, 1.0);
+    std::vector<float> v(kN);
+    table.ReadValues(0, kN, v.data());
+    size_t up = 0;
+    for (float x : v) {
+      ASSERT_TRUE(x == 1.0f || x == 1.0f + spacing) << x;
+      up += x != 1.0f;
+    }
+    // 30% +- 5 standard deviations (0.32% each at 20000 draws).
+    EXPECT_NEAR(static_cast<double>(up) / kN, 0.3, 0.016) << "write " << write;
+  }
 }
 
 }  // namespace

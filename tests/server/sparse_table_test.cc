@@ -202,6 +202,54 @@ TEST(SparseTableDtypeTest, AnOptimizerStepEqualsTheF32StepRounded) {
   }
 }
 
+// Stochastic rounding of a row depends on the table's seed, the write's name and the key
+// only: the same writes round alike whatever the partitioning (engine_threads), the order of
+// the keys and the rows written before (a restarted shard replays them in its own order); they
+// are unbiased; other names draw otherwise.
+TEST(SparseTableDtypeTest, StochasticRoundingDependsOnTheWriteAndTheKeyOnly) {
+  TableOptions t = Table(4);
+  t.dtype = DType::kBf16;
+  t.rounding = TableOptions::Rounding::kStochastic;
+  t.init.kind = InitOptions::Kind::kConstant;
+  t.init.value = 1.0;
+  t.optimizer.kind = OptimizerOptions::Kind::kSgd;
+  t.optimizer.lr = 1.0;
+  const float spacing = 1.0f / 128;  // bf16 at 1.0
+  const std::vector<float> g(4, -0.3f * spacing);
+  const auto* gb = reinterpret_cast<const std::byte*>(g.data());
+  constexpr uint64_t kKeys = 5000;
+  // Writes `names` to every key, in key order or reversed; returns each key's values.
+  auto run = [&](uint32_t engines, bool reversed, std::vector<uint64_t> names) {
+    SparseTable table(t, engines);
+    for (uint64_t name : names) {
+      for (uint32_t e = 0; e < engines; ++e) table.partition(e).SetWrite(name);
+      for (uint64_t i = 0; i < kKeys; ++i) {
+        const uint64_t key = reversed ? kKeys - 1 - i : i;
+        SparseTable::Partition& p = table.partition(EngineOfKey(key, engines));
+        float* row = p.FindOrCreate(key, 0);
+        table.optimizer().Apply(row, table.optimizer().SparseState(row, 4), gb, 4, 1.0);
+        p.Store(row);
+      }
+    }
+    std::vector<float> out;
+    for (uint64_t key = 0; key < kKeys; ++key) {
+      const float* row = table.partition(EngineOfKey(key, engines)).Find(key);
+      out.insert(out.end(), row, row + 4);
+    }
+    return out;
+  };
+  const std::vector<float> a = run(1, false, {11});
+  EXPECT_EQ(a, run(3, true, {11}));
+  size_t up = 0;
+  for (float x : a) {
+    ASSERT_TRUE(x == 1.0f || x == 1.0f + spacing) << x;
+    up += x != 1.0f;
+  }
+  EXPECT_NEAR(static_cast<double>(up) / a.size(), 0.3, 0.016);  // 5 standard deviations
+  EXPECT_NE(a, run(1, false, {12}));
+  EXPECT_EQ(run(1, false, {11, 12}), run(2, true, {11, 12}));
+}
+
 // A 16-bit table stores its rows' clock word only when it evicts (ttl_clocks or max_rows):
 // with it, the TTL sweep and max_rows evict bf16 rows as they do f32 rows; without it, the
 // row is a word shorter and its view's clock reads 0.

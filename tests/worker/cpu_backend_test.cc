@@ -194,6 +194,14 @@ TEST(CpuBackendTest, InteractionEqualsThePlainLoopsBitForBit) {
     for (size_t i = 0; i < dout.size(); ++i) {
       if (i < size_t(4) * ld || i % 3 == 0) dout[i] = -0.0f;
     }
+    // Sample 4: every gradient -0.0 and every vector 1.0, so z's gradient is its pass-through
+    // -0.0 plus -0.0 terms, which stays -0.0 only if the sum starts from the pass-through (a
+    // sum started from +0.0 ends at +0.0).
+    if (batch > 4) {
+      std::fill(z.begin() + 4 * dim, z.begin() + 5 * dim, 1.0f);
+      std::fill(e.begin() + size_t(4) * fields * dim, e.begin() + size_t(5) * fields * dim, 1.0f);
+      std::fill(dout.begin() + size_t(4) * ld, dout.begin() + size_t(5) * ld, -0.0f);
+    }
     std::vector<float> got(size_t(batch) * ld, std::nanf("")), want(got.size(), 1.0f);
     backend->Interaction(got.data(), ld, z.data(), e.data(), batch, fields, dim);
     InteractionReference(want.data(), ld, z.data(), e.data(), batch, fields, dim);
@@ -206,6 +214,7 @@ TEST(CpuBackendTest, InteractionEqualsThePlainLoopsBitForBit) {
                              e.data(), batch, fields, dim);
     ASSERT_EQ(0, std::memcmp(dz.data(), want_dz.data(), dz.size() * sizeof(float)));
     ASSERT_EQ(0, std::memcmp(de.data(), want_de.data(), de.size() * sizeof(float)));
+    ASSERT_TRUE(std::signbit(want_dz[4 * dim]) && want_dz[4 * dim] == 0.0f);  // exercised
   }
 }
 
@@ -246,6 +255,21 @@ TEST(CpuBackendTest, RowGradEqualsThePooledBackwardAtEveryDim) {
     backend->EmbeddingRowGrad(by_row.data(), dout.data(), dim, row_start.data(), occ.data(),
                               hot.data(), hot_count, key_bags.data(), values.data(), unique);
     ASSERT_EQ(0, std::memcmp(by_row.data(), scattered.data(), by_row.size() * sizeof(float)));
+
+    // DLRM's call: every key its own bag (no key_bags), weight 1 (no values), and the numbers
+    // of rows and hot rows in `counts`, with upper bounds in their places.
+    const std::vector<float> dkeys = Random(indices.size() * dim, 24);
+    std::vector<uint32_t> single(indices.size() + 1);
+    for (size_t j = 0; j < single.size(); ++j) single[j] = static_cast<uint32_t>(j);
+    const std::vector<float> ones(indices.size(), 1.0f);
+    std::vector<float> scattered_keys(size_t(unique) * dim, 0.0f);
+    backend->EmbeddingPoolBackward(scattered_keys.data(), dkeys.data(), dim, indices.data(),
+                                   ones.data(), single.data(), static_cast<int>(indices.size()));
+    const uint32_t counts[2] = {static_cast<uint32_t>(unique), hot_count};
+    std::vector<float> by_key(size_t(unique) * dim, std::nanf(""));
+    backend->EmbeddingRowGrad(by_key.data(), dkeys.data(), dim, row_start.data(), occ.data(),
+                              hot.data(), hot_count + 5, nullptr, nullptr, unique + 7, counts);
+    ASSERT_EQ(0, std::memcmp(by_key.data(), scattered_keys.data(), by_key.size() * sizeof(float)));
   }
 }
 
