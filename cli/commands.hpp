@@ -33,6 +33,9 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
               const WorkloadOptions& options, const std::string& summary,
               const std::string& metrics_log);
 
+// Objects allocated (global operator new) by the calling thread so far.
+uint64_t ThreadAllocations();
+
 // The exit code of a worker that fails while acknowledged updates are only in its memory (a
 // replay to a restarted shard refused, due or unfinished, or a shard unreachable): `parasol
 // launch` does not restart it, so the job fails instead of losing them.

@@ -179,14 +179,21 @@ uint64_t PayloadFrameCount(const Header& h) {
 
 Result<std::vector<StepPart>> SplitStep(const Header& step,
                                         std::span<const zmq::message_t> frames) {
+  std::vector<StepPart> parts;
+  PARASOL_RETURN_IF_ERROR(SplitStep(step, frames, &parts));
+  return parts;
+}
+
+Status SplitStep(const Header& step, std::span<const zmq::message_t> frames,
+                 std::vector<StepPart>* out) {
+  std::vector<StepPart>& parts = *out;
+  parts.clear();
   // Built only for an error.
   auto what = [&step] { return std::string("Step") + (step.is_reply ? " reply" : " request"); };
   if (step.key_count == 0 || step.key_count > kMaxStepParts) {
     return BadMessage(what() + ": " + std::to_string(step.key_count) + " parts (1 to " +
                       std::to_string(kMaxStepParts) + " allowed)");
   }
-  std::vector<StepPart> parts;
-  parts.reserve(step.key_count);
   size_t next = 0;
   for (uint64_t i = 0; i < step.key_count; ++i) {
     auto where = [&] { return what() + ", part " + std::to_string(i); };
@@ -218,7 +225,7 @@ Result<std::vector<StepPart>> SplitStep(const Header& step,
     return BadMessage(what() + ": " + std::to_string(frames.size() - next) +
                       " frames after its last part");
   }
-  return parts;
+  return Status::Ok();
 }
 
 FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
@@ -231,10 +238,19 @@ FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
 
 Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t> frames,
                                        uint64_t max_bytes) {
+  return Parse(h, frames, max_bytes, PayloadView());
+}
+
+Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t> frames,
+                                       uint64_t max_bytes, PayloadView&& reuse) {
   const PayloadLayout layout = PayloadLayoutOf(h.op, h.is_reply, h.status);
   // Built only for an error: a request that parses allocates nothing here.
   auto what = [&h] { return std::string(OpName(h.op)) + (h.is_reply ? " reply" : " request"); };
   PayloadView view;
+  view.value_frames_ = std::move(reuse.value_frames_);
+  view.value_frames_.clear();
+  view.widened_ = std::move(reuse.widened_);
+  view.widened_.clear();
   view.rows_ = h.key_count;
   view.dim_ = h.value_dim;
   uint64_t expected = 0;

@@ -103,6 +103,9 @@ struct StepPart {
 // Splits `frames` (everything after the Step header) into `step.key_count` parts. Each part
 // must be of the Step's direction (request or reply), not a Step, and of the Step's worker.
 Result<std::vector<StepPart>> SplitStep(const Header& step, std::span<const zmq::message_t> frames);
+// The same into `parts` (cleared first, its capacity reused).
+Status SplitStep(const Header& step, std::span<const zmq::message_t> frames,
+                 std::vector<StepPart>* parts);
 
 // How `rows` rows of `dim` floats are cut into frames of at most `frame_bytes` bytes.
 struct FramePlan {
@@ -145,6 +148,10 @@ class PayloadView {
   // each frame's size, dtype, and the total against `max_bytes`.
   static Result<PayloadView> Parse(const Header& h, std::span<zmq::message_t> frames,
                                    uint64_t max_bytes);
+  // The same, the new view taking the buffers of `reuse`, a view no longer needed (no
+  // allocation when they are large enough).
+  static Result<PayloadView> Parse(const Header& h, std::span<zmq::message_t> frames,
+                                   uint64_t max_bytes, PayloadView&& reuse);
 
   uint64_t rows() const { return rows_; }
   uint32_t dim() const { return dim_; }

@@ -51,7 +51,8 @@ struct PsClient::Pending {
   std::vector<uint32_t> unique_shard;
   std::vector<uint32_t> unique_local;
   // Dense pushes: the caller's memory travels in frames counted here.
-  std::unique_ptr<BorrowTracker> borrows;
+  std::unique_ptr<BorrowTracker> borrows;  // kept when the ticket is reused
+  bool borrowing = false;                  // frames of this ticket borrow the caller's memory
   // Sparse pulls with the row cache: rows answered from it (unique_shard kFromCache), the keys
   // pulled from each shard (for the cache), and each shard's read clock.
   std::vector<float> hit_rows;
@@ -62,16 +63,11 @@ struct PsClient::Pending {
 
 namespace {
 
-// How a batch of keys splits across shards after deduplication.
-struct KeySplit {
-  std::vector<uint32_t> inverse;       // position -> unique id
-  std::vector<uint32_t> unique_shard;  // unique id -> shard
-  std::vector<uint32_t> unique_local;  // unique id -> row within that shard's request
-  std::vector<uint64_t> counts;        // shard -> unique keys sent to it
-};
-
-KeySplit SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index) {
-  KeySplit split;
+// Both fill `split` (its vectors' capacity reused).
+void SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index,
+               KeySplit& split) {
+  split.unique_shard.clear();
+  split.unique_local.clear();
   if (index.capacity() * 7 >= keys.size() * 10) {
     index.Clear();
   } else {
@@ -90,12 +86,10 @@ KeySplit SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& in
     }
     split.inverse[i] = u;
   }
-  return split;
 }
 
 // The same for keys the caller has deduplicated already: only split by shard, no hashing.
-KeySplit SplitUniqueKeys(std::span<const uint64_t> keys, uint32_t shards) {
-  KeySplit split;
+void SplitUniqueKeys(std::span<const uint64_t> keys, uint32_t shards, KeySplit& split) {
   split.inverse.resize(keys.size());
   split.unique_shard.resize(keys.size());
   split.unique_local.resize(keys.size());
@@ -106,7 +100,6 @@ KeySplit SplitUniqueKeys(std::span<const uint64_t> keys, uint32_t shards) {
     split.unique_shard[i] = s;
     split.unique_local[i] = static_cast<uint32_t>(split.counts[s]++);
   }
-  return split;
 }
 
 zmq::message_t CopyMessage(zmq::message_t& m) {
@@ -322,6 +315,11 @@ PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
   return t;
 }
 
+void PsClient::StartBorrowing(Pending& p) {
+  if (!p.borrows) p.borrows = std::make_unique<BorrowTracker>();
+  p.borrowing = true;
+}
+
 void PsClient::RetirePending(PendingMap::iterator it) {
   PendingMap::node_type node = pending_.extract(it);
   if (spare_pending_.size() >= kSpareNodes) return;
@@ -330,25 +328,27 @@ void PsClient::RetirePending(PendingMap::iterator it) {
   auto replies = std::move(p.replies);
   for (auto& r : replies) r.clear();
   auto views = std::move(p.views);
-  for (auto& v : views) v.reset();
+  for (auto& v : views) {
+    if (v && spare_views_.size() < kSpareNodes) spare_views_.push_back(std::move(*v));
+    v.reset();
+  }
   auto messages = std::move(p.messages);
   for (auto& m : messages) m.clear();
-  auto inverse = std::move(p.inverse);
-  auto unique_shard = std::move(p.unique_shard);
-  auto unique_local = std::move(p.unique_local);
+  if (p.inverse.capacity() > 0 && spare_splits_.size() < kSpareNodes) {
+    KeySplit& spare = spare_splits_.emplace_back();
+    spare.inverse = std::move(p.inverse);
+    spare.unique_shard = std::move(p.unique_shard);
+    spare.unique_local = std::move(p.unique_local);
+  }
   auto hit_rows = std::move(p.hit_rows);
-  inverse.clear();
-  unique_shard.clear();
-  unique_local.clear();
+  auto borrows = std::move(p.borrows);  // released: Wait() waited for it
   hit_rows.clear();
   p = Pending();
   p.replies = std::move(replies);
   p.views = std::move(views);
   p.messages = std::move(messages);
-  p.inverse = std::move(inverse);
-  p.unique_shard = std::move(unique_shard);
-  p.unique_local = std::move(unique_local);
   p.hit_rows = std::move(hit_rows);
+  p.borrows = std::move(borrows);
   spare_pending_.push_back(std::move(node));
 }
 
@@ -361,7 +361,11 @@ PsClient::RequestMap::node_type PsClient::RequestNode(uint64_t id) {
     return node;
   }
   RequestMap one;
-  one.emplace(id, std::make_unique<ShardRequest>());
+  auto r = std::make_unique<ShardRequest>();
+  // Room for a header and a few payload frames, so that a node reused for a request of more
+  // frames than its last rarely grows.
+  r->kept.reserve(kReservedFrames);
+  one.emplace(id, std::move(r));
   return one.extract(one.begin());
 }
 
@@ -422,7 +426,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
 }
 
 void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
-                    std::vector<zmq::message_t> payload) {
+                    std::vector<zmq::message_t>&& payload) {
   RequestMap::node_type node = RequestNode(header.request_id);
   ShardRequest* r = node.mapped().get();
   r->ticket = ticket;
@@ -441,27 +445,34 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   }
   r->deadline = Clock::now() + r->timeout;
   r->max_attempts = 1 + manifest_.cluster.request_retries;
-  std::vector<zmq::message_t> frames;
-  frames.reserve(1 + payload.size());
-  frames.push_back(EncodeHeader(header));
-  for (auto& m : payload) frames.push_back(std::move(m));
-  r->kept.reserve(frames.size());
-  for (auto& f : frames) r->kept.push_back(CopyMessage(f));
-  Pending& p = *pending_.at(ticket);
-  ++p.outstanding;
   const uint64_t id = header.request_id;
   const bool gather = gathering_ && !header.replay &&
                       (header.op == Op::PullSparse || header.op == Op::PullDense ||
                        header.op == Op::PushSparse || header.op == Op::PushDense ||
                        header.op == Op::Clock);
+  // The frames: into the next gathered entry of the shard (its buffers reused), or into the
+  // send buffer.
+  Gathered* g = nullptr;
   if (gather) {
-    Gathered g;
-    g.request_id = id;
-    g.op = header.op;
-    g.clock = header.clock;
-    for (size_t f = 1; f < frames.size(); ++f) g.payload_bytes += frames[f].size();
-    g.frames = std::move(frames);
-    gathered_[shard].push_back(std::move(g));
+    std::vector<Gathered>& queue = gathered_[shard];
+    if (gathered_count_[shard] == queue.size()) {
+      queue.emplace_back().frames.reserve(kReservedFrames);
+    }
+    g = &queue[gathered_count_[shard]++];
+  }
+  std::vector<zmq::message_t>& frames = g ? g->frames : send_frames_;
+  frames.clear();
+  frames.push_back(EncodeHeader(header));
+  for (auto& m : payload) frames.push_back(std::move(m));
+  for (auto& f : frames) r->kept.push_back(CopyMessage(f));
+  Pending& p = *pending_.at(ticket);
+  ++p.outstanding;
+  if (g) {
+    g->request_id = id;
+    g->op = header.op;
+    g->clock = header.clock;
+    g->payload_bytes = 0;
+    for (size_t f = 1; f < frames.size(); ++f) g->payload_bytes += frames[f].size();
     in_flight_.insert(std::move(node));
     return;
   }
@@ -474,6 +485,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
 void PsClient::BeginStep() {
   gathering_ = true;
   gathered_.resize(shards_.size());
+  gathered_count_.resize(shards_.size(), 0);
 }
 
 void PsClient::SendStep() {
@@ -482,10 +494,11 @@ void PsClient::SendStep() {
   for (auto it = step_parts_.begin(); it != step_parts_.end();) {
     const bool live = std::any_of(it->second.begin(), it->second.end(),
                                   [&](uint64_t id) { return in_flight_.count(id) > 0; });
-    it = live ? std::next(it) : step_parts_.erase(it);
+    it = live ? std::next(it) : RetireStepParts(it);
   }
   for (uint32_t s = 0; s < gathered_.size(); ++s) {
-    std::vector<Gathered>& queue = gathered_[s];
+    std::span<Gathered> queue(gathered_[s].data(), gathered_count_[s]);
+    gathered_count_[s] = 0;
     // A pull's reply counts against the Step's bytes too (the shard bounds both).
     for (Gathered& g : queue) {
       if (g.op != Op::PullSparse && g.op != Op::PullDense) continue;
@@ -494,54 +507,76 @@ void PsClient::SendStep() {
         g.payload_bytes += it->second->expect_rows * it->second->expect_dim * sizeof(float);
       }
     }
-    std::vector<Gathered> group;
+    // Runs of consecutive entries become one Step each.
+    size_t begin = 0;
     bool pushes = false;
     uint64_t bytes = 0;
-    for (Gathered& g : queue) {
+    for (size_t i = 0; i < queue.size(); ++i) {
+      const Gathered& g = queue[i];
       const bool pull = g.op == Op::PullSparse || g.op == Op::PullDense;
       // What one Step may hold (ShardServer::CheckStep): pushes of one clock, or pulls of one
       // clock after at most one tick to that clock; within the part and byte limits.
-      const bool fits = !group.empty() && group.size() < kMaxStepParts &&
+      const size_t size = i - begin;
+      const bool fits = size > 0 && size < kMaxStepParts &&
                         bytes + g.payload_bytes <= manifest_.server.max_request_bytes &&
-                        g.clock == group.front().clock && g.op != Op::Clock &&
-                        pull != pushes;
-      if (!fits && !group.empty()) {
-        SendGathered(s, group);
-        group.clear();
+                        g.clock == queue[begin].clock && g.op != Op::Clock && pull != pushes;
+      if (!fits && size > 0) {
+        SendGathered(s, queue.subspan(begin, size));
+        begin = i;
         bytes = 0;
       }
-      if (group.empty()) pushes = !pull && g.op != Op::Clock;
+      if (i == begin) pushes = !pull && g.op != Op::Clock;
       bytes += g.payload_bytes;
-      group.push_back(std::move(g));
     }
-    if (!group.empty()) SendGathered(s, group);
-    queue.clear();
+    if (begin < queue.size()) SendGathered(s, queue.subspan(begin));
   }
 }
 
-void PsClient::SendGathered(uint32_t shard, std::vector<Gathered>& group) {
-  std::vector<zmq::message_t> frames;
-  std::vector<uint64_t> ids;
-  if (group.size() == 1) {
-    frames = std::move(group.front().frames);
-    ids.push_back(group.front().request_id);
-  } else {
+PsClient::StepPartsMap::iterator PsClient::RetireStepParts(StepPartsMap::iterator it) {
+  auto next = std::next(it);
+  StepPartsMap::node_type node = step_parts_.extract(it);
+  if (spare_step_parts_.size() < kSpareNodes) spare_step_parts_.push_back(std::move(node));
+  return next;
+}
+
+void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
+  std::vector<zmq::message_t>* frames = &group.front().frames;
+  std::vector<uint64_t>* ids = nullptr;  // the Step's parts (one part: no Step)
+  if (group.size() > 1) {
     Header h = NewRequest(Op::Step, 0);
     h.clock = group.front().clock;
     h.key_count = group.size();
-    frames.push_back(EncodeHeader(h));
-    for (Gathered& g : group) {
-      ids.push_back(g.request_id);
-      for (auto& f : g.frames) frames.push_back(std::move(f));
+    frames = &send_frames_;
+    frames->clear();
+    frames->push_back(EncodeHeader(h));
+    StepPartsMap::node_type node;
+    if (!spare_step_parts_.empty()) {
+      node = std::move(spare_step_parts_.back());
+      spare_step_parts_.pop_back();
+      node.key() = h.request_id;
+    } else {
+      StepPartsMap one;
+      one.emplace(h.request_id, std::vector<uint64_t>());
+      node = one.extract(one.begin());
     }
-    step_parts_[h.request_id] = ids;
+    node.mapped().clear();
+    for (Gathered& g : group) {
+      node.mapped().push_back(g.request_id);
+      for (auto& f : g.frames) frames->push_back(std::move(f));
+    }
+    ids = &step_parts_.insert(std::move(node)).position->second;
   }
   (void)FaultPoints::Get().Hit("client.send");
-  Status st = SendFrames(shards_[shard], frames);
+  Status st = SendFrames(shards_[shard], *frames);
   if (st.ok()) return;
-  for (uint64_t id : ids) {
+  auto fail = [&](uint64_t id) {
     auto it = in_flight_.find(id);
     if (it != in_flight_.end()) FailRequest(*it->second, st);
+  };
+  if (ids) {
+    for (uint64_t id : *ids) fail(id);
+  } else {
+    fail(group.front().request_id);
   }
 }
 
@@ -550,7 +585,8 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
   auto entry = step_parts_.find(step.request_id);
   if (entry == step_parts_.end()) return;  // its parts were answered on their own
   // Copied: the parts' replies below may erase the entry's requests, not the entry.
-  const std::vector<uint64_t> ids = entry->second;
+  std::vector<uint64_t>& ids = step_ids_;
+  ids.assign(entry->second.begin(), entry->second.end());
   auto fail_all = [&](const Status& st) {
     for (uint64_t id : ids) {
       auto it = in_flight_.find(id);
@@ -561,16 +597,16 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     // As for a single request: a restarted shard's answer waits for this worker's replay.
     if (replay_due_[shard]) return;
     fail_all(Status(step.status, step.message));
-    step_parts_.erase(step.request_id);
+    RetireStepParts(entry);
     return;
   }
-  Result<std::vector<StepPart>> parts =
-      SplitStep(step, std::span<const zmq::message_t>(frames).subspan(1));
-  if (!parts.ok()) {
-    fail_all(parts.status().WithContext("shard " + std::to_string(shard) + " reply to Step"));
+  std::vector<StepPart>& parts = step_split_;
+  if (Status split = SplitStep(step, std::span<const zmq::message_t>(frames).subspan(1), &parts);
+      !split.ok()) {
+    fail_all(split.WithContext("shard " + std::to_string(shard) + " reply to Step"));
     return;
   }
-  for (const StepPart& part : *parts) {
+  for (const StepPart& part : parts) {
     std::vector<zmq::message_t>& own = step_part_frames_;
     own.clear();
     for (size_t f = 0; f <= part.payload_frames; ++f) {
@@ -580,7 +616,7 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
   }
   // Held pulls of the Step come in a second reply; once every part is answered, forget it.
   if (std::none_of(ids.begin(), ids.end(), [&](uint64_t id) { return in_flight_.count(id); })) {
-    step_parts_.erase(step.request_id);
+    RetireStepParts(entry);
   }
 }
 
@@ -593,12 +629,25 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
   p.dim = dim;
   p.out = out;
   if (keys.empty()) return ticket;
-  KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
-                               : SplitKeys(keys, num_shards(), dedup_);
+  // The split's vectors go to the ticket at the end; a finished pull's come back to
+  // spare_splits_ (RetirePending), so the same few grow once and are reused.
+  KeySplit& split = split_;
+  if (!spare_splits_.empty()) {
+    split.inverse = std::move(spare_splits_.back().inverse);
+    split.unique_shard = std::move(spare_splits_.back().unique_shard);
+    split.unique_local = std::move(spare_splits_.back().unique_local);
+    spare_splits_.pop_back();
+  }
+  if (keys_unique_) {
+    SplitUniqueKeys(keys, num_shards(), split);
+  } else {
+    SplitKeys(keys, num_shards(), dedup_, split);
+  }
   if (CacheActive() && !with_state) {
     // Rows the cache holds for this clock are answered from it; only the others travel.
     const int64_t at = clock_ + request_clock_offset_;
-    std::vector<uint8_t> first(split.unique_shard.size(), 1);
+    std::vector<uint8_t>& first = first_seen_;
+    first.assign(split.unique_shard.size(), 1);
     std::fill(split.counts.begin(), split.counts.end(), 0);
     p.cache_keys.assign(num_shards(), {});
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -622,14 +671,17 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     p.cache_table = table;
     p.read_clocks.assign(num_shards(), -1);
   }
-  std::vector<OwnedBuffer> key_bufs(num_shards());
+  // Written straight into ZeroMQ messages (its own blocks, 8-byte aligned).
+  std::vector<zmq::message_t>& key_bufs = key_bufs_;
+  key_bufs.resize(num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
+    key_bufs[s].rebuild(split.counts[s] * sizeof(uint64_t));
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t u = split.inverse[i];
     if (split.unique_shard[u] == kFromCache) continue;
-    std::memcpy(key_bufs[split.unique_shard[u]].data() + split.unique_local[u] * sizeof(uint64_t),
+    std::memcpy(key_bufs[split.unique_shard[u]].data<std::byte>() +
+                    split.unique_local[u] * sizeof(uint64_t),
                 &keys[i], sizeof(uint64_t));
   }
   for (uint32_t s = 0; s < num_shards(); ++s) {
@@ -641,8 +693,9 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     h.read_only = read_only;
     // The rows travel back in the wire dtype (state always in f32).
     if (!with_state) h.dtype = WireDType();
-    std::vector<zmq::message_t> payload;
-    payload.push_back(std::move(key_bufs[s]).ToMessage());
+    std::vector<zmq::message_t>& payload = payload_;
+    payload.clear();
+    payload.push_back(std::move(key_bufs[s]));
     const uint64_t id = h.request_id;
     pulled_row_bytes_ += split.counts[s] * sizeof(uint64_t);  // the rows: counted on arrival
     Send(ticket, s, std::move(h), std::move(payload));
@@ -670,32 +723,42 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   const Ticket ticket = NewTicket(Op::PushSparse, table);
   if (keys.empty()) return ticket;
   if (CacheActive()) ApplyToCache(table, *t, keys, grads);
-  KeySplit split = keys_unique_ ? SplitUniqueKeys(keys, num_shards())
-                               : SplitKeys(keys, num_shards(), dedup_);
+  KeySplit& split = push_split_;  // the pushes' own: its vectors stay here
+  if (keys_unique_) {
+    SplitUniqueKeys(keys, num_shards(), split);
+  } else {
+    SplitKeys(keys, num_shards(), dedup_, split);
+  }
   const size_t row_bytes = size_t{dim} * sizeof(float);
-  std::vector<OwnedBuffer> key_bufs(num_shards());
-  std::vector<FramePlan> plans(num_shards());
-  std::vector<std::vector<OwnedBuffer>> value_bufs(num_shards());
+  // Written straight into ZeroMQ messages (its own blocks, 8-byte aligned).
+  std::vector<zmq::message_t>& key_bufs = key_bufs_;
+  std::vector<FramePlan>& plans = plans_;
+  std::vector<std::vector<zmq::message_t>>& value_bufs = value_bufs_;
+  key_bufs.resize(num_shards());
+  plans.resize(num_shards());
+  value_bufs.resize(num_shards());
   for (uint32_t s = 0; s < num_shards(); ++s) {
-    key_bufs[s] = OwnedBuffer::Allocate(split.counts[s] * sizeof(uint64_t));
+    value_bufs[s].clear();
+    key_bufs[s].rebuild(split.counts[s] * sizeof(uint64_t));
     plans[s] = PlanValueFrames(split.counts[s], dim, manifest_.server.frame_bytes);
     for (uint32_t f = 0; f < plans[s].frames; ++f) {
-      value_bufs[s].push_back(
-          OwnedBuffer::Allocate(plans[s].RowsInFrame(f, split.counts[s]) * row_bytes));
+      value_bufs[s].emplace_back(plans[s].RowsInFrame(f, split.counts[s]) * row_bytes);
     }
   }
-  std::vector<bool> written(split.unique_shard.size(), false);
+  std::vector<uint8_t>& written = first_seen_;
+  written.assign(split.unique_shard.size(), 0);
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t u = split.inverse[i];
     const uint32_t s = split.unique_shard[u];
     const uint64_t local = split.unique_local[u];
     const uint64_t f = local / plans[s].rows_per_frame;
-    float* dst = reinterpret_cast<float*>(value_bufs[s][f].data() +
+    float* dst = reinterpret_cast<float*>(value_bufs[s][f].data<std::byte>() +
                                           (local - f * plans[s].rows_per_frame) * row_bytes);
     const float* src = grads.data() + i * dim;
     if (!written[u]) {
-      written[u] = true;
-      std::memcpy(key_bufs[s].data() + local * sizeof(uint64_t), &keys[i], sizeof(uint64_t));
+      written[u] = 1;
+      std::memcpy(key_bufs[s].data<std::byte>() + local * sizeof(uint64_t), &keys[i],
+                  sizeof(uint64_t));
       std::memcpy(dst, src, row_bytes);
     } else {
       for (uint32_t d = 0; d < dim; ++d) dst[d] += src[d];
@@ -709,9 +772,10 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
     h.value_dim = dim;
     h.value_frames = plans[s].frames;
     h.rows_per_frame = plans[s].rows_per_frame;
-    std::vector<zmq::message_t> payload;
-    payload.push_back(std::move(key_bufs[s]).ToMessage());
-    for (auto& b : value_bufs[s]) payload.push_back(std::move(b).ToMessage());
+    std::vector<zmq::message_t>& payload = payload_;
+    payload.clear();
+    payload.push_back(std::move(key_bufs[s]));
+    for (auto& b : value_bufs[s]) payload.push_back(std::move(b));
     CompressValues(&h, &payload, 1);
     Send(ticket, s, std::move(h), std::move(payload));
   }
@@ -755,7 +819,8 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
   h.offset = c.begin;
   h.value_frames = 1;
   h.rows_per_frame = c.size();
-  std::vector<zmq::message_t> payload;
+  std::vector<zmq::message_t>& payload = payload_;
+  payload.clear();
   if (log_pushes_ && WireDType() == wire::DType::F32) {
     // The log outlives the caller's buffer: copy. (Compressed, the 16-bit copy below is it.)
     OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
@@ -796,7 +861,7 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
-  pending_.at(ticket)->borrows = std::make_unique<BorrowTracker>();
+  StartBorrowing(*pending_.at(ticket));
   for (uint32_t s = 0; s < num_shards(); ++s) {
     ForEachDenseChunk(t->NumElements(), s,
                       [&](const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
@@ -810,7 +875,7 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
   Pending& p = *pending_.at(ticket);
-  p.borrows = std::make_unique<BorrowTracker>();
+  StartBorrowing(p);
   p.out = out;
   p.dim = 1;
   // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
@@ -934,8 +999,14 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   if (r.op == Op::PullSparse) {  // the rows' bytes as they travelled (16-bit when compressed)
     for (size_t f = 1; f < stored.size(); ++f) pulled_row_bytes_ += stored[f].size();
   }
-  Result<PayloadView> view = PayloadView::Parse(
-      *h, std::span<zmq::message_t>(stored).subspan(1), manifest_.server.max_request_bytes);
+  PayloadView reuse;
+  if (!spare_views_.empty()) {
+    reuse = std::move(spare_views_.back());
+    spare_views_.pop_back();
+  }
+  Result<PayloadView> view =
+      PayloadView::Parse(*h, std::span<zmq::message_t>(stored).subspan(1),
+                         manifest_.server.max_request_bytes, std::move(reuse));
   // Built only for an error.
   auto where = [&] { return "shard " + std::to_string(shard) + " reply to " + OpName(r.op); };
   if (!view.ok()) {
@@ -958,6 +1029,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
       std::memcpy(p.out + (h->offset + first) * row_floats, data, rows * row_floats * sizeof(float));
     });
     stored.clear();
+    if (spare_views_.size() < kSpareNodes) spare_views_.push_back(std::move(*view));
   } else {
     p.views[shard] = std::move(*view);
     if (!p.read_clocks.empty()) p.read_clocks[shard] = h->read_clock;
@@ -1177,7 +1249,7 @@ void PsClient::FailRequest(ShardRequest& r, Status status) {
   Pending& p = *pending_.at(r.ticket);
   if (p.status.ok()) p.status = std::move(status);
   --p.outstanding;
-  if (p.borrows) {
+  if (p.borrowing) {
     // Frames of a failed request may sit in the socket's queue with a dead peer. Reopen the
     // socket so that they are dropped and the caller's memory is released.
     const uint32_t s = r.shard;
@@ -1237,7 +1309,7 @@ Status PsClient::Wait(Ticket ticket) {
   Finish(p);
   Status result = p.status;
   for (auto& r : p.replies) r.clear();  // the frames released, the buffers kept for reuse
-  if (p.borrows) {
+  if (p.borrowing) {
     // The reply proves the shard has the bytes; wait until ZeroMQ has let go of them too.
     p.borrows->WaitReleased();
   }
@@ -1334,9 +1406,11 @@ Status PsClient::Tick() {
 Result<PsClient::Ticket> PsClient::TickAsync() {
   ++clock_;
   std::fill(push_index_.begin(), push_index_.end(), 0);
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  return Broadcast(Op::Clock, 0, all);
+  if (all_shards_.size() != shards_.size()) {
+    all_shards_.resize(shards_.size());
+    for (uint32_t s = 0; s < all_shards_.size(); ++s) all_shards_[s] = s;
+  }
+  return Broadcast(Op::Clock, 0, all_shards_);
 }
 
 Status PsClient::Leave() {

@@ -38,6 +38,14 @@
 
 namespace parasol {
 
+// How a request's keys split across shards after deduplication (the client's, internal).
+struct KeySplit {
+  std::vector<uint32_t> inverse;       // position -> unique id
+  std::vector<uint32_t> unique_shard;  // unique id -> shard
+  std::vector<uint32_t> unique_local;  // unique id -> row within that shard's request
+  std::vector<uint64_t> counts;        // shard -> unique keys sent to it
+};
+
 class PsClient {
  public:
   using Ticket = uint64_t;
@@ -193,11 +201,17 @@ class PsClient {
     std::vector<zmq::message_t> frames;
   };
   bool gathering_ = false;
-  std::vector<std::vector<Gathered>> gathered_;  // per shard
+  // Per shard: the entries gathered so far are the first gathered_count_[shard] (the others,
+  // kept for their buffers, are reused by the next step).
+  std::vector<std::vector<Gathered>> gathered_;
+  std::vector<size_t> gathered_count_;
   // Step messages in flight: their parts' request ids (a Step refused as a whole fails them).
-  std::map<uint64_t, std::vector<uint64_t>> step_parts_;
+  using StepPartsMap = std::map<uint64_t, std::vector<uint64_t>>;
+  StepPartsMap step_parts_;
+  std::vector<StepPartsMap::node_type> spare_step_parts_;  // reused, as spare_pending_
+  StepPartsMap::iterator RetireStepParts(StepPartsMap::iterator it);
   // Sends `group` (requests to `shard`) as one Step, or alone when it is one request.
-  void SendGathered(uint32_t shard, std::vector<Gathered>& group);
+  void SendGathered(uint32_t shard, std::span<Gathered> group);
   void OnStepReply(uint32_t shard, const Header& step, std::vector<zmq::message_t>& frames);
 
   PsClient(const Manifest& manifest, uint32_t worker_id);
@@ -225,7 +239,8 @@ class PsClient {
   wire::DType WireDType() const;
   void CompressValues(Header* h, std::vector<zmq::message_t>* payload,
                       size_t first_value_frame) const;
-  void Send(Ticket ticket, uint32_t shard, Header header, std::vector<zmq::message_t> payload);
+  // `payload`'s messages are moved out (the caller may reuse the vector).
+  void Send(Ticket ticket, uint32_t shard, Header header, std::vector<zmq::message_t>&& payload);
   // Receives what is waiting (up to `timeout`) and resends overdue requests.
   Status Pump(std::chrono::milliseconds timeout);
   void OnReply(uint32_t shard, std::vector<zmq::message_t>& frames);
@@ -264,14 +279,32 @@ class PsClient {
   std::vector<PendingMap::node_type> spare_pending_;
   std::vector<RequestMap::node_type> spare_requests_;
   static constexpr size_t kSpareNodes = 256;
-  // Reused from call to call: Pump's poll items and received frames, a Step reply's part.
+  static constexpr size_t kReservedFrames = 4;  // frames a new request's vectors have room for
+  // Reused from call to call: Pump's poll items and received frames, a Step reply's part, its
+  // parts and its parts' ids, the frames of a message sent at once.
   std::vector<zmq::pollitem_t> poll_items_;
   std::vector<zmq::message_t> received_;
   std::vector<zmq::message_t> step_part_frames_;
+  std::vector<StepPart> step_split_;
+  std::vector<uint64_t> step_ids_;
+  std::vector<zmq::message_t> send_frames_;
+  std::vector<PayloadView> spare_views_;  // parsed replies' views, their buffers reused
+  // Scratch of the sparse requests and the sends (pulls swap the split's vectors with their
+  // ticket's, so the ticket keeps them).
+  KeySplit split_, push_split_;
+  std::vector<KeySplit> spare_splits_;  // finished pulls' split vectors
+  std::vector<zmq::message_t> payload_;
+  std::vector<zmq::message_t> key_bufs_;
+  std::vector<FramePlan> plans_;
+  std::vector<std::vector<zmq::message_t>> value_bufs_;
+  std::vector<uint8_t> first_seen_;
+  std::vector<uint32_t> all_shards_;
   // A node for request `id` (its ShardRequest reset), and the return of an answered one.
   RequestMap::node_type RequestNode(uint64_t id);
   void RetireRequest(RequestMap::iterator it);
   void RetirePending(PendingMap::iterator it);
+  // The ticket's frames borrow the caller's memory (its tracker made once, then reused).
+  void StartBorrowing(Pending& p);
   // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
   // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
   // a new epoch; the shard's restored push record applies each one once.

@@ -1,5 +1,6 @@
 #include "worker/trainer.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,30 @@
 
 namespace parasol {
 namespace {
+
+// The training thread's allocations from Start() on, less the excluded stretches
+// (TrainReport::allocations_per_step). Without a counter, nothing is counted.
+class AllocationWatch {
+ public:
+  explicit AllocationWatch(std::function<uint64_t()> count) : count_(std::move(count)) {}
+  uint64_t Now() const { return count_ ? count_() : 0; }
+  void Start() {
+    started_ = static_cast<bool>(count_);
+    start_ = Now();
+  }
+  // Leaves out what was allocated since `from` (a Now() of this stretch's start).
+  void Exclude(uint64_t from) { excluded_ += started_ ? Now() - from : 0; }
+  // Per step over `steps` steps since Start(), or -1.
+  double PerStep(uint64_t steps) const {
+    if (!started_ || steps == 0) return -1;
+    return static_cast<double>(Now() - start_ - excluded_) / static_cast<double>(steps);
+  }
+
+ private:
+  std::function<uint64_t()> count_;
+  bool started_ = false;
+  uint64_t start_ = 0, excluded_ = 0;
+};
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -134,6 +159,7 @@ std::string TrainReport::ToJson() const {
   s["cache_misses"] = cache_misses;
   s["pull_bytes_per_step"] = pull_bytes_per_step;
   s["prefetch_ahead_max"] = prefetch_ahead_max;
+  s["allocations_per_step"] = allocations_per_step;
   s["evaluated"] = evaluated;
   s["eval_samples"] = eval_samples;
   s["eval_logloss"] = eval_logloss;
@@ -319,7 +345,10 @@ Result<TrainReport> Trainer::Run() {
 
   const auto start = SteadyClock::now();
   auto last_progress = start;
-  std::deque<double> recent_losses;
+  AllocationWatch warm(hooks_.allocations);
+  std::vector<PsClient::Ticket> pushes;  // a step's push tickets
+  std::array<double, 100> recent_losses{};
+  size_t recent_count = 0, recent_next = 0;
   BatchKeys cur_keys, next_keys;
   // A batch's distinct keys, deduplicated by the reader, into `keys`; the buffers `keys` had
   // go back with the batch when it is recycled.
@@ -514,7 +543,9 @@ Result<TrainReport> Trainer::Run() {
     phase = SteadyClock::now();
     model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                cur_keys.indices.data(), /*train=*/true);
-    PARASOL_RETURN_IF_ERROR(model->Finish(cur_slot).WithContext("step " + std::to_string(report.steps)));
+    if (Status st = model->Finish(cur_slot); !st.ok()) {
+      return st.WithContext("step " + std::to_string(report.steps));
+    }
     double loss = model->Loss();
     report.compute_seconds += Since(phase);
     uint64_t step_samples = cur->size;
@@ -545,8 +576,9 @@ Result<TrainReport> Trainer::Run() {
         phase = SteadyClock::now();
         model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                    cur_keys.indices.data(), /*train=*/true);
-        PARASOL_RETURN_IF_ERROR(
-            model->Finish(cur_slot).WithContext("step " + std::to_string(report.steps)));
+        if (Status st = model->Finish(cur_slot); !st.ok()) {
+          return st.WithContext("step " + std::to_string(report.steps));
+        }
         const double l = model->Loss();
         report.compute_seconds += Since(phase);
         acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
@@ -564,7 +596,7 @@ Result<TrainReport> Trainer::Run() {
     // acknowledgements so that a worker restarted between two shards' ticks redoes a step
     // whose pushes every shard has (and answers as duplicates).
     phase = SteadyClock::now();
-    std::vector<PsClient::Ticket> pushes;
+    pushes.clear();
     const bool acc_on = accumulate > 1;
     if (fuse) client_->BeginStep();
     Status sent = [&]() -> Status {
@@ -606,10 +638,16 @@ Result<TrainReport> Trainer::Run() {
 
     ++report.steps;
     report.train_samples += step_samples;
-    recent_losses.push_back(loss);
-    if (recent_losses.size() > 100) recent_losses.pop_front();
-    report.last_loss = std::accumulate(recent_losses.begin(), recent_losses.end(), 0.0) /
-                       recent_losses.size();
+    // The mean loss of the last (up to) 100 steps, in a ring.
+    if (recent_count < recent_losses.size()) ++recent_count;
+    recent_losses[recent_next] = loss;
+    recent_next = (recent_next + 1) % recent_losses.size();
+    report.last_loss =
+        std::accumulate(recent_losses.begin(), recent_losses.begin() + recent_count, 0.0) /
+        recent_count;
+    if (report.steps == uint64_t{resume} + kWarmSteps) warm.Start();
+    // What follows (progress, evaluation) is reporting: its allocations are not the step's.
+    const uint64_t reporting_from = warm.Now();
 
     auto point = [&](const EvalResult* e) {
       if (hooks_.point) {
@@ -643,6 +681,7 @@ Result<TrainReport> Trainer::Run() {
         hooks_.line(buf);
       }
     }
+    warm.Exclude(reporting_from);
     reader.Recycle(std::move(*cur));
     cur = std::move(next);
     std::swap(cur_keys, next_keys);
@@ -654,6 +693,9 @@ Result<TrainReport> Trainer::Run() {
     next_read = false;
   }
   PARASOL_RETURN_IF_ERROR(wait_pulls());
+  const uint64_t counted_from = static_cast<uint64_t>(resume) + kWarmSteps;
+  report.allocations_per_step =
+      warm.PerStep(report.steps > counted_from ? report.steps - counted_from : 0);
   report.train_seconds = Since(start);
   report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
   report.bad_rows = reader.bad_rows();

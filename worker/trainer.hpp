@@ -32,6 +32,9 @@ struct StepTimes {
   LatencyHistogram pull_latency, push_latency, tick_latency;
 };
 
+// Steps a worker trains before its allocations per step are counted (TrainReport).
+inline constexpr uint64_t kWarmSteps = 10;
+
 struct TrainReport : StepTimes {
   uint32_t worker = 0;
   uint64_t steps = 0;
@@ -47,6 +50,10 @@ struct TrainReport : StepTimes {
   uint64_t cache_misses = 0;           // rows it pulled while the cache was on
   double pull_bytes_per_step = 0;      // sparse keys and rows pulled, per step
   uint32_t prefetch_ahead_max = 0;     // the most steps whose rows were pulled ahead at once
+  // Objects the training thread allocated per step after its first kWarmSteps steps (buffers
+  // sized, pools filled), progress reports and evaluations left out; -1: not counted
+  // (TrainerHooks::allocations unset, or too few steps).
+  double allocations_per_step = -1;
   std::string first_bad_row;  // "file:line: why"
   bool evaluated = false;
   uint64_t eval_samples = 0;
@@ -93,6 +100,9 @@ struct GradientSum {
 struct TrainerHooks {
   std::function<void(const std::string&)> line;     // a progress line, every progress_every
   std::function<void(const ProgressPoint&)> point;  // every 10 steps and after evaluations
+  // The objects the calling thread has allocated so far (the process counts them), for
+  // TrainReport::allocations_per_step; unset: not counted.
+  std::function<uint64_t()> allocations;
 };
 
 struct EvalResult {
