@@ -33,7 +33,9 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
               const WorkloadOptions& options, const std::string& summary,
               const std::string& metrics_log);
 
-// Objects allocated (global operator new) by the calling thread so far.
+// Objects allocated (global operator new) by the calling thread so far, when this build counts
+// them (AllocationsCounted(): not under a sanitizer).
+bool AllocationsCounted();
 uint64_t ThreadAllocations();
 
 // The exit code of a worker that fails while acknowledged updates are only in its memory (a

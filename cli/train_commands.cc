@@ -125,7 +125,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
     if (log.is_open()) log << p.ToJson() << "\n" << std::flush;
     if (metrics) metrics->Publish(p.ToPrometheus());
   };
-  hooks.allocations = ThreadAllocations;
+  if (AllocationsCounted()) hooks.allocations = ThreadAllocations;
   Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {

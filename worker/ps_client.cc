@@ -478,6 +478,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   }
   (void)FaultPoints::Get().Hit("client.send");
   Status st = SendFrames(shards_[shard], frames);
+  frames.clear();  // what a failed send left: borrowed frames must not outlive the request
   in_flight_.insert(std::move(node));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);
 }
@@ -568,6 +569,7 @@ void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
   }
   (void)FaultPoints::Get().Hit("client.send");
   Status st = SendFrames(shards_[shard], *frames);
+  frames->clear();  // what a failed send left: borrowed frames must not outlive the request
   if (st.ok()) return;
   auto fail = [&](uint64_t id) {
     auto it = in_flight_.find(id);

@@ -361,6 +361,8 @@ Result<TrainReport> Trainer::Run() {
   // A restarted worker continues at the clock the shards know it at: the batches of the
   // earlier steps were trained on (each step is one batch of this worker's split).
   const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
+  // Allocations are counted from this step on (TrainReport::allocations_per_step).
+  const uint64_t counted_from = static_cast<uint64_t>(resume) + kWarmSteps;
   for (int64_t i = 0; i < resume * int64_t{accumulate}; ++i) {
     PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> skipped, reader.Next());
     if (!skipped) break;
@@ -645,7 +647,7 @@ Result<TrainReport> Trainer::Run() {
     report.last_loss =
         std::accumulate(recent_losses.begin(), recent_losses.begin() + recent_count, 0.0) /
         recent_count;
-    if (report.steps == uint64_t{resume} + kWarmSteps) warm.Start();
+    if (report.steps == counted_from) warm.Start();
     // What follows (progress, evaluation) is reporting: its allocations are not the step's.
     const uint64_t reporting_from = warm.Now();
 
@@ -693,7 +695,6 @@ Result<TrainReport> Trainer::Run() {
     next_read = false;
   }
   PARASOL_RETURN_IF_ERROR(wait_pulls());
-  const uint64_t counted_from = static_cast<uint64_t>(resume) + kWarmSteps;
   report.allocations_per_step =
       warm.PerStep(report.steps > counted_from ? report.steps - counted_from : 0);
   report.train_seconds = Since(start);
