@@ -45,6 +45,35 @@ int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOption
   return 0;
 }
 
+int RunScale(const std::string& manifest_path, uint64_t workers, const std::string& key_path) {
+  auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
+  if (!client.ok()) {
+    spdlog::error("{}", client.status().ToString());
+    return 1;
+  }
+  Result<uint64_t> staying = (*client)->Scale(workers);
+  if (!staying.ok()) {
+    spdlog::error("{}", staying.status().ToString());
+    return 1;
+  }
+  const Membership& m = (*client)->membership();
+  for (uint32_t w = 0; w < m.max_ranks(); ++w) {
+    if (!m.Joined(w)) continue;
+    std::printf("worker %u: joined at clock %lld%s\n", w, static_cast<long long>(m.join(w)),
+                m.leave(w) >= 0 ? (", leaves at clock " + std::to_string(m.leave(w))).c_str()
+                                : "");
+  }
+  std::printf("%llu workers stay", static_cast<unsigned long long>(*staying));
+  if (*staying < workers) {
+    std::printf("; start %llu more with `parasol worker --manifest %s --rank R` (R from %u up to "
+                "cluster.max_workers - 1, not used before)",
+                static_cast<unsigned long long>(workers - *staying), manifest_path.c_str(),
+                m.initial());
+  }
+  std::printf("\n");
+  return 0;
+}
+
 int RunStats(const std::string& manifest_path, const std::string& key_path) {
   auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
   if (!client.ok()) {

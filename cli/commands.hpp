@@ -16,6 +16,8 @@ int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOption
 
 // parasol stats --manifest M
 int RunStats(const std::string& manifest_path, const std::string& key_path);
+// `parasol scale`: asks shard 0 for `workers` workers; prints the membership it names.
+int RunScale(const std::string& manifest_path, uint64_t workers, const std::string& key_path);
 
 // parasol shutdown --manifest M
 int RunShutdown(const std::string& manifest_path, const std::string& key_path);
@@ -45,7 +47,8 @@ inline constexpr int kExitUpdatesWouldBeLost = 3;
 
 // parasol worker --manifest M --rank J: trains the manifest's model.
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
-              const std::string& key_path, const std::string& metrics_log);
+              const std::string& key_path, const std::string& metrics_log, bool join = false,
+              const std::string& trace_rows = "");
 
 // parasol gen-data --rows N --out FILE
 int RunGenData(uint64_t rows, const std::string& out, uint64_t seed);

@@ -71,8 +71,16 @@ int main(int argc, char** argv) {
 
   auto* worker_cmd = app.add_subcommand("worker", "train the manifest's model as one worker");
   worker_cmd->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
-  worker_cmd->add_option("--rank,-r", rank, "this worker's id, 0 .. cluster.workers-1")
+  worker_cmd->add_option("--rank,-r", rank,
+                         "this worker's id, 0 .. cluster.workers-1; a rank up to "
+                         "cluster.max_workers-1 joins the running job")
       ->required();
+  bool join = false;
+  worker_cmd->add_flag("--join", join,
+                       "join the running job (implied by a rank of cluster.workers or more)");
+  std::string trace_rows;
+  worker_cmd->add_option("--trace-rows", trace_rows,
+                         "write each trained batch's step and data-stream lines here");
   worker_cmd->add_option("--summary", summary, "write this worker's summary (JSON) here");
   std::string metrics_log;
   worker_cmd->add_option("--metrics-log", metrics_log,
@@ -90,6 +98,13 @@ int main(int argc, char** argv) {
 
   auto* stats = app.add_subcommand("stats", "print every shard's counters");
   stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+
+  uint64_t scale_workers = 0;
+  auto* scale = app.add_subcommand(
+      "scale", "change a running job's worker count: the highest ranks beyond it leave at a "
+               "clock shard 0 names (start joining workers with `parasol worker --rank R`)");
+  scale->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
+  scale->add_option("--workers,-w", scale_workers, "the number of workers wanted")->required();
 
   auto* shutdown = app.add_subcommand("shutdown", "stop every shard of a running job");
   shutdown->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -159,7 +174,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   std::string key_path;
-  for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint}) {
+  for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint, scale}) {
     cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
   }
   std::string log_level = "info";
@@ -182,7 +197,11 @@ int main(int argc, char** argv) {
   if (*launch) {
     return parasol::cli::RunLaunch(SelfPath(argv[0]), manifest, workload, summary, metrics_log);
   }
-  if (*worker_cmd) return parasol::cli::RunWorker(manifest, rank, summary, key_path, metrics_log);
+  if (*worker_cmd) {
+    return parasol::cli::RunWorker(manifest, rank, summary, key_path, metrics_log, join,
+                                   trace_rows);
+  }
+  if (*scale) return parasol::cli::RunScale(manifest, scale_workers, key_path);
   if (*gen) return parasol::cli::RunGenData(rows, out, seed);
   if (*render) {
     auto text = target == "k8s" ? parasol::RenderKubernetes(manifest, render_options)

@@ -16,6 +16,7 @@
 #include "worker/data_generator.hpp"
 #include "worker/ps_client.hpp"
 #include "worker/trainer.hpp"
+#include "common/stop_signal.hpp"
 
 namespace parasol::cli {
 namespace {
@@ -67,16 +68,25 @@ int ExecWorkerCommand(const Manifest& manifest, const std::string& manifest_path
 }  // namespace
 
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
-              const std::string& key_path, const std::string& metrics_log) {
+              const std::string& key_path, const std::string& metrics_log, bool join,
+              const std::string& trace_rows) {
   Result<Manifest> manifest = LoadManifest(manifest_path);
   if (!manifest.ok()) {
     spdlog::error("{}", manifest.status().message());
     return 2;
   }
-  if (rank >= manifest->cluster.workers) {
-    spdlog::error("--rank {} is out of range: cluster.workers is {}", rank,
-                  manifest->cluster.workers);
+  if (rank >= manifest->cluster.max_workers) {
+    spdlog::error("--rank {} is out of range: cluster.workers is {}, cluster.max_workers {}", rank,
+                  manifest->cluster.workers, manifest->cluster.max_workers);
     return 2;
+  }
+  // A rank beyond the first cluster.workers joins the running job.
+  join = join || rank >= manifest->cluster.workers;
+  // In a job whose size may change, SIGTERM and SIGINT ask the worker to leave at a clock
+  // boundary (it trains the steps before it; SIGKILL stops it at once).
+  std::unique_ptr<StopSignal> leave_signal;
+  if (manifest->cluster.max_workers > manifest->cluster.workers) {
+    leave_signal = std::make_unique<StopSignal>();
   }
   if (!manifest->worker.command.empty()) {
     return ExecWorkerCommand(*manifest, manifest_path, rank, summary, key_path);
@@ -94,7 +104,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
     return 2;
   }
   spdlog::info("worker {}: computing on {}", rank, manifest->worker.device);
-  auto client = PsClient::Connect(*manifest, rank, key_path);
+  auto client = PsClient::Connect(*manifest, rank, key_path, {}, join);
   if (!client.ok()) {
     spdlog::error("worker {}: {}", rank, client.status().ToString());
     return 1;
@@ -126,6 +136,20 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
     if (metrics) metrics->Publish(p.ToPrometheus());
   };
   if (AllocationsCounted()) hooks.allocations = ThreadAllocations;
+  if (leave_signal) hooks.leave_requested = [&] { return leave_signal->flag().load(); };
+  std::ofstream trace;
+  if (!trace_rows.empty()) {
+    trace.open(trace_rows, std::ios::app);
+    if (!trace) {
+      spdlog::error("worker {}: cannot write the row trace '{}'", rank, trace_rows);
+      return 1;
+    }
+    hooks.trained = [&](const Batch& b) {
+      trace << b.step;
+      for (uint64_t p : b.positions) trace << ' ' << p;
+      trace << '\n';
+    };
+  }
   Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {

@@ -286,6 +286,20 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
     c->servers.push_back(*addr);
   }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("workers", 1, 1 << 20, &c->workers));
+  c->max_workers = c->workers;
+  if (r.Has("max_workers")) {
+    PARASOL_RETURN_IF_ERROR(r.Unsigned("max_workers", 1, 1 << 20, &c->max_workers));
+    if (c->max_workers > c->workers && c->max_workers > 2048) {
+      return r.ErrorAt(r.Child("max_workers"), "cluster.max_workers",
+                       "is " + std::to_string(c->max_workers) +
+                           "; a job whose size may change has at most 2048 worker ranks");
+    }
+    if (c->max_workers < c->workers) {
+      return r.ErrorAt(r.Child("max_workers"), "cluster.max_workers",
+                       "is " + std::to_string(c->max_workers) + ", below cluster.workers (" +
+                           std::to_string(c->workers) + ")");
+    }
+  }
   if (r.Has("worker_hosts")) {
     YAML::Node hosts = r.Child("worker_hosts");
     if (!hosts.IsSequence() || hosts.size() != c->workers) {
@@ -532,8 +546,8 @@ Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers, uint32
     if (s->worker_keys.size() != workers) {
       return r.ErrorAt(
           list, "security.worker_keys",
-          "needs one key pair per worker (cluster.workers = " + std::to_string(workers) +
-              "), found " + std::to_string(s->worker_keys.size()));
+          "needs one key pair per worker rank (cluster.max_workers, default cluster.workers = " +
+              std::to_string(workers) + "), found " + std::to_string(s->worker_keys.size()));
     }
   }
   return r.Finish();
@@ -815,6 +829,7 @@ uint64_t Manifest::Fingerprint() const {
   s << ";workers=" << cluster.workers << ";consistency="
     << static_cast<int>(training.consistency) << "," << training.staleness << ";";
   // Only when set: the fingerprints of manifests without it stay as they were.
+  if (cluster.max_workers > cluster.workers) s << "max_workers=" << cluster.max_workers << ";";
   if (training.prefetch && training.prefetch_depth > 1) {
     s << "prefetch_depth=" << training.prefetch_depth << ";";
   }
@@ -862,7 +877,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseWorker(root, &m.worker, m.source));
     PARASOL_RETURN_IF_ERROR(ParseWire(root, &m.wire, m.source));
     PARASOL_RETURN_IF_ERROR(
-        ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.workers, m.source));
+        ParseSecurity(root, &m.security, m.cluster.servers.size(), m.cluster.max_workers, m.source));
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
     PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.server.max_request_bytes, m.source));
     if (m.cluster.restart_servers && (m.checkpoint.dir.empty() || !m.checkpoint.restore)) {

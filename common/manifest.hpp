@@ -81,7 +81,10 @@ struct ServerAddress {
 
 struct ClusterOptions {
   std::vector<ServerAddress> servers;  // required: one entry per shard, "host:port"
-  uint32_t workers = 1;                // number of worker processes
+  uint32_t workers = 1;                // number of worker processes at the start
+  // The most worker ranks the job may ever have: ranks workers .. max_workers - 1 join a running
+  // job (common/membership.hpp). Default: workers (no joins).
+  uint32_t max_workers = 0;
   std::vector<std::string> worker_hosts;  // optional: where each worker runs (informational)
   std::string bind;                    // servers bind this host instead of their own (e.g. 0.0.0.0)
   int64_t connect_timeout_ms = 30000;  // how long a worker waits for its servers to answer

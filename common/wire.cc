@@ -24,6 +24,12 @@ zmq::message_t EncodeHeader(const Header& h) {
   thread_local flatbuffers::FlatBufferBuilder fbb(256);
   fbb.Clear();
   auto message = h.message.empty() ? 0 : fbb.CreateString(h.message);
+  flatbuffers::Offset<flatbuffers::Vector<const wire::Member*>> members = 0;
+  if (!h.members.empty()) {
+    wire::Member* out = nullptr;
+    members = fbb.CreateUninitializedVectorOfStructs(h.members.size(), &out);
+    for (const MemberEntry& e : h.members) *out++ = wire::Member(e.worker, e.join, e.leave);
+  }
   wire::HeaderBuilder b(fbb);
   b.add_version(h.version);
   b.add_op(h.op);
@@ -60,6 +66,9 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_known_epoch(h.known_epoch);
   b.add_read_clock(h.read_clock);
   b.add_value_scale(h.value_scale);
+  b.add_membership_version(h.membership_version);
+  if (!h.members.empty()) b.add_members(members);
+  b.add_join(h.join);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -142,6 +151,18 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.value_scale = fb->value_scale();
   h.caught_up = fb->caught_up();
   h.replay = fb->replay();
+  h.membership_version = fb->membership_version();
+  h.join = fb->join();
+  if (const auto* members = fb->members()) {
+    if (members->size() > kMaxMemberEntries) {
+      return BadMessage("header carries " + std::to_string(members->size()) +
+                        " membership entries, more than " + std::to_string(kMaxMemberEntries));
+    }
+    h.members.reserve(members->size());
+    for (const wire::Member* e : *members) {
+      h.members.push_back(MemberEntry{e->worker(), e->join(), e->leave()});
+    }
+  }
   return h;
 }
 

@@ -18,6 +18,7 @@
 
 #include <zmq.hpp>
 
+#include "common/membership.hpp"
 #include "common/status.hpp"
 #include "protocols/message_generated.h"
 
@@ -27,7 +28,7 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
 // (value_scale).
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -71,7 +72,13 @@ struct Header {
   uint64_t known_epoch = 0;
   int64_t read_clock = -1;
   int16_t value_scale = 0;
+  uint64_t membership_version = 0;
+  std::vector<MemberEntry> members;
+  bool join = false;
 };
+// The most membership entries one header may carry (cluster.max_workers beyond
+// cluster.workers is bounded by it).
+inline constexpr size_t kMaxMemberEntries = 2048;
 
 zmq::message_t EncodeHeader(const Header& h);
 

@@ -7,17 +7,30 @@
 namespace parasol {
 
 ConsistencyController::ConsistencyController(const TrainingOptions& options, uint32_t workers,
-                                             SteadyClock::time_point start)
+                                             SteadyClock::time_point start, uint32_t max_ranks)
     : options_(options),
-      clocks_(workers, 0),
-      last_heard_(workers, start),
-      held_(workers, 0),
-      lost_(workers, false),
-      done_at_(workers, -1),
-      unconfirmed_(workers, true),
-      restored_(workers, false),
-      live_(workers),
-      incarnations_(workers, 0) {}
+      clocks_(std::max(workers, max_ranks), 0),
+      last_heard_(clocks_.size(), start),
+      held_(clocks_.size(), 0),
+      lost_(clocks_.size(), false),
+      done_at_(clocks_.size(), -1),
+      incarnations_(clocks_.size(), 0),
+      unconfirmed_(clocks_.size(), true),
+      restored_(clocks_.size(), false),
+      joined_at_(clocks_.size(), -1),
+      live_(workers) {
+  for (uint32_t w = 0; w < workers; ++w) joined_at_[w] = 0;
+}
+
+void ConsistencyController::Join(uint32_t worker, int64_t clock, SteadyClock::time_point now) {
+  if (worker >= clocks_.size() || joined_at_[worker] >= 0) return;
+  joined_at_[worker] = clock;
+  clocks_[worker] = std::max(clocks_[worker], clock);
+  unconfirmed_[worker] = false;
+  restored_[worker] = false;
+  last_heard_[worker] = now;
+  ++live_;
+}
 
 namespace {
 
@@ -41,6 +54,7 @@ int64_t SlackOf(const TrainingOptions& o, bool request) {
 
 bool ConsistencyController::ClocksKnown() const {
   for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0) continue;
     if (unconfirmed_[w] && !lost_[w] && done_at_[w] < 0) return false;
   }
   return true;
@@ -48,6 +62,7 @@ bool ConsistencyController::ClocksKnown() const {
 
 bool ConsistencyController::ReplayOwed() const {
   for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0) continue;
     if (restored_[w] && !lost_[w] && done_at_[w] < 0) return true;
   }
   return false;
@@ -116,6 +131,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
 uint32_t ConsistencyController::ActiveAt(int64_t clock) const {
   uint32_t n = 0;
   for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0 || joined_at_[w] > clock) continue;
     if (!lost_[w] && (done_at_[w] < 0 || done_at_[w] > clock)) ++n;
   }
   return n;
@@ -151,7 +167,7 @@ void ConsistencyController::AddHeld(uint32_t worker, int delta) {
 int64_t ConsistencyController::MinClock() const {
   int64_t m = std::numeric_limits<int64_t>::max();
   for (size_t w = 0; w < clocks_.size(); ++w) {
-    if (!lost_[w] && done_at_[w] < 0) m = std::min(m, clocks_[w]);
+    if (joined_at_[w] >= 0 && !lost_[w] && done_at_[w] < 0) m = std::min(m, clocks_[w]);
   }
   return m;
 }
@@ -159,7 +175,7 @@ int64_t ConsistencyController::MinClock() const {
 int64_t ConsistencyController::MaxClock() const {
   int64_t m = 0;
   for (size_t w = 0; w < clocks_.size(); ++w) {
-    if (!lost_[w]) m = std::max(m, clocks_[w]);
+    if (joined_at_[w] >= 0 && !lost_[w]) m = std::max(m, clocks_[w]);
   }
   return m;
 }
@@ -185,7 +201,7 @@ std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point 
   const int64_t min_clock = MinClock();
   const bool bounded = options_.consistency != TrainingOptions::Consistency::kAsp;
   for (uint32_t w = 0; w < clocks_.size(); ++w) {
-    if (lost_[w] || held_[w] > 0 || done_at_[w] >= 0) continue;
+    if (joined_at_[w] < 0 || lost_[w] || held_[w] > 0 || done_at_[w] >= 0) continue;
     // Under a bound, a worker ahead of the slowest may be waiting on another shard; only a
     // worker at the slowest clock can be the one holding the job up.
     if (bounded && clocks_[w] > min_clock) continue;

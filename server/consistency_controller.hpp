@@ -18,6 +18,9 @@
 // restart; or done): a shard may have been restarted with or without a checkpoint while the
 // workers went on. Until then only the sender's own clock bounds its requests.
 //
+// Ranks beyond the first cluster.workers are outside the job until they join (Join()); from
+// then on they count like the others, for the clocks from their join clock on.
+//
 // A worker is lost when the shard has heard nothing from it for training.worker_timeout while
 // it had no request held here and (under bsp/ssp) was at the slowest clock: a worker ahead of
 // the slowest may be waiting on another shard, which this shard cannot see. Lost workers no
@@ -38,11 +41,20 @@ class ConsistencyController {
  public:
   using SteadyClock = std::chrono::steady_clock;
 
+  // `workers` ranks in the job from the start, of `max_ranks` (cluster.max_workers; 0: workers).
   ConsistencyController(const TrainingOptions& options, uint32_t workers,
-                        SteadyClock::time_point start);
+                        SteadyClock::time_point start, uint32_t max_ranks = 0);
 
   const TrainingOptions& options() const { return options_; }
-  bool InJob(uint32_t worker) const { return worker < clocks_.size(); }
+  // A rank that has joined the job (from the start, or later by Join()).
+  bool InJob(uint32_t worker) const { return worker < clocks_.size() && joined_at_[worker] >= 0; }
+  // Rank `worker` joins the job at `clock` (common/membership.hpp): its clock starts there, it
+  // counts towards the bound and the barriers from now on, and towards the BSP average of
+  // the clocks from `clock` on. Nothing for a rank in the job already or out of range.
+  void Join(uint32_t worker, int64_t clock, SteadyClock::time_point now);
+  int64_t JoinedAt(uint32_t worker) const {
+    return worker < joined_at_.size() ? joined_at_[worker] : -1;
+  }
   bool IsLost(uint32_t worker) const { return InJob(worker) && lost_[worker]; }
   uint32_t live_workers() const { return live_; }
 
@@ -120,6 +132,7 @@ class ConsistencyController {
   std::vector<uint64_t> incarnations_;
   std::vector<bool> unconfirmed_;  // its clock not known yet (see the class comment)
   std::vector<bool> restored_;     // its clock is a checkpoint's, and its replay has not ended
+  std::vector<int64_t> joined_at_;  // -1: not in the job (yet)
   uint32_t live_;
 };
 

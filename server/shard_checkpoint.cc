@@ -22,7 +22,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
-                         engines_.size());
+                         engines_.size(), const_cast<Membership&>(membership_));
   uint64_t bytes = 0;
 
   CheckpointHeader h;
@@ -72,7 +72,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
     ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
-                     engines_.size());
+                     engines_.size(), membership_);
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
     checkpoint_sequence_ = h.sequence;
@@ -80,7 +80,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     checkpoint_clock_ = h.clock;
     if (h.final) {
       // The shard had stopped cleanly: its workers' clocks are as they were, and nothing is due.
-      for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) (void)controller_.AbandonReplay(w);
+      for (uint32_t w = 0; w < membership_.max_ranks(); ++w) (void)controller_.AbandonReplay(w);
     }
     return Status::Ok();
   } catch (const std::bad_alloc&) {
@@ -122,7 +122,7 @@ Status ShardServer::Restore() {
   const std::string mark = c.dir + "/shard-" + std::to_string(rank_) + "/started";
   std::error_code ec;
   if (std::filesystem::exists(mark, ec)) {
-    for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) controller_.SetClock(w, 0);
+    for (uint32_t w = 0; w < membership_.max_ranks(); ++w) controller_.SetClock(w, 0);
     spdlog::warn("shard {}: restarted before its first checkpoint; the workers replay everything",
                  rank_);
     return Status::Ok();

@@ -51,12 +51,15 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       context_(1),
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
-      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now()),
+      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now(),
+                  manifest.cluster.max_workers),
+      membership_(manifest.cluster.workers,
+                  std::max(manifest.cluster.workers, manifest.cluster.max_workers)),
       epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1),
-      held_count_(manifest.cluster.workers, 0),
-      held_worker_bytes_(manifest.cluster.workers, 0),
-      reply_dropped_since_(manifest.cluster.workers) {
-  pushed_since_checkpoint_.assign(manifest.cluster.workers, 0);
+      held_count_(membership_.max_ranks(), 0),
+      held_worker_bytes_(membership_.max_ranks(), 0),
+      reply_dropped_since_(membership_.max_ranks()) {
+  pushed_since_checkpoint_.assign(membership_.max_ranks(), 0);
   tables_status_ = ResetTables();
 }
 
@@ -369,6 +372,17 @@ static Status CheckPullDType(const Header& req) {
 
 Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
                              Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
+  if (!req.is_reply && !req.members.empty()) PARASOL_RETURN_IF_ERROR(MergeMembership(req));
+  PARASOL_RETURN_IF_ERROR(DispatchOp(req, frames, reply, payload, held));
+  // A sender that knows fewer clocks learns them (its request's version says how many it knows).
+  if (!*held && req.membership_version < membership_.version()) {
+    reply->members = membership_.Entries();
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& frames,
+                               Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
   if (req.is_reply) return BadMessage(std::string(OpName(req.op)) + ": expected a request");
   if (req.status != StatusCode::kOk) {
     return BadMessage(std::string(OpName(req.op)) + ": a request must not carry a status");
@@ -408,7 +422,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       if (!in_job) {
         return InvalidArgument(std::string(OpName(req.op)) + ": worker " +
                                std::to_string(req.worker_id) + " is not in this job (cluster." +
-                               "workers = " + std::to_string(manifest_.cluster.workers) + ")");
+                               "workers = " + std::to_string(manifest_.cluster.workers) + ", and it has not joined)");
       }
       // (worker, clock, index) names the push: a resend, a replay or a restarted worker's
       // recomputed step is applied once (server/push_record.hpp).
@@ -472,6 +486,8 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
       return BadMessage("Error is a reply op, not a request");
     case Op::Step:
       return BadMessage("a Step inside a Step");
+    case Op::Membership:
+      return HandleMembership(req, reply);
   }
   return BadMessage("unknown op " + std::to_string(static_cast<int>(req.op)));
 }
@@ -669,6 +685,110 @@ void ShardServer::CheckWorkers() {
   AfterClockChange();
 }
 
+int64_t ShardServer::NextMembershipClock() const {
+  // A worker learns a named clock from shard 0's reply to its next tick at the latest, and by
+  // then it may have taken the batches of the step after that tick and of its prefetches. Shard
+  // 0 sees every tick, so no worker is past its newest clock.
+  const TrainingOptions& t = manifest_.training;
+  const int64_t ahead =
+      t.prefetch && t.consistency != TrainingOptions::Consistency::kBsp
+          ? std::max<int64_t>(1, t.prefetch_depth)
+          : 1;
+  return std::max<int64_t>(0, controller_.MaxClock()) + 1 + ahead;
+}
+
+Status ShardServer::MergeMembership(const Header& req) {
+  // Only from a rank that may speak for the job: one in it, or one asking to join with the
+  // membership shard 0 answered it (which names that rank).
+  const uint32_t w = req.worker_id;
+  bool speaks = controller_.InJob(w);
+  if (!speaks && req.op == Op::Hello && req.join) {
+    for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
+  }
+  if (!speaks) return Status::Ok();
+  for (const MemberEntry& e : req.members) {
+    if (e.join > kMaxMemberClock || e.leave > kMaxMemberClock) {
+      return FailedPrecondition("membership names clock " +
+                                std::to_string(std::max(e.join, e.leave)) + " for worker " +
+                                std::to_string(e.worker) + ", beyond any job");
+    }
+  }
+  int64_t changed = 0;
+  PARASOL_RETURN_IF_ERROR(membership_.Merge(req.members, &changed));
+  const auto now = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
+    if (membership_.Joined(r) && !controller_.InJob(r)) {
+      controller_.Join(r, membership_.join(r), now);
+      spdlog::info("shard {}: worker {} joins the job at clock {}", rank_, r, membership_.join(r));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::HandleMembership(const Header& req, Header* reply) {
+  const uint32_t w = req.worker_id;
+  if (!req.join && !req.done && !(req.op == Op::Membership && !controller_.InJob(w) &&
+                                  req.key_count > 0)) {
+    return Status::Ok();  // the reply carries the membership
+  }
+  if (rank_ != 0) {
+    return FailedPrecondition(std::string(OpName(req.op)) + ": only shard 0 names the clocks "
+                              "at which workers join and leave; this is shard " +
+                              std::to_string(rank_));
+  }
+  const int64_t at = NextMembershipClock();
+  if (req.join) {
+    if (w >= membership_.max_ranks()) {
+      return FailedPrecondition("worker " + std::to_string(w) + " cannot join: cluster." +
+                                "max_workers is " + std::to_string(membership_.max_ranks()));
+    }
+    if (membership_.Joined(w)) {
+      reply->worker_clock = membership_.join(w);  // joined already (a resend, or a restart)
+      return Status::Ok();
+    }
+    if (membership_.leave(w) >= 0) {
+      return FailedPrecondition("worker " + std::to_string(w) + " has left the job; a rank "
+                                "joins once (give the new worker another rank)");
+    }
+    PARASOL_RETURN_IF_ERROR(membership_.SetJoin(w, at));
+    controller_.Join(w, at, std::chrono::steady_clock::now());
+    spdlog::info("shard 0: worker {} joins the job at clock {}", w, at);
+    reply->worker_clock = at;
+    return Status::Ok();
+  }
+  // Leaves: this worker, or (from a tool) the highest ranks beyond key_count present at `at`.
+  std::vector<uint32_t> leaving;
+  if (req.done) {
+    if (!controller_.InJob(w)) {
+      return FailedPrecondition("worker " + std::to_string(w) + " is not in the job");
+    }
+    if (membership_.leave(w) < 0) leaving.push_back(w);
+  } else {
+    const uint64_t wanted = req.key_count;
+    uint64_t present = 0;
+    for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
+      if (membership_.Present(r, at) && !controller_.IsDone(r) && !controller_.IsLost(r)) {
+        ++present;
+      }
+    }
+    for (uint32_t r = membership_.max_ranks(); r-- > 0 && present > wanted;) {
+      if (membership_.Present(r, at) && !controller_.IsDone(r) && !controller_.IsLost(r)) {
+        leaving.push_back(r);
+        --present;
+      }
+    }
+    reply->key_count = present;
+  }
+  for (uint32_t r : leaving) {
+    if (controller_.IsDone(r)) continue;  // it has finished training: nothing to leave
+    const int64_t clock = std::max(at, membership_.join(r) + 1);
+    PARASOL_RETURN_IF_ERROR(membership_.SetLeave(r, clock));
+    spdlog::info("shard 0: worker {} leaves the job at clock {}", r, clock);
+    if (r == w) reply->worker_clock = clock;
+  }
+  return Status::Ok();
+}
+
 Status ShardServer::HandleHello(const Header& req, Header* reply) {
   reply->shard_rank = rank_;
   reply->shard_count = num_shards_;
@@ -679,6 +799,15 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
                               Hex(fingerprint_) + "; start every role with the same manifest");
   }
   const uint32_t w = req.worker_id;
+  if (req.join) {
+    if (rank_ == 0) {
+      PARASOL_RETURN_IF_ERROR(HandleMembership(req, reply));
+    } else if (!controller_.InJob(w)) {
+      return FailedPrecondition("Hello: worker " + std::to_string(w) + " asks to join, but " +
+                                "this shard has not heard that shard 0 admitted it (ask shard 0 "
+                                "first, and send what it answered)");
+    }
+  }
   if (!controller_.InJob(w)) return Status::Ok();
   // Where the worker is, for a restarted worker to continue from.
   reply->worker_clock = controller_.clocks()[w];
@@ -729,8 +858,8 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
 
 void ShardServer::CheckpointWhenAllDone() {
   if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
-  for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
-    if (!controller_.IsDone(w) && !controller_.IsLost(w)) return;
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+    if (controller_.InJob(w) && !controller_.IsDone(w) && !controller_.IsLost(w)) return;
   }
   // Workers exit after this; their push logs go with them. Everything they pushed is here now.
   all_done_checkpointed_ = true;
@@ -746,7 +875,7 @@ uint32_t ShardServer::ShardClock() const {
 Status ShardServer::HandleClock(const Header& req) {
   if (!controller_.InJob(req.worker_id)) {
     return InvalidArgument("Clock: worker " + std::to_string(req.worker_id) +
-                           " is not in this job (cluster.workers = " +
+                           " is not in this job (it has not joined; cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
   PARASOL_RETURN_IF_ERROR(
@@ -763,7 +892,7 @@ Status ShardServer::HandleClock(const Header& req) {
 Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
   if (!controller_.InJob(req.worker_id)) {
     return InvalidArgument("Barrier: worker " + std::to_string(req.worker_id) +
-                           " is not in this job (cluster.workers = " +
+                           " is not in this job (it has not joined; cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
   if (req.offset > static_cast<uint64_t>(INT64_MAX)) {
@@ -809,7 +938,8 @@ void ShardServer::ReleaseBarriers() {
     std::set<uint32_t> arrived;
     for (const HeldReply& h : it->second) arrived.insert(h.request.worker_id);
     bool all = true;
-    for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
+    for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+      if (!controller_.InJob(w)) continue;  // not joined (yet)
       // A worker that has left holds no barrier back: it may have exited already (a barrier
       // it had entered before a restart of this shard cannot reach it again).
       if (!controller_.IsLost(w) && !controller_.IsDone(w) && !arrived.count(w)) all = false;
@@ -1025,6 +1155,7 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.checkpoint_clock = checkpoint_clock_;
   stamped.checkpoint_count = checkpoint_sequence_;
   stamped.restored_count = restored_sequence_;
+  stamped.membership_version = membership_.version();
   return stamped;
 }
 
@@ -1290,7 +1421,7 @@ std::string ShardServer::StatsJson() const {
                              failed_request_log_.left_out_total() +
                              undelivered_log_.left_out_total();
   Json& lost = s["lost_workers"] = Json::array();
-  for (uint32_t w = 0; w < manifest_.cluster.workers; ++w) {
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
     if (controller_.IsLost(w)) lost.push_back(w);
   }
   s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();

@@ -28,6 +28,7 @@
 
 #include "common/log_limiter.hpp"
 #include "common/manifest.hpp"
+#include "common/membership.hpp"
 #include "common/status.hpp"
 #include "common/wire.hpp"
 #include "common/metrics_server.hpp"
@@ -217,6 +218,18 @@ class ShardServer {
   bool checkpoint_owed_ = false;
   std::chrono::steady_clock::time_point last_checkpoint_failure_{};
   ConsistencyController controller_;
+  // Which ranks train at which clock (common/membership.hpp); shard 0 names the clocks.
+  Membership membership_;
+  // Takes in the membership entries `req` carries (from a worker of the job, or a joining one's
+  // Hello): the controller counts newly joined ranks from their clocks on.
+  Status MergeMembership(const Header& req);
+  // Shard 0: a Membership request (or a Hello asking to join): names the clocks asked for.
+  Status HandleMembership(const Header& req, Header* reply);
+  // The first clock shard 0 may name now: no worker can have read that step's batch yet.
+  int64_t NextMembershipClock() const;
+  // Dispatch() with the membership taken in first and, for a sender that knew less, sent back.
+  Status DispatchOp(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
+                    std::vector<zmq::message_t>* payload, bool* held);
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_

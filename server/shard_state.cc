@@ -53,12 +53,19 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
     case Kind::kClocks:
     case Kind::kDone:
     case Kind::kIncarnations:
-      if (b.count != manifest.cluster.workers) {
+      if (b.count != manifest.cluster.max_workers) {
         return InvalidArgument("clocks of " + std::to_string(b.count) +
                                " workers; the manifest has " +
-                               std::to_string(manifest.cluster.workers));
+                               std::to_string(manifest.cluster.max_workers) + " worker ranks");
       }
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "clocks");
+    case Kind::kMembership:
+      if (b.count > manifest.cluster.max_workers) {
+        return InvalidArgument("membership of " + std::to_string(b.count) +
+                               " entries; the manifest has " +
+                               std::to_string(manifest.cluster.max_workers) + " worker ranks");
+      }
+      return CheckProduct(b.count, 3 * sizeof(int64_t), b.bytes, "membership");
     case Kind::kBarrier:
       if (b.count != 1) return InvalidArgument("a barrier block of " + std::to_string(b.count));
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "barrier");
@@ -119,7 +126,7 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
                        std::vector<std::unique_ptr<SparseTable>>& sparse,
                        std::vector<std::unique_ptr<DenseTable>>& dense,
                        ConsistencyController& controller, PushRecord& record,
-                       PendingAggregates& pending, uint32_t engines)
+                       PendingAggregates& pending, uint32_t engines, Membership& membership)
     : manifest_(manifest),
       shard_(shard),
       fingerprint_(manifest.Fingerprint()),
@@ -128,7 +135,8 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
       controller_(controller),
       record_(record),
       pending_(pending),
-      engines_(engines) {}
+      engines_(engines),
+      membership_(membership) {}
 
 Result<std::vector<CheckpointBlock>> ShardState::Save() const {
   std::vector<CheckpointBlock> blocks;
@@ -209,7 +217,19 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
   for (uint32_t w = 0; w < incarnations.count; ++w) {
     Append(incarnations.bytes, controller_.incarnation(w));
   }
-  return sink(incarnations);
+  PARASOL_RETURN_IF_ERROR(sink(incarnations));
+  // Which ranks joined or leave the running job, and when (only when any did).
+  const std::vector<MemberEntry> entries = membership_.Entries();
+  if (entries.empty()) return Status::Ok();
+  CheckpointBlock members;
+  members.kind = static_cast<uint32_t>(Kind::kMembership);
+  for (const MemberEntry& e : entries) {
+    Append(members.bytes, static_cast<int64_t>(e.worker));
+    Append(members.bytes, e.join);
+    Append(members.bytes, e.leave);
+    ++members.count;
+  }
+  return sink(members);
 }
 
 // After the clocks, which bound the pending clocks when they are loaded.
@@ -264,13 +284,25 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     std::vector<int64_t> clocks, done, incarnations;
     int64_t barrier = -1;
     PushRecord record = record_;  // the same window
+    std::vector<MemberEntry> members;
     PARASOL_RETURN_IF_ERROR(
-        Verify(in, name, header, &clocks, &done, &barrier, &incarnations, &record));
+        Verify(in, name, header, &clocks, &done, &barrier, &incarnations, &record, &members));
+    Membership membership = membership_;
+    PARASOL_RETURN_IF_ERROR(
+        membership.Merge(members).WithContext("checkpoint '" + name + "'"));
     in.clear();
     in.seekg(0, std::ios::beg);
     PendingAggregates pending;
     PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
+    // The ranks that had joined, before their clocks.
+    membership_ = std::move(membership);
+    for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+      if (membership_.Joined(w)) {
+        controller_.Join(w, membership_.join(w), ConsistencyController::SteadyClock::now());
+      }
+    }
     for (size_t w = 0; w < clocks.size(); ++w) {
+      if (!controller_.InJob(static_cast<uint32_t>(w))) continue;
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
       if (w < done.size() && done[w] >= 0) controller_.SetDone(static_cast<uint32_t>(w), done[w]);
       if (w < incarnations.size()) {
@@ -292,11 +324,11 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                           std::vector<int64_t>* clocks, std::vector<int64_t>* done,
                           int64_t* barrier, std::vector<int64_t>* incarnations,
-                          PushRecord* record) const {
+                          PushRecord* record, std::vector<MemberEntry>* members) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
-       incarnations_seen = false;
+       incarnations_seen = false, members_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
@@ -309,6 +341,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(done_seen, true)) return InvalidArgument("a second block of done clocks");
     } else if (KindOf(b) == Kind::kBarrier) {
       if (std::exchange(barrier_seen, true)) return InvalidArgument("a second barrier block");
+    } else if (KindOf(b) == Kind::kMembership) {
+      if (std::exchange(members_seen, true)) return InvalidArgument("a second membership block");
     } else if (KindOf(b) == Kind::kIncarnations) {
       if (std::exchange(incarnations_seen, true)) {
         return InvalidArgument("a second block of incarnations");
@@ -344,6 +378,21 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
                                  std::to_string((*done)[w]) + " is out of range");
         }
       }
+    } else if (KindOf(b) == Kind::kMembership) {
+      members->clear();
+      for (uint64_t i = 0; i < b.count; ++i) {
+        int64_t v[3];
+        std::memcpy(v, b.bytes.data() + i * sizeof(v), sizeof(v));
+        if (v[0] < 0 || v[0] >= static_cast<int64_t>(manifest_.cluster.max_workers) ||
+            v[1] < -1 || v[1] > kMaxMemberClock || v[2] < -1 || v[2] > kMaxMemberClock) {
+          return InvalidArgument("membership entry " + std::to_string(i) + " (worker " +
+                                 std::to_string(v[0]) + ", join " + std::to_string(v[1]) +
+                                 ", leave " + std::to_string(v[2]) + ") is out of range");
+        }
+        members->push_back(MemberEntry{static_cast<uint32_t>(v[0]), v[1], v[2]});
+      }
+      Membership check(manifest_.cluster.workers, manifest_.cluster.max_workers);
+      PARASOL_RETURN_IF_ERROR(check.Merge(*members));
     } else if (KindOf(b) == Kind::kIncarnations) {
       incarnations->resize(b.count);
       std::memcpy(incarnations->data(), b.bytes.data(), b.bytes.size());

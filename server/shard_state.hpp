@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/manifest.hpp"
+#include "common/membership.hpp"
 #include "common/status.hpp"
 #include "server/checkpoint.hpp"
 #include "server/clock_aggregate.hpp"
@@ -45,6 +46,7 @@ enum class CheckpointBlockKind : uint32_t {
   kDone = 7,           // count workers x i64: the clock each worker left at, -1 if it has not
   kBarrier = 8,        // count 1 x i64: the newest barrier released, -1 if none
   kIncarnations = 9,   // count workers x u64: each worker's process last heard from, 0 if none
+  kMembership = 10,    // count entries x (i64 worker, join, leave): common/membership.hpp
 };
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
@@ -68,7 +70,8 @@ class ShardState {
   ShardState(const Manifest& manifest, uint32_t shard,
              std::vector<std::unique_ptr<SparseTable>>& sparse,
              std::vector<std::unique_ptr<DenseTable>>& dense, ConsistencyController& controller,
-             PushRecord& record, PendingAggregates& pending, uint32_t engines);
+             PushRecord& record, PendingAggregates& pending, uint32_t engines,
+             Membership& membership);
 
   // Every table, the clocks, the push record and the pending sums, as blocks for
   // WriteCheckpointFile().
@@ -94,7 +97,8 @@ class ShardState {
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                 std::vector<int64_t>* clocks,
                 std::vector<int64_t>* done, int64_t* barrier,
-                std::vector<int64_t>* incarnations, PushRecord* record) const;
+                std::vector<int64_t>* incarnations, PushRecord* record,
+                std::vector<MemberEntry>* members) const;
   // The second pass: the rows and slices into the tables, the pending sums into `pending`.
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
@@ -114,6 +118,7 @@ class ShardState {
   PushRecord& record_;
   PendingAggregates& pending_;
   const uint32_t engines_;
+  Membership& membership_;
 };
 
 }  // namespace parasol

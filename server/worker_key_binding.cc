@@ -62,7 +62,7 @@ Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const
         owner != rank_of_.end()
             ? "worker " + std::to_string(owner->second) + "'s key"
             : "a tool key (security.allowed_clients), which may act only as an observer "
-              "(worker id >= cluster.workers = " +
+              "(worker id >= cluster.max_workers = " +
                   std::to_string(keys_.size()) + ")";
     return FailedPrecondition(Claim(request) + "this connection's CURVE key is not worker " + mine +
                               "'s key (security.worker_keys[" + mine + "]); it is " + whose);

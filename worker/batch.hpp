@@ -24,6 +24,13 @@ struct Batch {
   std::vector<uint32_t> offsets;  // [size + 1]
   // With ReaderOptions::deduplicate: `keys` deduplicated, by the reader's thread.
   BatchKeys distinct;
+  // BatchReader: the step (clock) the batch is for, its place among the step's micro-batches
+  // (training.accumulate), and the malformed rows left out of it.
+  int64_t step = -1;
+  uint32_t micro = 0;
+  uint32_t bad_rows = 0;
+  // Each sample's line in the stream of every epoch's lines (common/membership.hpp).
+  std::vector<uint64_t> positions;
 
   void Clear() {
     size = 0;
@@ -34,6 +41,10 @@ struct Batch {
     offsets.assign(1, 0);
     distinct.unique.clear();
     distinct.indices.clear();
+    step = -1;
+    micro = 0;
+    bad_rows = 0;
+    positions.clear();
   }
 };
 

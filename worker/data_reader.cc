@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <algorithm>
 
 #include "common/hash.hpp"
 #include "common/model_tables.hpp"
@@ -170,7 +172,12 @@ Status ParseLibsvmRow(std::string_view line, Batch* batch) {
 }
 
 BatchReader::BatchReader(ReaderOptions options) : options_(std::move(options)) {
-  thread_ = std::thread([this] { Run(); });
+  membership_ = options_.membership.max_ranks() > 0
+                    ? options_.membership
+                    : Membership(options_.workers, std::max(options_.workers, options_.rank + 1));
+  const uint64_t unit = static_cast<uint64_t>(std::max<int64_t>(0, options_.start_step)) *
+                        std::max<uint32_t>(1, options_.batches_per_step);
+  thread_ = std::thread([this, unit] { Run(unit, Cursor{}); });
 }
 
 BatchReader::~BatchReader() {
@@ -182,13 +189,14 @@ BatchReader::~BatchReader() {
   thread_.join();
 }
 
-void BatchReader::Emit(Batch batch) {
+bool BatchReader::Emit(Batch batch) {
   if (options_.deduplicate) DeduplicateKeys(batch.keys, dedup_index_, &batch.distinct);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.queue_batches; });
-  if (stopping_) return;
+  if (stopping_) return false;
   queue_.push_back(std::move(batch));
   cv_.notify_all();
+  return true;
 }
 
 Batch BatchReader::Fresh() {
@@ -216,58 +224,179 @@ void BatchReader::Finish(Status status) {
   cv_.notify_all();
 }
 
-void BatchReader::Run() {
-  Batch batch = Fresh();
+namespace {
+
+// Skips the next line of `in`; false at the end of the input.
+bool SkipRow(std::istream& in) {
+  in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  return in.gcount() > 0;
+}
+
+}  // namespace
+
+void BatchReader::Run(uint64_t unit, Cursor at) {
+  Membership membership;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    membership = membership_;
+  }
+  const uint32_t per = std::max<uint32_t>(1, options_.batches_per_step);
+  const uint32_t batch_size = std::max<uint32_t>(1, options_.batch_size);
+  Cursor cur = at;  // the next line of the stream
+  std::ifstream in;
   std::string line;
-  for (uint32_t epoch = 0; epoch < options_.epochs; ++epoch) {
-    for (const std::string& file : options_.files) {
-      std::ifstream in(file);
-      if (!in) {
-        return Finish(NotFound("cannot read data file '" + file + "': " + std::strerror(errno)));
+  bool too_long = false;
+  // The next line of the stream into `line` (skipped when `keep` is false); false at its end.
+  auto next_line = [&](bool keep) -> Result<bool> {
+    while (cur.epoch < options_.epochs && !options_.files.empty()) {
+      if (!in.is_open()) {
+        const std::string& file = options_.files[cur.file];
+        in.clear();
+        in.open(file);
+        if (!in) {
+          return NotFound("cannot read data file '" + file + "': " + std::strerror(errno));
+        }
+        if (cur.offset > 0) in.seekg(cur.offset);
       }
-      uint64_t line_no = 0;
-      bool too_long = false;
-      while (ReadRow(in, &line, &too_long)) {
-        ++line_no;
-        if ((line_no - 1) % options_.workers != options_.rank) continue;
-        {
+      const bool got = keep ? ReadRow(in, &line, &too_long) : SkipRow(in);
+      if (got) {
+        ++cur.line_no;
+        ++cur.pos;
+        return true;
+      }
+      in.close();
+      cur.offset = 0;
+      cur.line_no = 0;
+      if (++cur.file == options_.files.size()) {
+        cur.file = 0;
+        ++cur.epoch;
+      }
+    }
+    return false;
+  };
+  // Where the next line is, to read on from there later.
+  auto here = [&]() {
+    Cursor c = cur;
+    if (in.is_open()) {
+      if (in.eof()) {  // the file's last line, without a newline, was read
+        c.offset = 0;
+        c.line_no = 0;
+        if (++c.file == options_.files.size()) {
+          c.file = 0;
+          ++c.epoch;
+        }
+      } else {
+        c.offset = static_cast<std::streamoff>(in.tellg());
+      }
+    }
+    return c;
+  };
+  for (;; ++unit) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      cursors_[unit] = here();
+      reading_unit_ = unit;
+    }
+    const auto step = static_cast<int64_t>(unit / per);
+    const auto micro = static_cast<uint32_t>(unit % per);
+    const StepChunk chunk = ChunkOf(membership, options_.rank, step, batch_size * per);
+    if (chunk.index < 0) return Finish(Status::Ok());  // not present from this step on
+    const uint64_t first = chunk.first + uint64_t{micro} * chunk.ranks * batch_size +
+                           static_cast<uint64_t>(chunk.index);
+    Batch batch = Fresh();
+    batch.step = step;
+    batch.micro = micro;
+    bool ended = false;
+    for (uint32_t r = 0; r < batch_size && !ended; ++r) {
+      const uint64_t want = first + uint64_t{r} * chunk.ranks;
+      while (cur.pos < want) {
+        if ((cur.pos & 4095) == 0) {
           std::lock_guard<std::mutex> lock(mu_);
           if (stopping_) return;
         }
-        Status st;
-        if (too_long) {
-          st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
-        } else if (options_.format == DataOptions::Format::kCriteo) {
-          st = ParseCriteoRow(line, options_.has_label, &batch);
-        } else {
-          st = ParseLibsvmRow(line, &batch);
-        }
-        if (!st.ok()) {
-          const std::string where = file + ":" + std::to_string(line_no) + ": " + st.message();
-          if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {
-            return Finish(InvalidArgument("malformed row at " + where +
-                                          " (data.on_bad_row: fail)"));
-          }
-          std::lock_guard<std::mutex> lock(mu_);
-          if (bad_rows_++ == 0) first_bad_ = where;
-          continue;
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          ++rows_;
-        }
-        if (batch.size == options_.batch_size) {
-          Emit(std::move(batch));
-          batch = Fresh();
+        Result<bool> skipped = next_line(false);
+        if (!skipped.ok()) return Finish(skipped.status());
+        if (!*skipped) {
+          ended = true;
+          break;
         }
       }
+      if (ended) break;
+      const uint32_t file = cur.file;
+      Result<bool> got = next_line(true);
+      if (!got.ok()) return Finish(got.status());
+      if (!*got) {
+        ended = true;
+        break;
+      }
+      Status st;
+      if (too_long) {
+        st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
+      } else if (options_.format == DataOptions::Format::kCriteo) {
+        st = ParseCriteoRow(line, options_.has_label, &batch);
+      } else {
+        st = ParseLibsvmRow(line, &batch);
+      }
+      if (st.ok()) batch.positions.push_back(cur.pos - 1);
+      if (!st.ok()) {
+        const std::string where =
+            options_.files[file] + ":" + std::to_string(cur.line_no) + ": " + st.message();
+        if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {
+          return Finish(InvalidArgument("malformed row at " + where +
+                                        " (data.on_bad_row: fail)"));
+        }
+        ++batch.bad_rows;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (first_bad_.empty()) first_bad_ = where;
+      }
     }
-    if (batch.size > 0) {
-      Emit(std::move(batch));
-      batch = Fresh();
+    // A batch that the end of the data left empty is not a step; one that malformed rows left
+    // empty is (the worker's place in the job's steps stays the same).
+    if (batch.size > 0 || (!ended && batch.bad_rows > 0)) {
+      if (!Emit(std::move(batch))) return;
+    } else {
+      Recycle(std::move(batch));
     }
+    if (ended) return Finish(Status::Ok());
   }
-  Finish(Status::Ok());
+}
+
+void BatchReader::Reposition(const Membership& membership, int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = false;
+  const uint32_t per = std::max<uint32_t>(1, options_.batches_per_step);
+  const uint64_t from_unit = static_cast<uint64_t>(std::max<int64_t>(0, step)) * per;
+  // Batches of the steps from `step` on are read again; earlier ones stand.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const uint64_t unit = static_cast<uint64_t>(it->step) * per + it->micro;
+    if (unit < from_unit) {
+      ++it;
+      continue;
+    }
+    if (free_.size() < size_t{options_.queue_batches} + 4) free_.push_back(std::move(*it));
+    it = queue_.erase(it);
+  }
+  membership_ = membership;
+  if (done_ && !status_.ok()) return;  // a read error stands
+  const uint64_t from = std::min(from_unit, reading_unit_);
+  const auto at = cursors_.find(from);
+  if (at == cursors_.end()) {
+    done_ = true;
+    status_ = Internal("data reader: no position recorded for batch " + std::to_string(from));
+    cv_.notify_all();
+    return;
+  }
+  const Cursor cursor = at->second;
+  cursors_.erase(at, cursors_.end());
+  done_ = false;
+  thread_ = std::thread([this, from, cursor] { Run(from, cursor); });
 }
 
 Result<std::optional<Batch>> BatchReader::Next() {
@@ -276,6 +405,12 @@ Result<std::optional<Batch>> BatchReader::Next() {
   if (!queue_.empty()) {
     Batch b = std::move(queue_.front());
     queue_.pop_front();
+    rows_ += b.size;
+    bad_rows_ += b.bad_rows;
+    // Positions before this batch are not needed again (Reposition reads on from later ones).
+    const uint64_t unit =
+        static_cast<uint64_t>(b.step) * std::max<uint32_t>(1, options_.batches_per_step) + b.micro;
+    cursors_.erase(cursors_.begin(), cursors_.lower_bound(unit));
     cv_.notify_all();
     return std::optional<Batch>(std::move(b));
   }

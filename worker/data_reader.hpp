@@ -5,14 +5,18 @@
 // header. Categorical values become keys by hashing (field index, value string); an empty field
 // becomes that field's "missing" key. Integers x become log(1 + max(x, 0)); empty -> 0.
 // libsvm: `label index:value ...`; label 0/1 (or -1/+1); each index becomes a key with its value.
-// Worker r of W takes the rows whose 0-based line number is r modulo W, so together the workers
-// see every row once per epoch.
+// The workers split the lines by the job's membership (common/membership.hpp): the lines of every
+// epoch's files, one after another, form one stream; each step takes the next chunk of n x
+// batch_size lines for the n workers present, and the i-th of them takes lines i, i + n, ... of
+// it. So every line is trained once per epoch whatever the membership does, and with W workers
+// throughout, worker r takes the lines r modulo W. A malformed line leaves its batch one short.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <istream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "common/manifest.hpp"
+#include "common/membership.hpp"
 #include "common/status.hpp"
 #include "worker/batch.hpp"
 
@@ -51,7 +56,13 @@ struct ReaderOptions {
   uint32_t batch_size = 256;
   uint32_t epochs = 1;
   uint32_t rank = 0;     // this worker's share ...
-  uint32_t workers = 1;  // ... of this many
+  uint32_t workers = 1;  // ... of this many (when `membership` names no ranks)
+  // Who trains at which step; default: `workers` ranks throughout.
+  Membership membership;
+  // The first step to read (a restarted worker's clock, or a joining one's), and the batches of
+  // each step (training.accumulate: each step's chunk is cut into that many micro-batches).
+  int64_t start_step = 0;
+  uint32_t batches_per_step = 1;
   DataOptions::OnBadRow on_bad_row = DataOptions::OnBadRow::kSkip;
   uint32_t queue_batches = 8;
   bool has_label = true;
@@ -76,14 +87,28 @@ class BatchReader {
   // consumer that recycles what it takes causes no allocation. Optional.
   void Recycle(Batch batch);
 
+  // The membership changed (a newer copy): the batches of steps from `step` on are read again
+  // for it; those of earlier steps stand. REQUIRES: no batch of `step` or later was taken yet.
+  void Reposition(const Membership& membership, int64_t step);
+
   uint64_t bad_rows() const;
   uint64_t rows_read() const;
   // "file:line: why" of the first malformed row, or "".
   std::string first_bad_row() const;
 
  private:
-  void Run();
-  void Emit(Batch batch);
+  // Where the stream was when the thread began a micro-batch: enough to read on from there.
+  struct Cursor {
+    uint32_t epoch = 0;
+    uint32_t file = 0;
+    std::streamoff offset = 0;  // in the file
+    uint64_t line_no = 0;       // lines of the file before `offset`
+    uint64_t pos = 0;           // stream position
+  };
+  // Reads micro-batches from unit `unit` (step x batches_per_step + micro) on, from `at`.
+  void Run(uint64_t unit, Cursor at);
+  // False when the reader is stopping.
+  bool Emit(Batch batch);
   // An empty batch: a recycled one (its buffers kept) or a new one.
   Batch Fresh();
   void Finish(Status status);
@@ -94,6 +119,11 @@ class BatchReader {
   std::deque<Batch> queue_;      // guarded by mu_
   std::vector<Batch> free_;      // guarded by mu_: recycled, at most queue_batches + 4
   bool done_ = false;            // guarded by mu_
+  Membership membership_;        // guarded by mu_ (the thread reads a copy)
+  // Guarded by mu_: where each micro-batch from the oldest one not taken began, and the unit
+  // the thread is reading.
+  std::map<uint64_t, Cursor> cursors_;
+  uint64_t reading_unit_ = 0;
   bool stopping_ = false;        // guarded by mu_
   Status status_;                // guarded by mu_
   uint64_t bad_rows_ = 0;        // guarded by mu_

@@ -115,12 +115,15 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
       fingerprint_(manifest_.Fingerprint()),
       worker_id_(worker_id),
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
-      context_(1) {
+      context_(1),
+      membership_(manifest.cluster.workers,
+                  std::max(manifest.cluster.workers, manifest.cluster.max_workers)) {
   for (size_t s = 0; s < manifest_.cluster.servers.size(); ++s) {
     shards_.emplace_back(context_, zmq::socket_type::dealer);
   }
-  log_pushes_ = !manifest_.checkpoint.dir.empty() && worker_id_ < manifest_.cluster.workers;
+  log_pushes_ = !manifest_.checkpoint.dir.empty() && JobRank();
   shard_epochs_.assign(shards_.size(), 0);
+  shard_membership_version_.assign(shards_.size(), 0);
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
   push_index_.assign(shards_.size(), 0);
@@ -146,9 +149,15 @@ PsClient::~PsClient() {
 Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                                     uint32_t worker_id,
                                                     const std::string& key_path,
-                                                    std::function<Status()> wait_interrupt) {
+                                                    std::function<Status()> wait_interrupt,
+                                                    bool join) {
   std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id));
   c->wait_interrupt_ = std::move(wait_interrupt);
+  if (join && !c->JobRank()) {
+    return InvalidArgument("worker " + std::to_string(worker_id) + " cannot join: cluster." +
+                           "max_workers is " + std::to_string(c->membership_.max_ranks()));
+  }
+  c->joining_ = join;
   if (manifest.security.curve) PARASOL_RETURN_IF_ERROR(c->LoadKeys(key_path));
   for (uint32_t s = 0; s < c->shards_.size(); ++s) PARASOL_RETURN_IF_ERROR(c->OpenShard(s));
   PARASOL_RETURN_IF_ERROR(c->Handshake());
@@ -194,6 +203,20 @@ int PsClient::Mechanism(uint32_t shard) const {
 Status PsClient::Handshake() {
   std::vector<uint32_t> all(shards_.size());
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  // A joining worker first has shard 0 name its clock; its Hellos then tell every shard.
+  if (joining_) {
+    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, {0}));
+    for (auto& [id, r] : in_flight_) {
+      r->timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
+      r->deadline = Clock::now() + r->timeout;
+      r->max_attempts = 1;
+    }
+    PARASOL_RETURN_IF_ERROR(Wait(t).WithContext("joining the job"));
+    if (!membership_.Joined(worker_id_)) {
+      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
+    }
+    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
+  }
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, all));
   // One long attempt: a shard that is still starting will get the queued Hello when it binds.
   const auto timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
@@ -248,7 +271,7 @@ Status PsClient::Handshake() {
   }
   // A worker of the job continues where the shards know it to be: a restarted worker redoes
   // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
-  if (p.status.ok() && worker_id_ < manifest_.cluster.workers) {
+  if (p.status.ok() && membership_.Joined(worker_id_)) {
     int64_t clock = -1;
     bool done = true;
     for (uint32_t s = 0; s < p.replies.size(); ++s) {
@@ -264,14 +287,17 @@ Status PsClient::Handshake() {
       done = done && h->done;
     }
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
-    if (clock > 0 || (clock == 0 && done)) {
+    if (clock > 0 || (clock == 0 && done) || joining_) {
       clock_ = clock;
       resumed_clock_ = clock;
       resumed_done_ = done;
-      spdlog::warn("worker {}: the shards know this worker at clock {}{}: continuing from there",
-                   worker_id_, clock, done ? " (it had finished)" : "");
+      if (!joining_ || clock > membership_.join(worker_id_)) {
+        spdlog::warn("worker {}: the shards know this worker at clock {}{}: continuing from there",
+                     worker_id_, clock, done ? " (it had finished)" : "");
+      }
     }
   }
+  joining_ = false;
   return Wait(t);
 }
 
@@ -422,6 +448,8 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.manifest_hash = fingerprint_;
   // A tick says where this worker really is (a replay's intermediate clocks do not).
   h.caught_up = op == Op::Clock;
+  h.membership_version = membership_.version();
+  h.join = joining_ && (op == Op::Hello || op == Op::Membership);
   return h;
 }
 
@@ -438,13 +466,19 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
   const bool may_be_held = header.op == Op::PullSparse || header.op == Op::PullDense ||
                            header.op == Op::Barrier;
-  if (may_be_held && worker_id_ < manifest_.cluster.workers) {
+  if (may_be_held && JobRank()) {
     // A shard holds such a request until the other workers catch up, or until it gives up on
     // a silent one after training.worker_timeout.
     r->timeout += std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
   }
   r->deadline = Clock::now() + r->timeout;
   r->max_attempts = 1 + manifest_.cluster.request_retries;
+  // A shard that knows fewer membership clocks learns them from the ticks (and Hellos).
+  if ((header.op == Op::Clock || header.op == Op::Hello) && JobRank() &&
+      shard_membership_version_[shard] < membership_.version()) {
+    header.members = membership_.Entries();
+    header.membership_version = membership_.version();
+  }
   const uint64_t id = header.request_id;
   const bool gather = gathering_ && !header.replay &&
                       (header.op == Op::PullSparse || header.op == Op::PullDense ||
@@ -974,6 +1008,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;
   }
   NoteEpoch(shard, *h);
+  NoteMembership(shard, *h);
   if (h->op == Op::Step) {
     OnStepReply(shard, *h, frames);
     return;
@@ -1132,7 +1167,7 @@ void PsClient::Replay(uint32_t shard) {
   // into the log.
   const Ticket ticket = NewTicket(Op::Clock, 0);
   replay_tickets_.push_back(ticket);
-  const bool in_job = worker_id_ < manifest_.cluster.workers;
+  const bool in_job = JobRank();
   // A tick still in flight (sent with the step's pushes, TickAsync) is resent after the
   // replay with them: the replay's clocks stop before it, so that the pushes of the clock it
   // ends reach the shard before it does.
@@ -1325,7 +1360,7 @@ Status PsClient::PullSparse(uint32_t table, std::span<const uint64_t> keys, floa
 }
 
 bool PsClient::CacheActive() const {
-  return manifest_.worker.cache_rows > 0 && worker_id_ < manifest_.cluster.workers &&
+  return manifest_.worker.cache_rows > 0 && JobRank() &&
          manifest_.training.consistency == TrainingOptions::Consistency::kSsp &&
          manifest_.training.staleness > 0;
 }
@@ -1425,6 +1460,56 @@ Status PsClient::Leave() {
   }
   return Wait(t);
 }
+
+void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
+  shard_membership_version_[shard] =
+      std::max(shard_membership_version_[shard], reply.membership_version);
+  if (reply.members.empty()) return;
+  const uint64_t before = membership_.version();
+  if (Status st = membership_.Merge(reply.members); !st.ok()) {
+    spdlog::error("worker {}: shard {} sent a membership this worker cannot take: {}",
+                  worker_id_, shard, st.ToString());
+    return;
+  }
+  if (membership_.version() != before) {
+    spdlog::info("worker {}: membership now names {} clock(s) (from shard {})", worker_id_,
+                 membership_.version(), shard);
+  }
+}
+
+Status PsClient::AskShardZero(bool done, uint64_t count) {
+  const Ticket t = NewTicket(Op::Membership, 0);
+  Header h = NewRequest(Op::Membership, 0);
+  h.done = done;
+  h.key_count = count;
+  Send(t, 0, std::move(h), {});
+  return Wait(t).WithContext("asking shard 0 about the job's membership");
+}
+
+Result<int64_t> PsClient::RequestLeave() {
+  if (!JobRank() || !membership_.Joined(worker_id_)) {
+    return FailedPrecondition("worker " + std::to_string(worker_id_) + " is not in the job");
+  }
+  PARASOL_RETURN_IF_ERROR(AskShardZero(/*done=*/true, 0));
+  if (membership_.leave(worker_id_) < 0) {
+    return FailedPrecondition("shard 0 named no leave clock for worker " +
+                              std::to_string(worker_id_));
+  }
+  return membership_.leave(worker_id_);
+}
+
+Result<uint64_t> PsClient::Scale(uint64_t workers) {
+  if (JobRank()) return FailedPrecondition("Scale is a tool's request, not a worker's");
+  if (workers == 0) return InvalidArgument("a job needs at least one worker");
+  PARASOL_RETURN_IF_ERROR(AskShardZero(/*done=*/false, workers));
+  uint64_t staying = 0;
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+    if (membership_.Joined(w) && membership_.leave(w) < 0) ++staying;
+  }
+  return staying;
+}
+
+Status PsClient::SyncMembership() { return AskShardZero(false, 0); }
 
 Status PsClient::Barrier(int64_t id) {
   // Every shard holds the barrier, so every shard knows this worker is waiting, not lost.

@@ -60,9 +60,12 @@ class PsClient {
   // security.worker_keys[worker_id] for a job worker when that list is set, else
   // security.client_key) and checks each server's public key.
   // `wait_interrupt`: as SetWaitInterrupt(), from the handshake on.
+  // `join`: rank `worker_id` (below cluster.max_workers) joins the running job: shard 0 names the
+  // clock it starts at (resumed_clock() then says which), and every shard learns it.
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
                                                    const std::string& key_path = "",
-                                                   std::function<Status()> wait_interrupt = {});
+                                                   std::function<Status()> wait_interrupt = {},
+                                                   bool join = false);
 
   // The security mechanism of the connection to `shard` (ZMQ_NULL, ZMQ_CURVE, ...).
   int Mechanism(uint32_t shard) const;
@@ -155,6 +158,18 @@ class PsClient {
   Status Leave();
   // Waits until every live worker of the job has entered barrier `id` (on every shard).
   Status Barrier(int64_t id);
+
+  // Which ranks train at which clock, as far as this client has heard (common/membership.hpp):
+  // every reply of a shard that knows more brings it, and every tick passes it on.
+  const Membership& membership() const { return membership_; }
+  // Asks shard 0 to name the clock at which this worker leaves (it trains the steps before it,
+  // then calls Leave()). Returns that clock.
+  Result<int64_t> RequestLeave();
+  // A tool's request (observer): the job should have `workers` workers; shard 0 names a leave
+  // clock for each of the highest ranks beyond that. Returns how many stay.
+  Result<uint64_t> Scale(uint64_t workers);
+  // Asks shard 0 for the membership it knows (it arrives with the reply).
+  Status SyncMembership();
   // Each shard's stats as JSON, in rank order.
   Result<std::vector<std::string>> Stats();
   // Asks every shard to stop.
@@ -314,6 +329,15 @@ class PsClient {
   void ReapReplays();
   void SendDetached(uint32_t shard, Op op, bool done);
 
+  // A rank of the job (below cluster.max_workers), not a tool.
+  bool JobRank() const { return worker_id_ < membership_.max_ranks(); }
+  // Takes in the membership a reply brings, and what the shard knows.
+  void NoteMembership(uint32_t shard, const Header& reply);
+  // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
+  Status AskShardZero(bool done, uint64_t count);
+  Membership membership_;
+  std::vector<uint64_t> shard_membership_version_;  // per shard: what its last reply knew
+  bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;
   bool log_pushes_ = false;
   uint64_t pushes_acknowledged_ = 0;

@@ -154,6 +154,9 @@ std::string TrainReport::ToJson() const {
   s["bad_rows"] = bad_rows;
   s["pushes"] = pushes;
   s["push_log_peak_bytes"] = push_log_peak_bytes;
+  s["first_step"] = first_step;
+  s["left_at"] = left_at;
+  s["membership_changes"] = membership_changes;
   s["push_log_bytes_per_step"] = push_log_bytes_per_step;
   s["cache_hits"] = cache_hits;
   s["cache_misses"] = cache_misses;
@@ -320,8 +323,21 @@ Result<TrainReport> Trainer::Run() {
   ro.on_bad_row = manifest_.data.on_bad_row;
   ro.queue_batches = manifest_.data.queue_batches;
   ro.deduplicate = true;  // on the reader's thread: each batch's keys arrive deduplicated
+  // The data follows the job's membership (common/membership.hpp); a worker that restarted or
+  // joined reads on from the step it continues at.
+  Membership plan = client_->membership();
+  const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
+  ro.membership = plan;
+  ro.start_step = resume;
+  ro.batches_per_step = t.accumulate;
   const uint64_t expected_samples = EstimateLines(ro.files) * t.epochs / workers;
   BatchReader reader(ro);
+  // The newest step whose batch the trainer has taken from the reader (-1: none).
+  int64_t taken_step = -1;
+  auto take = [&](Result<std::optional<Batch>> b) -> Result<std::optional<Batch>> {
+    if (b.ok() && b->has_value()) taken_step = std::max(taken_step, (*b)->step);
+    return b;
+  };
   // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
   client_->AssumeUniqueKeys(true);
 
@@ -358,24 +374,47 @@ Result<TrainReport> Trainer::Run() {
   GradientSum acc;  // training.accumulate > 1
 
   phase = SteadyClock::now();
-  // A restarted worker continues at the clock the shards know it at: the batches of the
-  // earlier steps were trained on (each step is one batch of this worker's split).
-  const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
+  // A restarted worker continues at the clock the shards know it at (the reader starts at that
+  // step's batch); a joining one at the clock it joined at.
   // Allocations are counted from this step on (TrainReport::allocations_per_step).
   const uint64_t counted_from = static_cast<uint64_t>(resume) + kWarmSteps;
-  for (int64_t i = 0; i < resume * int64_t{accumulate}; ++i) {
-    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> skipped, reader.Next());
-    if (!skipped) break;
-    reader.Recycle(std::move(*skipped));
-  }
+  report.first_step = resume;
   if (resume > 0) {
     report.steps = static_cast<uint64_t>(resume);
     if (hooks_.line) {
-      hooks_.line("worker " + std::to_string(rank_) + ": resuming at step " +
-                  std::to_string(resume) + " (skipped the batches it had trained on)");
+      const bool joined = plan.join(rank_) == resume && rank_ >= plan.initial();
+      hooks_.line("worker " + std::to_string(rank_) + (joined ? ": joined at step " : ": resuming at step ") +
+                  std::to_string(resume) +
+                  (joined ? "" : " (the batches before it were trained on)"));
     }
   }
-  PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, reader.Next());
+  bool leave_asked = false;
+  // After each tick: a membership that changed re-splits the data from the first step not read
+  // yet (shard 0 names clocks far enough ahead that none of it was).
+  auto follow_membership = [&]() -> Status {
+    if (hooks_.leave_requested && !leave_asked && hooks_.leave_requested()) {
+      leave_asked = true;
+      Result<int64_t> at = client_->RequestLeave();
+      if (!at.ok()) return at.status().WithContext("asking to leave the job");
+      if (hooks_.line) {
+        hooks_.line("worker " + std::to_string(rank_) + ": leaves the job at clock " +
+                    std::to_string(*at));
+      }
+    }
+    const Membership& now = client_->membership();
+    if (now.version() == plan.version()) return Status::Ok();
+    const int64_t first = FirstNewClock(plan, now);
+    if (first <= taken_step) {
+      return FailedPrecondition("worker " + std::to_string(rank_) + ": a membership change at " +
+                                "clock " + std::to_string(first) + " arrived after this worker " +
+                                "had read the batch of step " + std::to_string(taken_step));
+    }
+    plan = now;
+    ++report.membership_changes;
+    reader.Reposition(plan, taken_step + 1);
+    return Status::Ok();
+  };
+  PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, take(reader.Next()));
   report.data_seconds += Since(phase);
   if (cur) take_keys(*cur, &cur_keys);
   const uint32_t dim = model->sparse_dim();
@@ -478,7 +517,7 @@ Result<TrainReport> Trainer::Run() {
         spare.batch.reset();
         further.pop_front();
       } else {
-        PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
+        PARASOL_ASSIGN_OR_RETURN(next, take(reader.Next()));
         if (next) take_keys(*next, &next_keys);
       }
       next_read = true;
@@ -510,7 +549,7 @@ Result<TrainReport> Trainer::Run() {
       phase = SteadyClock::now();
       while (further.size() + 1 < depth &&
              (t.max_steps == 0 || report.steps + 2 + further.size() < t.max_steps)) {
-        PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, reader.Next());
+        PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, take(reader.Next()));
         if (!b) break;
         Ahead a = std::move(spare);
         spare = Ahead();
@@ -543,12 +582,17 @@ Result<TrainReport> Trainer::Run() {
     }
 
     phase = SteadyClock::now();
-    model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
-               cur_keys.indices.data(), /*train=*/true);
-    if (Status st = model->Finish(cur_slot); !st.ok()) {
-      return st.WithContext("step " + std::to_string(report.steps));
+    // A batch whose every row was malformed is a step with nothing to push (the worker still
+    // ticks: its place in the job's steps stays).
+    double loss = 0;
+    if (cur->size > 0) {
+      model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
+                 cur_keys.indices.data(), /*train=*/true);
+      if (Status st = model->Finish(cur_slot); !st.ok()) {
+        return st.WithContext("step " + std::to_string(report.steps));
+      }
+      loss = model->Loss();
     }
-    double loss = model->Loss();
     report.compute_seconds += Since(phase);
     uint64_t step_samples = cur->size;
 
@@ -557,9 +601,9 @@ Result<TrainReport> Trainer::Run() {
       // weighted by their sizes and averaged, which is the gradient of the mean loss over all
       // k x batch_size samples; one push and one tick for the k of them.
       acc.Start(*model);
-      acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
+      if (cur->size > 0) acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
       double loss_sum = loss * cur->size;
-      for (uint32_t j = 1; j < accumulate && next; ++j) {
+      for (uint32_t j = 1; j < accumulate && next && next->step == cur->step; ++j) {
         reader.Recycle(std::move(*cur));
         cur = std::move(next);
         std::swap(cur_keys, next_keys);
@@ -572,10 +616,11 @@ Result<TrainReport> Trainer::Run() {
             client_->PullSparse(model->sparse_table(), cur_keys.unique, rows));
         report.pull_seconds += Since(phase);
         phase = SteadyClock::now();
-        PARASOL_ASSIGN_OR_RETURN(next, reader.Next());
+        PARASOL_ASSIGN_OR_RETURN(next, take(reader.Next()));
         report.data_seconds += Since(phase);
         if (next) take_keys(*next, &next_keys);
         phase = SteadyClock::now();
+        if (cur->size == 0) continue;  // every row malformed
         model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
                    cur_keys.indices.data(), /*train=*/true);
         if (Status st = model->Finish(cur_slot); !st.ok()) {
@@ -587,8 +632,10 @@ Result<TrainReport> Trainer::Run() {
         loss_sum += l * cur->size;
         step_samples += cur->size;
       }
-      acc.Finish(dim);
-      loss = loss_sum / static_cast<double>(step_samples);
+      if (acc.samples > 0) {
+        acc.Finish(dim);
+        loss = loss_sum / static_cast<double>(step_samples);
+      }
     }
     const bool pull_next = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
 
@@ -601,7 +648,9 @@ Result<TrainReport> Trainer::Run() {
     pushes.clear();
     const bool acc_on = accumulate > 1;
     if (fuse) client_->BeginStep();
+    const bool push_nothing = acc_on ? acc.samples == 0 : cur->size == 0;
     Status sent = [&]() -> Status {
+      if (push_nothing) return Status::Ok();
       PARASOL_ASSIGN_OR_RETURN(
           PsClient::Ticket sparse_push,
           client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
@@ -637,6 +686,8 @@ Result<TrainReport> Trainer::Run() {
     PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
     report.wait_seconds += Since(phase);
     report.tick_latency.Observe(Since(phase));
+    if (hooks_.trained) hooks_.trained(*cur);
+    PARASOL_RETURN_IF_ERROR(follow_membership());
 
     ++report.steps;
     report.train_samples += step_samples;
@@ -712,12 +763,26 @@ Result<TrainReport> Trainer::Run() {
   }
   report.first_bad_row = reader.first_bad_row();
 
-  // Done: the others stop waiting for this worker's clock; then all meet before evaluating.
+  // Done: the others stop waiting for this worker's clock; then all meet before evaluating. A
+  // worker that left the running job early goes without meeting them.
   phase = SteadyClock::now();
   PARASOL_RETURN_IF_ERROR(client_->Leave());
+  const int64_t leave_at = client_->membership().leave(rank_);
+  if (leave_at >= 0 && client_->clock() >= leave_at) {
+    report.left_at = leave_at;
+    return report;
+  }
   PARASOL_RETURN_IF_ERROR(client_->Barrier(1));
   report.wait_seconds += Since(phase);
-  if (rank_ == 0 && !manifest_.data.eval.empty()) {
+  // The lowest rank still in the job evaluates (rank 0 unless it left).
+  uint32_t evaluator = rank_;
+  for (uint32_t r = 0; r < client_->membership().max_ranks(); ++r) {
+    if (client_->membership().Joined(r) && client_->membership().leave(r) < 0) {
+      evaluator = r;
+      break;
+    }
+  }
+  if (rank_ == evaluator && !manifest_.data.eval.empty()) {
     PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
     report.evaluated = true;
     report.eval_samples = e.samples;

@@ -45,6 +45,9 @@ struct TrainReport : StepTimes {
   uint64_t bad_rows = 0;
   uint64_t pushes = 0;        // push requests acknowledged by the shards
   uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
+  int64_t first_step = 0;             // the clock it started at (joined, or resumed)
+  int64_t left_at = -1;               // the clock it left the running job at, or -1
+  uint64_t membership_changes = 0;    // membership versions it followed while training
   double push_log_bytes_per_step = 0;  // what each step added to it
   uint64_t cache_hits = 0;             // rows answered by the worker's row cache
   uint64_t cache_misses = 0;           // rows it pulled while the cache was on
@@ -103,6 +106,11 @@ struct TrainerHooks {
   // The objects the calling thread has allocated so far (the process counts them), for
   // TrainReport::allocations_per_step; unset: not counted.
   std::function<uint64_t()> allocations;
+  // Polled every step: true once the worker is asked to leave the job (SIGTERM): it asks shard 0
+  // for a leave clock, trains the steps before it, and leaves.
+  std::function<bool()> leave_requested;
+  // Each batch as it is trained (its step, and its samples' lines in the data stream).
+  std::function<void(const Batch&)> trained;
 };
 
 struct EvalResult {

@@ -404,8 +404,8 @@ TEST(ManifestSecurityTest, WorkerKeysDefaultToNone) {
 
 TEST(ManifestSecurityTest, WorkerKeysNeedOnePairPerWorker) {
   EXPECT_EQ(ErrorOf(std::string(kCurveCluster) + "  worker_keys: [keys/w0]\n"),
-            "job.yaml:9:16: key 'security.worker_keys': needs one key pair per worker "
-            "(cluster.workers = 2), found 1");
+            "job.yaml:9:16: key 'security.worker_keys': needs one key pair per worker rank "
+            "(cluster.max_workers, default cluster.workers = 2), found 1");
 }
 
 TEST(ManifestSecurityTest, WorkerKeysNeedCurve) {

@@ -80,11 +80,13 @@ class SmallShard {
       }
     }
     controller_.emplace(manifest_.training, manifest_.cluster.workers,
-                        ConsistencyController::SteadyClock::time_point());
+                        ConsistencyController::SteadyClock::time_point(),
+                        manifest_.cluster.max_workers);
     record_ = PushRecord(kSmallShardWindow);
     pending_.clear();
+    membership_ = Membership(manifest_.cluster.workers, manifest_.cluster.max_workers);
     state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, record_, pending_,
-                   manifest_.server.engine_threads);
+                   manifest_.server.engine_threads, membership_);
   }
 
   const Manifest& manifest() const { return manifest_; }
@@ -93,6 +95,7 @@ class SmallShard {
   DenseTable& dense(uint32_t table) { return *dense_[table]; }
   ConsistencyController& controller() { return *controller_; }
   PushRecord& record() { return record_; }
+  Membership& membership() { return membership_; }
   // BSP sums of clocks not yet applied (as ShardServer's aggregates), by clock.
   PendingAggregates& pending() { return pending_; }
 
@@ -103,6 +106,7 @@ class SmallShard {
   std::optional<ConsistencyController> controller_;
   PushRecord record_{kSmallShardWindow};
   PendingAggregates pending_;
+  Membership membership_;
   std::optional<ShardState> state_;
 };
 
