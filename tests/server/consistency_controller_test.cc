@@ -135,3 +135,44 @@ TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilTheReplayCatche
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// A rank beyond cluster.workers is outside the job until it joins; from then on it bounds the
+// others and counts towards the BSP average of the clocks from its join clock on.
+TEST(ConsistencyControllerTest, ARankCountsFromTheClockItJoinsAt) {
+  TrainingOptions t;
+  t.consistency = TrainingOptions::Consistency::kBsp;
+  const auto now = std::chrono::steady_clock::now();
+  ConsistencyController c(t, 2, now, 3);
+  EXPECT_FALSE(c.InJob(2));
+  EXPECT_TRUE(c.InJob(1));
+  for (uint32_t w : {0u, 1u}) {
+    for (int64_t k = 1; k <= 4; ++k) ASSERT_TRUE(c.Advance(w, k, false, true).ok());
+  }
+  EXPECT_EQ(c.MinClock(), 4);  // the rank outside the job holds nobody back
+  EXPECT_EQ(c.ActiveAt(4), 2u);
+  c.Join(2, 6, now);
+  EXPECT_TRUE(c.InJob(2));
+  EXPECT_EQ(c.clocks()[2], 6);
+  EXPECT_EQ(c.live_workers(), 3u);
+  EXPECT_EQ(c.ActiveAt(5), 2u);
+  EXPECT_EQ(c.ActiveAt(6), 3u);
+  EXPECT_EQ(c.MinClock(), 4);
+  for (int64_t k = 5; k <= 7; ++k) {
+    for (uint32_t w : {0u, 1u}) {
+      const Status st = c.Advance(w, k, false, true);
+      ASSERT_TRUE(st.ok()) << "worker " << w << " to " << k << ": " << st.ToString();
+    }
+  }
+  EXPECT_EQ(c.MinClock(), 6);  // the joined rank at 6 now bounds clock 7's reads
+  EXPECT_FALSE(c.PullAllowed(7));
+  ASSERT_TRUE(c.Advance(2, 7, false, true).ok());
+  EXPECT_TRUE(c.PullAllowed(7));
+  c.Join(2, 100, now);  // a second join changes nothing
+  EXPECT_EQ(c.clocks()[2], 7);
+}
+
+}  // namespace
+}  // namespace parasol

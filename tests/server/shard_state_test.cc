@@ -226,6 +226,34 @@ TEST_F(ShardStateTest, RowsStreamedInSmallBlocksLoadBackValueForValue) {
   EXPECT_EQ(loaded.controller().clocks(), saved.controller().clocks());
 }
 
+// The membership (which ranks leave the running job, and when) comes back as it was; an entry
+// out of range is refused and changes nothing.
+TEST_F(ShardStateTest, TheMembershipLoadsBackAndABadEntryIsRefused) {
+  SmallShard saved;
+  Train(saved);
+  ASSERT_TRUE(saved.membership().SetLeave(1, 7).ok());
+  const std::vector<CheckpointBlock> good = *saved.state().Save();
+  ASSERT_EQ(good.back().kind, 10u);
+  const std::string path = dir_ + "/ckpt.bin";
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), good).ok());
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(loaded.membership(), saved.membership());
+  EXPECT_EQ(loaded.membership().leave(1), 7);
+  const std::vector<BadBlocks> cases = {
+      {"a rank past cluster.max_workers",
+       [](auto& b, auto&) {
+         const int64_t worker = 9;
+         std::memcpy(b.back().bytes.data(), &worker, 8);
+       },
+       "membership entry 0 (worker 9, join -1, leave 7) is out of range"},
+      {"a second membership block", [](auto& b, auto&) { b.push_back(b.back()); },
+       "a second membership block"},
+  };
+  ExpectRefused(saved, good, cases);
+}
+
 TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   SmallShard saved;
   Train(saved);

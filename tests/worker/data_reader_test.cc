@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "tests/support/test_cluster.hpp"
 
@@ -222,4 +224,76 @@ TEST_F(BatchReaderTest, AMissingFileIsAnError) {
 }
 
 }  // namespace
+}  // namespace parasol
+
+namespace parasol {
+
+namespace {
+
+// Every batch a reader hands out: (step, micro-batch, the stream lines of its samples).
+struct Taken {
+  int64_t step;
+  uint32_t micro;
+  std::vector<uint64_t> positions;
+  bool operator==(const Taken&) const = default;
+};
+
+std::vector<Taken> Drain(BatchReader& r, int64_t until_step = -1) {
+  std::vector<Taken> out;
+  while (true) {
+    auto b = r.Next();
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok() || !*b) break;
+    out.push_back({(*b)->step, (*b)->micro, (*b)->positions});
+    if (until_step >= 0 && (*b)->step >= until_step) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+// A membership change re-splits the data from the first step not taken: what the reader hands
+// out then is what a reader started with the new membership would have handed out, and the
+// steps before it stand. A reader started at a later step (a restarted or joining worker) reads
+// that step's batches.
+TEST_F(BatchReaderTest, RepositionReadsTheStepsAfterAChangeAsTheNewMembershipSplitsThem) {
+  for (uint32_t per : {1u, 3u}) {
+    SCOPED_TRACE("batches per step " + std::to_string(per));
+    Membership before(2, 3);
+    Membership after = before;
+    ASSERT_TRUE(after.SetJoin(2, 9).ok());
+    ASSERT_TRUE(after.SetLeave(0, 17).ok());
+    ReaderOptions o;
+    o.files = {dir_ + "/d.tsv", dir_ + "/d.tsv"};
+    o.batch_size = 2;
+    o.epochs = 40;
+    o.rank = 0;
+    o.batches_per_step = per;
+    o.queue_batches = 4;
+    o.membership = after;
+    BatchReader fresh(o);
+    const std::vector<Taken> want = Drain(fresh);
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(want.back().step, 16);  // it leaves at 17
+    o.membership = before;
+    BatchReader r(o);
+    std::vector<Taken> got = Drain(r, 5);  // read ahead past step 5 meanwhile
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    r.Reposition(after, 6);
+    for (Taken& t : Drain(r)) got.push_back(std::move(t));
+    EXPECT_EQ(got, want);
+    // Started at step 11: the same batches from there.
+    o.membership = after;
+    o.start_step = 11;
+    BatchReader later(o);
+    const std::vector<Taken> tail = Drain(later);
+    std::vector<Taken> want_tail;
+    for (const Taken& t : want) {
+      if (t.step >= 11) want_tail.push_back(t);
+    }
+    EXPECT_EQ(tail, want_tail);
+    o.start_step = 0;
+  }
+}
+
 }  // namespace parasol
