@@ -494,6 +494,12 @@ class Session {
         h.clock = ResolveClock(s, h.worker_id, /*tick=*/true);
         h.done = s.done == 7;
         break;
+      case 12:  // Membership: join, leave, or (from outside the job) a worker count
+        h.manifest_hash = s.hello == 7 ? job_.fingerprint ^ 1 : job_.fingerprint;
+        h.join = (s.hello & 1) != 0;
+        h.done = s.done == 7;
+        h.key_count = s.seq_raw;
+        break;
       case 6:
         switch (s.barrier) {
           case 0:
@@ -512,6 +518,22 @@ class Session {
         break;
       default:
         break;
+    }
+    if (s.OpByte() == 0) h.join = s.hello == 6;
+    // Hellos, ticks and membership requests may carry membership entries of their own making
+    // (anomaly 1-10, which is otherwise none): a rank in or past the job, joining and leaving at
+    // clocks near the job's or far off, and entries that contradict each other.
+    if ((s.OpByte() == 0 || s.OpByte() == 5 || s.OpByte() == 12) && s.anomaly >= 1 &&
+        s.anomaly <= 10) {
+      const uint32_t a = s.anomaly;
+      MemberEntry e;
+      e.worker = (a + s.peer) % (job_.spec.workers + 3);
+      e.join = (a & 1) ? ResolveClock(s, h.worker_id, /*tick=*/false) : -1;
+      if (a == 9) e.join = kMaxMemberClock + 5;
+      e.leave = (a & 2) ? std::max<int64_t>(e.join, 0) + 1 + a : -1;
+      h.members.push_back(e);
+      if (a & 4) h.members.push_back(MemberEntry{e.worker, e.join + 1, -1});
+      h.membership_version = a;
     }
     switch (s.anomaly) {
       case 11:

@@ -110,6 +110,8 @@ inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_
   std::string y = "job: {name: fuzz, seed: 7}\ncluster:\n  servers: [127.0.0.1:1";
   if (s.shards == 2) y += ", 127.0.0.1:2";
   y += "]\n  workers: " + std::to_string(s.workers) + "\n";
+  // Two ranks more may join the running job (Op::Membership, Hello with join).
+  y += "  max_workers: " + std::to_string(s.workers + 2) + "\n";
   // Limits small enough that a few messages reach them.
   y += "server: {engine_threads: " + std::to_string(s.engines) +
        ", max_request_bytes: 1MiB, frame_bytes: 4096, max_held_pulls: 8, max_held_bytes: 64KiB,"
@@ -243,7 +245,8 @@ struct Step {
     return StepKind::kRaw;
   }
   // The op byte: Hello, PullSparse, PushSparse, PullDense, PushDense, Clock, Barrier, Stats,
-  // Shutdown, Error, Checkpoint, then again PullSparse, PushSparse, Clock, PushDense, raw_op.
+  // Shutdown, Error, Checkpoint, then again PullSparse, PushSparse, Clock, PushDense, raw_op
+  // (Membership is raw_op 12, Step 11).
   uint8_t OpByte() const {
     static constexpr uint8_t kOps[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 5, 4};
     return op < 15 ? kOps[op] : raw_op;
