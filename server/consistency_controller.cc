@@ -83,8 +83,11 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
         " to " + std::to_string(clock) + "; a worker's clock moves forward by one per Clock" +
         (unconfirmed_[worker] ? " (after a restart it replays its clocks in order)" : ""));
   }
+  // A rank that joined recently starts where shard 0 named it, which may be ahead of the
+  // slowest worker by more than the slack: its first clocks wait like anyone's reads.
+  const bool joining = joined_at_[worker] > 0 && clock <= joined_at_[worker] + 1 + AheadOf(options_);
   if (clock > current && options_.consistency != TrainingOptions::Consistency::kAsp &&
-      ClocksKnown()) {
+      ClocksKnown() && !joining) {
     const int64_t slowest = MinClock();
     if (slowest != std::numeric_limits<int64_t>::max() &&
         clock - slowest > SlackOf(options_, /*request=*/false)) {
@@ -115,6 +118,10 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
   }
   if (options_.consistency == TrainingOptions::Consistency::kAsp) return Status::Ok();
   if (!ClocksKnown()) return Status::Ok();  // restored clocks are only a lower bound
+  // A joining rank's first requests are at the clock shard 0 named (see Advance).
+  if (joined_at_[worker] > 0 && clock <= joined_at_[worker] + 1 + AheadOf(options_)) {
+    return Status::Ok();
+  }
   const int64_t slowest = MinClock();
   if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
   const int64_t slack = SlackOf(options_, /*request=*/true) - (AheadOf(options_) - ahead);

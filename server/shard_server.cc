@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <random>
 #include <cinttypes>
@@ -706,11 +707,35 @@ Status ShardServer::MergeMembership(const Header& req) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
   if (!speaks) return Status::Ok();
+  // Shard 0 names the clocks: it takes none from requests, unless it restarted and its
+  // clocks are not known yet (the workers' copies then hold what it named before).
+  if (rank_ == 0 && controller_.ClocksKnown()) return Status::Ok();
   for (const MemberEntry& e : req.members) {
     if (e.join > kMaxMemberClock || e.leave > kMaxMemberClock) {
       return FailedPrecondition("membership names clock " +
                                 std::to_string(std::max(e.join, e.leave)) + " for worker " +
                                 std::to_string(e.worker) + ", beyond any job");
+    }
+  }
+  // A clock shard 0 could have named: not before the slowest worker here, not far past the
+  // newest (while this shard's clocks are known; a restarted shard's are only a lower bound).
+  if (controller_.ClocksKnown()) {
+    const int64_t newest = std::max<int64_t>(0, controller_.MaxClock());
+    const int64_t slowest = controller_.MinClock();
+    const int64_t reach = newest + 8 + 2 * int64_t{manifest_.training.staleness} +
+                          int64_t{manifest_.training.prefetch_depth};
+    for (const MemberEntry& e : req.members) {
+      for (int64_t c : {e.join, e.leave}) {
+        const bool known = c == membership_.join(e.worker) || c == membership_.leave(e.worker);
+        if (c < 0 || known) continue;
+        if (c > reach || (slowest != std::numeric_limits<int64_t>::max() && c < slowest)) {
+          return FailedPrecondition("membership names clock " + std::to_string(c) +
+                                    " for worker " + std::to_string(e.worker) +
+                                    ", which shard 0 could not have named now (the workers "
+                                    "here are at clocks " + std::to_string(slowest) + " to " +
+                                    std::to_string(newest) + ")");
+        }
+      }
     }
   }
   int64_t changed = 0;
@@ -736,8 +761,16 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                               "at which workers join and leave; this is shard " +
                               std::to_string(rank_));
   }
+  if (!controller_.ClocksKnown() || controller_.ReplayOwed()) {
+    return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
+                       "again once the workers have caught up");
+  }
   const int64_t at = NextMembershipClock();
   if (req.join) {
+    if (req.manifest_hash != fingerprint_) {
+      return FailedPrecondition("Membership: worker " + std::to_string(w) + " runs another "
+                                "manifest (fingerprint " + Hex(req.manifest_hash) + ")");
+    }
     if (w >= membership_.max_ranks()) {
       return FailedPrecondition("worker " + std::to_string(w) + " cannot join: cluster." +
                                 "max_workers is " + std::to_string(membership_.max_ranks()));

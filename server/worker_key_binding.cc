@@ -50,7 +50,8 @@ Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const
     if (key == keys_[id]) {
       // A worker trains; stopping or checkpointing the job is for tools (observer ids), so a
       // stolen worker key cannot do either.
-      if (request.op == Op::Shutdown || request.op == Op::Checkpoint) {
+      if (request.op == Op::Shutdown || request.op == Op::Checkpoint ||
+          (request.op == Op::Membership && request.key_count > 0)) {
         return FailedPrecondition(Claim(request) + "a worker's key may not ask for " +
                                   OpName(request.op) + "; a tool key (security.allowed_clients) "
                                   "may, as an observer");

@@ -186,7 +186,7 @@ BatchReader::~BatchReader() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 bool BatchReader::Emit(Batch batch) {
@@ -358,6 +358,12 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
     } else {
       Recycle(std::move(batch));
     }
+    {
+      // This unit is out: a Reposition reads on from the next one (never this one again).
+      std::lock_guard<std::mutex> lock(mu_);
+      cursors_[unit + 1] = here();
+      reading_unit_ = unit + 1;
+    }
     if (ended) return Finish(Status::Ok());
   }
 }
@@ -368,7 +374,7 @@ void BatchReader::Reposition(const Membership& membership, int64_t step) {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = false;
   const uint32_t per = std::max<uint32_t>(1, options_.batches_per_step);
@@ -394,7 +400,8 @@ void BatchReader::Reposition(const Membership& membership, int64_t step) {
     return;
   }
   const Cursor cursor = at->second;
-  cursors_.erase(at, cursors_.end());
+  cursors_.erase(std::next(at), cursors_.end());
+  reading_unit_ = from;
   done_ = false;
   thread_ = std::thread([this, from, cursor] { Run(from, cursor); });
 }

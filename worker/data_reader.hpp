@@ -120,8 +120,8 @@ class BatchReader {
   std::vector<Batch> free_;      // guarded by mu_: recycled, at most queue_batches + 4
   bool done_ = false;            // guarded by mu_
   Membership membership_;        // guarded by mu_ (the thread reads a copy)
-  // Guarded by mu_: where each micro-batch from the oldest one not taken began, and the unit
-  // the thread is reading.
+  // Guarded by mu_: where each micro-batch from the oldest one not taken began, and the first
+  // unit the thread has not handed out (or dropped as empty).
   std::map<uint64_t, Cursor> cursors_;
   uint64_t reading_unit_ = 0;
   bool stopping_ = false;        // guarded by mu_

@@ -1462,8 +1462,9 @@ Status PsClient::Leave() {
 }
 
 void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
-  shard_membership_version_[shard] =
-      std::max(shard_membership_version_[shard], reply.membership_version);
+  // The latest reply's: a shard restarted from an older checkpoint knows less again, and its
+  // next tick carries what it lacks.
+  shard_membership_version_[shard] = reply.membership_version;
   if (reply.members.empty()) return;
   const uint64_t before = membership_.version();
   if (Status st = membership_.Merge(reply.members); !st.ok()) {
