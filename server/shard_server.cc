@@ -707,9 +707,12 @@ Status ShardServer::MergeMembership(const Header& req) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
   if (!speaks) return Status::Ok();
-  // Shard 0 names the clocks: it takes none from requests, unless it restarted and its
-  // clocks are not known yet (the workers' copies then hold what it named before).
-  if (rank_ == 0 && controller_.ClocksKnown()) return Status::Ok();
+  // While this shard restarted and a worker's replay is still due, its clocks are only a lower
+  // bound and its membership may lack what was named since its checkpoint: it takes the
+  // entries the workers' copies hold without bounding their clocks.
+  const bool restarted = controller_.ReplayOwed();
+  // Shard 0 names the clocks: it takes none from requests, unless it restarted.
+  if (rank_ == 0 && !restarted) return Status::Ok();
   for (const MemberEntry& e : req.members) {
     if (e.join > kMaxMemberClock || e.leave > kMaxMemberClock) {
       return FailedPrecondition("membership names clock " +
@@ -718,8 +721,8 @@ Status ShardServer::MergeMembership(const Header& req) {
     }
   }
   // A clock shard 0 could have named: not before the slowest worker here, not far past the
-  // newest (while this shard's clocks are known; a restarted shard's are only a lower bound).
-  if (controller_.ClocksKnown()) {
+  // newest.
+  if (!restarted) {
     const int64_t newest = std::max<int64_t>(0, controller_.MaxClock());
     const int64_t slowest = controller_.MinClock();
     const int64_t reach = newest + 8 + 2 * int64_t{manifest_.training.staleness} +
@@ -761,9 +764,9 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                               "at which workers join and leave; this is shard " +
                               std::to_string(rank_));
   }
-  if (!controller_.ClocksKnown() || controller_.ReplayOwed()) {
+  if (controller_.ReplayOwed()) {
     return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
-                       "again once the workers have caught up");
+                       "again once the workers have replayed to it");
   }
   const int64_t at = NextMembershipClock();
   if (req.join) {
@@ -1456,6 +1459,10 @@ std::string ShardServer::StatsJson() const {
   Json& lost = s["lost_workers"] = Json::array();
   for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
     if (controller_.IsLost(w)) lost.push_back(w);
+  }
+  Json& members = s["membership"] = Json::array();
+  for (const MemberEntry& e : membership_.Entries()) {
+    members.push_back(Json{{"worker", e.worker}, {"join", e.join}, {"leave", e.leave}});
   }
   s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();
   s["worker_clocks"] = controller_.clocks();

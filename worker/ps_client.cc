@@ -1338,9 +1338,11 @@ Status PsClient::Wait(Ticket ticket) {
     Status st = Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000));
     if (!st.ok()) return st;
     if (!replay_failure_.ok()) return replay_failure_;
+    if (!membership_failure_.ok()) return membership_failure_;
     if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   if (!replay_failure_.ok()) return replay_failure_;
+  if (!membership_failure_.ok()) return membership_failure_;
   if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));
   Pending& p = *it->second;
   Finish(p);
@@ -1468,8 +1470,13 @@ void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
   if (reply.members.empty()) return;
   const uint64_t before = membership_.version();
   if (Status st = membership_.Merge(reply.members); !st.ok()) {
-    spdlog::error("worker {}: shard {} sent a membership this worker cannot take: {}",
-                  worker_id_, shard, st.ToString());
+    // Two copies disagree on a named clock: going on would train lines twice or not at all.
+    if (membership_failure_.ok()) {
+      membership_failure_ = st.WithContext("worker " + std::to_string(worker_id_) + ": shard " +
+                                           std::to_string(shard) + " sent a membership that " +
+                                           "contradicts this worker's");
+      spdlog::error("{}", membership_failure_.ToString());
+    }
     return;
   }
   if (membership_.version() != before) {

@@ -337,6 +337,7 @@ class PsClient {
   Status AskShardZero(bool done, uint64_t count);
   Membership membership_;
   std::vector<uint64_t> shard_membership_version_;  // per shard: what its last reply knew
+  Status membership_failure_;  // sticky: a shard's membership contradicted ours; Wait returns it
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;
   bool log_pushes_ = false;

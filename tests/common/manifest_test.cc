@@ -135,6 +135,22 @@ TEST(ManifestTest, TablesStoreF32Bf16OrF16ValuesAndState) {
   EXPECT_NE(bad.status().message().find("fp8"), std::string::npos);
 }
 
+TEST(ManifestTest, MaxWorkersIsAtLeastWorkersAndBounded) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 3\n  max_workers: 2\n"),
+            "job.yaml:4:16: key 'cluster.max_workers': is 2, below cluster.workers (3)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  max_workers: 5000\n"),
+            "job.yaml:3:16: key 'cluster.max_workers': is 5000; a job whose size may change "
+            "has at most 2048 worker ranks");
+  auto m = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 2\n", "job.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->cluster.max_workers, 2u);  // default: no joins
+  auto e = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\n  workers: 2\n  max_workers: 4\n", "job.yaml");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->cluster.max_workers, 4u);
+  EXPECT_NE(e->Fingerprint(), m->Fingerprint());  // every role must agree on it
+}
+
 TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
   // A typo of a known key of the same section is suggested; anything else is not.
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),

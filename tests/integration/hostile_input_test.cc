@@ -384,6 +384,83 @@ TEST_F(HostileClientTest, AFrameCountThatWrapsIsRefusedAndTheShardLives) {
   ExpectShardServesAndStops(kShardRss);
 }
 
+// The membership (which ranks join and leave at which clock) from raw sockets, as any client
+// could send it: only shard 0 names clocks, a shard takes only clocks shard 0 could have named
+// now, a list that contradicts itself is refused whole, and tools outside the job change
+// nothing by sending one.
+TEST(HostileMembershipTest, OnlyClocksShardZeroCouldNameAreTaken) {
+  TestCluster cluster(2, 2, kTables, "training:\n  consistency: bsp\n  worker_timeout: 60s\n",
+                      {}, /*max_workers=*/3);
+  ASSERT_TRUE(cluster.Start());
+  RawPeer zero(cluster.manifest().cluster.servers[0]);
+  RawPeer one(cluster.manifest().cluster.servers[1]);
+  auto call = [](RawPeer& peer, const Header& h) {
+    peer.Send(Frames(h));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  };
+  auto stats = [&](RawPeer& peer) {
+    return testing::ParseJson(call(peer, Request(Op::Stats, 1000, 0)).message);
+  };
+  auto tick = [](uint32_t worker, std::vector<MemberEntry> members, uint64_t seq) {
+    Header h = Request(Op::Clock, worker, 1, seq);
+    h.members = std::move(members);
+    h.membership_version = 1;
+    return h;
+  };
+  const std::vector<std::pair<std::vector<MemberEntry>, std::string>> forged = {
+      {{{2, int64_t{1} << 40, -1}}, "which shard 0 could not have named now"},
+      {{{1, -1, 500}}, "which shard 0 could not have named now"},
+      {{{2, int64_t{1} << 50, -1}}, "beyond any job"},
+      {{{2, 3, -1}, {2, 4, -1}}, "joined at clock 4, not 3"},
+      {{{7, 2, -1}}, "beyond cluster.max_workers (3)"},
+      {{{0, 2, -1}}, "one of the job's first cluster.workers"},
+  };
+  uint64_t seq = 1;
+  for (const auto& [members, why] : forged) {
+    const Header r = call(one, tick(0, members, seq++));
+    EXPECT_NE(r.status, StatusCode::kOk);
+    EXPECT_NE(r.message.find(why), std::string::npos) << r.message;
+  }
+  // A tool outside the job is not heard on membership (and may not tick).
+  EXPECT_NE(call(one, tick(1000, {{2, 2, -1}}, seq++)).status, StatusCode::kOk);
+  Json s1 = stats(one);
+  EXPECT_TRUE(s1["membership"].empty()) << s1.dump();
+  EXPECT_EQ(s1["worker_clocks"].get<std::vector<int64_t>>(), (std::vector<int64_t>{0, 0, 0}));
+  // Only shard 0 names clocks; a joiner's Hello must run the job's manifest.
+  Header join = Request(Op::Membership, 2, 0, seq++);
+  join.join = true;
+  join.manifest_hash = cluster.manifest().Fingerprint();
+  Header r = call(one, join);
+  EXPECT_NE(r.message.find("only shard 0 names the clocks"), std::string::npos) << r.message;
+  Header hello = Request(Op::Hello, 2, 0, seq++);
+  hello.join = true;
+  hello.manifest_hash = cluster.manifest().Fingerprint() ^ 1;
+  r = call(zero, hello);
+  EXPECT_NE(r.message.find("manifest mismatch"), std::string::npos) << r.message;
+  join.worker_id = 1000;
+  r = call(zero, join);
+  EXPECT_NE(r.message.find("cannot join: cluster.max_workers is 3"), std::string::npos)
+      << r.message;
+  // Shard 0 takes no entries from a tick: it names them itself.
+  EXPECT_EQ(call(zero, tick(0, {{2, 2, -1}}, seq++)).status, StatusCode::kOk);
+  EXPECT_TRUE(stats(zero)["membership"].empty());
+  // A tool scales the job to one worker: rank 1 leaves at the clock shard 0 names.
+  Header scale = Request(Op::Membership, 1000, 0, seq++);
+  scale.key_count = 1;
+  r = call(zero, scale);
+  ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+  EXPECT_EQ(r.key_count, 1u);
+  ASSERT_EQ(r.members.size(), 1u);
+  EXPECT_EQ(r.members[0], (MemberEntry{1, -1, 3}));  // newest clock 1, plus 2
+  // What shard 0 named, passed on by a worker's tick, is taken by shard 1.
+  EXPECT_EQ(call(one, tick(0, r.members, seq++)).status, StatusCode::kOk);
+  s1 = stats(one);
+  ASSERT_EQ(s1["membership"].size(), 1u) << s1.dump();
+  EXPECT_EQ(s1["membership"][0]["leave"], 3);
+}
+
 TEST_F(HostileClientTest, AForgedClockIsRefusedAndTheClocksStayPut) {
   Header r = Call(Frames(Request(Op::Clock, 0, int64_t{1} << 62, 1)));
   EXPECT_NE(r.status, StatusCode::kOk);

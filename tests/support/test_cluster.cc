@@ -36,13 +36,15 @@ void WriteFile(const std::string& path, const std::string& text) {
 }
 
 TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml,
-                         const std::string& extra_yaml, std::vector<uint16_t> ports)
+                         const std::string& extra_yaml, std::vector<uint16_t> ports,
+                         uint32_t max_workers)
     : shards_(shards), dir_(MakeTempDir()) {
   std::ostringstream y;
   y << "job:\n  name: test\n  seed: 7\ncluster:\n  servers:\n";
   if (ports.empty()) ports = PickFreePorts(shards).value();
   for (int s = 0; s < shards; ++s) y << "    - 127.0.0.1:" << ports[s] << "\n";
   y << "  workers: " << workers << "\n  connect_timeout: 20s\n  request_timeout: 20s\n";
+  if (max_workers > 0) y << "  max_workers: " << max_workers << "\n";
   // Tests of the tables themselves see pushes applied on arrival; consistency tests say so.
   if (extra_yaml.find("training:") == std::string::npos) {
     y << "training:\n  consistency: asp\n";

@@ -20,9 +20,11 @@ class TestCluster {
   // `tables_yaml` is the manifest's `tables:` list (YAML text, indented by two spaces);
   // `extra_yaml` is appended at the top level. Without a `training:` section in it, the job
   // runs under ASP (pushes apply on arrival).
-  // `ports`: the servers' ports (picked here when empty).
+  // `ports`: the servers' ports (picked here when empty). `max_workers`: cluster.max_workers
+  // (0: not set).
   TestCluster(int shards, int workers, const std::string& tables_yaml,
-              const std::string& extra_yaml = "", std::vector<uint16_t> ports = {});
+              const std::string& extra_yaml = "", std::vector<uint16_t> ports = {},
+              uint32_t max_workers = 0);
   ~TestCluster();
 
   // Starts every server. Returns false (with a gtest failure) when one cannot start.
