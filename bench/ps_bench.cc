@@ -21,6 +21,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -571,6 +572,136 @@ void CacheRows(const Options& opt, std::vector<Row>* rows) {
                      std::nullopt});
   }
   std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Each step's end time (steady clock seconds) from a worker's --step-times file.
+std::map<int64_t, double> StepTimes(const std::string& path) {
+  std::map<int64_t, double> t;
+  std::ifstream in(path);
+  int64_t step = 0;
+  double at = 0;
+  while (in >> step >> at) t[step] = at;
+  return t;
+}
+
+// A job changing size (README "Changing a job's size"): dlrm-small, batch 1024, BSP, one
+// server, two workers (cluster.max_workers 3). Worker 2 joins once the job passes clock 40;
+// worker 1 is sent SIGTERM 60 clocks after the join. From worker 0's step end times:
+// the seconds lost to each change are what the 4 steps from its clock took beyond 4 ordinary
+// steps of the new membership (the median of the steps 5 to 35 clocks after it); and how long
+// the joining process took from its start to the end of its first step.
+void ElasticRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-elastic-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  GeneratorOptions g;
+  g.rows = opt.quick ? 50000 : 200000;
+  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  const uint64_t epochs = 1500000 / g.rows;  // about 600 steps of 2 workers
+  const uint16_t port = PickFreePorts(1)->at(0);
+  const std::string path = dir + "/job.yaml";
+  std::ofstream(path) << "cluster:\n  servers: [127.0.0.1:" << port
+                      << "]\n  workers: 2\n  max_workers: 3\n"
+                      << "training: {consistency: bsp, batch_size: 1024, epochs: " << epochs
+                      << ", progress_every: 1h}\n"
+                      << "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n"
+                      << "  top: [64, 1]\n  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+                      << "  dense_optimizer: {kind: adam, lr: 0.001}\n"
+                      << "data:\n  train: " << dir << "/train.tsv\n";
+  Result<Manifest> manifest = LoadManifest(path);
+  if (!manifest.ok()) return;
+  const std::string self = BenchCluster::SelfDir() + "/parasol";
+  auto server = Subprocess::Spawn({self, "server", "--manifest", path, "--rank", "0"},
+                                  dir + "/server.log");
+  std::vector<Subprocess> workers;
+  auto start_worker = [&](int rank) {
+    const std::string r = std::to_string(rank);
+    auto p = Subprocess::Spawn({self, "worker", "--manifest", path, "--rank", r, "--step-times",
+                                dir + "/times" + r},
+                               dir + "/worker" + r + ".log");
+    if (p.ok()) workers.push_back(std::move(*p));
+  };
+  start_worker(0);
+  start_worker(1);
+  auto observer = PsClient::Connect(*manifest, PsClient::kObserver);
+  if (!server.ok() || workers.size() != 2 || !observer.ok()) {
+    spdlog::error("elastic bench: the job did not start");
+    return;
+  }
+  auto newest = [&]() -> int64_t {
+    auto stats = (*observer)->Stats();
+    if (!stats.ok() || stats->empty()) return -1;
+    const Json j = Json::parse((*stats)[0], nullptr, false);
+    if (j.is_discarded() || !j.contains("worker_clocks")) return -1;
+    int64_t m = -1;
+    for (const auto& c : j["worker_clocks"]) m = std::max<int64_t>(m, c.get<int64_t>());
+    return m;
+  };
+  auto wait_for = [&](int64_t clock) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (newest() >= clock) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  };
+  double started = 0;
+  bool ok = wait_for(40);
+  if (ok) {
+    started = std::chrono::duration<double>(
+                  std::chrono::steady_clock::now().time_since_epoch()).count();
+    start_worker(2);
+    ok = (*observer)->SyncMembership().ok();
+    for (int i = 0; ok && i < 5000 && !(*observer)->membership().Joined(2); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ok = (*observer)->SyncMembership().ok();
+    }
+  }
+  ok = ok && (*observer)->membership().Joined(2) &&
+       wait_for((*observer)->membership().join(2) + 60);
+  if (ok && workers.size() == 3) workers[1].Signal(SIGTERM);
+  for (Subprocess& w : workers) {
+    auto st = w.Wait(std::chrono::minutes(5));
+    ok = ok && st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
+  }
+  ok = ok && (*observer)->SyncMembership().ok();
+  const Membership m = (*observer)->membership();
+  (void)(*observer)->Shutdown();
+  if (server.ok()) (void)server->Wait(std::chrono::seconds(30));
+  const int64_t join = m.join(2), leave = m.leave(1);
+  const std::map<int64_t, double> t0 = StepTimes(dir + "/times0");
+  const std::map<int64_t, double> t2 = StepTimes(dir + "/times2");
+  std::error_code ec;
+  if (!ok || join < 0 || leave < 0 || t2.empty()) {
+    spdlog::error("elastic bench: the job with a join and a leave failed (logs in {})", dir);
+    return;
+  }
+  // Beyond 4 ordinary steps, what the 4 steps from `clock` took (ordinary: the median of the
+  // steps 5 to 35 clocks after it).
+  auto lost = [&](int64_t clock) -> std::optional<double> {
+    std::vector<double> after;
+    for (int64_t c = clock + 5; c <= clock + 35; ++c) {
+      if (t0.count(c) && t0.count(c - 1)) after.push_back(t0.at(c) - t0.at(c - 1));
+    }
+    if (after.size() < 10 || !t0.count(clock - 1) || !t0.count(clock + 3)) return std::nullopt;
+    return (t0.at(clock + 3) - t0.at(clock - 1)) - 4 * Median(after);
+  };
+  const std::optional<double> join_lost = lost(join), leave_lost = lost(leave);
+  if (join_lost) {
+    rows->push_back({"elastic_join_lost_seconds", *join_lost, "s", std::nullopt, "", std::nullopt});
+  }
+  if (leave_lost) {
+    rows->push_back({"elastic_leave_lost_seconds", *leave_lost, "s", std::nullopt, "",
+                     std::nullopt});
+  }
+  rows->push_back({"elastic_join_first_step_seconds", t2.begin()->second - started, "s",
+                   std::nullopt, "", std::nullopt});
+  std::vector<double> before;
+  for (int64_t c = join - 30; c < join - 2; ++c) {
+    if (t0.count(c) && t0.count(c - 1)) before.push_back(t0.at(c) - t0.at(c - 1));
+  }
+  rows->push_back({"elastic_step_seconds_2w", Median(before), "s", std::nullopt, "",
+                   std::nullopt});
   std::filesystem::remove_all(dir, ec);
 }
 
@@ -1217,7 +1348,7 @@ int Main(int argc, char** argv) {
                                                    "optimizer",   "consistency", "training",
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
-                                                   "capacity"};
+                                                   "capacity",    "elastic"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
                          "training, torch, compute, checkpoint, cache, python, tiered, capacity)\n",
@@ -1264,6 +1395,7 @@ int Main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
+  if (opt.only.empty() || opt.only == "elastic") ElasticRows(opt, &rows);
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
   if (opt.only.empty() || opt.only == "cache") CacheRows(opt, &rows);
   if (opt.only.empty() || opt.only == "checkpoint") {

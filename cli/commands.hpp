@@ -48,7 +48,7 @@ inline constexpr int kExitUpdatesWouldBeLost = 3;
 // parasol worker --manifest M --rank J: trains the manifest's model.
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
               const std::string& key_path, const std::string& metrics_log, bool join = false,
-              const std::string& trace_rows = "");
+              const std::string& trace_rows = "", const std::string& step_times = "");
 
 // parasol gen-data --rows N --out FILE
 int RunGenData(uint64_t rows, const std::string& out, uint64_t seed);

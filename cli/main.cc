@@ -81,6 +81,9 @@ int main(int argc, char** argv) {
   std::string trace_rows;
   worker_cmd->add_option("--trace-rows", trace_rows,
                          "write each trained batch's step and data-stream lines here");
+  std::string step_times;
+  worker_cmd->add_option("--step-times", step_times,
+                         "write each trained step and when it ended (steady clock, seconds)");
   worker_cmd->add_option("--summary", summary, "write this worker's summary (JSON) here");
   std::string metrics_log;
   worker_cmd->add_option("--metrics-log", metrics_log,
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   }
   if (*worker_cmd) {
     return parasol::cli::RunWorker(manifest, rank, summary, key_path, metrics_log, join,
-                                   trace_rows);
+                                   trace_rows, step_times);
   }
   if (*scale) return parasol::cli::RunScale(manifest, scale_workers, key_path);
   if (*gen) return parasol::cli::RunGenData(rows, out, seed);

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <chrono>
 #include <fstream>
+#include <iomanip>
 
 #include "cli/commands.hpp"
 #include "common/manifest.hpp"
@@ -69,7 +71,7 @@ int ExecWorkerCommand(const Manifest& manifest, const std::string& manifest_path
 
 int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string& summary,
               const std::string& key_path, const std::string& metrics_log, bool join,
-              const std::string& trace_rows) {
+              const std::string& trace_rows, const std::string& step_times) {
   Result<Manifest> manifest = LoadManifest(manifest_path);
   if (!manifest.ok()) {
     spdlog::error("{}", manifest.status().message());
@@ -137,17 +139,29 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   };
   if (AllocationsCounted()) hooks.allocations = ThreadAllocations;
   if (leave_signal) hooks.leave_requested = [&] { return leave_signal->flag().load(); };
-  std::ofstream trace;
-  if (!trace_rows.empty()) {
-    trace.open(trace_rows, std::ios::app);
-    if (!trace) {
-      spdlog::error("worker {}: cannot write the row trace '{}'", rank, trace_rows);
+  // Diagnostics: each trained step's data-stream lines, and when it ended.
+  std::ofstream trace, times;
+  for (auto [path, out] : {std::pair{&trace_rows, &trace}, std::pair{&step_times, &times}}) {
+    if (path->empty()) continue;
+    out->open(*path, std::ios::app);
+    if (!*out) {
+      spdlog::error("worker {}: cannot write '{}'", rank, *path);
       return 1;
     }
+  }
+  if (trace.is_open() || times.is_open()) {
     hooks.trained = [&](const Batch& b) {
-      trace << b.step;
-      for (uint64_t p : b.positions) trace << ' ' << p;
-      trace << '\n';
+      if (trace.is_open()) {
+        trace << b.step;
+        for (uint64_t p : b.positions) trace << ' ' << p;
+        trace << '\n';
+      }
+      if (times.is_open()) {
+        const double now = std::chrono::duration<double>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+        times << b.step << ' ' << std::fixed << std::setprecision(6) << now << '\n';
+      }
     };
   }
   Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
