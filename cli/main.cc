@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
                        "join the running job (implied by a rank of cluster.workers or more)");
   std::string trace_rows;
   worker_cmd->add_option("--trace-rows", trace_rows,
-                         "write each trained batch's step and data-stream lines here");
+                         "write each trained batch's step, micro-batch and data-stream lines here");
   std::string step_times;
   worker_cmd->add_option("--step-times", step_times,
                          "write each trained step and when it ended (steady clock, seconds)");

@@ -152,15 +152,15 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   if (trace.is_open() || times.is_open()) {
     hooks.trained = [&](const Batch& b) {
       if (trace.is_open()) {
-        trace << b.step;
+        trace << b.step << ' ' << b.micro;
         for (uint64_t p : b.positions) trace << ' ' << p;
-        trace << '\n';
+        trace << '\n' << std::flush;  // whole lines, also when the worker is killed
       }
       if (times.is_open()) {
         const double now = std::chrono::duration<double>(
                                std::chrono::steady_clock::now().time_since_epoch())
                                .count();
-        times << b.step << ' ' << std::fixed << std::setprecision(6) << now << '\n';
+        times << b.step << ' ' << std::fixed << std::setprecision(6) << now << '\n' << std::flush;
       }
     };
   }

@@ -604,6 +604,8 @@ Result<TrainReport> Trainer::Run() {
       if (cur->size > 0) acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
       double loss_sum = loss * cur->size;
       for (uint32_t j = 1; j < accumulate && next && next->step == cur->step; ++j) {
+        // An earlier micro-batch of the step: reported now (a restart redoes the whole step).
+        if (hooks_.trained) hooks_.trained(*cur);
         reader.Recycle(std::move(*cur));
         cur = std::move(next);
         std::swap(cur_keys, next_keys);
@@ -674,6 +676,9 @@ Result<TrainReport> Trainer::Run() {
       if (sent.ok()) sent = st;
     }
     PARASOL_RETURN_IF_ERROR(sent);
+    // Before the tick: a worker killed after it restarts at the next step, so every step it
+    // trained has been reported (a step redone after a restart is reported again, the same).
+    if (hooks_.trained) hooks_.trained(*cur);
     report.push_seconds += Since(phase);
     report.push_latency.Observe(Since(phase));
     phase = SteadyClock::now();
@@ -686,7 +691,6 @@ Result<TrainReport> Trainer::Run() {
     PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
     report.wait_seconds += Since(phase);
     report.tick_latency.Observe(Since(phase));
-    if (hooks_.trained) hooks_.trained(*cur);
     PARASOL_RETURN_IF_ERROR(follow_membership());
 
     ++report.steps;

@@ -109,7 +109,9 @@ struct TrainerHooks {
   // Polled every step: true once the worker is asked to leave the job (SIGTERM): it asks shard 0
   // for a leave clock, trains the steps before it, and leaves.
   std::function<bool()> leave_requested;
-  // Each batch as it is trained (its step, and its samples' lines in the data stream).
+  // Each batch trained (its step, micro-batch, and its samples' lines in the data stream), by
+  // the time its step's pushes are acknowledged, before the tick: a worker killed after the
+  // tick has reported the step. A step redone after a restart is reported again, the same.
   std::function<void(const Batch&)> trained;
 };
 

@@ -1,7 +1,8 @@
 // A job that changes size while it runs (common/membership.hpp): a BSP logistic-regression job
 // of 2 shards and 2 workers (cluster.max_workers 3) in which a third worker joins once the job
 // has passed a clock drawn from a printed seed, and worker 1 is sent SIGTERM once it has passed
-// a later one. Every line of every epoch must be trained exactly once (counted from each
+// a later one; in every other run the joined worker is also killed (SIGKILL) at a clock drawn
+// between the two and started again, and continues where the shards know it. Every line of every epoch must be trained exactly once (counted from each
 // worker's --trace-rows), the membership must say what each worker did, and the shards' final
 // weights must equal a reference computed here, in double precision, with the same membership:
 // each clock's present workers each take their share of the clock's chunk, and the shards apply
@@ -113,15 +114,20 @@ Reference Train(const Manifest& m, const Membership& members, const std::vector<
   return ref;
 }
 
-void RunElasticJob(uint64_t seed) {
+void RunElasticJob(uint64_t seed, bool kill_joiner) {
   std::mt19937_64 rng(seed);
   const int64_t join_after = std::uniform_int_distribution<int64_t>(200, 1200)(rng);
   const int64_t leave_after =
       join_after + std::uniform_int_distribution<int64_t>(300, 1000)(rng);
+  const int64_t kill_after =
+      std::uniform_int_distribution<int64_t>(join_after + 100, leave_after - 100)(rng);
   std::printf("[ elastic  ] seed %llu: worker 2 joins after clock %lld, worker 1 leaves after "
-              "clock %lld\n",
+              "clock %lld%s\n",
               static_cast<unsigned long long>(seed), static_cast<long long>(join_after),
-              static_cast<long long>(leave_after));
+              static_cast<long long>(leave_after),
+              kill_joiner ? (", worker 2 is killed and restarted after clock " +
+                             std::to_string(kill_after)).c_str()
+                          : "");
   Run run;
   run.dir = MakeTempDir();
   GeneratorOptions g;
@@ -171,6 +177,22 @@ void RunElasticJob(uint64_t seed) {
   };
   ASSERT_TRUE(wait_for_clock(join_after)) << "the job never reached clock " << join_after;
   start_worker(2);
+  if (kill_joiner) {
+    // Once it has joined and trained a while: the drawn clock, or 50 past its join.
+    int64_t joined = -1;
+    for (int i = 0; i < 10000 && joined < 0; ++i) {
+      ASSERT_TRUE((*observer)->SyncMembership().ok());
+      joined = (*observer)->membership().join(2);
+      if (joined < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_GE(joined, 0) << "worker 2 never joined";
+    const int64_t at = std::max(kill_after, joined + 50);
+    ASSERT_TRUE(wait_for_clock(at)) << "the job never reached clock " << at;
+    run.workers[2].Signal(SIGKILL);
+    ASSERT_TRUE(run.workers[2].Wait(std::chrono::seconds(10)).has_value());
+    run.workers.pop_back();
+    start_worker(2);  // the same rank again: it continues where the shards know it
+  }
   ASSERT_TRUE(wait_for_clock(leave_after)) << "the job never reached clock " << leave_after;
   run.workers[1].Signal(SIGTERM);
   for (size_t w = 0; w < run.workers.size(); ++w) {
@@ -192,19 +214,29 @@ void RunElasticJob(uint64_t seed) {
   EXPECT_LT(members.leave(0), 0);
   EXPECT_LT(members.leave(2), 0);
 
-  // Every line of every epoch, exactly once; each worker trained exactly its clocks.
+  // Every line of every epoch, exactly once; each worker trained exactly its clocks. A step
+  // redone by a restarted worker is reported again, with the same lines.
   std::vector<uint32_t> seen(uint64_t{kRows} * kEpochs, 0);
   std::vector<std::pair<int64_t, int64_t>> span(3, {-1, -1});
+  uint64_t redone = 0;
   for (int w = 0; w < 3; ++w) {
     std::istringstream in(ReadFile(run.dir + "/trace" + std::to_string(w)));
-    std::string line;
+    std::string line, last_line;
     while (std::getline(in, line)) {
       std::istringstream f(line);
       int64_t step = 0;
-      f >> step;
+      uint32_t micro = 0;
+      f >> step >> micro;
+      EXPECT_EQ(micro, 0u);
+      if (step == span[w].second) {  // redone after a restart: the same batch
+        EXPECT_EQ(line, last_line) << "worker " << w << " redid step " << step << " otherwise";
+        ++redone;
+        continue;
+      }
+      last_line = line;
       if (span[w].first < 0) span[w].first = step;
       EXPECT_EQ(step, std::max<int64_t>(span[w].second + 1, span[w].first))
-          << "worker " << w << " skipped or repeated a step";
+          << "worker " << w << " skipped a step";
       span[w].second = step;
       EXPECT_TRUE(members.Present(w, step)) << "worker " << w << " trained step " << step;
       uint64_t p = 0;
@@ -213,6 +245,11 @@ void RunElasticJob(uint64_t seed) {
         ++seen[p];
       }
     }
+  }
+  if (!kill_joiner) EXPECT_EQ(redone, 0u);
+  if (kill_joiner) {
+    EXPECT_NE(ReadFile(run.dir + "/worker2.log").find("resuming at step"), std::string::npos)
+        << ReadFile(run.dir + "/worker2.log");
   }
   uint64_t wrong = 0, first_wrong = 0;
   for (uint64_t p = 0; p < seen.size(); ++p) {
@@ -277,7 +314,7 @@ TEST(ElasticTest, AWorkerJoinsAnotherLeavesAndEveryLineIsTrainedOnceAsTheReferen
   std::printf("[ elastic  ] base seed %llu\n", static_cast<unsigned long long>(base));
   for (uint64_t i = 0; i < 2; ++i) {
     SCOPED_TRACE("seed " + std::to_string(base + i));
-    RunElasticJob(base + i);
+    RunElasticJob(base + i, /*kill_joiner=*/i % 2 == 1);
     if (HasFatalFailure()) return;
   }
 }
