@@ -100,11 +100,14 @@ find_pids() {
 role_pid() {
   find_pids "$PARASOL $2 --manifest $1 --rank $3" | head -n 1
 }
-# A TCP port nothing listens on.
+# A TCP port nothing listens on, below the kernel's range for outgoing connections' local ports
+# (a port picked inside it could be taken by any connection before the shard binds it).
+ephemeral_low="$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)"
+[ "${ephemeral_low:-0}" -gt 12000 ] 2>/dev/null || ephemeral_low=32768
 free_port() {
   local port
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((10000 + RANDOM % (ephemeral_low - 10000)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
   done
   echo "chaos.sh: no free port" >&2
