@@ -8,6 +8,7 @@
 #include "common/curve_keys.hpp"
 #include "common/manifest.hpp"
 #include "worker/ps_client.hpp"
+#include "worker/reshard.hpp"
 
 namespace parasol::cli {
 namespace {
@@ -71,6 +72,23 @@ int RunScale(const std::string& manifest_path, uint64_t workers, const std::stri
                 m.initial());
   }
   std::printf("\n");
+  return 0;
+}
+
+int RunScaleServers(const std::string& manifest_path, uint32_t servers, double timeout_s,
+                    const std::string& key_path) {
+  auto client = ConnectTo(manifest_path, PsClient::kObserver, key_path);
+  if (!client.ok()) {
+    spdlog::error("{}", client.status().ToString());
+    return 1;
+  }
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  Result<ReshardReport> report = Reshard(**client, servers, timeout);
+  if (!report.ok()) {
+    spdlog::error("{}", report.status().ToString());
+    return 1;
+  }
+  std::printf("%s\n", report->ToString().c_str());
   return 0;
 }
 

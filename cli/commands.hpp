@@ -18,6 +18,9 @@ int RunLoadgen(const std::string& manifest_path, uint32_t worker, WorkloadOption
 int RunStats(const std::string& manifest_path, const std::string& key_path);
 // `parasol scale`: asks shard 0 for `workers` workers; prints the membership it names.
 int RunScale(const std::string& manifest_path, uint64_t workers, const std::string& key_path);
+// `parasol scale --servers`: changes the shard count and moves the rows (worker/reshard.hpp).
+int RunScaleServers(const std::string& manifest_path, uint32_t servers, double timeout_s,
+                    const std::string& key_path);
 
 // parasol shutdown --manifest M
 int RunShutdown(const std::string& manifest_path, const std::string& key_path);

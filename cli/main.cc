@@ -1,5 +1,6 @@
 // parasol: the one command-line program. Subcommands start a role or talk to a running job.
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -103,11 +104,21 @@ int main(int argc, char** argv) {
   stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
 
   uint64_t scale_workers = 0;
+  uint32_t scale_servers = 0;
+  double scale_timeout = 600;
   auto* scale = app.add_subcommand(
-      "scale", "change a running job's worker count: the highest ranks beyond it leave at a "
-               "clock shard 0 names (start joining workers with `parasol worker --rank R`)");
+      "scale", "change a running job's worker count (the highest ranks beyond it leave at a "
+               "clock shard 0 names; start joining workers with `parasol worker --rank R`) or "
+               "its shard count (rows move to their new shards while it trains)");
   scale->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
-  scale->add_option("--workers,-w", scale_workers, "the number of workers wanted")->required();
+  auto* scale_w = scale->add_option("--workers,-w", scale_workers, "the number of workers wanted");
+  auto* scale_s = scale->add_option("--servers,-s", scale_servers,
+                                    "the number of shards wanted, of those cluster.servers lists");
+  scale_w->excludes(scale_s);
+  scale->add_option("--timeout", scale_timeout,
+                    "seconds a change of the shard count may take before the tool gives up "
+                    "(running it again finishes the change)")
+      ->capture_default_str();
 
   auto* shutdown = app.add_subcommand("shutdown", "stop every shard of a running job");
   shutdown->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -203,6 +214,13 @@ int main(int argc, char** argv) {
   if (*worker_cmd) {
     return parasol::cli::RunWorker(manifest, rank, summary, key_path, metrics_log, join,
                                    trace_rows, step_times);
+  }
+  if (*scale && *scale_s) {
+    return parasol::cli::RunScaleServers(manifest, scale_servers, scale_timeout, key_path);
+  }
+  if (*scale && !*scale_w) {
+    std::fprintf(stderr, "scale: give --workers N or --servers N\n");
+    return 2;
   }
   if (*scale) return parasol::cli::RunScale(manifest, scale_workers, key_path);
   if (*gen) return parasol::cli::RunGenData(rows, out, seed);

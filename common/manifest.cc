@@ -285,6 +285,15 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
     }
     c->servers.push_back(*addr);
   }
+  c->initial_servers = static_cast<uint32_t>(c->servers.size());
+  if (r.Has("initial_servers")) {
+    PARASOL_RETURN_IF_ERROR(r.Unsigned("initial_servers", 1, 1 << 20, &c->initial_servers));
+    if (c->initial_servers > c->servers.size()) {
+      return r.ErrorAt(r.Child("initial_servers"), "cluster.initial_servers",
+                       "is " + std::to_string(c->initial_servers) + ", more than the " +
+                           std::to_string(c->servers.size()) + " shards cluster.servers lists");
+    }
+  }
   PARASOL_RETURN_IF_ERROR(r.Unsigned("workers", 1, 1 << 20, &c->workers));
   c->max_workers = c->workers;
   if (r.Has("max_workers")) {
@@ -830,6 +839,9 @@ uint64_t Manifest::Fingerprint() const {
     << static_cast<int>(training.consistency) << "," << training.staleness << ";";
   // Only when set: the fingerprints of manifests without it stay as they were.
   if (cluster.max_workers > cluster.workers) s << "max_workers=" << cluster.max_workers << ";";
+  if (cluster.InitialServers() < cluster.servers.size()) {
+    s << "initial_servers=" << cluster.InitialServers() << ";";
+  }
   if (training.prefetch && training.prefetch_depth > 1) {
     s << "prefetch_depth=" << training.prefetch_depth << ";";
   }

@@ -81,6 +81,14 @@ struct ServerAddress {
 
 struct ClusterOptions {
   std::vector<ServerAddress> servers;  // required: one entry per shard, "host:port"
+  // How many of the listed shards hold keys at the start: the rest run from the start holding
+  // nothing until `parasol scale --servers` grows the job onto them (common/placement.hpp).
+  // Default: every listed shard.
+  uint32_t initial_servers = 0;
+  uint32_t InitialServers() const {
+    const auto listed = static_cast<uint32_t>(servers.size());
+    return initial_servers == 0 || initial_servers > listed ? listed : initial_servers;
+  }
   uint32_t workers = 1;                // number of worker processes at the start
   // The most worker ranks the job may ever have: ranks workers .. max_workers - 1 join a running
   // job (common/membership.hpp). Default: workers (no joins).

@@ -3,11 +3,57 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/manifest.hpp"
+
 namespace parasol {
 
-Membership::Membership(uint32_t initial, uint32_t max_ranks)
-    : initial_(std::min(initial, max_ranks)), join_(max_ranks, -1), leave_(max_ranks, -1) {
+Membership::Membership(uint32_t initial, uint32_t max_ranks, uint32_t servers, uint32_t listed)
+    : initial_(std::min(initial, max_ranks)),
+      join_(max_ranks, -1),
+      leave_(max_ranks, -1),
+      listed_(std::max(listed, 1u)),
+      placements_{Placement(std::clamp(servers, 1u, std::max(listed, 1u)))} {
   for (uint32_t w = 0; w < initial_; ++w) join_[w] = 0;
+}
+
+const Placement& Membership::PlacementAt(int64_t clock) const {
+  size_t i = 0;
+  while (i < server_changes_.size() && server_changes_[i].clock <= clock) ++i;
+  return placements_[i];
+}
+
+Status Membership::SetServers(int64_t clock, uint32_t count) {
+  for (const ServerChange& c : server_changes_) {
+    if (c.clock == clock) {
+      if (c.count == count) return Status::Ok();
+      return FailedPrecondition("the shard count changes to " + std::to_string(c.count) +
+                                " at clock " + std::to_string(clock) + ", not to " +
+                                std::to_string(count));
+    }
+  }
+  if (clock < 1 || clock > kMaxMemberClock) {
+    return FailedPrecondition("shard count clock " + std::to_string(clock) + " is out of range");
+  }
+  if (!server_changes_.empty() && clock <= server_changes_.back().clock) {
+    return FailedPrecondition("a shard count change at clock " + std::to_string(clock) +
+                              " is not after the last one, at clock " +
+                              std::to_string(server_changes_.back().clock));
+  }
+  if (count < 1 || count > listed_) {
+    return FailedPrecondition("shard count " + std::to_string(count) + " is outside 1 .. " +
+                              std::to_string(listed_) + " (the shards cluster.servers lists)");
+  }
+  if (server_changes_.size() >= kMaxServerChanges) {
+    return FailedPrecondition("the job's shard count has changed " +
+                              std::to_string(kMaxServerChanges) + " times, the most it may");
+  }
+  if (count == placements_.back().count()) {
+    return FailedPrecondition("the job has " + std::to_string(count) + " shards already");
+  }
+  server_changes_.push_back(ServerChange{clock, count});
+  placements_.push_back(placements_.back().Resized(count));
+  ++version_;
+  return Status::Ok();
 }
 
 uint32_t Membership::CountAt(int64_t clock) const {
@@ -88,6 +134,9 @@ std::vector<MemberEntry> Membership::Entries() const {
       e.push_back(MemberEntry{w, w < initial_ ? -1 : join_[w], leave_[w]});
     }
   }
+  for (const ServerChange& c : server_changes_) {
+    e.push_back(MemberEntry{kServerEntry | c.count, c.clock, -1});
+  }
   return e;
 }
 
@@ -97,6 +146,17 @@ Status Membership::Merge(std::span<const MemberEntry> entries, int64_t* changed)
   Membership next = *this;
   int64_t first = std::numeric_limits<int64_t>::max();
   for (const MemberEntry& e : entries) {
+    if (e.worker & kServerEntry) {
+      if (e.leave != -1) {
+        return FailedPrecondition("membership names a shard count change with a leave clock");
+      }
+      const bool known = std::any_of(next.server_changes_.begin(), next.server_changes_.end(),
+                                     [&](const ServerChange& c) { return c.clock == e.join; });
+      PARASOL_RETURN_IF_ERROR(next.SetServers(e.join, e.worker & ~kServerEntry)
+                                  .WithContext("membership"));
+      if (!known) first = std::min(first, e.join);
+      continue;
+    }
     if (e.worker >= join_.size()) {
       return FailedPrecondition("membership names worker " + std::to_string(e.worker) +
                                 ", beyond cluster.max_workers (" + std::to_string(join_.size()) +
@@ -131,6 +191,12 @@ Status Membership::Merge(std::span<const MemberEntry> entries, int64_t* changed)
   *this = std::move(next);
   if (changed) *changed = first;
   return Status::Ok();
+}
+
+Membership JobMembership(const Manifest& manifest) {
+  const ClusterOptions& c = manifest.cluster;
+  return Membership(c.workers, std::max(c.workers, c.max_workers), c.InitialServers(),
+                    static_cast<uint32_t>(c.servers.size()));
 }
 
 int64_t FirstNewClock(const Membership& before, const Membership& after) {

@@ -6,6 +6,10 @@
 // once; its clocks never change once named. Rank w is present at clock c when
 // join(w) <= c < leave(w).
 //
+// It also records the clocks at which the job's shard count changes (`parasol scale --servers`):
+// from such a clock on, keys and dense elements are placed as common/placement.hpp grows or
+// shrinks the placement, through each count named.
+//
 // Shard 0 alone names the clocks. Every worker and shard keeps a copy and merges the copies it
 // is sent (Clock requests and their replies carry the entries the other side lacks), so a copy
 // is never wrong, only behind; `version()` counts what has been named and orders copies.
@@ -22,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/placement.hpp"
 #include "common/status.hpp"
 
 namespace parasol {
@@ -29,8 +34,13 @@ namespace parasol {
 // The largest clock a membership may name: far past any job, low enough that clock arithmetic
 // on it cannot overflow.
 inline constexpr int64_t kMaxMemberClock = int64_t{1} << 40;
+// The most shard count changes a job may name (each is one entry of the membership).
+inline constexpr size_t kMaxServerChanges = 64;
 
-// One rank's named clocks (-1: not named).
+// One rank's named clocks (-1: not named). An entry whose `worker` has kServerEntry set names a
+// change of the shard count instead: from clock `join` on, the job has `worker & ~kServerEntry`
+// shards (`leave` is -1).
+inline constexpr uint32_t kServerEntry = 0x80000000u;
 struct MemberEntry {
   uint32_t worker = 0;
   int64_t join = -1;
@@ -42,7 +52,9 @@ class Membership {
  public:
   Membership() = default;
   // `initial` ranks present from clock 0, of at most `max_ranks`.
-  Membership(uint32_t initial, uint32_t max_ranks);
+  // `servers` shards hold keys at the start, of `listed` (manifest cluster.initial_servers and
+  // cluster.servers).
+  Membership(uint32_t initial, uint32_t max_ranks, uint32_t servers = 1, uint32_t listed = 1);
 
   uint32_t initial() const { return initial_; }
   uint32_t max_ranks() const { return static_cast<uint32_t>(join_.size()); }
@@ -66,6 +78,23 @@ class Membership {
   Status SetJoin(uint32_t w, int64_t clock);
   Status SetLeave(uint32_t w, int64_t clock);
 
+  // Shard count changes: (clock, count), clocks ascending.
+  struct ServerChange {
+    int64_t clock = 0;
+    uint32_t count = 0;
+    bool operator==(const ServerChange&) const = default;
+  };
+  const std::vector<ServerChange>& server_changes() const { return server_changes_; }
+  uint32_t listed_servers() const { return listed_; }
+  // The placement of keys at `clock` (the initial one before every change).
+  const Placement& PlacementAt(int64_t clock) const;
+  // The newest placement named.
+  const Placement& LastPlacement() const { return placements_.back(); }
+  // Names a change of the shard count to `count` from `clock` on (shard 0). FailedPrecondition
+  // when `clock` is not after the last change named, `count` is not a change or is outside
+  // 1 .. listed shards.
+  Status SetServers(int64_t clock, uint32_t count);
+
   // The entries beyond the initial state: every rank with a join or leave named after the start.
   std::vector<MemberEntry> Entries() const;
   // Takes in what `entries` name that this copy lacks. An entry that contradicts this copy, or
@@ -80,7 +109,15 @@ class Membership {
   std::vector<int64_t> join_;
   std::vector<int64_t> leave_;
   uint64_t version_ = 0;
+  uint32_t listed_ = 1;
+  std::vector<ServerChange> server_changes_;
+  std::vector<Placement> placements_{Placement(1)};  // the first, then one after each change
 };
+
+// The membership a job starts with (cluster.workers of max_workers ranks, initial_servers of
+// the listed shards).
+struct Manifest;
+Membership JobMembership(const Manifest& manifest);
 
 // Where each step's rows are in the stream of every epoch's lines (see Membership).
 struct StepChunk {

@@ -189,6 +189,7 @@ PayloadLayout PayloadLayoutOf(Op op, bool is_reply, StatusCode status) {
     case Op::PushSparse: return is_reply ? PayloadLayout{} : PayloadLayout{true, true};
     case Op::PullDense: return is_reply ? PayloadLayout{false, true} : PayloadLayout{};
     case Op::PushDense: return is_reply ? PayloadLayout{} : PayloadLayout{false, true};
+    case Op::Migrate: return PayloadLayout{true, true};
     default: return {};
   }
 }

@@ -28,7 +28,7 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
 // (value_scale).
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -78,7 +78,7 @@ struct Header {
 };
 // The most membership entries one header may carry (cluster.max_workers beyond
 // cluster.workers is bounded by it).
-inline constexpr size_t kMaxMemberEntries = 2048;
+inline constexpr size_t kMaxMemberEntries = 2048 + kMaxServerChanges;
 
 zmq::message_t EncodeHeader(const Header& h);
 

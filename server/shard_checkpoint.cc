@@ -21,8 +21,10 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
+  std::function<bool(uint64_t)> keeps;
+  if (!membership_.server_changes().empty()) keeps = [this](uint64_t key) { return KeepsKey(key); };
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
-                         engines_.size(), const_cast<Membership&>(membership_));
+                         engines_.size(), membership_, &migration_, std::move(keeps));
   uint64_t bytes = 0;
 
   CheckpointHeader h;
@@ -72,9 +74,10 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
     ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
-                     engines_.size(), membership_);
+                     engines_.size(), membership_, &migration_);
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
+    gains_rows_ = GainsRows();
     checkpoint_sequence_ = h.sequence;
     restored_sequence_ = h.sequence;
     checkpoint_clock_ = h.clock;

@@ -54,8 +54,7 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       engines_(manifest.server.engine_threads),
       controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now(),
                   manifest.cluster.max_workers),
-      membership_(manifest.cluster.workers,
-                  std::max(manifest.cluster.workers, manifest.cluster.max_workers)),
+      membership_(JobMembership(manifest)),
       epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1),
       held_count_(membership_.max_ranks(), 0),
       held_worker_bytes_(membership_.max_ranks(), 0),
@@ -411,7 +410,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         }
       }
       PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
-      if (in_job && !controller_.PullAllowed(req.clock)) {
+      if (in_job && !ReadAllowed(req.clock)) {
         PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
         *held = true;
         return Status::Ok();
@@ -489,6 +488,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       return BadMessage("a Step inside a Step");
     case Op::Membership:
       return HandleMembership(req, reply);
+    case Op::Migrate:
+      return HandleMigrate(req, *view, reply, payload);
   }
   return BadMessage("unknown op " + std::to_string(static_cast<int>(req.op)));
 }
@@ -607,7 +608,7 @@ void ShardServer::ReleaseHeldPulls() {
   std::vector<HeldPull> ready;
   for (HeldPull& h : held_pulls_) {
     const bool go = !job_failure_.ok() || controller_.IsLost(h.request.worker_id) ||
-                    controller_.PullAllowed(h.request.clock);
+                    ReadAllowed(h.request.clock);
     (go ? ready : still).push_back(std::move(h));
   }
   held_pulls_ = std::move(still);
@@ -729,7 +730,12 @@ Status ShardServer::MergeMembership(const Header& req) {
                           int64_t{manifest_.training.prefetch_depth};
     for (const MemberEntry& e : req.members) {
       for (int64_t c : {e.join, e.leave}) {
-        const bool known = c == membership_.join(e.worker) || c == membership_.leave(e.worker);
+        bool known = c == membership_.join(e.worker) || c == membership_.leave(e.worker);
+        if (e.worker & kServerEntry) {
+          known = c < 0 || std::any_of(membership_.server_changes().begin(),
+                                       membership_.server_changes().end(),
+                                       [&](const auto& change) { return change.clock == c; });
+        }
         if (c < 0 || known) continue;
         if (c > reach || (slowest != std::numeric_limits<int64_t>::max() && c < slowest)) {
           return FailedPrecondition("membership names clock " + std::to_string(c) +
@@ -743,6 +749,7 @@ Status ShardServer::MergeMembership(const Header& req) {
   }
   int64_t changed = 0;
   PARASOL_RETURN_IF_ERROR(membership_.Merge(req.members, &changed));
+  gains_rows_ = GainsRows();
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
     if (membership_.Joined(r) && !controller_.InJob(r)) {
@@ -755,8 +762,8 @@ Status ShardServer::MergeMembership(const Header& req) {
 
 Status ShardServer::HandleMembership(const Header& req, Header* reply) {
   const uint32_t w = req.worker_id;
-  if (!req.join && !req.done && !(req.op == Op::Membership && !controller_.InJob(w) &&
-                                  req.key_count > 0)) {
+  const bool tool = req.op == Op::Membership && !controller_.InJob(w);
+  if (!req.join && !req.done && !(tool && (req.key_count > 0 || req.shard_count > 0))) {
     return Status::Ok();  // the reply carries the membership
   }
   if (rank_ != 0) {
@@ -769,6 +776,7 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                        "again once the workers have replayed to it");
   }
   const int64_t at = NextMembershipClock();
+  if (tool && req.shard_count > 0) return NameServerChange(req.shard_count, at, reply);
   if (req.join) {
     if (req.manifest_hash != fingerprint_) {
       return FailedPrecondition("Membership: worker " + std::to_string(w) + " runs another "
@@ -1242,11 +1250,19 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
   if (st.ok()) st = Admit(step);
   const bool pulls = st.ok() && ((*parts)[0].header.op == Op::PullSparse ||
                                  (*parts)[0].header.op == Op::PullDense);
+  // The membership the parts carry first: a change of the shard count decides whether the
+  // pulls must wait.
+  if (st.ok()) {
+    for (const StepPart& part : *parts) {
+      if (!part.header.members.empty()) st = MergeMembership(part.header);
+      if (!st.ok()) break;
+    }
+  }
   if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
     // The pulls share the Step's clock: held together until the read bound allows it. Only a
     // Step of sparse pulls alone may be a prefetch.
     st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
-    if (st.ok() && !controller_.PullAllowed(step.clock)) {
+    if (st.ok() && !ReadAllowed(step.clock)) {
       st = HoldPull(step, frames, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
     }
@@ -1288,7 +1304,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     StepPart& part = (*parts)[i];
     const bool pull = part.header.op == Op::PullSparse || part.header.op == Op::PullDense;
     if (pull && !failed && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
-        !controller_.PullAllowed(part.header.clock)) {
+        !ReadAllowed(part.header.clock)) {
       // After the tick: the pulls left wait for the read bound together, as a Step of their
       // own with the same request id (answered in a second reply).
       Header rest = step;
@@ -1462,8 +1478,18 @@ std::string ShardServer::StatsJson() const {
   }
   Json& members = s["membership"] = Json::array();
   for (const MemberEntry& e : membership_.Entries()) {
+    if (e.worker & kServerEntry) continue;
     members.push_back(Json{{"worker", e.worker}, {"join", e.join}, {"leave", e.leave}});
   }
+  // The shard count's changes, and how far this shard is with the newest.
+  Json& servers = s["server_changes"] = Json::array();
+  for (const auto& c : membership_.server_changes()) {
+    servers.push_back(Json{{"clock", c.clock}, {"servers", c.count}});
+  }
+  s["servers_now"] = membership_.LastPlacement().count();
+  s["migration_installed"] = migration_.installed;
+  s["migration_dropped"] = migration_.dropped;
+  s["key_share"] = membership_.LastPlacement().Share(rank_);
   s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();
   s["worker_clocks"] = controller_.clocks();
   if (disk_) {

@@ -37,6 +37,7 @@
 #include "server/dense_table.hpp"
 #include "server/engine_pool.hpp"
 #include "server/push_record.hpp"
+#include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
 #include "server/worker_key_binding.hpp"
 #include "server/zap_handler.hpp"
@@ -230,6 +231,37 @@ class ShardServer {
   // Dispatch() with the membership taken in first and, for a sender that knew less, sent back.
   Status DispatchOp(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
                     std::vector<zmq::message_t>* payload, bool* held);
+  // Changes of the shard count (`parasol scale --servers`; protocols/message.fbs Op.Migrate).
+  // At a change's clock C the keys move from the placement before it to the one after it. The
+  // tool copies each moving row (with its optimizer state, as every push of the clocks before C
+  // left it) from the shard that held it to the one that holds it from C on, has every shard
+  // commit, then has the old holders drop them. A shard that gains rows answers no pull of
+  // clock C or later before it has committed. In checkpoints (MigrationState).
+  MigrationState migration_;
+  // The newest change (its clock, or -1 with none), and the placements around it.
+  int64_t ChangeClock() const;
+  const Placement& PlacementBefore() const;
+  const Placement& PlacementAfter() const { return membership_.LastPlacement(); }
+  // Whether this shard gains keys at the newest change (kept in gains_rows_, recomputed
+  // whenever the membership changes).
+  bool GainsRows() const;
+  bool gains_rows_ = false;
+  // Whether a pull of `clock` may be answered: the read bound allows it, and the rows this
+  // shard gains at a change before it are in.
+  bool ReadAllowed(int64_t clock) const;
+  // Whether every push of the clocks before the newest change is applied here.
+  bool ChangeClockReached() const;
+  // Whether a row of `key` belongs in this shard's checkpoints now (the rows it held before
+  // the newest change until it drops them, and those it gains once it has committed them).
+  bool KeepsKey(uint64_t key) const;
+  // Shard 0, asked by a tool for `count` shards: names the change at clock `at`, unless the
+  // newest change is to `count` already (its clock is the reply's worker_clock either way).
+  Status NameServerChange(uint32_t count, int64_t at, Header* reply);
+  Status HandleMigrate(const Header& req, const PayloadView& p, Header* reply,
+                       std::vector<zmq::message_t>* payload);
+  Status MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply);
+  Status ExportRows(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
+  Status InstallRows(const Header& req, const PayloadView& p, Header* reply);
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_

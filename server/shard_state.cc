@@ -60,12 +60,15 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
       }
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "clocks");
     case Kind::kMembership:
-      if (b.count > manifest.cluster.max_workers) {
+      if (b.count > manifest.cluster.max_workers + kMaxServerChanges) {
         return InvalidArgument("membership of " + std::to_string(b.count) +
                                " entries; the manifest has " +
                                std::to_string(manifest.cluster.max_workers) + " worker ranks");
       }
       return CheckProduct(b.count, 3 * sizeof(int64_t), b.bytes, "membership");
+    case Kind::kMigration:
+      if (b.count != 2) return InvalidArgument("a migration block of " + std::to_string(b.count));
+      return CheckProduct(b.count, sizeof(int64_t), b.bytes, "migration");
     case Kind::kBarrier:
       if (b.count != 1) return InvalidArgument("a barrier block of " + std::to_string(b.count));
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "barrier");
@@ -126,7 +129,8 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
                        std::vector<std::unique_ptr<SparseTable>>& sparse,
                        std::vector<std::unique_ptr<DenseTable>>& dense,
                        ConsistencyController& controller, PushRecord& record,
-                       PendingAggregates& pending, uint32_t engines, Membership& membership)
+                       PendingAggregates& pending, uint32_t engines, Membership& membership,
+                       MigrationState* migration, std::function<bool(uint64_t)> keeps_key)
     : manifest_(manifest),
       shard_(shard),
       fingerprint_(manifest.Fingerprint()),
@@ -136,7 +140,9 @@ ShardState::ShardState(const Manifest& manifest, uint32_t shard,
       record_(record),
       pending_(pending),
       engines_(engines),
-      membership_(membership) {}
+      membership_(membership),
+      migration_(migration),
+      keeps_key_(std::move(keeps_key)) {}
 
 Result<std::vector<CheckpointBlock>> ShardState::Save() const {
   std::vector<CheckpointBlock> blocks;
@@ -164,6 +170,7 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
         const size_t stride = sizeof(uint64_t) + row_bytes;
         PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) -> bool {
           if (!sink_status.ok()) return false;  // the file failed: no need to read on
+          if (keeps_key_ && !keeps_key_(key)) return true;  // moved to another shard
           if (b.bytes.empty()) b.bytes.reserve(std::min<size_t>(row_block_bytes, part.rows() * stride));
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
@@ -218,6 +225,15 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
     Append(incarnations.bytes, controller_.incarnation(w));
   }
   PARASOL_RETURN_IF_ERROR(sink(incarnations));
+  // Where a change of the shard count stands (only when one was named).
+  if (migration_ && !membership_.server_changes().empty()) {
+    CheckpointBlock m;
+    m.kind = static_cast<uint32_t>(Kind::kMigration);
+    m.count = 2;
+    Append(m.bytes, migration_->installed);
+    Append(m.bytes, migration_->dropped);
+    PARASOL_RETURN_IF_ERROR(sink(m));
+  }
   // Which ranks joined or leave the running job, and when (only when any did).
   const std::vector<MemberEntry> entries = membership_.Entries();
   if (entries.empty()) return Status::Ok();
@@ -285,8 +301,9 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     int64_t barrier = -1;
     PushRecord record = record_;  // the same window
     std::vector<MemberEntry> members;
-    PARASOL_RETURN_IF_ERROR(
-        Verify(in, name, header, &clocks, &done, &barrier, &incarnations, &record, &members));
+    MigrationState migration;
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &barrier, &incarnations,
+                                   &record, &members, &migration));
     Membership membership = membership_;
     PARASOL_RETURN_IF_ERROR(
         membership.Merge(members).WithContext("checkpoint '" + name + "'"));
@@ -311,6 +328,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
       }
     }
     controller_.set_last_barrier(barrier);
+    if (migration_) *migration_ = migration;
     record_ = std::move(record);
     pending_ = std::move(pending);
     return Status::Ok();
@@ -324,11 +342,12 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
                           std::vector<int64_t>* clocks, std::vector<int64_t>* done,
                           int64_t* barrier, std::vector<int64_t>* incarnations,
-                          PushRecord* record, std::vector<MemberEntry>* members) const {
+                          PushRecord* record, std::vector<MemberEntry>* members,
+                          MigrationState* migration) const {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
-       incarnations_seen = false, members_seen = false;
+       incarnations_seen = false, members_seen = false, migration_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
@@ -343,6 +362,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(barrier_seen, true)) return InvalidArgument("a second barrier block");
     } else if (KindOf(b) == Kind::kMembership) {
       if (std::exchange(members_seen, true)) return InvalidArgument("a second membership block");
+    } else if (KindOf(b) == Kind::kMigration) {
+      if (std::exchange(migration_seen, true)) return InvalidArgument("a second migration block");
     } else if (KindOf(b) == Kind::kIncarnations) {
       if (std::exchange(incarnations_seen, true)) {
         return InvalidArgument("a second block of incarnations");
@@ -378,12 +399,25 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
                                  std::to_string((*done)[w]) + " is out of range");
         }
       }
+    } else if (KindOf(b) == Kind::kMigration) {
+      int64_t v[2];
+      std::memcpy(v, b.bytes.data(), sizeof(v));
+      for (int64_t c : v) {
+        if (c < -1 || c > kMaxMemberClock) {
+          return InvalidArgument("migration clock " + std::to_string(c) + " is out of range");
+        }
+      }
+      *migration = MigrationState{v[0], v[1]};
     } else if (KindOf(b) == Kind::kMembership) {
       members->clear();
       for (uint64_t i = 0; i < b.count; ++i) {
         int64_t v[3];
         std::memcpy(v, b.bytes.data() + i * sizeof(v), sizeof(v));
-        if (v[0] < 0 || v[0] >= static_cast<int64_t>(manifest_.cluster.max_workers) ||
+        const bool servers = v[0] >= 0 && (v[0] & kServerEntry) != 0 &&
+                             (v[0] & ~int64_t{kServerEntry}) >= 1 &&
+                             (v[0] & ~int64_t{kServerEntry}) <=
+                                 static_cast<int64_t>(manifest_.cluster.servers.size());
+        if (v[0] < 0 || (!servers && v[0] >= static_cast<int64_t>(manifest_.cluster.max_workers)) ||
             v[1] < -1 || v[1] > kMaxMemberClock || v[2] < -1 || v[2] > kMaxMemberClock) {
           return InvalidArgument("membership entry " + std::to_string(i) + " (worker " +
                                  std::to_string(v[0]) + ", join " + std::to_string(v[1]) +
@@ -391,7 +425,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
         }
         members->push_back(MemberEntry{static_cast<uint32_t>(v[0]), v[1], v[2]});
       }
-      Membership check(manifest_.cluster.workers, manifest_.cluster.max_workers);
+      Membership check = JobMembership(manifest_);
       PARASOL_RETURN_IF_ERROR(check.Merge(*members));
     } else if (KindOf(b) == Kind::kIncarnations) {
       incarnations->resize(b.count);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <istream>
 #include <memory>
 #include <set>
@@ -47,6 +48,16 @@ enum class CheckpointBlockKind : uint32_t {
   kBarrier = 8,        // count 1 x i64: the newest barrier released, -1 if none
   kIncarnations = 9,   // count workers x u64: each worker's process last heard from, 0 if none
   kMembership = 10,    // count entries x (i64 worker, join, leave): common/membership.hpp
+  kMigration = 11,     // count 2 x i64: MigrationState (installed, dropped)
+};
+
+// Where a shard stands in the newest change of the job's shard count (server/shard_server.hpp):
+// the clock of the newest change whose gained rows it has committed, and of the newest whose
+// lost rows it has dropped (-1: none).
+struct MigrationState {
+  int64_t installed = -1;
+  int64_t dropped = -1;
+  bool operator==(const MigrationState&) const = default;
 };
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
@@ -71,7 +82,8 @@ class ShardState {
              std::vector<std::unique_ptr<SparseTable>>& sparse,
              std::vector<std::unique_ptr<DenseTable>>& dense, ConsistencyController& controller,
              PushRecord& record, PendingAggregates& pending, uint32_t engines,
-             Membership& membership);
+             Membership& membership, MigrationState* migration = nullptr,
+             std::function<bool(uint64_t)> keeps_key = nullptr);
 
   // Every table, the clocks, the push record and the pending sums, as blocks for
   // WriteCheckpointFile().
@@ -98,7 +110,7 @@ class ShardState {
                 std::vector<int64_t>* clocks,
                 std::vector<int64_t>* done, int64_t* barrier,
                 std::vector<int64_t>* incarnations, PushRecord* record,
-                std::vector<MemberEntry>* members) const;
+                std::vector<MemberEntry>* members, MigrationState* migration) const;
   // The second pass: the rows and slices into the tables, the pending sums into `pending`.
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
@@ -119,6 +131,9 @@ class ShardState {
   PendingAggregates& pending_;
   const uint32_t engines_;
   Membership& membership_;
+  MigrationState* migration_;
+  // Which sparse rows a checkpoint holds (null: all).
+  std::function<bool(uint64_t)> keeps_key_;
 };
 
 }  // namespace parasol

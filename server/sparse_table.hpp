@@ -189,6 +189,42 @@ class SparseTable {
         return call(key, view.data());
       });
     }
+    // The in-memory rows by slot, for a walk in pages that rows created or removed meanwhile do
+    // not disturb (a row keeps its slot while it lives): calls fn(key, row) (as ForEachRow)
+    // for each row from slot `from` on while fn returns true; returns the slot of the row fn
+    // refused, or slot_end() when the walk is complete.
+    template <typename Fn>
+    uint32_t ForEachRowFromSlot(uint32_t from, Fn&& fn) const {
+      std::vector<float> view(codec_.identity() ? 0 : codec_.view_floats());
+      for (uint32_t slot = from; slot < next_slot_; ++slot) {
+        const uint64_t key = KeyAt(slot);
+        if (index_.Find(key, keys()) != slot) continue;  // a free slot
+        const float* row = RowAt(slot);
+        if (!codec_.identity()) {
+          codec_.Decode(row, view.data());
+          row = view.data();
+        }
+        if (!fn(key, row)) return slot;
+      }
+      return next_slot_;
+    }
+    uint32_t slot_end() const { return next_slot_; }
+    // Removes the in-memory rows whose keys `drop(key)` names; returns how many went.
+    template <typename Pred>
+    uint64_t EraseRowsIf(Pred&& drop) {
+      uint64_t erased = 0;
+      for (size_t b = 0; b < index_.buckets();) {
+        if (index_.BucketFull(b) && drop(KeyAt(index_.BucketSlot(b)))) {
+          if (disk_) referenced_[index_.BucketSlot(b)] = kFreeSlot;
+          free_slots_.push_back(index_.BucketSlot(b));
+          index_.EraseBucket(b, keys());
+          ++erased;
+          continue;  // another entry may have moved into bucket b
+        }
+        ++b;
+      }
+      return erased;
+    }
     // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
     void RestoreRow(uint64_t key, const float* row);
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own

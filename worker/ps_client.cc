@@ -64,8 +64,9 @@ struct PsClient::Pending {
 namespace {
 
 // Both fill `split` (its vectors' capacity reused).
-void SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index,
-               KeySplit& split) {
+// `placement` places the keys among `shards` shards.
+void SplitKeys(std::span<const uint64_t> keys, const Placement& placement, uint32_t shards,
+               KeyIndex& index, KeySplit& split) {
   split.unique_shard.clear();
   split.unique_local.clear();
   if (index.capacity() * 7 >= keys.size() * 10) {
@@ -80,7 +81,7 @@ void SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index,
     const uint32_t u = index.FindOrInsert(
         keys[i], static_cast<uint32_t>(split.unique_shard.size()), &inserted);
     if (inserted) {
-      const uint32_t s = ShardOfKey(keys[i], shards);
+      const uint32_t s = placement.ShardOf(keys[i]);
       split.unique_shard.push_back(s);
       split.unique_local.push_back(static_cast<uint32_t>(split.counts[s]++));
     }
@@ -89,13 +90,14 @@ void SplitKeys(std::span<const uint64_t> keys, uint32_t shards, KeyIndex& index,
 }
 
 // The same for keys the caller has deduplicated already: only split by shard, no hashing.
-void SplitUniqueKeys(std::span<const uint64_t> keys, uint32_t shards, KeySplit& split) {
+void SplitUniqueKeys(std::span<const uint64_t> keys, const Placement& placement, uint32_t shards,
+                     KeySplit& split) {
   split.inverse.resize(keys.size());
   split.unique_shard.resize(keys.size());
   split.unique_local.resize(keys.size());
   split.counts.assign(shards, 0);
   for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t s = ShardOfKey(keys[i], shards);
+    const uint32_t s = placement.ShardOf(keys[i]);
     split.inverse[i] = static_cast<uint32_t>(i);
     split.unique_shard[i] = s;
     split.unique_local[i] = static_cast<uint32_t>(split.counts[s]++);
@@ -116,8 +118,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
       worker_id_(worker_id),
       incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
       context_(1),
-      membership_(manifest.cluster.workers,
-                  std::max(manifest.cluster.workers, manifest.cluster.max_workers)) {
+      membership_(JobMembership(manifest)) {
   for (size_t s = 0; s < manifest_.cluster.servers.size(); ++s) {
     shards_.emplace_back(context_, zmq::socket_type::dealer);
   }
@@ -474,8 +475,11 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   r->deadline = Clock::now() + r->timeout;
   r->max_attempts = 1 + manifest_.cluster.request_retries;
   // A shard that knows fewer membership clocks learns them from the ticks (and Hellos).
-  if ((header.op == Op::Clock || header.op == Op::Hello) && JobRank() &&
-      shard_membership_version_[shard] < membership_.version()) {
+  // Pulls too: a shard that gains rows at a change of the shard count must know of it before
+  // it answers a pull of the change's clock.
+  if ((header.op == Op::Clock || header.op == Op::Hello || header.op == Op::PullSparse ||
+       header.op == Op::PullDense) &&
+      JobRank() && shard_membership_version_[shard] < membership_.version()) {
     header.members = membership_.Entries();
     header.membership_version = membership_.version();
   }
@@ -674,14 +678,25 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     split.unique_local = std::move(spare_splits_.back().unique_local);
     spare_splits_.pop_back();
   }
+  // The keys' shards at the clock the rows are read for (a tool reads the newest placement).
+  const Placement& placement = JobRank()
+                                   ? membership_.PlacementAt(clock_ + request_clock_offset_)
+                                   : membership_.LastPlacement();
   if (keys_unique_) {
-    SplitUniqueKeys(keys, num_shards(), split);
+    SplitUniqueKeys(keys, placement, num_shards(), split);
   } else {
-    SplitKeys(keys, num_shards(), dedup_, split);
+    SplitKeys(keys, placement, num_shards(), dedup_, split);
   }
   if (CacheActive() && !with_state) {
     // Rows the cache holds for this clock are answered from it; only the others travel.
     const int64_t at = clock_ + request_clock_offset_;
+    // From a change of the shard count on, every row is read from its new shard at least once:
+    // a shard that gains rows answers their first pull only once it holds them.
+    const auto& changes = membership_.server_changes();
+    if (!changes.empty() && at >= changes.back().clock && cache_cleared_for_ < changes.back().clock) {
+      cache_.Clear();
+      cache_cleared_for_ = changes.back().clock;
+    }
     std::vector<uint8_t>& first = first_seen_;
     first.assign(split.unique_shard.size(), 1);
     std::fill(split.counts.begin(), split.counts.end(), 0);
@@ -760,10 +775,11 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   if (keys.empty()) return ticket;
   if (CacheActive()) ApplyToCache(table, *t, keys, grads);
   KeySplit& split = push_split_;  // the pushes' own: its vectors stay here
+  const Placement& placement = membership_.PlacementAt(clock_ + request_clock_offset_);
   if (keys_unique_) {
-    SplitUniqueKeys(keys, num_shards(), split);
+    SplitUniqueKeys(keys, placement, num_shards(), split);
   } else {
-    SplitKeys(keys, num_shards(), dedup_, split);
+    SplitKeys(keys, placement, num_shards(), dedup_, split);
   }
   const size_t row_bytes = size_t{dim} * sizeof(float);
   // Written straight into ZeroMQ messages (its own blocks, 8-byte aligned).
@@ -1542,6 +1558,39 @@ Result<std::vector<std::string>> PsClient::Stats() {
   out = it->second->messages;
   PARASOL_RETURN_IF_ERROR(Wait(t));
   return out;
+}
+
+Result<PsClient::Reply> PsClient::Call(uint32_t shard, Header request,
+                                       std::vector<zmq::message_t> payload) {
+  if (shard >= shards_.size()) return InvalidArgument("no shard " + std::to_string(shard));
+  const Ticket t = NewTicket(request.op, request.table_id);
+  Send(t, shard, std::move(request), std::move(payload));
+  auto it = pending_.find(t);
+  while (it->second->outstanding > 0) {
+    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
+    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+  }
+  Reply reply;
+  std::vector<zmq::message_t>& stored = it->second->replies[shard];
+  if (it->second->status.ok() && !stored.empty()) {
+    PARASOL_ASSIGN_OR_RETURN(reply.header, DecodeHeader(stored[0].data(), stored[0].size()));
+    for (size_t f = 1; f < stored.size(); ++f) reply.frames.push_back(std::move(stored[f]));
+  }
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  return reply;
+}
+
+Result<int64_t> PsClient::ScaleServers(uint32_t servers) {
+  if (JobRank()) return FailedPrecondition("ScaleServers is a tool's request, not a worker's");
+  if (servers == 0 || servers > shards_.size()) {
+    return InvalidArgument("the job may have 1 to " + std::to_string(shards_.size()) +
+                           " shards (those cluster.servers lists), not " +
+                           std::to_string(servers));
+  }
+  Header h = NewRequest(Op::Membership, 0);
+  h.shard_count = servers;
+  PARASOL_ASSIGN_OR_RETURN(Reply r, Call(0, std::move(h), {}));
+  return r.header.worker_clock;
 }
 
 Status PsClient::Checkpoint() {

@@ -172,6 +172,19 @@ class PsClient {
   Status SyncMembership();
   // Each shard's stats as JSON, in rank order.
   Result<std::vector<std::string>> Stats();
+  // A tool's request to one shard (a header from ToolRequest()), answered with the reply's
+  // header and payload frames; resent like any request, a refusal comes back as its status.
+  struct Reply {
+    Header header;
+    std::vector<zmq::message_t> frames;  // the payload frames after the header
+  };
+  Result<Reply> Call(uint32_t shard, Header request, std::vector<zmq::message_t> payload);
+  Header ToolRequest(Op op, uint32_t table) { return NewRequest(op, table); }
+  // The process of `shard` this client last heard from (0: none).
+  uint64_t shard_epoch(uint32_t shard) const { return shard_epochs_[shard]; }
+  // Tool: asks shard 0 for `servers` shards (worker/reshard.hpp moves the rows); returns the
+  // clock the change takes effect at.
+  Result<int64_t> ScaleServers(uint32_t servers);
   // Asks every shard to stop.
   Status Shutdown();
   // Asks every shard to write a checkpoint now.
@@ -280,6 +293,7 @@ class PsClient {
   void ApplyToCache(uint32_t table, const TableOptions& t, std::span<const uint64_t> keys,
                     std::span<const float> grads);
   RowCache cache_;
+  int64_t cache_cleared_for_ = -1;  // the shard count change the cache was last emptied for
   uint64_t cache_hits_ = 0;
   uint64_t cache_misses_ = 0;
   uint64_t pulled_row_bytes_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)

@@ -27,6 +27,11 @@ class RowCache {
   float* Find(uint32_t table, uint64_t key);
   void Erase(uint32_t table, uint64_t key);
   uint64_t size() const { return map_.size(); }
+  // Forgets every row (the job's shard count changed: the rows' new shards answer from then on).
+  void Clear() {
+    map_.clear();
+    lru_.clear();
+  }
 
  private:
   struct Entry {

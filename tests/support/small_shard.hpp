@@ -84,7 +84,7 @@ class SmallShard {
                         manifest_.cluster.max_workers);
     record_ = PushRecord(kSmallShardWindow);
     pending_.clear();
-    membership_ = Membership(manifest_.cluster.workers, manifest_.cluster.max_workers);
+    membership_ = JobMembership(manifest_);
     state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, record_, pending_,
                    manifest_.server.engine_threads, membership_);
   }

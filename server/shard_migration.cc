@@ -1,0 +1,299 @@
+// ShardServer: changes of the job's shard count (`parasol scale --servers`; see Op.Migrate in
+// protocols/message.fbs and MigrationState in server/shard_state.hpp).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "common/sharding.hpp"
+#include "server/shard_server.hpp"
+
+namespace parasol {
+namespace {
+
+// Op.Migrate's steps (the request's `seq`).
+enum MigrateStep : uint64_t { kExport = 1, kInstall = 2, kCommit = 3, kDrop = 4 };
+
+// An export cursor: the engine in the top 16 bits, the slot within it below.
+constexpr int kCursorShift = 48;
+
+}  // namespace
+
+int64_t ShardServer::ChangeClock() const {
+  const auto& changes = membership_.server_changes();
+  return changes.empty() ? -1 : changes.back().clock;
+}
+
+const Placement& ShardServer::PlacementBefore() const {
+  const int64_t c = ChangeClock();
+  return membership_.PlacementAt(c < 0 ? 0 : c - 1);
+}
+
+bool ShardServer::GainsRows() const {
+  if (ChangeClock() < 0) return false;
+  const Placement& before = PlacementBefore();
+  const Placement& after = PlacementAfter();
+  // A range of `after` held here that `before` holds elsewhere, anywhere in it: compare at
+  // every boundary of either placement.
+  std::vector<uint64_t> points;
+  for (size_t i = 0; i < before.ranges(); ++i) points.push_back(before.begin(i));
+  for (size_t i = 0; i < after.ranges(); ++i) points.push_back(after.begin(i));
+  for (uint64_t h : points) {
+    if (after.ShardOfHash(h) == rank_ && before.ShardOfHash(h) != rank_) return true;
+  }
+  return false;
+}
+
+bool ShardServer::ReadAllowed(int64_t clock) const {
+  if (!controller_.PullAllowed(clock)) return false;
+  const int64_t change = ChangeClock();
+  return change < 0 || clock < change || migration_.installed >= change || !gains_rows_;
+}
+
+bool ShardServer::ChangeClockReached() const {
+  const int64_t change = ChangeClock();
+  return change >= 0 && !controller_.ReplayOwed() && controller_.MinClock() >= change;
+}
+
+bool ShardServer::KeepsKey(uint64_t key) const {
+  const int64_t change = ChangeClock();
+  if (change < 0) return true;
+  const uint64_t h = HashKey(key, kShardSalt);
+  if (PlacementBefore().ShardOfHash(h) == rank_ && migration_.dropped < change) return true;
+  return PlacementAfter().ShardOfHash(h) == rank_ &&
+         (migration_.installed >= change || !gains_rows_);
+}
+
+Status ShardServer::NameServerChange(uint32_t count, int64_t at, Header* reply) {
+  const auto& changes = membership_.server_changes();
+  const uint32_t now = membership_.LastPlacement().count();
+  if (count == now && !changes.empty()) {
+    reply->worker_clock = changes.back().clock;  // asked again (a tool that resumes)
+    reply->shard_count = count;
+    return Status::Ok();
+  }
+  if (count == now) {
+    return FailedPrecondition("the job has " + std::to_string(count) + " shards already");
+  }
+  // One change at a time: the one before must be over everywhere (its rows dropped here too).
+  if (!changes.empty() && migration_.dropped < changes.back().clock) {
+    return FailedPrecondition("the change to " + std::to_string(now) + " shards at clock " +
+                              std::to_string(changes.back().clock) +
+                              " is not finished; run `parasol scale --servers " +
+                              std::to_string(now) + "` to finish it first");
+  }
+  for (const auto& t : manifest_.tables) {
+    if (t.kind == TableKind::kSparse && t.storage == TableOptions::Storage::kTiered) {
+      return FailedPrecondition("table '" + t.name + "' is tiered; its rows on disk cannot move "
+                                "between shards, so the job's shard count cannot change");
+    }
+  }
+  PARASOL_RETURN_IF_ERROR(membership_.SetServers(at, count));
+  gains_rows_ = GainsRows();
+  // A named clock never changes: kept before it is answered (the workers learn it from shard
+  // 0's replies, so a restart before they have would lose it).
+  if (!manifest_.checkpoint.dir.empty()) {
+    PARASOL_RETURN_IF_ERROR(
+        SaveCheckpoint("shard count change named at clock " + std::to_string(at)));
+  }
+  spdlog::info("shard 0: the job has {} shards from clock {} (it had {})", count, at, now);
+  reply->worker_clock = at;
+  reply->shard_count = count;
+  return Status::Ok();
+}
+
+Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Header* reply,
+                                  std::vector<zmq::message_t>* payload) {
+  if (controller_.InJob(req.worker_id)) {
+    return FailedPrecondition("Migrate: a tool's request (`parasol scale --servers`); worker " +
+                              std::to_string(req.worker_id) + " is in the job");
+  }
+  const int64_t change = ChangeClock();
+  if (req.clock > change && req.clock <= kMaxMemberClock) {
+    // Named by shard 0; this shard learns it from the workers' next requests.
+    return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not heard of the " +
+                       "change of the shard count at clock " + std::to_string(req.clock) + " yet");
+  }
+  if (change < 0 || req.clock != change) {
+    return FailedPrecondition("Migrate: the newest change of the shard count here is at clock " +
+                              std::to_string(change) + ", not " + std::to_string(req.clock) +
+                              " (ask shard 0 for it first; this shard learns it from the "
+                              "workers' ticks)");
+  }
+  reply->clock = change;
+  if (req.seq == kExport) return ExportRows(req, reply, payload);
+  // The other steps answer with no rows (an empty keys frame), and a count in `offset`.
+  reply->value_dim = 1;
+  payload->emplace_back();
+  return MigrateStepAnswer(req, p, reply);
+}
+
+Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply) {
+  const int64_t change = ChangeClock();
+  switch (req.seq) {
+    case kInstall:
+      return InstallRows(req, p, reply);
+    case kCommit:
+      if (migration_.installed >= change) {
+        reply->duplicate = true;
+        return Status::Ok();
+      }
+      // The rows were installed in one process: a restarted one lacks them.
+      if (gains_rows_ && req.known_epoch != epoch_) {
+        return FailedPrecondition("Migrate: shard " + std::to_string(rank_) + " restarted after "
+                                  "the rows it gains at clock " + std::to_string(change) +
+                                  " were installed; install them again");
+      }
+      migration_.installed = change;
+      // What this shard gained is only here until a checkpoint holds it: the old holders drop
+      // their copies once every shard has committed.
+      if (!manifest_.checkpoint.dir.empty()) {
+        if (Status st = SaveCheckpoint("rows gained at clock " + std::to_string(change));
+            !st.ok()) {
+          migration_.installed = -1;
+          return st.WithContext("committing the rows gained at clock " + std::to_string(change));
+        }
+      }
+      spdlog::info("shard {}: holds its keys of the {}-shard placement from clock {}", rank_,
+                   PlacementAfter().count(), change);
+      AfterClockChange();
+      return Status::Ok();
+    case kDrop: {
+      if (migration_.dropped >= change) {
+        reply->duplicate = true;
+        return Status::Ok();
+      }
+      if (!ChangeClockReached()) {
+        return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every "
+                           "push before clock " + std::to_string(change) + " yet");
+      }
+      uint64_t dropped = 0;
+      const Placement& after = PlacementAfter();
+      for (auto& table : sparse_) {
+        if (!table) continue;
+        for (uint32_t e = 0; e < table->engines(); ++e) {
+          dropped += table->partition(e).EraseRowsIf(
+              [&](uint64_t key) { return after.ShardOf(key) != rank_; });
+        }
+      }
+      migration_.dropped = change;
+      if (!manifest_.checkpoint.dir.empty()) {
+        PARASOL_RETURN_IF_ERROR(
+            SaveCheckpoint("rows moved at clock " + std::to_string(change) + " dropped"));
+      }
+      spdlog::info("shard {}: dropped {} rows that other shards hold from clock {}", rank_,
+                   dropped, change);
+      reply->offset = dropped;
+      return Status::Ok();
+    }
+    default:
+      return BadMessage("Migrate: unknown step " + std::to_string(req.seq));
+  }
+}
+
+Status ShardServer::ExportRows(const Header& req, Header* reply,
+                               std::vector<zmq::message_t>* payload) {
+  const int64_t change = ChangeClock();
+  if (!ChangeClockReached()) {
+    return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every push "
+                       "before clock " + std::to_string(change) + " yet");
+  }
+  if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
+    return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
+                           " is not a sparse table of this job");
+  }
+  SparseTable& table = *sparse_[req.table_id];
+  if (table.tiered()) {
+    return FailedPrecondition("Migrate: table '" + table.options().name +
+                              "' is tiered; its rows on disk cannot move between shards");
+  }
+  const uint32_t engine = static_cast<uint32_t>(req.offset >> kCursorShift);
+  const uint64_t from = req.offset & ((uint64_t{1} << kCursorShift) - 1);
+  if (engine > table.engines() || from > std::numeric_limits<uint32_t>::max()) {
+    return InvalidArgument("Migrate: export cursor " + std::to_string(req.offset) +
+                           " is out of range");
+  }
+  const Placement& before = PlacementBefore();
+  const Placement& after = PlacementAfter();
+  const uint32_t floats = table.engines() > 0 ? table.partition(0).stored_floats() : 0;
+  // A page: about 16 MiB of rows.
+  const uint64_t max_rows =
+      std::max<uint64_t>(1, (16u << 20) / (sizeof(uint64_t) + sizeof(float) * uint64_t{floats}));
+  std::vector<uint64_t> keys;
+  std::vector<float> rows;
+  uint32_t e = engine;
+  uint64_t slot = from;
+  for (; e < table.engines(); ++e, slot = 0) {
+    const SparseTable::Partition& part = table.partition(e);
+    slot = part.ForEachRowFromSlot(static_cast<uint32_t>(slot), [&](uint64_t key,
+                                                                    const float* row) {
+      if (keys.size() >= max_rows) return false;
+      const uint64_t h = HashKey(key, kShardSalt);
+      if (before.ShardOfHash(h) == rank_ && after.ShardOfHash(h) != rank_) {
+        keys.push_back(key);
+        rows.insert(rows.end(), row, row + floats);
+      }
+      return true;
+    });
+    if (slot < part.slot_end()) break;  // the page is full
+  }
+  const bool complete = e >= table.engines();
+  reply->offset = complete ? 0 : (uint64_t{e} << kCursorShift) | slot;
+  reply->done = complete;
+  reply->table_id = req.table_id;
+  reply->key_count = keys.size();
+  reply->value_dim = floats;
+  const FramePlan plan = PlanValueFrames(keys.size(), floats, manifest_.server.frame_bytes);
+  reply->value_frames = plan.frames;
+  reply->rows_per_frame = plan.rows_per_frame;
+  payload->emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
+  for (uint32_t f = 0; f < plan.frames; ++f) {
+    const uint64_t first = f * plan.rows_per_frame;
+    payload->emplace_back(rows.data() + first * floats,
+                          plan.RowsInFrame(f, keys.size()) * floats * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::InstallRows(const Header& req, const PayloadView& p, Header* reply) {
+  const int64_t change = ChangeClock();
+  if (migration_.installed >= change) {
+    reply->duplicate = true;  // committed already: what it holds has moved on since
+    return Status::Ok();
+  }
+  if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
+    return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
+                           " is not a sparse table of this job");
+  }
+  SparseTable& table = *sparse_[req.table_id];
+  if (table.tiered()) {
+    return FailedPrecondition("Migrate: table '" + table.options().name +
+                              "' is tiered; its rows on disk cannot move between shards");
+  }
+  const uint32_t floats = table.partition(0).stored_floats();
+  if (p.rows() > 0 && p.dim() != floats) {
+    return InvalidArgument("Migrate: rows of " + std::to_string(p.dim()) + " floats for table '" +
+                           table.options().name + "', whose rows are " + std::to_string(floats));
+  }
+  const Placement& before = PlacementBefore();
+  const Placement& after = PlacementAfter();
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    const uint64_t h = HashKey(p.Key(i), kShardSalt);
+    if (after.ShardOfHash(h) != rank_ || before.ShardOfHash(h) == rank_) {
+      return InvalidArgument("Migrate: key " + std::to_string(p.Key(i)) + " (row " +
+                             std::to_string(i) + ") does not move to shard " +
+                             std::to_string(rank_) + " at clock " + std::to_string(change));
+    }
+  }
+  std::vector<float> row(floats);
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    const uint64_t key = p.Key(i);
+    std::memcpy(row.data(), p.Row(i), sizeof(float) * floats);
+    table.partition(EngineOfKey(key, table.engines())).RestoreRow(key, row.data());
+  }
+  reply->offset = p.rows();
+  return Status::Ok();
+}
+
+}  // namespace parasol
