@@ -21,6 +21,12 @@
 # run keeps it in memory, so each run is also compared with a memory table.
 # --prefetch-depth K (with --consistency ssp, staleness 2: K is 1 or 2): workers pull rows K
 # steps ahead (training.prefetch_depth), so kills land with prefetches in flight.
+# --reshard: the job lists 3 shards and starts on 2 (cluster.initial_servers); in every run but
+# the undisturbed one, `parasol scale --servers 3` and later `--servers 2` change its shard count
+# while it trains (rows copied ahead, then at the change's clock), and the kills land while a
+# change is under way: on any of the 3 shards, a worker, or the scale tool itself (then run
+# again, which finishes the change). Each run must complete both changes and end with the
+# undisturbed (2-shard) model, value for value.
 # Prints one line per kill (seed, moment, victim) and a table; exits 1 when a run failed.
 set -euo pipefail
 
@@ -37,6 +43,7 @@ KEEP=""
 TIERED=""
 WIRE=""
 PREFETCH_DEPTH=""
+RESHARD=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -51,6 +58,7 @@ while [ $# -gt 0 ]; do
     --tiered) TIERED="$2"; shift 2 ;;
     --wire) WIRE="$2"; shift 2 ;;
     --prefetch-depth) PREFETCH_DEPTH="$2"; shift 2 ;;
+    --reshard) RESHARD=1; shift ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -118,10 +126,17 @@ free_port() {
 "$PARASOL" gen-data --rows 20000 --seed 2 --out "$work/eval.tsv" >/dev/null
 
 write_manifest() {  # NAME
-  local p0 p1
+  local p0 p1 p2 servers
   p0="$(free_port)"
   p1="$(free_port)"
   while [ "$p1" = "$p0" ]; do p1="$(free_port)"; done
+  servers="[127.0.0.1:$p0, 127.0.0.1:$p1]"
+  if [ -n "$RESHARD" ]; then
+    p2="$(free_port)"
+    while [ "$p2" = "$p0" ] || [ "$p2" = "$p1" ]; do p2="$(free_port)"; done
+    servers="[127.0.0.1:$p0, 127.0.0.1:$p1, 127.0.0.1:$p2]
+  initial_servers: 2"
+  fi
   local consistency="$CONSISTENCY"
   [ "$CONSISTENCY" = ssp ] && consistency="ssp, staleness: 2"
   [ -n "$PREFETCH_DEPTH" ] && consistency="$consistency, prefetch_depth: $PREFETCH_DEPTH"
@@ -134,7 +149,7 @@ write_manifest() {  # NAME
   cat > "$work/$1.yaml" <<YAML
 job: {name: chaos, seed: 11}
 cluster:
-  servers: [127.0.0.1:$p0, 127.0.0.1:$p1]
+  servers: $servers
   workers: 2
   request_timeout: 1s
   request_retries: 60
@@ -149,8 +164,111 @@ ${WIRE:+wire: {compression: $WIRE\}}
 YAML
 }
 
+# Sends kill -9 to ROLE RANK (server, worker, or scale: the scale tool) of the job NAME (manifest
+# M, started at START) now, and waits until the job has recovered. CKPT=1: a server is killed as
+# soon as it writes a checkpoint (within 3 s). Returns 2 once no worker trains (the job is
+# ending: nothing to kill), 1 when the victim is not running.
+kill_now() {  # NAME M START ROLE RANK CKPT
+  local name="$1" m="$2" start="$3" role="$4" rank="$5" during=0 pid w0 w1
+  # The killable moments: while a worker still trains (after that, a dead server is not
+  # started again, which is the end of the job, not a failure).
+  if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then return 2; fi
+  if [ "$role" = scale ]; then
+    pid="$(find_pids "$PARASOL scale --manifest $m" | head -n 1)"
+  else
+    pid="$(role_pid "$m" "$role" "$rank")"
+  fi
+  [ -n "$pid" ] || return 1
+  w0="$(role_pid "$m" worker 0)"
+  w1="$(role_pid "$m" worker 1)"
+  if [ "$role" = server ] && [ "$6" = 1 ]; then
+    # While the shard writes a checkpoint: as soon as its temporary file appears (a write
+    # with fsync takes tens of milliseconds here), for up to 3 s.
+    local deadline
+    deadline=$(( $(date +%s) + 3 ))
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+      if compgen -G "$work/$name-ckpt/shard-$rank/*.tmp" > /dev/null 2>&1; then
+        during=1
+        break
+      fi
+      sleep 0.002
+    done
+  fi
+  # Still while a worker trains (the wait for a checkpoint may have outlasted the job).
+  if ! { [ -n "$w0" ] && kill -0 "$w0" 2>/dev/null; } &&
+     ! { [ -n "$w1" ] && kill -0 "$w1" 2>/dev/null; }; then
+    return 2
+  fi
+  kill -KILL "$pid" 2>/dev/null || return 1
+  local at
+  at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
+  run_kills=$((run_kills + 1))
+  run_victims+="$role $rank "
+  echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
+    tee -a "$work/kills.txt"
+  [ "$role" = scale ] && return 0  # its caller runs it again
+  # Wait until the job has recovered (failures come one at a time): a restarted worker has
+  # said Hello to every shard (each checkpoints what the dead one had pushed); a restarted
+  # shard has had both workers' replays (or the job ended, or 20 s passed).
+  local pattern want
+  if [ "$role" = worker ]; then
+    pattern="worker $rank restarted at clock"
+  else
+    pattern="replaying .* to shard $rank\$"
+  fi
+  want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
+  local t
+  for t in $(seq 1 400); do
+    [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
+    kill -0 "$launch_pid" 2>/dev/null || break
+    # A shard restarted after every worker had left gets no replay: nothing to wait for.
+    [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ] && break
+    sleep 0.05
+  done
+  sleep 0.5
+  return 0
+}
+
+# --reshard: the shard count goes to 3 a drawn moment after the start, and back to 2 a drawn
+# moment after that. While the first try of each change runs, a victim drawn among the 3
+# shards, the 2 workers and the scale tool is killed a drawn moment (0 to 150 ms) after the tool
+# started, so that kills land in every phase of the change (the copy ahead, the wait for the
+# clock, the copy at it, the commits, the drops). A failed or killed tool is run again, as an
+# operator would (it finishes the change). Logs "scaled to N" for each change that completed.
+reshard_with_kills() {  # NAME M START KILLS
+  local name="$1" m="$2" start="$3" kills="$4" log="$work/$1-scale.log" target attempt rc
+  sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * d * 0.3 }')"
+  for target in 3 2; do
+    for attempt in 1 2 3 4 5 6; do
+      kill -0 "$launch_pid" 2>/dev/null || return 0
+      "$PARASOL" scale --manifest "$m" --servers "$target" --timeout 60 >> "$log" 2>&1 &
+      local scale_pid=$!
+      if [ "$attempt" -eq 1 ] && [ "$run_kills" -lt "$kills" ]; then
+        sleep "$(awk -v r="$RANDOM" 'BEGIN { printf "%.3f", (r / 32768.0) * 0.15 }')"
+        local victim=$((RANDOM % 6)) role rank
+        case "$victim" in
+          0|1|2) role=server; rank=$victim ;;
+          3|4) role=worker; rank=$((victim - 3)) ;;
+          *) role=scale; rank="" ;;
+        esac
+        kill_now "$name" "$m" "$start" "$role" "$rank" 0 || true
+      fi
+      rc=0
+      wait "$scale_pid" || rc=$?
+      if [ "$rc" -eq 0 ]; then
+        echo "scaled to $target" >> "$log"
+        break
+      fi
+      echo "scale to $target: attempt $attempt failed (exit $rc)" >> "$log"
+      sleep 0.3
+    done
+    sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.2 + (r / 32768.0) * d * 0.2 }')"
+  done
+}
+
 # Runs the job NAME to the end; with kills, sends them as it goes. Sets run_status,
-# run_seconds, run_kills (how many were sent) and appends to $work/kills.txt.
+# run_seconds, run_kills (how many were sent), run_changes (--reshard: the changes of the shard
+# count that completed) and appends to $work/kills.txt.
 run_job() {  # NAME KILLS
   local name="$1" kills="$2" m="$work/$1.yaml"
   write_manifest "$name"
@@ -160,70 +278,26 @@ run_job() {  # NAME KILLS
   launch_pid=$!
   run_kills=0
   run_victims=" "  # "server 0 worker 1 ...": the roles this run killed
-  local k
-  for k in $(seq 1 "$kills"); do
-    # A moment: a random pause after the previous kill's recovery, within the expected run.
-    local pause
-    pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
-      'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.8 / k) }')"
-    sleep "$pause"
-    kill -0 "$launch_pid" 2>/dev/null || break
-    local victim=$((RANDOM % 4)) role rank during=0
-    if [ "$victim" -lt 2 ]; then role=server; rank=$victim; else role=worker; rank=$((victim - 2)); fi
-    # The killable moments: while a worker still trains (after that, a dead server is not
-    # started again, which is the end of the job, not a failure).
-    if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then break; fi
-    local pid w0 w1
-    pid="$(role_pid "$m" "$role" "$rank")"
-    [ -n "$pid" ] || continue
-    w0="$(role_pid "$m" worker 0)"
-    w1="$(role_pid "$m" worker 1)"
-    if [ "$role" = server ] && [ $((RANDOM % 3)) -eq 0 ]; then
-      # While the shard writes a checkpoint: as soon as its temporary file appears (a write
-      # with fsync takes tens of milliseconds here), for up to 3 s.
-      local deadline
-      deadline=$(( $(date +%s) + 3 ))
-      while [ "$(date +%s)" -lt "$deadline" ]; do
-        if compgen -G "$work/$name-ckpt/shard-$rank/*.tmp" > /dev/null 2>&1; then
-          during=1
-          break
-        fi
-        sleep 0.002
-      done
-    fi
-    # Still while a worker trains (the wait for a checkpoint may have outlasted the job).
-    if ! { [ -n "$w0" ] && kill -0 "$w0" 2>/dev/null; } &&
-       ! { [ -n "$w1" ] && kill -0 "$w1" 2>/dev/null; }; then
-      break
-    fi
-    kill -KILL "$pid" 2>/dev/null || continue
-    local at
-    at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
-    run_kills=$((run_kills + 1))
-    run_victims+="$role $rank "
-
-    echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
-      tee -a "$work/kills.txt"
-    # Wait until the job has recovered (failures come one at a time): a restarted worker has
-    # said Hello to both shards (each checkpoints what the dead one had pushed); a restarted
-    # shard has had both workers' replays (or the job ended, or 20 s passed).
-    local pattern want
-    if [ "$role" = worker ]; then
-      pattern="worker $rank restarted at clock"
-    else
-      pattern="replaying .* to shard $rank\$"
-    fi
-    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
-    local t
-    for t in $(seq 1 400); do
-      [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
+  run_changes="-"
+  if [ -n "$RESHARD" ] && [ "$name" != ref ]; then
+    reshard_with_kills "$name" "$m" "$start" "$kills"
+    run_changes="$(grep -c '^scaled to ' "$work/$name-scale.log" || true)"
+  else
+    local k rc
+    for k in $(seq 1 "$kills"); do
+      # A moment: a random pause after the previous kill's recovery, within the expected run.
+      local pause
+      pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
+        'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.8 / k) }')"
+      sleep "$pause"
       kill -0 "$launch_pid" 2>/dev/null || break
-      # A shard restarted after every worker had left gets no replay: nothing to wait for.
-      [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ] && break
-      sleep 0.05
+      local victim=$((RANDOM % 4)) role rank
+      if [ "$victim" -lt 2 ]; then role=server; rank=$victim; else role=worker; rank=$((victim - 2)); fi
+      rc=0
+      kill_now "$name" "$m" "$start" "$role" "$rank" "$([ $((RANDOM % 3)) -eq 0 ] && echo 1 || echo 0)" || rc=$?
+      [ "$rc" -eq 2 ] && break
     done
-    sleep 0.5
-  done
+  fi
   local s=0
   wait "$launch_pid" || s=$?
   launch_pid=""
@@ -231,7 +305,7 @@ run_job() {  # NAME KILLS
   run_seconds="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.1f", a - b }')"
 }
 
-echo "chaos: ${RUNS} runs x ${KILLS} kills, ${CONSISTENCY}, ${ROWS} rows, seed ${SEED}"
+echo "chaos: ${RUNS} runs x ${KILLS} kills, ${CONSISTENCY}, ${ROWS} rows, seed ${SEED}${RESHARD:+, shard count 2 -> 3 -> 2 while it trains}"
 undisturbed_seconds=10
 run_job ref 0
 if [ "$run_status" -ne 0 ]; then
@@ -300,17 +374,21 @@ for r in $(seq 1 "$RUNS"); do
       fi
     fi
   fi
+  if [ "$result" = ok ] && [ -n "$RESHARD" ] && [ "$run_changes" != 2 ]; then
+    result="FAILED (${run_changes} of 2 shard count changes completed)"
+    tail -n 20 "$work/run$r-scale.log" | sed 's/^/    /'
+  fi
   [ "$result" = ok ] && result="ok$late"
   if [ "${result%%$late}" != ok ]; then
     failed=$((failed + 1))
     kept="${TMPDIR:-/tmp}/parasol-chaos-failed-$((SEED * 1000 + r)).log"
     cp "$work/run$r.log" "$kept" && echo "    its output: $kept"
   fi
-  rows+=("$(printf '%4s  %5s  %7ss  %-12s  %-8s  %s' "$r" "$run_kills" "$run_seconds" "$diff" "$auc" "$result")")
+  rows+=("$(printf '%4s  %5s  %7ss  %-12s  %-8s  %-7s  %s' "$r" "$run_kills" "$run_seconds" "$diff" "$auc" "$run_changes" "$result")")
 done
 
 echo
-echo " run  kills  seconds  max_rel_diff  eval_auc  result"
+echo " run  kills  seconds  max_rel_diff  eval_auc  changes  result"
 for row in "${rows[@]}"; do echo "$row"; done
 echo "total: $RUNS runs, $total_kills kills, $failed failed runs, largest relative difference $max_diff" \
   "(undisturbed: ${undisturbed_seconds}s, AUC $ref_auc)"

@@ -75,7 +75,16 @@ Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t
     const std::string path = CheckpointOf(dir, s, sequence);
     if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
     PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, path));
-    for (auto& [t, rows] : w.sparse) all.sparse[t].merge(rows);
+    for (auto& [t, rows] : w.sparse) {
+      all.sparse[t].merge(rows);
+      // What merge() left behind was in an earlier shard's checkpoint too: a key has one shard.
+      if (!rows.empty()) {
+        return FailedPrecondition("key " + std::to_string(rows.begin()->first) + " of table '" +
+                                  m.tables[t].name + "' is in the checkpoints of shard " +
+                                  std::to_string(s) + " and of an earlier shard (" +
+                                  std::to_string(rows.size()) + " keys are)");
+      }
+    }
     for (auto& [t, slice] : w.dense) {
       auto& full = all.dense[t];
       full.resize(m.tables[t].NumElements());

@@ -22,7 +22,9 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
   const auto start = std::chrono::steady_clock::now();
   std::function<bool(uint64_t)> keeps;
-  if (!membership_.server_changes().empty()) keeps = [this](uint64_t key) { return KeepsKey(key); };
+  if (!membership_.server_changes().empty() || staged_rows_) {
+    keeps = [this](uint64_t key) { return KeepsKey(key); };
+  }
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                          engines_.size(), membership_, &migration_, std::move(keeps));
   uint64_t bytes = 0;

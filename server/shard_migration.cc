@@ -58,8 +58,9 @@ bool ShardServer::ChangeClockReached() const {
 
 bool ShardServer::KeepsKey(uint64_t key) const {
   const int64_t change = ChangeClock();
-  if (change < 0) return true;
   const uint64_t h = HashKey(key, kShardSalt);
+  // Rows copied ahead of a change not named yet are not this shard's.
+  if (change < 0) return PlacementAfter().ShardOfHash(h) == rank_;
   if (PlacementBefore().ShardOfHash(h) == rank_ && migration_.dropped < change) return true;
   return PlacementAfter().ShardOfHash(h) == rank_ &&
          (migration_.installed >= change || !gains_rows_);
@@ -110,6 +111,33 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
                               std::to_string(req.worker_id) + " is in the job");
   }
   const int64_t change = ChangeClock();
+  if (req.clock < 0) {
+    // A copy ahead of a change not named yet (to req.shard_count shards): the rows as they are
+    // now, for the shards that will hold them; the change's copy then sends only those updated
+    // since. Nothing here depends on it until the change is named.
+    const uint32_t listed = static_cast<uint32_t>(manifest_.cluster.servers.size());
+    const Placement& now = membership_.LastPlacement();
+    if (req.shard_count < 1 || req.shard_count > listed || req.shard_count == now.count()) {
+      return InvalidArgument("Migrate: a copy ahead of a change to " +
+                             std::to_string(req.shard_count) + " shards (the job has " +
+                             std::to_string(now.count()) + ", of " + std::to_string(listed) +
+                             " listed)");
+    }
+    if (change >= 0 && migration_.dropped < change) {
+      return FailedPrecondition("Migrate: the change of the shard count at clock " +
+                                std::to_string(change) + " is not finished here");
+    }
+    const Placement after = now.Resized(req.shard_count);
+    if (req.seq == kExport) return ExportRows(req, now, after, -1, reply, payload);
+    if (req.seq != kInstall) {
+      return BadMessage("Migrate: a copy ahead of a change exports or installs (step " +
+                        std::to_string(req.seq) + ")");
+    }
+    reply->value_dim = 1;
+    payload->emplace_back();
+    staged_rows_ = true;
+    return InstallRows(req, p, now, after, reply);
+  }
   if (req.clock > change && req.clock <= kMaxMemberClock) {
     // Named by shard 0; this shard learns it from the workers' next requests.
     return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not heard of the " +
@@ -122,7 +150,15 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
                               "workers' ticks)");
   }
   reply->clock = change;
-  if (req.seq == kExport) return ExportRows(req, reply, payload);
+  if (req.seq == kExport) {
+    if (!ChangeClockReached()) {
+      return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every "
+                         "push before clock " + std::to_string(change) + " yet");
+    }
+    // req.worker_clock: only the rows updated at that shard clock or later (the rest were
+    // copied ahead).
+    return ExportRows(req, PlacementBefore(), PlacementAfter(), req.worker_clock, reply, payload);
+  }
   // The other steps answer with no rows (an empty keys frame), and a count in `offset`.
   reply->value_dim = 1;
   payload->emplace_back();
@@ -133,7 +169,11 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
   const int64_t change = ChangeClock();
   switch (req.seq) {
     case kInstall:
-      return InstallRows(req, p, reply);
+      if (migration_.installed >= change) {
+        reply->duplicate = true;  // committed already: what it holds has moved on since
+        return Status::Ok();
+      }
+      return InstallRows(req, p, PlacementBefore(), PlacementAfter(), reply);
     case kCommit:
       if (migration_.installed >= change) {
         reply->duplicate = true;
@@ -192,13 +232,9 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
   }
 }
 
-Status ShardServer::ExportRows(const Header& req, Header* reply,
+Status ShardServer::ExportRows(const Header& req, const Placement& before,
+                               const Placement& after, int64_t updated_since, Header* reply,
                                std::vector<zmq::message_t>* payload) {
-  const int64_t change = ChangeClock();
-  if (!ChangeClockReached()) {
-    return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every push "
-                       "before clock " + std::to_string(change) + " yet");
-  }
   if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
     return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
                            " is not a sparse table of this job");
@@ -214,9 +250,11 @@ Status ShardServer::ExportRows(const Header& req, Header* reply,
     return InvalidArgument("Migrate: export cursor " + std::to_string(req.offset) +
                            " is out of range");
   }
-  const Placement& before = PlacementBefore();
-  const Placement& after = PlacementAfter();
   const uint32_t floats = table.engines() > 0 ? table.partition(0).stored_floats() : 0;
+  // Rows keep the shard clock of their last update only in tables that store it.
+  const bool since = updated_since >= 0 && table.partition(0).stores_clock();
+  const uint32_t threshold = static_cast<uint32_t>(
+      std::clamp<int64_t>(updated_since, 0, std::numeric_limits<uint32_t>::max()));
   // A page: about 16 MiB of rows.
   const uint64_t max_rows =
       std::max<uint64_t>(1, (16u << 20) / (sizeof(uint64_t) + sizeof(float) * uint64_t{floats}));
@@ -230,6 +268,9 @@ Status ShardServer::ExportRows(const Header& req, Header* reply,
                                                                     const float* row) {
       if (keys.size() >= max_rows) return false;
       const uint64_t h = HashKey(key, kShardSalt);
+      uint32_t last;
+      std::memcpy(&last, row, sizeof(last));
+      if (since && last < threshold) return true;  // copied ahead, not updated since
       if (before.ShardOfHash(h) == rank_ && after.ShardOfHash(h) != rank_) {
         keys.push_back(key);
         rows.insert(rows.end(), row, row + floats);
@@ -242,6 +283,8 @@ Status ShardServer::ExportRows(const Header& req, Header* reply,
   reply->offset = complete ? 0 : (uint64_t{e} << kCursorShift) | slot;
   reply->done = complete;
   reply->table_id = req.table_id;
+  // Every row updated after this page was read is stamped with this clock or a later one.
+  reply->worker_clock = ShardClock();
   reply->key_count = keys.size();
   reply->value_dim = floats;
   const FramePlan plan = PlanValueFrames(keys.size(), floats, manifest_.server.frame_bytes);
@@ -256,12 +299,8 @@ Status ShardServer::ExportRows(const Header& req, Header* reply,
   return Status::Ok();
 }
 
-Status ShardServer::InstallRows(const Header& req, const PayloadView& p, Header* reply) {
-  const int64_t change = ChangeClock();
-  if (migration_.installed >= change) {
-    reply->duplicate = true;  // committed already: what it holds has moved on since
-    return Status::Ok();
-  }
+Status ShardServer::InstallRows(const Header& req, const PayloadView& p,
+                                const Placement& before, const Placement& after, Header* reply) {
   if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
     return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
                            " is not a sparse table of this job");
@@ -276,14 +315,13 @@ Status ShardServer::InstallRows(const Header& req, const PayloadView& p, Header*
     return InvalidArgument("Migrate: rows of " + std::to_string(p.dim()) + " floats for table '" +
                            table.options().name + "', whose rows are " + std::to_string(floats));
   }
-  const Placement& before = PlacementBefore();
-  const Placement& after = PlacementAfter();
   for (uint64_t i = 0; i < p.rows(); ++i) {
     const uint64_t h = HashKey(p.Key(i), kShardSalt);
     if (after.ShardOfHash(h) != rank_ || before.ShardOfHash(h) == rank_) {
       return InvalidArgument("Migrate: key " + std::to_string(p.Key(i)) + " (row " +
                              std::to_string(i) + ") does not move to shard " +
-                             std::to_string(rank_) + " at clock " + std::to_string(change));
+                             std::to_string(rank_) + " in a change to " +
+                             std::to_string(after.count()) + " shards");
     }
   }
   std::vector<float> row(floats);

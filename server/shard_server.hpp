@@ -246,6 +246,8 @@ class ShardServer {
   // whenever the membership changes).
   bool GainsRows() const;
   bool gains_rows_ = false;
+  // Rows were copied here ahead of a change (checkpoints then hold only this shard's rows).
+  bool staged_rows_ = false;
   // Whether a pull of `clock` may be answered: the read bound allows it, and the rows this
   // shard gains at a change before it are in.
   bool ReadAllowed(int64_t clock) const;
@@ -260,8 +262,14 @@ class ShardServer {
   Status HandleMigrate(const Header& req, const PayloadView& p, Header* reply,
                        std::vector<zmq::message_t>* payload);
   Status MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply);
-  Status ExportRows(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
-  Status InstallRows(const Header& req, const PayloadView& p, Header* reply);
+  // The rows of table req.table_id that `before` places here and `after` elsewhere, one page
+  // from cursor req.offset; `updated_since` >= 0: only those updated at that shard clock or
+  // later.
+  Status ExportRows(const Header& req, const Placement& before, const Placement& after,
+                    int64_t updated_since, Header* reply, std::vector<zmq::message_t>* payload);
+  // Rows that `after` places here and `before` elsewhere, as ExportRows() gave them.
+  Status InstallRows(const Header& req, const PayloadView& p, const Placement& before,
+                     const Placement& after, Header* reply);
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_

@@ -209,6 +209,8 @@ class SparseTable {
       return next_slot_;
     }
     uint32_t slot_end() const { return next_slot_; }
+    // Whether rows keep the shard clock of their last update (the first word ForEachRow gives).
+    bool stores_clock() const { return codec_.stores_clock(); }
     // Removes the in-memory rows whose keys `drop(key)` names; returns how many went.
     template <typename Pred>
     uint64_t EraseRowsIf(Pred&& drop) {

@@ -27,16 +27,22 @@ bool Transient(const Status& st) {
 
 class Mover {
  public:
-  Mover(PsClient& client, int64_t clock, SteadyClock::time_point deadline)
-      : client_(client), clock_(clock), deadline_(deadline) {}
+  Mover(PsClient& client, uint32_t servers, SteadyClock::time_point deadline)
+      : client_(client), servers_(servers), deadline_(deadline) {}
 
   // One Migrate request, repeated while the refusal passes, until the deadline.
+  // The change's clock (-1: a copy ahead of it, for `servers` shards).
+  void set_clock(int64_t clock) { clock_ = clock; }
+
   Result<PsClient::Reply> Call(uint32_t shard, uint64_t step, uint32_t table, uint64_t offset,
                                uint64_t known_epoch = 0, const std::vector<uint64_t>* keys = nullptr,
-                               const std::vector<float>* rows = nullptr, uint32_t floats = 1) {
+                               const std::vector<float>* rows = nullptr, uint32_t floats = 1,
+                               int64_t updated_since = -1) {
     for (int attempt = 0;; ++attempt) {
       Header h = client_.ToolRequest(Op::Migrate, table);
       h.clock = clock_;
+      h.shard_count = servers_;
+      h.worker_clock = updated_since;
       h.seq = step;
       h.offset = offset;
       h.known_epoch = known_epoch;
@@ -69,30 +75,163 @@ class Mover {
 
  private:
   PsClient& client_;
-  const int64_t clock_;
+  const uint32_t servers_;
+  int64_t clock_ = -1;
   const SteadyClock::time_point deadline_;
 };
 
 }  // namespace
 
 std::string ReshardReport::ToString() const {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "%u -> %u shards from clock %lld: %llu rows moved in %.2f s (%.0f rows/s), %llu "
-                "dropped, %llu pass(es); waited %.2f s for the clock, %.2f s in all",
+                "%u -> %u shards from clock %lld: %llu rows copied ahead in %.2f s (%.0f rows/s) "
+                "while training went on, then %llu rows updated since in %.2f s from the change's "
+                "naming to the last commit; %llu dropped by the old holders, %llu pass(es), "
+                "%.2f s in all",
                 from, to, static_cast<long long>(clock),
+                static_cast<unsigned long long>(ahead_rows), ahead_seconds,
+                ahead_seconds > 0 ? ahead_rows / ahead_seconds : 0.0,
                 static_cast<unsigned long long>(rows_moved), copy_seconds,
-                copy_seconds > 0 ? rows_moved / copy_seconds : 0.0,
                 static_cast<unsigned long long>(rows_dropped),
-                static_cast<unsigned long long>(passes), wait_seconds, total_seconds);
+                static_cast<unsigned long long>(passes), total_seconds);
   return buf;
 }
+
+namespace {
+
+// Where a copy stands: per table and source shard, the process read and the shard clock of its
+// first page (rows updated since carry that clock or a later one); per target, the process that
+// took rows.
+struct CopyState {
+  std::vector<std::vector<uint64_t>> source_epoch;   // [table][shard]
+  std::vector<std::vector<int64_t>> source_clock;    // [table][shard]
+  std::vector<uint64_t> target_epoch;                // [shard] (0: took none)
+  bool target_restarted = false;
+  uint64_t rows = 0;
+};
+
+// Copies every row of the sparse tables that `before` places on one shard and `after` on
+// another, from its shard to its new one. `ahead`: a copy before the change is named;
+// otherwise, from a source whose process is the one `ahead_state` read, only the rows updated
+// since.
+Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
+                const Placement& after, const CopyState* ahead_state, CopyState* state) {
+  const uint32_t listed = static_cast<uint32_t>(manifest.cluster.servers.size());
+  const size_t tables = manifest.tables.size();
+  state->source_epoch.assign(tables, std::vector<uint64_t>(listed, 0));
+  state->source_clock.assign(tables, std::vector<int64_t>(listed, -1));
+  if (state->target_epoch.empty()) state->target_epoch.assign(listed, 0);
+  for (uint32_t t = 0; t < tables; ++t) {
+    if (manifest.tables[t].kind != TableKind::kSparse) continue;
+    for (uint32_t s = 0; s < before.count(); ++s) {
+      int64_t since = -1;
+      if (ahead_state) since = ahead_state->source_clock[t][s];
+      uint64_t cursor = 0;
+      bool first = true;
+      while (true) {
+        PARASOL_ASSIGN_OR_RETURN(PsClient::Reply page,
+                                 mover.Call(s, kExport, t, cursor, 0, nullptr, nullptr, 1, since));
+        const uint64_t epoch = page.header.server_epoch;
+        // Another process than the one read ahead, or than the one this copy began with: read
+        // it all, from the start.
+        const bool other_ahead = first && ahead_state && since >= 0 &&
+                                 ahead_state->source_epoch[t][s] != epoch;
+        const bool other_now = !first && state->source_epoch[t][s] != epoch;
+        if (other_ahead || other_now) {
+          spdlog::info("scale: shard {} restarted while its rows were copied; reading them all",
+                       s);
+          since = -1;
+          cursor = 0;
+          first = true;
+          state->source_epoch[t][s] = 0;
+          continue;
+        }
+        if (first) {
+          state->source_epoch[t][s] = epoch;
+          state->source_clock[t][s] = page.header.worker_clock;
+          first = false;
+        }
+        const uint64_t n = page.header.key_count;
+        const uint32_t floats = page.header.value_dim;
+        if (page.frames.empty() || page.frames[0].size() != n * sizeof(uint64_t)) {
+          return BadMessage("shard " + std::to_string(s) + ": an export page of " +
+                            std::to_string(n) + " rows without its keys");
+        }
+        // The page's rows by the shard that holds them after the change.
+        std::vector<std::vector<uint64_t>> keys(listed);
+        std::vector<std::vector<float>> rows(listed);
+        const auto* k = page.frames[0].data<uint64_t>();
+        uint64_t row = 0;
+        for (size_t f = 1; f < page.frames.size(); ++f) {
+          const float* v = page.frames[f].data<float>();
+          const uint64_t in_frame = page.frames[f].size() / (sizeof(float) * floats);
+          for (uint64_t i = 0; i < in_frame && row < n; ++i, ++row) {
+            uint64_t key;
+            std::memcpy(&key, k + row, sizeof(key));
+            const uint32_t d = after.ShardOf(key);
+            if (d >= listed) return BadMessage("a key placed beyond the listed shards");
+            keys[d].push_back(key);
+            rows[d].insert(rows[d].end(), v + i * floats, v + (i + 1) * floats);
+          }
+        }
+        if (row != n) {
+          return BadMessage("shard " + std::to_string(s) + ": an export page of " +
+                            std::to_string(n) + " rows carried " + std::to_string(row));
+        }
+        for (uint32_t d = 0; d < listed; ++d) {
+          if (keys[d].empty()) continue;
+          PARASOL_ASSIGN_OR_RETURN(
+              PsClient::Reply ack, mover.Call(d, kInstall, t, 0, 0, &keys[d], &rows[d], floats));
+          if (ack.header.duplicate) continue;  // committed already
+          uint64_t& target = state->target_epoch[d];
+          if (target != 0 && target != ack.header.server_epoch) state->target_restarted = true;
+          target = ack.header.server_epoch;
+          state->rows += keys[d].size();
+        }
+        if (page.header.done) break;
+        cursor = page.header.offset;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
                               std::chrono::milliseconds timeout) {
   const auto start = SteadyClock::now();
   const auto deadline = start + timeout;
   ReshardReport report;
+  const Manifest& manifest = client.manifest();
+  const uint32_t listed = static_cast<uint32_t>(manifest.cluster.servers.size());
+  Mover mover(client, servers, deadline);
+  PARASOL_RETURN_IF_ERROR(client.SyncMembership());
+  const Membership& m = client.membership();
+
+  // Ahead of the change, while training goes on: every row that moves, as it is now. Only for
+  // tables that evict nothing (a row evicted after its copy would stay on its new shard), and
+  // not when a change is under way (the tool resumes it).
+  bool evicts = false;
+  for (const TableOptions& t : manifest.tables) {
+    evicts = evicts || (t.kind == TableKind::kSparse &&
+                        (t.eviction.ttl_clocks > 0 || t.eviction.max_rows > 0));
+  }
+  const auto& changes = m.server_changes();
+  const bool resuming = !changes.empty() && m.LastPlacement().count() == servers;
+  CopyState ahead;
+  bool copied_ahead = false;
+  if (!evicts && !resuming && servers != m.LastPlacement().count()) {
+    const auto t0 = SteadyClock::now();
+    const Placement before = m.LastPlacement();
+    Status st = CopyRows(mover, manifest, before, before.Resized(servers), nullptr, &ahead);
+    if (!st.ok()) return st.WithContext("copying the rows ahead of the change");
+    copied_ahead = !ahead.target_restarted;
+    report.ahead_rows = ahead.rows;
+    report.ahead_seconds = Since(t0);
+  }
+
   Result<int64_t> clock = client.ScaleServers(servers);
   while (!clock.ok() && Transient(clock.status()) && SteadyClock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -100,7 +239,6 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   }
   if (!clock.ok()) return clock.status();
   report.clock = *clock;
-  const Membership& m = client.membership();
   const Placement before = m.PlacementAt(report.clock - 1);
   const Placement after = m.PlacementAt(report.clock);
   report.from = before.count();
@@ -110,99 +248,38 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
                               " shards, not " + std::to_string(servers));
   }
   spdlog::info("scale: {} -> {} shards from clock {}", report.from, report.to, report.clock);
-  const Manifest& manifest = client.manifest();
-  const uint32_t listed = static_cast<uint32_t>(manifest.cluster.servers.size());
-  Mover mover(client, report.clock, deadline);
+  mover.set_clock(report.clock);
 
-  bool first_page = true;
+  const auto named = SteadyClock::now();
   while (true) {
     ++report.passes;
-    const auto pass_start = SteadyClock::now();
-    uint64_t moved = 0;
-    // The process of each target that took rows (0: none yet); a target that took rows from
-    // two processes lost the first's: the pass is done again.
-    std::vector<uint64_t> installed_epoch(listed, 0);
-    bool again = false;
-    for (uint32_t t = 0; t < manifest.tables.size() && !again; ++t) {
-      if (manifest.tables[t].kind != TableKind::kSparse) continue;
-      for (uint32_t s = 0; s < before.count() && !again; ++s) {
-        uint64_t cursor = 0, source_epoch = 0;
-        while (true) {
-          PARASOL_ASSIGN_OR_RETURN(PsClient::Reply page, mover.Call(s, kExport, t, cursor));
-          if (first_page) {
-            report.wait_seconds = Since(start);
-            first_page = false;
-          }
-          if (source_epoch != 0 && page.header.server_epoch != source_epoch) {
-            spdlog::info("scale: shard {} restarted while its rows were read; reading again", s);
-            source_epoch = 0;
-            cursor = 0;
-            continue;
-          }
-          source_epoch = page.header.server_epoch;
-          const uint64_t n = page.header.key_count;
-          const uint32_t floats = page.header.value_dim;
-          if (page.frames.empty() || page.frames[0].size() != n * sizeof(uint64_t)) {
-            return BadMessage("shard " + std::to_string(s) + ": an export page of " +
-                              std::to_string(n) + " rows without its keys");
-          }
-          // The page's rows by the shard that holds them from the change on.
-          std::vector<std::vector<uint64_t>> keys(listed);
-          std::vector<std::vector<float>> rows(listed);
-          const auto* k = page.frames[0].data<uint64_t>();
-          uint64_t row = 0;
-          for (size_t f = 1; f < page.frames.size(); ++f) {
-            const float* v = page.frames[f].data<float>();
-            const uint64_t in_frame = page.frames[f].size() / (sizeof(float) * floats);
-            for (uint64_t i = 0; i < in_frame && row < n; ++i, ++row) {
-              uint64_t key;
-              std::memcpy(&key, k + row, sizeof(key));
-              const uint32_t d = after.ShardOf(key);
-              keys[d].push_back(key);
-              rows[d].insert(rows[d].end(), v + i * floats, v + (i + 1) * floats);
-            }
-          }
-          if (row != n) {
-            return BadMessage("shard " + std::to_string(s) + ": an export page of " +
-                              std::to_string(n) + " rows carried " + std::to_string(row));
-          }
-          for (uint32_t d = 0; d < listed; ++d) {
-            if (keys[d].empty()) continue;
-            PARASOL_ASSIGN_OR_RETURN(
-                PsClient::Reply ack,
-                mover.Call(d, kInstall, t, 0, 0, &keys[d], &rows[d], floats));
-            if (ack.header.duplicate) continue;  // committed already
-            if (installed_epoch[d] != 0 && installed_epoch[d] != ack.header.server_epoch) {
-              again = true;
-            }
-            installed_epoch[d] = ack.header.server_epoch;
-            moved += keys[d].size();
-          }
-          if (page.header.done) break;
-          cursor = page.header.offset;
-        }
-      }
-    }
+    CopyState state;
+    if (copied_ahead) state.target_epoch = ahead.target_epoch;
+    PARASOL_RETURN_IF_ERROR(
+        CopyRows(mover, manifest, before, after, copied_ahead ? &ahead : nullptr, &state));
+    bool again = state.target_restarted;
     // Commit: every shard, each to the process that took its rows.
     for (uint32_t s = 0; s < listed && !again; ++s) {
-      const uint64_t epoch = installed_epoch[s] ? installed_epoch[s] : client.shard_epoch(s);
+      const uint64_t epoch = state.target_epoch[s] ? state.target_epoch[s] : client.shard_epoch(s);
       Result<PsClient::Reply> ack = mover.Call(s, kCommit, 0, 0, epoch);
       if (!ack.ok() && ack.status().code() == StatusCode::kFailedPrecondition &&
-          installed_epoch[s] != 0 && client.shard_epoch(s) != installed_epoch[s]) {
+          state.target_epoch[s] != 0 && client.shard_epoch(s) != state.target_epoch[s]) {
         spdlog::info("scale: shard {} restarted before it committed its rows; copying again", s);
         again = true;
         break;
       }
       if (!ack.ok()) return ack.status();
     }
-    report.copy_seconds = Since(pass_start);
-    report.rows_moved = moved;
+    report.rows_moved = state.rows;
     if (!again) break;
+    copied_ahead = false;  // a target lost what was copied ahead: all of it again
     if (SteadyClock::now() > deadline) {
       return Timeout("scale: shards kept restarting while the rows were copied");
     }
   }
-  for (uint32_t s = 0; s < before.count(); ++s) {
+  report.copy_seconds = Since(named);
+  // Every shard: one that lost no rows drops none, and marks the change finished.
+  for (uint32_t s = 0; s < listed; ++s) {
     PARASOL_ASSIGN_OR_RETURN(PsClient::Reply ack, mover.Call(s, kDrop, 0, 0));
     if (!ack.header.duplicate) report.rows_dropped += ack.header.offset;
   }
