@@ -237,7 +237,9 @@ kill_now() {  # NAME M START ROLE RANK CKPT
 # operator would (it finishes the change). Logs "scaled to N" for each change that completed.
 reshard_with_kills() {  # NAME M START KILLS
   local name="$1" m="$2" start="$3" kills="$4" log="$work/$1-scale.log" target attempt rc
-  sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * d * 0.3 }')"
+  # Both well before the end: a change named after the last clock is finished only while the
+  # workers still talk to the shards (they carry the change to them).
+  sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * d * 0.15 }')"
   for target in 3 2; do
     for attempt in 1 2 3 4 5 6; do
       kill -0 "$launch_pid" 2>/dev/null || return 0
@@ -262,7 +264,7 @@ reshard_with_kills() {  # NAME M START KILLS
       echo "scale to $target: attempt $attempt failed (exit $rc)" >> "$log"
       sleep 0.3
     done
-    sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.2 + (r / 32768.0) * d * 0.2 }')"
+    sleep "$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" 'BEGIN { printf "%.2f", 0.2 + (r / 32768.0) * d * 0.1 }')"
   done
 }
 

@@ -45,10 +45,11 @@ bool ShardServer::GainsRows() const {
   return false;
 }
 
-bool ShardServer::ReadAllowed(int64_t clock) const {
+bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock) const {
   if (!controller_.PullAllowed(clock)) return false;
   const int64_t change = ChangeClock();
-  return change < 0 || clock < change || migration_.installed >= change || !gains_rows_;
+  if (change < 0 || migration_.installed >= change || !gains_rows_) return true;
+  return clock < change && !controller_.IsDone(worker);
 }
 
 bool ShardServer::ChangeClockReached() const {

@@ -410,7 +410,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         }
       }
       PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
-      if (in_job && !ReadAllowed(req.clock)) {
+      if (in_job && !ReadAllowed(req.worker_id, req.clock)) {
         PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
         *held = true;
         return Status::Ok();
@@ -608,7 +608,7 @@ void ShardServer::ReleaseHeldPulls() {
   std::vector<HeldPull> ready;
   for (HeldPull& h : held_pulls_) {
     const bool go = !job_failure_.ok() || controller_.IsLost(h.request.worker_id) ||
-                    ReadAllowed(h.request.clock);
+                    ReadAllowed(h.request.worker_id, h.request.clock);
     (go ? ready : still).push_back(std::move(h));
   }
   held_pulls_ = std::move(still);
@@ -1262,7 +1262,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
     // The pulls share the Step's clock: held together until the read bound allows it. Only a
     // Step of sparse pulls alone may be a prefetch.
     st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
-    if (st.ok() && !ReadAllowed(step.clock)) {
+    if (st.ok() && !ReadAllowed(step.worker_id, step.clock)) {
       st = HoldPull(step, frames, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
     }
@@ -1304,7 +1304,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     StepPart& part = (*parts)[i];
     const bool pull = part.header.op == Op::PullSparse || part.header.op == Op::PullDense;
     if (pull && !failed && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
-        !ReadAllowed(part.header.clock)) {
+        !ReadAllowed(part.header.worker_id, part.header.clock)) {
       // After the tick: the pulls left wait for the read bound together, as a Step of their
       // own with the same request id (answered in a second reply).
       Header rest = step;

@@ -248,9 +248,10 @@ class ShardServer {
   bool gains_rows_ = false;
   // Rows were copied here ahead of a change (checkpoints then hold only this shard's rows).
   bool staged_rows_ = false;
-  // Whether a pull of `clock` may be answered: the read bound allows it, and the rows this
-  // shard gains at a change before it are in.
-  bool ReadAllowed(int64_t clock) const;
+  // Whether a pull of `clock` by `worker` may be answered: the read bound allows it, and the
+  // rows this shard gains at a change at or before that clock are in. A worker done training
+  // (evaluating) reads by the newest placement: its pulls wait for the rows of any change.
+  bool ReadAllowed(uint32_t worker, int64_t clock) const;
   // Whether every push of the clocks before the newest change is applied here.
   bool ChangeClockReached() const;
   // Whether a row of `key` belongs in this shard's checkpoints now (the rows it held before

@@ -678,8 +678,10 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     split.unique_local = std::move(spare_splits_.back().unique_local);
     spare_splits_.pop_back();
   }
-  // The keys' shards at the clock the rows are read for (a tool reads the newest placement).
-  const Placement& placement = JobRank()
+  // The keys' shards at the clock the rows are read for. A tool, and a worker done training
+  // (evaluating), read the newest placement: a change named past the last clock still moves
+  // the rows, and the shards that gain them answer once they hold them.
+  const Placement& placement = JobRank() && !left_
                                    ? membership_.PlacementAt(clock_ + request_clock_offset_)
                                    : membership_.LastPlacement();
   if (keys_unique_) {
