@@ -31,6 +31,7 @@
 
 #include "bench/ceilings.hpp"
 #include "common/manifest.hpp"
+#include "common/model_tables.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
@@ -705,6 +706,128 @@ void ElasticRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// A shard added to a running job (README "Changing a job's size"): dlrm-small, batch 1024,
+// BSP, one worker, 3 shards listed and 2 holding keys, its embedding table filled with 10^7 rows
+// (10^6 with --quick) before training starts. Once the job has trained a while, `parasol scale
+// --servers 3` moves a third of the rows to the third shard while training goes on. Rows: the
+// rows copied ahead per second, next to what the loopback allows (each row crosses it twice,
+// shard to tool to shard: the raw ZeroMQ round trip of a 16 MiB page, the best of several),
+// the seconds from the change's naming to the last commit (the pause of training's pulls), and
+// the worker's samples/s during the change next to the 3 s before it.
+void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-reshard-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  GeneratorOptions g;
+  g.rows = 200000;
+  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
+  const std::vector<uint16_t> ports = *PickFreePorts(3);
+  const std::string path = dir + "/job.yaml";
+  std::ofstream(path) << "cluster:\n  servers: [127.0.0.1:" << ports[0] << ", 127.0.0.1:"
+                      << ports[1] << ", 127.0.0.1:" << ports[2]
+                      << "]\n  initial_servers: 2\n  workers: 1\n"
+                      << "training: {consistency: bsp, batch_size: 1024, epochs: 40"
+                      << ", progress_every: 1h}\n"
+                      << "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n"
+                      << "  top: [64, 1]\n  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+                      << "  dense_optimizer: {kind: adam, lr: 0.001}\n"
+                      << "data:\n  train: " << dir << "/train.tsv\n";
+  Result<Manifest> manifest = LoadManifest(path);
+  if (!manifest.ok()) return;
+  const std::string self = BenchCluster::SelfDir() + "/parasol";
+  std::vector<Subprocess> servers;
+  for (int s = 0; s < 3; ++s) {
+    auto p = Subprocess::Spawn({self, "server", "--manifest", path, "--rank", std::to_string(s)},
+                               dir + "/server" + std::to_string(s) + ".log");
+    if (p.ok()) servers.push_back(std::move(*p));
+  }
+  auto observer = PsClient::Connect(*manifest, PsClient::kObserver);
+  const int table = manifest->FindTable(LayoutOf(manifest->model).sparse_table);
+  if (servers.size() != 3 || !observer.ok() || table < 0) {
+    spdlog::error("reshard bench: the shards did not start");
+    return;
+  }
+  // The table's rows: keys outside the data's, created by reading them (a tool's pulls create
+  // the rows they read).
+  {
+    const uint64_t batch = 250000;
+    const uint32_t dim = manifest->tables[table].dim;
+    std::vector<uint64_t> keys(batch);
+    std::vector<float> out(batch * dim);
+    for (uint64_t first = 0; first < table_rows; first += batch) {
+      for (uint64_t i = 0; i < batch; ++i) keys[i] = (uint64_t{1} << 60) + first + i;
+      if (!(*observer)->PullSparse(table, keys, out.data()).ok()) {
+        spdlog::error("reshard bench: filling the table failed");
+        return;
+      }
+    }
+  }
+  auto worker = Subprocess::Spawn({self, "worker", "--manifest", path, "--rank", "0",
+                                   "--step-times", dir + "/times0"},
+                                  dir + "/worker0.log");
+  if (!worker.ok()) return;
+  auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  // Trains 4 s, then the change.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const double begin = now();
+  auto tool = Subprocess::Spawn({self, "scale", "--manifest", path, "--servers", "3"},
+                                dir + "/scale.log");
+  std::optional<int> st;
+  if (tool.ok()) st = tool->Wait(std::chrono::minutes(10));
+  const double end = now();
+  const bool ok = st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // the "after" window
+  worker->Signal(SIGKILL);
+  (void)worker->Wait(std::chrono::seconds(10));
+  (void)(*observer)->Shutdown();
+  for (Subprocess& s : servers) (void)s.Wait(std::chrono::seconds(60));
+  std::ifstream log(dir + "/scale.log");
+  std::string line, report;
+  while (std::getline(log, line)) {
+    if (line.find("rows copied ahead") != std::string::npos) report = line;
+  }
+  double ahead_rows = 0, ahead_s = 0, moved = 0, copy_s = 0;
+  const bool parsed =
+      std::sscanf(report.c_str() + (report.find(':') == std::string::npos ? 0 : report.find(':') + 1),
+                  " %lf rows copied ahead in %lf s %*s while training went on, then %lf rows "
+                  "updated since in %lf s",
+                  &ahead_rows, &ahead_s, &moved, &copy_s) == 4;
+  if (!ok || !parsed) {
+    spdlog::error("reshard bench: the change failed (logs in {})", dir);
+    return;
+  }
+  // Samples a second from the worker's step end times within [from, to).
+  const std::map<int64_t, double> times = StepTimes(dir + "/times0");
+  auto rate = [&](double from, double to) {
+    uint64_t steps = 0;
+    for (const auto& [step, at] : times) steps += at >= from && at < to ? 1 : 0;
+    return to > from ? steps * 1024.0 / (to - from) : 0.0;
+  };
+  const uint32_t floats = 1 + 16 + 16;  // the clock word, the values, adagrad's state
+  const double row_bytes = sizeof(uint64_t) + sizeof(float) * floats;
+  const uint64_t page = uint64_t{16} << 20;
+  const double echo_s = echo.RoundTrip(page, 3, opt.quick ? 5 : 10);
+  const double ceiling = (2.0 * page / echo_s) / (2.0 * row_bytes);
+  rows->push_back({"reshard_rows_copied_ahead_per_s_" + std::to_string(table_rows) + "_rows",
+                   ahead_rows / ahead_s, "rows/s", ceiling, "zmq_roundtrip_16MB_twice", std::nullopt});
+  rows->push_back({"reshard_rows_copied_ahead", ahead_rows, "rows", std::nullopt, "",
+                   std::nullopt});
+  rows->push_back({"reshard_rows_copied_at_the_change", moved, "rows", std::nullopt, "",
+                   std::nullopt});
+  rows->push_back({"reshard_change_pause_seconds", copy_s, "s", std::nullopt, "", std::nullopt});
+  rows->push_back({"reshard_train_samples_per_s_during", rate(begin, end), "samples/s",
+                   std::nullopt, "", std::nullopt});
+  rows->push_back({"reshard_train_samples_per_s_before", rate(begin - 3, begin), "samples/s",
+                   std::nullopt, "", std::nullopt});
+  rows->push_back({"reshard_train_samples_per_s_after", rate(end, end + 3), "samples/s",
+                   std::nullopt, "", std::nullopt});
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 std::string TrainingData(const Options& opt, const std::string& dir) {
   GeneratorOptions g;
   g.rows = opt.quick ? 50000 : 200000;
@@ -1348,10 +1471,10 @@ int Main(int argc, char** argv) {
                                                    "optimizer",   "consistency", "training",
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
-                                                   "capacity",    "elastic"};
+                                                   "capacity",    "elastic",  "reshard"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
-                         "training, torch, compute, checkpoint, cache, python, tiered, capacity)\n",
+                         "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -1396,6 +1519,7 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(dir, ec);
   }
   if (opt.only.empty() || opt.only == "elastic") ElasticRows(opt, &rows);
+  if (opt.only.empty() || opt.only == "reshard") ReshardRows(opt, **echo, &rows);
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
   if (opt.only.empty() || opt.only == "cache") CacheRows(opt, &rows);
   if (opt.only.empty() || opt.only == "checkpoint") {

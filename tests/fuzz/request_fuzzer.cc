@@ -425,6 +425,10 @@ class Session {
     const bool push = h.op == Op::PushSparse || h.op == Op::PushDense;
     if (h.op == Op::PullSparse || h.op == Op::PushSparse) {
       h.value_dim = t.sparse ? (h.with_state ? t.row_floats : t.dim) : 4;
+    } else if (h.op == Op::Migrate) {
+      // Rows as an export gives them: the clock word, the values and the state.
+      h.value_dim = t.sparse ? 1 + t.row_floats : 1;
+      h.offset = shape.offset;
     } else {
       const SliceRange slice = t.sparse ? SliceRange{0, 16} : t.slice;
       h.offset = slice.begin + shape.offset % (slice.size() + 1);
@@ -432,7 +436,7 @@ class Session {
       h.value_dim = 1;
     }
     h.key_count = rows;
-    if (push) {
+    if (push || h.op == Op::Migrate) {
       const FramePlan plan = PlanValueFrames(rows, h.value_dim, kFrameBytes);
       h.value_frames = plan.frames;
       h.rows_per_frame = plan.rows_per_frame;
@@ -494,11 +498,23 @@ class Session {
         h.clock = ResolveClock(s, h.worker_id, /*tick=*/true);
         h.done = s.done == 7;
         break;
-      case 12:  // Membership: join, leave, or (from outside the job) a worker count
+      case 12:  // Membership: join, leave, or (from outside the job) a worker or shard count
         h.manifest_hash = s.hello == 7 ? job_.fingerprint ^ 1 : job_.fingerprint;
         h.join = (s.hello & 1) != 0;
         h.done = s.done == 7;
         h.key_count = s.seq_raw;
+        h.shard_count = s.seq;  // 0: none
+        break;
+      case 13:  // Migrate: a copy ahead (clock -1), or of the change shard 0 named last
+        h.seq = 1 + s.seq;
+        h.shard_count = 1 + s.done % 4;
+        h.table_id = TableId(s);
+        h.clock = s.clock < 2 ? -1
+                  : s.clock < 4 ? named_change_
+                                : ResolveClock(s, h.worker_id, /*tick=*/false);
+        h.worker_clock = s.incarnation < 4 ? -1 : ResolveClock(s, h.worker_id, false);
+        h.known_epoch = s.incarnation == 7 ? s.clock_raw : 0;
+        FillShape(s, h);
         break;
       case 6:
         switch (s.barrier) {
@@ -533,6 +549,11 @@ class Session {
       e.leave = (a & 2) ? std::max<int64_t>(e.join, 0) + 1 + a : -1;
       h.members.push_back(e);
       if (a & 4) h.members.push_back(MemberEntry{e.worker, e.join + 1, -1});
+      // A change of the shard count, near or far, to a count in or past the listed shards.
+      if (a == 10) {
+        h.members.push_back(MemberEntry{kServerEntry | (1 + s.peer % 4),
+                                        ResolveClock(s, h.worker_id, /*tick=*/false), -1});
+      }
       h.membership_version = a;
     }
     switch (s.anomaly) {
@@ -889,6 +910,19 @@ class Session {
         FUZZ_CHECK(JsonSyntax(r.message).Valid());
         FUZZ_CHECK(frames.size() == 2);
         break;
+      case Op::Membership:
+        if (s.request.shard_count > 0 && r.worker_clock >= 0) named_change_ = r.worker_clock;
+        FUZZ_CHECK(frames.size() == 2);
+        break;
+      case Op::Migrate: {
+        // Rows (an export page) or none, as the header says.
+        Result<PayloadView> view = PayloadView::Parse(
+            r, std::span<zmq::message_t>(frames).subspan(2), job_.manifest.server.max_request_bytes);
+        FUZZ_CHECK(view.ok());
+        FUZZ_CHECK(view->rows() == r.key_count);
+        FUZZ_CHECK(s.request.seq == 1 || r.key_count == 0);
+        break;
+      }
       default:
         FUZZ_CHECK(frames.size() == 2);
         break;
@@ -937,6 +971,7 @@ class Session {
   std::vector<bool> done_;       // per worker: a Clock with done accepted
   std::vector<uint64_t> seqs_;   // per worker, and one for every id outside the job
   int64_t barrier_ = 1;          // the barrier id workers wait at next
+  int64_t named_change_ = -1;    // the clock of the shard count change shard 0 named last
   uint64_t next_id_ = kIdBase;
   std::unordered_map<uint64_t, Sent> sent_;  // by request id
   std::unordered_set<uint64_t> raw_ids_;     // request ids raw messages happened to carry

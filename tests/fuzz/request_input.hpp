@@ -40,15 +40,18 @@ struct JobSpec {
   uint32_t workers = 2;
   Loss loss = Loss::kNever;
   uint32_t engines = 2;
+  uint32_t initial = 1;  // shards holding keys at the start (cluster.initial_servers)
 };
 
-// bits 0-1: mode; 2-3: 1 of 1, rank 0 of 2, rank 1 of 2, rank 0 of 2; 4: 2 or 3 workers;
+// bits 0-1: mode; 2-3: 1 of 1, rank 0 of 2, rank 1 of 2, rank 0 of 3 listed with 2 holding keys
+// (the shard count may change); 4: 2 or 3 workers;
 // 5-6: no loss, no loss, loss fails the job, loss drops the worker; 7: 2 or 1 engine threads.
 inline JobSpec JobSpecOf(uint8_t b) {
   JobSpec s;
   s.mode = static_cast<JobSpec::Mode>(b & 3);
   const uint32_t layout = (b >> 2) & 3;
-  s.shards = layout == 0 ? 1 : 2;
+  s.shards = layout == 0 ? 1 : (layout == 3 ? 3 : 2);
+  s.initial = layout == 0 ? 1 : 2;
   s.rank = layout == 2 ? 1 : 0;
   s.workers = (b >> 4) & 1 ? 3 : 2;
   const uint32_t loss = (b >> 5) & 3;
@@ -108,8 +111,9 @@ inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_
                                        "consistency: ssp, staleness: 2, prefetch_depth: 2",
                                        "consistency: asp"};
   std::string y = "job: {name: fuzz, seed: 7}\ncluster:\n  servers: [127.0.0.1:1";
-  if (s.shards == 2) y += ", 127.0.0.1:2";
+  for (uint32_t r = 1; r < s.shards; ++r) y += ", 127.0.0.1:" + std::to_string(r + 1);
   y += "]\n  workers: " + std::to_string(s.workers) + "\n";
+  if (s.initial < s.shards) y += "  initial_servers: " + std::to_string(s.initial) + "\n";
   // Two ranks more may join the running job (Op::Membership, Hello with join).
   y += "  max_workers: " + std::to_string(s.workers + 2) + "\n";
   // Limits small enough that a few messages reach them.
@@ -245,10 +249,10 @@ struct Step {
     return StepKind::kRaw;
   }
   // The op byte: Hello, PullSparse, PushSparse, PullDense, PushDense, Clock, Barrier, Stats,
-  // Shutdown, Error, Checkpoint, then again PullSparse, PushSparse, Clock, PushDense, raw_op
-  // (Membership is raw_op 12, Step 11).
+  // Shutdown, Error, Checkpoint, then again PullSparse, Membership, Migrate, PushDense, raw_op
+  // (Step is raw_op 11).
   uint8_t OpByte() const {
-    static constexpr uint8_t kOps[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 5, 4};
+    static constexpr uint8_t kOps[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 12, 13, 4};
     return op < 15 ? kOps[op] : raw_op;
   }
 };
@@ -408,6 +412,29 @@ void VisitMessage(IO& io, Step& s) {
         break;
       }
       io.template Int<uint8_t>(0, 3, s.with_state);
+      VisitShape(io, s.shape);
+      VisitPayload(io, s);
+      break;
+    case 12:  // Membership: join (hello), leave (done), a worker count (seq_raw) or a shard
+              // count (seq)
+      io.template Int<uint8_t>(0, 7, s.hello);
+      io.template Int<uint8_t>(0, 7, s.done);
+      io.template Int<uint8_t>(0, 3, s.seq);
+      io.template Int<uint8_t>(0, 15, s.seq_raw);
+      break;
+    case 13:  // Migrate: the step (seq), the shard count (done), the change's clock (clock),
+              // the rows (shape, payload), a clock since (incarnation)
+      io.template Int<uint8_t>(0, 3, s.seq);
+      io.template Int<uint8_t>(0, 7, s.done);
+      io.template Int<uint8_t>(0, 7, s.incarnation);
+      io.template Int<uint8_t>(0, 15, s.table);
+      if (s.table == 15) io.template Int<uint32_t>(0, ~0u, s.table_raw);
+      io.template Int<uint8_t>(0, 7, s.clock);
+      if (s.clock == 6) io.template Int<uint8_t>(0, 15, s.clock_small);
+      if (s.clock == 7) {
+        io.template Int<uint8_t>(0, 7, s.clock_extreme);
+        if (s.clock_extreme == 7) io.template Int<int64_t>(INT64_MIN, INT64_MAX, s.clock_raw);
+      }
       VisitShape(io, s.shape);
       VisitPayload(io, s);
       break;
