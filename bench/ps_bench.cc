@@ -747,16 +747,21 @@ void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
     spdlog::error("reshard bench: the shards did not start");
     return;
   }
-  // The table's rows: keys outside the data's, created by reading them (a tool's pulls create
-  // the rows they read).
+  // The table's rows: keys outside the data's, created by reading them at clock 0 as worker 0
+  // (only the job's workers' pulls create rows); the training worker then starts as rank 0.
   {
+    auto filler = PsClient::Connect(*manifest, 0);
+    if (!filler.ok()) {
+      spdlog::error("reshard bench: {}", filler.status().ToString());
+      return;
+    }
     const uint64_t batch = 250000;
     const uint32_t dim = manifest->tables[table].dim;
     std::vector<uint64_t> keys(batch);
     std::vector<float> out(batch * dim);
     for (uint64_t first = 0; first < table_rows; first += batch) {
       for (uint64_t i = 0; i < batch; ++i) keys[i] = (uint64_t{1} << 60) + first + i;
-      if (!(*observer)->PullSparse(table, keys, out.data()).ok()) {
+      if (!(*filler)->PullSparse(table, keys, out.data()).ok()) {
         spdlog::error("reshard bench: filling the table failed");
         return;
       }
@@ -792,8 +797,8 @@ void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
   double ahead_rows = 0, ahead_s = 0, moved = 0, copy_s = 0;
   const bool parsed =
       std::sscanf(report.c_str() + (report.find(':') == std::string::npos ? 0 : report.find(':') + 1),
-                  " %lf rows copied ahead in %lf s %*s while training went on, then %lf rows "
-                  "updated since in %lf s",
+                  " %lf rows copied ahead in %lf s (%*f rows/s) while training went on, then "
+                  "%lf rows updated since in %lf s",
                   &ahead_rows, &ahead_s, &moved, &copy_s) == 4;
   if (!ok || !parsed) {
     spdlog::error("reshard bench: the change failed (logs in {})", dir);

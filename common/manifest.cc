@@ -14,6 +14,7 @@
 
 #include "common/hash.hpp"
 #include "common/model_tables.hpp"
+#include "common/placement.hpp"
 
 namespace parasol {
 namespace {
@@ -288,6 +289,11 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
   c->initial_servers = static_cast<uint32_t>(c->servers.size());
   if (r.Has("initial_servers")) {
     PARASOL_RETURN_IF_ERROR(r.Unsigned("initial_servers", 1, 1 << 20, &c->initial_servers));
+    if (c->initial_servers < c->servers.size() && c->servers.size() > kMaxReshardServers) {
+      return r.ErrorAt(r.Child("initial_servers"), "cluster.initial_servers",
+                       "a job whose shard count changes lists at most " +
+                           std::to_string(kMaxReshardServers) + " shards");
+    }
     if (c->initial_servers > c->servers.size()) {
       return r.ErrorAt(r.Child("initial_servers"), "cluster.initial_servers",
                        "is " + std::to_string(c->initial_servers) + ", more than the " +

@@ -39,6 +39,11 @@ Status Membership::SetServers(int64_t clock, uint32_t count) {
                               " is not after the last one, at clock " +
                               std::to_string(server_changes_.back().clock));
   }
+  if (listed_ > kMaxReshardServers) {
+    return FailedPrecondition("the job lists " + std::to_string(listed_) + " shards; one whose "
+                              "shard count changes lists at most " +
+                              std::to_string(kMaxReshardServers));
+  }
   if (count < 1 || count > listed_) {
     return FailedPrecondition("shard count " + std::to_string(count) + " is outside 1 .. " +
                               std::to_string(listed_) + " (the shards cluster.servers lists)");

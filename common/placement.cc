@@ -37,50 +37,78 @@ double Placement::Share(uint32_t shard) const {
 }
 
 Placement Placement::Grown() const {
+  // Each shard gives the new one the last 1/(count + 1) of what it holds (in hash order, from
+  // the end of its last range): one piece per shard, so the ranges grow by at most count.
   Placement next;
   next.count_ = count_ + 1;
   next.uniform_ = false;
-  next.begins_.clear();
-  next.shards_.clear();
+  std::vector<u128> give(count_, 0);
+  std::vector<u128> held(count_, 0);
   for (size_t i = 0; i < begins_.size(); ++i) {
+    const u128 end = i + 1 < begins_.size() ? u128{begins_[i + 1]} : kSpace;
+    held[shards_[i]] += end - begins_[i];
+  }
+  for (uint32_t s = 0; s < count_; ++s) give[s] = held[s] / next.count_;
+  // Walking the ranges from the end, each shard's last hashes go to the new shard.
+  std::vector<uint64_t> begins;
+  std::vector<uint32_t> shards;
+  for (size_t i = begins_.size(); i-- > 0;) {
     const u128 begin = begins_[i];
     const u128 end = i + 1 < begins_.size() ? u128{begins_[i + 1]} : kSpace;
-    // The last 1/(count + 1) of the range, rounded down: the new shard's.
-    const u128 cut = end - (end - begin) / next.count_;
-    next.begins_.push_back(begins_[i]);
-    next.shards_.push_back(shards_[i]);
-    if (cut < end) {
-      next.begins_.push_back(static_cast<uint64_t>(cut));
-      next.shards_.push_back(count_);
+    u128& left = give[shards_[i]];
+    const u128 take = std::min(left, end - begin);
+    left -= take;
+    if (take > 0) {
+      begins.push_back(static_cast<uint64_t>(end - take));
+      shards.push_back(count_);
+    }
+    if (take < end - begin) {
+      begins.push_back(begins_[i]);
+      shards.push_back(shards_[i]);
     }
   }
+  next.begins_.assign(begins.rbegin(), begins.rend());
+  next.shards_.assign(shards.rbegin(), shards.rend());
   next.Normalize();
   return next;
 }
 
 Placement Placement::Shrunk() const {
+  // The highest shard's hashes, in order, cut into count - 1 equal parts for the others: at
+  // most count - 2 cuts beyond its ranges.
   Placement next;
   next.count_ = count_ - 1;
   next.uniform_ = false;
-  next.begins_.clear();
-  next.shards_.clear();
   const uint32_t removed = count_ - 1;
+  u128 total = 0;
   for (size_t i = 0; i < begins_.size(); ++i) {
+    const u128 end = i + 1 < begins_.size() ? u128{begins_[i + 1]} : kSpace;
+    if (shards_[i] == removed) total += end - begins_[i];
+  }
+  u128 before = 0;  // the removed shard's hashes in the ranges before this one
+  for (size_t i = 0; i < begins_.size(); ++i) {
+    const u128 begin = begins_[i];
+    const u128 end = i + 1 < begins_.size() ? u128{begins_[i + 1]} : kSpace;
     if (shards_[i] != removed) {
       next.begins_.push_back(begins_[i]);
       next.shards_.push_back(shards_[i]);
       continue;
     }
-    const u128 begin = begins_[i];
-    const u128 end = i + 1 < begins_.size() ? u128{begins_[i + 1]} : kSpace;
+    // Hash begin + x (x < length) is the removed shard's (before + x)-th: part
+    // (before + x) * (count - 1) / total.
     const u128 length = end - begin;
-    for (uint32_t part = 0; part < next.count_; ++part) {
-      const u128 from = begin + length * part / next.count_;
-      const u128 to = begin + length * (part + 1) / next.count_;
-      if (from == to) continue;
-      next.begins_.push_back(static_cast<uint64_t>(from));
+    u128 x = 0;
+    while (x < length) {
+      const uint32_t part = static_cast<uint32_t>((before + x) * next.count_ / total);
+      // The first of its hashes past this part.
+      const u128 part_end = (u128{part} + 1) * total / next.count_ +
+                            (((u128{part} + 1) * total) % next.count_ != 0 ? 1 : 0);
+      const u128 stop = std::min(length, part_end - before);
+      next.begins_.push_back(static_cast<uint64_t>(begin + x));
       next.shards_.push_back(part);
+      x = stop;
     }
+    before += length;
   }
   next.Normalize();
   return next;

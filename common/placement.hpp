@@ -3,11 +3,13 @@
 //
 // Keys are placed by ranges of their 64-bit shard hash (HashKey(key, kShardSalt)). The first
 // placement of a job with n shards cuts the hash space into n equal ranges, so that it places
-// every key exactly as ShardOfKey(key, n) does. Growing by one shard moves the last 1/(n+1) of
-// every range to the new shard (about 1/(n+1) of the keys move, from every shard alike);
-// shrinking by one gives each range of the highest shard, cut into n-1 equal parts, to shards
-// 0 .. n-2 (only the removed shard's keys move). Shards 0 .. count()-1 hold keys; dense tensors
-// are cut among them as DenseSlice(total, shard, count()) cuts them.
+// every key exactly as ShardOfKey(key, n) does. Growing by one shard gives the new shard the
+// last 1/(n+1) of every shard's hashes (from the end of its last range: one piece each), so
+// about 1/(n+1) of the keys move, from every shard alike; shrinking by one cuts the highest
+// shard's hashes, in order, into n-1 equal parts for shards 0 .. n-2, so only its keys move.
+// Either adds at most n ranges, so a placement has O(changes x shards) ranges. Shards
+// 0 .. count()-1 hold keys. (Dense tensors stay cut among every listed shard: see
+// server/shard_server.hpp.)
 //
 // A placement is a function of the listed shards, the initial count and the counts it went
 // through, so every worker and shard that knows the same changes (common/membership.hpp)
@@ -21,6 +23,10 @@
 #include "common/sharding.hpp"
 
 namespace parasol {
+
+// The most shards a job whose shard count changes may list (a placement then has at most
+// O(changes x shards) ranges).
+inline constexpr uint32_t kMaxReshardServers = 256;
 
 class Placement {
  public:
@@ -43,10 +49,6 @@ class Placement {
   uint32_t ShardOfHash(uint64_t hash) const;
   uint32_t ShardOf(uint64_t key) const {
     return uniform_ ? ShardOfKey(key, count_) : ShardOfHash(HashKey(key, kShardSalt));
-  }
-  // Elements of a dense tensor of `total` held by `shard` (empty beyond count()).
-  SliceRange DenseSliceOf(uint64_t total, uint32_t shard) const {
-    return shard < count_ ? DenseSlice(total, shard, count_) : SliceRange{};
   }
 
   // The ranges of the hash space: range i is [begin(i), begin(i + 1)) (the last ends at 2^64)

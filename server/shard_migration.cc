@@ -45,8 +45,9 @@ bool ShardServer::GainsRows() const {
   return false;
 }
 
-bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock) const {
+bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) const {
   if (!controller_.PullAllowed(clock)) return false;
+  if (known > membership_.version()) return false;
   const int64_t change = ChangeClock();
   if (change < 0 || migration_.installed >= change || !gains_rows_) return true;
   return clock < change && !controller_.IsDone(worker);
@@ -118,7 +119,8 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
     // since. Nothing here depends on it until the change is named.
     const uint32_t listed = static_cast<uint32_t>(manifest_.cluster.servers.size());
     const Placement& now = membership_.LastPlacement();
-    if (req.shard_count < 1 || req.shard_count > listed || req.shard_count == now.count()) {
+    if (req.shard_count < 1 || req.shard_count > listed || req.shard_count == now.count() ||
+        listed > kMaxReshardServers) {
       return InvalidArgument("Migrate: a copy ahead of a change to " +
                              std::to_string(req.shard_count) + " shards (the job has " +
                              std::to_string(now.count()) + ", of " + std::to_string(listed) +
@@ -256,9 +258,9 @@ Status ShardServer::ExportRows(const Header& req, const Placement& before,
   const bool since = updated_since >= 0 && table.partition(0).stores_clock();
   const uint32_t threshold = static_cast<uint32_t>(
       std::clamp<int64_t>(updated_since, 0, std::numeric_limits<uint32_t>::max()));
-  // A page: about 16 MiB of rows.
+  // A page: about 2 MiB of rows, so that the training's requests between pages wait little.
   const uint64_t max_rows =
-      std::max<uint64_t>(1, (16u << 20) / (sizeof(uint64_t) + sizeof(float) * uint64_t{floats}));
+      std::max<uint64_t>(1, (2u << 20) / (sizeof(uint64_t) + sizeof(float) * uint64_t{floats}));
   std::vector<uint64_t> keys;
   std::vector<float> rows;
   uint32_t e = engine;
@@ -269,15 +271,12 @@ Status ShardServer::ExportRows(const Header& req, const Placement& before,
                                                                     const float* row) {
       if (keys.size() >= max_rows) return false;
       const uint64_t h = HashKey(key, kShardSalt);
-      uint32_t last;
-      std::memcpy(&last, row, sizeof(last));
-      if (since && last < threshold) return true;  // copied ahead, not updated since
       if (before.ShardOfHash(h) == rank_ && after.ShardOfHash(h) != rank_) {
         keys.push_back(key);
         rows.insert(rows.end(), row, row + floats);
       }
       return true;
-    });
+    }, since ? threshold : 0);
     if (slot < part.slot_end()) break;  // the page is full
   }
   const bool complete = e >= table.engines();

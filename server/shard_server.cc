@@ -410,8 +410,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         }
       }
       PARASOL_RETURN_IF_ERROR(CheckPullDType(req));  // before it may be held
-      if (in_job && !ReadAllowed(req.worker_id, req.clock)) {
-        PARASOL_RETURN_IF_ERROR(HoldPull(req, frames));
+      if (in_job && !ReadAllowed(req.worker_id, req.clock, req.membership_version)) {
+        PARASOL_RETURN_IF_ERROR(HoldPull(req, frames, req.membership_version));
         *held = true;
         return Status::Ok();
       }
@@ -558,7 +558,7 @@ Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const 
   return Status::Ok();
 }
 
-Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames,
+Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& frames, uint64_t known,
                              uint32_t pulls) {
   // Per worker: one client posing as a worker cannot crowd the others out.
   const ServerOptions& o = manifest_.server;
@@ -583,7 +583,8 @@ Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& fra
   held_count_[w] += pulls;
   held_worker_bytes_[w] += bytes;
   held_bytes_ += bytes;
-  held_pulls_.push_back({std::move(frames), req, std::chrono::steady_clock::now(), pulls});
+  held_pulls_.push_back(
+      {std::move(frames), req, std::chrono::steady_clock::now(), pulls, known});
   controller_.AddHeld(req.worker_id, +1);
   ++counters_.pulls_held;
   return Status::Ok();
@@ -608,7 +609,7 @@ void ShardServer::ReleaseHeldPulls() {
   std::vector<HeldPull> ready;
   for (HeldPull& h : held_pulls_) {
     const bool go = !job_failure_.ok() || controller_.IsLost(h.request.worker_id) ||
-                    ReadAllowed(h.request.worker_id, h.request.clock);
+                    ReadAllowed(h.request.worker_id, h.request.clock, h.known);
     (go ? ready : still).push_back(std::move(h));
   }
   held_pulls_ = std::move(still);
@@ -913,7 +914,12 @@ void ShardServer::CheckpointWhenAllDone() {
 }
 
 uint32_t ShardServer::ShardClock() const {
-  return static_cast<uint32_t>(std::clamp<int64_t>(controller_.MaxClock(), 0, UINT32_MAX));
+  // Never lower than before in this process (a lost worker's clock no longer counts): rows are
+  // stamped with it, and a change of the shard count copies the rows stamped since a clock.
+  shard_clock_high_ = std::max(
+      shard_clock_high_,
+      static_cast<uint32_t>(std::clamp<int64_t>(controller_.MaxClock(), 0, UINT32_MAX)));
+  return shard_clock_high_;
 }
 
 Status ShardServer::HandleClock(const Header& req) {
@@ -1258,12 +1264,17 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
       if (!st.ok()) break;
     }
   }
+  // The most membership its parts' sender knew: a pull waits until this shard knows as much.
+  uint64_t known = step.membership_version;
+  if (st.ok()) {
+    for (const StepPart& part : *parts) known = std::max(known, part.header.membership_version);
+  }
   if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
     // The pulls share the Step's clock: held together until the read bound allows it. Only a
     // Step of sparse pulls alone may be a prefetch.
     st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
-    if (st.ok() && !ReadAllowed(step.worker_id, step.clock)) {
-      st = HoldPull(step, frames, static_cast<uint32_t>(step.key_count));
+    if (st.ok() && !ReadAllowed(step.worker_id, step.clock, known)) {
+      st = HoldPull(step, frames, known, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
     }
   }
@@ -1304,7 +1315,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     StepPart& part = (*parts)[i];
     const bool pull = part.header.op == Op::PullSparse || part.header.op == Op::PullDense;
     if (pull && !failed && in_job && job_failure_.ok() && !controller_.IsLost(step.worker_id) &&
-        !ReadAllowed(part.header.worker_id, part.header.clock)) {
+        !ReadAllowed(part.header.worker_id, part.header.clock, part.header.membership_version)) {
       // After the tick: the pulls left wait for the read bound together, as a Step of their
       // own with the same request id (answered in a second reply).
       Header rest = step;
@@ -1319,7 +1330,10 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
       Status st = controller_.CheckRequestClock(
           step.worker_id, rest.clock,
           OnlySparsePulls(std::span<const StepPart>(*parts).subspan(i)));
-      if (st.ok()) st = HoldPull(rest, held, static_cast<uint32_t>(parts->size() - i));
+      if (st.ok()) {
+        st = HoldPull(rest, held, part.header.membership_version,
+                      static_cast<uint32_t>(parts->size() - i));
+      }
       if (!st.ok()) {
         ++counters_.errors;
         for (; i < parts->size(); ++i) {

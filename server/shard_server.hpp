@@ -117,6 +117,7 @@ class ShardServer {
     Header request;
     std::chrono::steady_clock::time_point since;
     uint32_t pulls = 1;  // a Step's pulls count one each against server.max_held_pulls
+    uint64_t known = 0;  // the membership version its sender knew
   };
 
   // Checks common to every request of a job op: the worker is in the job, not lost, and the
@@ -173,11 +174,14 @@ class ShardServer {
   // (a resend of the barrier released last is answered at once).
   Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);
   // Holds a pull until the read bound allows it, within server.max_held_pulls/bytes.
-  Status HoldPull(const Header& req, std::vector<zmq::message_t>& frames, uint32_t pulls = 1);
+  // `known`: the membership version its sender knew (see ReadAllowed).
+  Status HoldPull(const Header& req, std::vector<zmq::message_t>& frames, uint64_t known,
+                  uint32_t pulls = 1);
   Status CheckPendingLimits(int64_t clock, uint64_t new_bytes) const;
 
   // The shard's clock: the newest clock any worker has reported.
   uint32_t ShardClock() const;
+  mutable uint32_t shard_clock_high_ = 0;
   // Runs a bounded eviction sweep when one is due.
   void MaybeSweep();
 
@@ -251,7 +255,10 @@ class ShardServer {
   // Whether a pull of `clock` by `worker` may be answered: the read bound allows it, and the
   // rows this shard gains at a change at or before that clock are in. A worker done training
   // (evaluating) reads by the newest placement: its pulls wait for the rows of any change.
-  bool ReadAllowed(uint32_t worker, int64_t clock) const;
+  // `known`: the membership version the request's sender knew; a pull waits until this shard
+  // knows as much (a shard restarted from an older checkpoint learns a change of the shard
+  // count from the workers' replays before it answers a pull routed by it).
+  bool ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) const;
   // Whether every push of the clocks before the newest change is applied here.
   bool ChangeClockReached() const;
   // Whether a row of `key` belongs in this shard's checkpoints now (the rows it held before

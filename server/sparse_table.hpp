@@ -193,10 +193,18 @@ class SparseTable {
     // not disturb (a row keeps its slot while it lives): calls fn(key, row) (as ForEachRow)
     // for each row from slot `from` on while fn returns true; returns the slot of the row fn
     // refused, or slot_end() when the walk is complete.
+    // `since`: only rows whose stored clock (stores_clock()) is at least it.
     template <typename Fn>
-    uint32_t ForEachRowFromSlot(uint32_t from, Fn&& fn) const {
+    uint32_t ForEachRowFromSlot(uint32_t from, Fn&& fn, uint32_t since = 0) const {
       std::vector<float> view(codec_.identity() ? 0 : codec_.view_floats());
+      const bool by_clock = since > 0 && codec_.stores_clock();
       for (uint32_t slot = from; slot < next_slot_; ++slot) {
+        if (by_clock) {
+          // The clock word first: a free slot's is stale, and the index decides below.
+          uint32_t last;
+          std::memcpy(&last, RowAt(slot), sizeof(last));
+          if (last < since) continue;
+        }
         const uint64_t key = KeyAt(slot);
         if (index_.Find(key, keys()) != slot) continue;  // a free slot
         const float* row = RowAt(slot);

@@ -222,9 +222,11 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   const bool resuming = !changes.empty() && m.LastPlacement().count() == servers;
   CopyState ahead;
   bool copied_ahead = false;
+  Placement ahead_from;  // the placement the copy ahead moved rows from
   if (!evicts && !resuming && servers != m.LastPlacement().count()) {
     const auto t0 = SteadyClock::now();
     const Placement before = m.LastPlacement();
+    ahead_from = before;
     Status st = CopyRows(mover, manifest, before, before.Resized(servers), nullptr, &ahead);
     if (!st.ok()) return st.WithContext("copying the rows ahead of the change");
     copied_ahead = !ahead.target_restarted;
@@ -249,6 +251,8 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   }
   spdlog::info("scale: {} -> {} shards from clock {}", report.from, report.to, report.clock);
   mover.set_clock(report.clock);
+  // Another change named meanwhile (by another tool): what was copied ahead is not this one's.
+  if (copied_ahead && !(ahead_from == before)) copied_ahead = false;
 
   const auto named = SteadyClock::now();
   while (true) {
@@ -278,8 +282,9 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     }
   }
   report.copy_seconds = Since(named);
-  // Every shard: one that lost no rows drops none, and marks the change finished.
-  for (uint32_t s = 0; s < listed; ++s) {
+  // Every shard: one that lost no rows drops none, and marks the change finished. Shard 0
+  // last: it names the next change only once its own drop is done.
+  for (uint32_t s = listed; s-- > 0;) {
     PARASOL_ASSIGN_OR_RETURN(PsClient::Reply ack, mover.Call(s, kDrop, 0, 0));
     if (!ack.header.duplicate) report.rows_dropped += ack.header.offset;
   }

@@ -151,6 +151,25 @@ TEST(ManifestTest, MaxWorkersIsAtLeastWorkersAndBounded) {
   EXPECT_NE(e->Fingerprint(), m->Fingerprint());  // every role must agree on it
 }
 
+TEST(ManifestTest, InitialServersIsAtMostTheListedShards) {
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000, 127.0.0.1:9001]\n  initial_servers: 3\n"),
+            "job.yaml:3:20: key 'cluster.initial_servers': is 3, more than the 2 shards "
+            "cluster.servers lists");
+  EXPECT_NE(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  initial_servers: 0\n"), "");
+  auto all = ParseManifest("cluster:\n  servers: [127.0.0.1:9000, 127.0.0.1:9001]\n", "job.yaml");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->cluster.InitialServers(), 2u);  // default: every listed shard
+  auto one = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000, 127.0.0.1:9001]\n  initial_servers: 1\n", "job.yaml");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->cluster.InitialServers(), 1u);
+  EXPECT_NE(one->Fingerprint(), all->Fingerprint());  // every role must agree on it
+  // A job whose shard count may change lists at most kMaxReshardServers shards.
+  std::string many = "cluster:\n  servers: [";
+  for (int i = 0; i < 300; ++i) many += (i ? ", " : "") + std::string("127.0.0.1:") + std::to_string(9000 + i);
+  EXPECT_NE(ErrorOf(many + "]\n  initial_servers: 2\n").find("at most 256 shards"), std::string::npos);
+}
+
 TEST(ManifestTest, UnknownKeyNamesFileLineAndKey) {
   // A typo of a known key of the same section is suggested; anything else is not.
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  wrokers: 2\n"),

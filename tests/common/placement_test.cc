@@ -110,11 +110,28 @@ TEST(PlacementTest, ShrinkingMovesOnlyTheRemovedShardsKeysAndSpreadsThem) {
   }
 }
 
-TEST(PlacementTest, ResizedIsTheSameStepsAndDenseSlicesFollowTheCount) {
+TEST(PlacementTest, ResizedIsTheSameStepsAndRangesStayFewAcrossManyChanges) {
   const Placement p = Placement(2).Resized(4).Resized(3);
   EXPECT_EQ(p, Placement(2).Grown().Grown().Shrunk());
-  EXPECT_EQ(p.DenseSliceOf(100, 1).begin, DenseSlice(100, 1, 3).begin);
-  EXPECT_EQ(p.DenseSliceOf(100, 3).size(), 0u);
+  // 2 -> 3 -> 2, 32 times (the most changes a job may name): each change adds at most as many
+  // ranges as it has shards.
+  Placement q(2);
+  for (int i = 0; i < 32; ++i) {
+    q = q.Grown();
+    EXPECT_LE(q.ranges(), 2u + 3u * (2 * i + 1)) << "grow " << i;
+    q = q.Shrunk();
+    EXPECT_LE(q.ranges(), 2u + 3u * (2 * i + 2)) << "shrink " << i;
+  }
+  double total = 0;
+  for (uint32_t s = 0; s < 2; ++s) {
+    EXPECT_NEAR(q.Share(s), 0.5, 1e-9);
+    total += q.Share(s);
+  }
+  EXPECT_NEAR(total, 1.0, 1e-12);
+  // A jump from 4 to 64 shards: at most 4 + 5 + ... + 63 new ranges.
+  const Placement wide = Placement(4).Resized(64);
+  EXPECT_LE(wide.ranges(), 64u * 65u / 2u);
+  for (uint32_t s = 0; s < 64; ++s) EXPECT_NEAR(wide.Share(s), 1.0 / 64, 1e-9);
 }
 
 TEST(MembershipTest, ShardCountChangesAreNamedInOrderAndMergeLikeTheRest) {
