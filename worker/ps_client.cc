@@ -1565,9 +1565,19 @@ Result<std::vector<std::string>> PsClient::Stats() {
 Result<PsClient::Reply> PsClient::Call(uint32_t shard, Header request,
                                        std::vector<zmq::message_t> payload) {
   if (shard >= shards_.size()) return InvalidArgument("no shard " + std::to_string(shard));
+  return Collect(CallAsync(shard, std::move(request), std::move(payload)), shard);
+}
+
+PsClient::Ticket PsClient::CallAsync(uint32_t shard, Header request,
+                                     std::vector<zmq::message_t> payload) {
   const Ticket t = NewTicket(request.op, request.table_id);
   Send(t, shard, std::move(request), std::move(payload));
+  return t;
+}
+
+Result<PsClient::Reply> PsClient::Collect(Ticket t, uint32_t shard) {
   auto it = pending_.find(t);
+  if (it == pending_.end()) return InvalidArgument("unknown ticket " + std::to_string(t));
   while (it->second->outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
     if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());

@@ -179,6 +179,9 @@ class PsClient {
     std::vector<zmq::message_t> frames;  // the payload frames after the header
   };
   Result<Reply> Call(uint32_t shard, Header request, std::vector<zmq::message_t> payload);
+  // The same in two halves, so that several requests are under way at once.
+  Ticket CallAsync(uint32_t shard, Header request, std::vector<zmq::message_t> payload);
+  Result<Reply> Collect(Ticket ticket, uint32_t shard);
   Header ToolRequest(Op op, uint32_t table) { return NewRequest(op, table); }
   // The process of `shard` this client last heard from (0: none).
   uint64_t shard_epoch(uint32_t shard) const { return shard_epochs_[shard]; }

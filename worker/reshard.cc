@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -34,22 +35,50 @@ class Mover {
   // The change's clock (-1: a copy ahead of it, for `servers` shards).
   void set_clock(int64_t clock) { clock_ = clock; }
 
+  // An export page's request, sent now; Page() waits for it (and repeats it while the shard's
+  // refusal passes).
+  struct Pending {
+    PsClient::Ticket ticket = 0;
+    uint32_t shard = 0;
+    uint32_t table = 0;
+    uint64_t offset = 0;
+    int64_t since = -1;
+  };
+  Pending StartExport(uint32_t shard, uint32_t table, uint64_t offset, int64_t since) {
+    Header h = Request(table, 1, offset, 0, since, 1, 0);
+    std::vector<zmq::message_t> payload;
+    payload.emplace_back();
+    return Pending{client_.CallAsync(shard, std::move(h), std::move(payload)), shard, table,
+                   offset, since};
+  }
+  Result<PsClient::Reply> Page(const Pending& p) {
+    Result<PsClient::Reply> r = client_.Collect(p.ticket, p.shard);
+    if (r.ok() || !Transient(r.status())) return r;
+    return Call(p.shard, 1, p.table, p.offset, 0, nullptr, nullptr, 1, p.since);
+  }
+
+  Header Request(uint32_t table, uint64_t step, uint64_t offset, uint64_t known_epoch,
+                 int64_t updated_since, uint32_t floats, uint64_t rows) {
+    Header h = client_.ToolRequest(Op::Migrate, table);
+    h.clock = clock_;
+    h.shard_count = servers_;
+    h.worker_clock = updated_since;
+    h.seq = step;
+    h.offset = offset;
+    h.known_epoch = known_epoch;
+    h.value_dim = floats;
+    h.key_count = rows;
+    return h;
+  }
+
   Result<PsClient::Reply> Call(uint32_t shard, uint64_t step, uint32_t table, uint64_t offset,
                                uint64_t known_epoch = 0, const std::vector<uint64_t>* keys = nullptr,
                                const std::vector<float>* rows = nullptr, uint32_t floats = 1,
                                int64_t updated_since = -1) {
     for (int attempt = 0;; ++attempt) {
-      Header h = client_.ToolRequest(Op::Migrate, table);
-      h.clock = clock_;
-      h.shard_count = servers_;
-      h.worker_clock = updated_since;
-      h.seq = step;
-      h.offset = offset;
-      h.known_epoch = known_epoch;
-      h.value_dim = floats;
-      std::vector<zmq::message_t> payload;
       const uint64_t n = keys ? keys->size() : 0;
-      h.key_count = n;
+      Header h = Request(table, step, offset, known_epoch, updated_since, floats, n);
+      std::vector<zmq::message_t> payload;
       payload.emplace_back(keys ? keys->data() : nullptr, n * sizeof(uint64_t));
       if (n > 0) {
         const FramePlan plan = PlanValueFrames(n, floats, 1u << 20);
@@ -129,9 +158,15 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
       if (ahead_state) since = ahead_state->source_clock[t][s];
       uint64_t cursor = 0;
       bool first = true;
+      // The next page is read while this one's rows are installed.
+      std::optional<Mover::Pending> next;
       while (true) {
-        PARASOL_ASSIGN_OR_RETURN(PsClient::Reply page,
-                                 mover.Call(s, kExport, t, cursor, 0, nullptr, nullptr, 1, since));
+        Result<PsClient::Reply> got =
+            next ? mover.Page(*next)
+                 : mover.Call(s, kExport, t, cursor, 0, nullptr, nullptr, 1, since);
+        next.reset();
+        PARASOL_RETURN_IF_ERROR(got.status());
+        PsClient::Reply page = std::move(*got);
         const uint64_t epoch = page.header.server_epoch;
         // Another process than the one read ahead, or than the one this copy began with: read
         // it all, from the start.
@@ -178,6 +213,10 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         if (row != n) {
           return BadMessage("shard " + std::to_string(s) + ": an export page of " +
                             std::to_string(n) + " rows carried " + std::to_string(row));
+        }
+        if (!page.header.done) {
+          next = mover.StartExport(s, t, page.header.offset, since);
+          page.frames.clear();  // copied out above
         }
         for (uint32_t d = 0; d < listed; ++d) {
           if (keys[d].empty()) continue;
