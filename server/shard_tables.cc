@@ -160,6 +160,10 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   // evaluation touched would be lost with a restart anyway.
   const bool create =
       table->admits_on_pull() && controller_.InJob(req.worker_id) && !req.read_only;
+  // Once the shard count has changed, which keys this shard holds at the pull's clock.
+  const Placement* placed =
+      create && !membership_.server_changes().empty() ? &membership_.PlacementAt(req.clock)
+                                                      : nullptr;
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
@@ -170,7 +174,12 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
                     const uint64_t f = i / plan.rows_per_frame;
                     float* dst = reinterpret_cast<float*>(
                         buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
-                    const float* row = create ? part.FindOrCreate(key, clock) : part.Find(key);
+                    // A key placed on another shard at the pull's clock (a worker redoing a
+                    // step before a change, after this shard dropped the key) is read, not
+                    // created: its row lives there.
+                    const bool mine = !placed || placed->ShardOf(key) == rank_;
+                    const float* row =
+                        create && mine ? part.FindOrCreate(key, clock) : part.Find(key);
                     if (row) {
                       std::memcpy(dst, row, out_bytes);
                       return;
