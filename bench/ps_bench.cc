@@ -576,6 +576,12 @@ void CacheRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// The dlrm-small model of the elastic and reshard rows (a manifest's `model:` section).
+constexpr const char* kSmallDlrmYaml =
+    "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
+    "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+    "  dense_optimizer: {kind: adam, lr: 0.001}\n";
+
 // Each step's end time (steady clock seconds) from a worker's --step-times file.
 std::map<int64_t, double> StepTimes(const std::string& path) {
   std::map<int64_t, double> t;
@@ -605,10 +611,7 @@ void ElasticRows(const Options& opt, std::vector<Row>* rows) {
                       << "]\n  workers: 2\n  max_workers: 3\n"
                       << "training: {consistency: bsp, batch_size: 1024, epochs: " << epochs
                       << ", progress_every: 1h}\n"
-                      << "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n"
-                      << "  top: [64, 1]\n  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
-                      << "  dense_optimizer: {kind: adam, lr: 0.001}\n"
-                      << "data:\n  train: " << dir << "/train.tsv\n";
+                      << kSmallDlrmYaml << "data:\n  train: " << dir << "/train.tsv\n";
   Result<Manifest> manifest = LoadManifest(path);
   if (!manifest.ok()) return;
   const std::string self = BenchCluster::SelfDir() + "/parasol";
@@ -728,10 +731,7 @@ void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
                       << "]\n  initial_servers: 2\n  workers: 1\n"
                       << "training: {consistency: bsp, batch_size: 1024, epochs: 40"
                       << ", progress_every: 1h}\n"
-                      << "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n"
-                      << "  top: [64, 1]\n  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
-                      << "  dense_optimizer: {kind: adam, lr: 0.001}\n"
-                      << "data:\n  train: " << dir << "/train.tsv\n";
+                      << kSmallDlrmYaml << "data:\n  train: " << dir << "/train.tsv\n";
   Result<Manifest> manifest = LoadManifest(path);
   if (!manifest.ok()) return;
   const std::string self = BenchCluster::SelfDir() + "/parasol";

@@ -235,18 +235,23 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
   }
 }
 
+Result<SparseTable*> ShardServer::MovableTable(uint32_t id) {
+  if (id >= sparse_.size() || !sparse_[id]) {
+    return InvalidArgument("Migrate: table " + std::to_string(id) +
+                           " is not a sparse table of this job");
+  }
+  if (sparse_[id]->tiered()) {
+    return FailedPrecondition("Migrate: table '" + sparse_[id]->options().name +
+                              "' is tiered; its rows on disk cannot move between shards");
+  }
+  return sparse_[id].get();
+}
+
 Status ShardServer::ExportRows(const Header& req, const Placement& before,
                                const Placement& after, int64_t updated_since, Header* reply,
                                std::vector<zmq::message_t>* payload) {
-  if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
-    return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
-                           " is not a sparse table of this job");
-  }
-  SparseTable& table = *sparse_[req.table_id];
-  if (table.tiered()) {
-    return FailedPrecondition("Migrate: table '" + table.options().name +
-                              "' is tiered; its rows on disk cannot move between shards");
-  }
+  PARASOL_ASSIGN_OR_RETURN(SparseTable * moving, MovableTable(req.table_id));
+  SparseTable& table = *moving;
   const uint32_t engine = static_cast<uint32_t>(req.offset >> kCursorShift);
   const uint64_t from = req.offset & ((uint64_t{1} << kCursorShift) - 1);
   if (engine > table.engines() || from > std::numeric_limits<uint32_t>::max()) {
@@ -301,15 +306,8 @@ Status ShardServer::ExportRows(const Header& req, const Placement& before,
 
 Status ShardServer::InstallRows(const Header& req, const PayloadView& p,
                                 const Placement& before, const Placement& after, Header* reply) {
-  if (req.table_id >= sparse_.size() || !sparse_[req.table_id]) {
-    return InvalidArgument("Migrate: table " + std::to_string(req.table_id) +
-                           " is not a sparse table of this job");
-  }
-  SparseTable& table = *sparse_[req.table_id];
-  if (table.tiered()) {
-    return FailedPrecondition("Migrate: table '" + table.options().name +
-                              "' is tiered; its rows on disk cannot move between shards");
-  }
+  PARASOL_ASSIGN_OR_RETURN(SparseTable * moving, MovableTable(req.table_id));
+  SparseTable& table = *moving;
   const uint32_t floats = table.partition(0).stored_floats();
   if (p.rows() > 0 && p.dim() != floats) {
     return InvalidArgument("Migrate: rows of " + std::to_string(p.dim()) + " floats for table '" +

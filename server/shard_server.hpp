@@ -269,6 +269,8 @@ class ShardServer {
   Status NameServerChange(uint32_t count, int64_t at, Header* reply);
   Status HandleMigrate(const Header& req, const PayloadView& p, Header* reply,
                        std::vector<zmq::message_t>* payload);
+  // Sparse table `id`, whose rows can move between shards (not tiered).
+  Result<SparseTable*> MovableTable(uint32_t id);
   Status MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply);
   // The rows of table req.table_id that `before` places here and `after` elsewhere, one page
   // from cursor req.offset; `updated_since` >= 0: only those updated at that shard clock or
