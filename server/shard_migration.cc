@@ -47,7 +47,10 @@ bool ShardServer::GainsRows() const {
 
 bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) const {
   if (!controller_.PullAllowed(clock)) return false;
-  if (known > membership_.version()) return false;
+  // A shard restarted from an older checkpoint may lack a change its workers route by: until
+  // their replays (whose ticks carry the membership) have reached it, a pull sent by one that
+  // knew more waits.
+  if (known > membership_.version() && controller_.ReplayOwed()) return false;
   const int64_t change = ChangeClock();
   if (change < 0 || migration_.installed >= change || !gains_rows_) return true;
   return clock < change && !controller_.IsDone(worker);
@@ -119,8 +122,12 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
     // since. Nothing here depends on it until the change is named.
     const uint32_t listed = static_cast<uint32_t>(manifest_.cluster.servers.size());
     const Placement& now = membership_.LastPlacement();
-    if (req.shard_count < 1 || req.shard_count > listed || req.shard_count == now.count() ||
-        listed > kMaxReshardServers) {
+    if (listed > kMaxReshardServers) {
+      return FailedPrecondition("Migrate: the job lists " + std::to_string(listed) +
+                                " shards; one whose shard count changes lists at most " +
+                                std::to_string(kMaxReshardServers));
+    }
+    if (req.shard_count < 1 || req.shard_count > listed || req.shard_count == now.count()) {
       return InvalidArgument("Migrate: a copy ahead of a change to " +
                              std::to_string(req.shard_count) + " shards (the job has " +
                              std::to_string(now.count()) + ", of " + std::to_string(listed) +

@@ -1264,8 +1264,8 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
       if (!st.ok()) break;
     }
   }
-  // The most membership its parts' sender knew: a pull waits until this shard knows as much.
-  uint64_t known = step.membership_version;
+  // The most membership its parts' sender knew (see ReadAllowed).
+  uint64_t known = 0;
   if (st.ok()) {
     for (const StepPart& part : *parts) known = std::max(known, part.header.membership_version);
   }

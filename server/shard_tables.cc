@@ -160,10 +160,12 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
   // evaluation touched would be lost with a restart anyway.
   const bool create =
       table->admits_on_pull() && controller_.InJob(req.worker_id) && !req.read_only;
-  // Once the shard count has changed, which keys this shard holds at the pull's clock.
+  // Once this shard has dropped the keys a change of the shard count moved away, it creates no
+  // row for them: a pull of one (a worker redoing a step before the change) reads its initial
+  // value and leaves nothing behind.
   const Placement* placed =
-      create && !membership_.server_changes().empty() ? &membership_.PlacementAt(req.clock)
-                                                      : nullptr;
+      create && ChangeClock() >= 0 && migration_.dropped >= ChangeClock() ? &PlacementAfter()
+                                                                          : nullptr;
   const TableOptions& options = table->options();
   const Optimizer& opt = table->optimizer();
   SplitByEngine(p);
@@ -174,9 +176,6 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
                     const uint64_t f = i / plan.rows_per_frame;
                     float* dst = reinterpret_cast<float*>(
                         buffers[f].data() + (i - f * plan.rows_per_frame) * out_bytes);
-                    // A key placed on another shard at the pull's clock (a worker redoing a
-                    // step before a change, after this shard dropped the key) is read, not
-                    // created: its row lives there.
                     const bool mine = !placed || placed->ShardOf(key) == rank_;
                     const float* row =
                         create && mine ? part.FindOrCreate(key, clock) : part.Find(key);

@@ -51,6 +51,8 @@ class Mover {
     return Pending{client_.CallAsync(shard, std::move(h), std::move(payload)), shard, table,
                    offset, since};
   }
+  // A page no longer wanted (the copy failed): its reply is taken and dropped.
+  void Abandon(const Pending& p) { (void)client_.Collect(p.ticket, p.shard); }
   Result<PsClient::Reply> Page(const Pending& p) {
     Result<PsClient::Reply> r = client_.Collect(p.ticket, p.shard);
     if (r.ok() || !Transient(r.status())) return r;
@@ -165,7 +167,10 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
             next ? mover.Page(*next)
                  : mover.Call(s, kExport, t, cursor, 0, nullptr, nullptr, 1, since);
         next.reset();
-        PARASOL_RETURN_IF_ERROR(got.status());
+        if (!got.ok()) {
+          return got.status().WithContext("shard " + std::to_string(s) +
+                                          ", reading the rows that move");
+        }
         PsClient::Reply page = std::move(*got);
         const uint64_t epoch = page.header.server_epoch;
         // Another process than the one read ahead, or than the one this copy began with: read
@@ -220,8 +225,13 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         }
         for (uint32_t d = 0; d < listed; ++d) {
           if (keys[d].empty()) continue;
-          PARASOL_ASSIGN_OR_RETURN(
-              PsClient::Reply ack, mover.Call(d, kInstall, t, 0, 0, &keys[d], &rows[d], floats));
+          Result<PsClient::Reply> installed =
+              mover.Call(d, kInstall, t, 0, 0, &keys[d], &rows[d], floats);
+          if (!installed.ok()) {
+            if (next) mover.Abandon(*next);
+            return installed.status();
+          }
+          const PsClient::Reply& ack = *installed;
           if (ack.header.duplicate) continue;  // committed already
           uint64_t& target = state->target_epoch[d];
           if (target != 0 && target != ack.header.server_epoch) state->target_restarted = true;
