@@ -56,6 +56,8 @@ class ConsistencyController {
     return worker < joined_at_.size() ? joined_at_[worker] : -1;
   }
   bool IsLost(uint32_t worker) const { return InJob(worker) && lost_[worker]; }
+  // Whether `worker`'s clock here is still a checkpoint's, its replay not ended.
+  bool Restored(uint32_t worker) const { return InJob(worker) && restored_[worker]; }
   uint32_t live_workers() const { return live_; }
 
   void Heard(uint32_t worker, SteadyClock::time_point now);

@@ -426,8 +426,13 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       }
       // (worker, clock, index) names the push: a resend, a replay or a restarted worker's
       // recomputed step is applied once (server/push_record.hpp).
-      if (push_record_.Check(req.worker_id, req.clock, req.seq) ==
-          PushRecord::Verdict::kApplied) {
+      // Also a push older than the record from a worker whose clock here is past it and not a
+      // checkpoint's: its pushes before that clock are all applied (a resend whose reply was
+      // dropped, arriving after the record moved on).
+      if (const PushRecord::Verdict v = push_record_.Check(req.worker_id, req.clock, req.seq);
+          v == PushRecord::Verdict::kApplied ||
+          (v == PushRecord::Verdict::kTooOld && !controller_.Restored(req.worker_id) &&
+           req.clock < controller_.clocks()[req.worker_id])) {
         ++counters_.duplicate_pushes;
         reply->duplicate = true;
         return Status::Ok();
