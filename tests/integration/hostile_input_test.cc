@@ -384,6 +384,58 @@ TEST_F(HostileClientTest, AFrameCountThatWrapsIsRefusedAndTheShardLives) {
   ExpectShardServesAndStops(kShardRss);
 }
 
+// A push resent long after it was applied (its reply lost, the worker gone on by more clocks
+// than the push record keeps) is acknowledged as a duplicate and not applied again: the worker's
+// clock on the shard is past it, so every push before that clock is in. The row shows one
+// update.
+TEST(HostilePushRecordTest, APushResentAfterTheRecordMovedOnIsADuplicate) {
+  TestCluster cluster(1, 1, kTables, "training:\n  consistency: asp\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  auto call = [&](const Header& h, std::vector<zmq::message_t> payload = {}) {
+    std::vector<zmq::message_t> f = Frames(h);
+    for (auto& m : payload) f.push_back(std::move(m));
+    peer.Send(std::move(f));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  };
+  const uint64_t key = 31337;
+  const float grad[4] = {1, 1, 1, 1};
+  auto push = [&](int64_t clock, uint64_t seq) {
+    Header h = Push(seq, 1);
+    h.worker_id = 0;
+    h.clock = clock;
+    h.request_id = 1000 + static_cast<uint64_t>(clock) * 10 + seq;
+    std::vector<zmq::message_t> payload;
+    payload.push_back(Bytes(&key, sizeof(key)));
+    payload.push_back(Bytes(grad, sizeof(grad)));
+    return call(h, std::move(payload));
+  };
+  Header first = push(0, 0);
+  ASSERT_EQ(first.status, StatusCode::kOk) << first.message;
+  EXPECT_FALSE(first.duplicate);
+  // 200 clocks on, each with a push of another key (the record keeps 64 clocks).
+  for (int64_t c = 0; c < 200; ++c) {
+    Header t = Request(Op::Clock, 0, c + 1, 5000 + static_cast<uint64_t>(c));
+    ASSERT_EQ(call(t).status, StatusCode::kOk);
+  }
+  Header again = push(0, 0);
+  EXPECT_EQ(again.status, StatusCode::kOk) << again.message;
+  EXPECT_TRUE(again.duplicate);
+  // A push of a clock the worker has not passed yet is still new.
+  Header later = push(200, 0);
+  EXPECT_EQ(later.status, StatusCode::kOk) << later.message;
+  EXPECT_FALSE(later.duplicate);
+  // The row: its initial 1.0, minus lr 0.5 x 1 for each of the two pushes applied.
+  auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+  ASSERT_TRUE(observer.ok());
+  std::vector<float> row(4);
+  const std::vector<uint64_t> keys = {key};
+  ASSERT_TRUE((*observer)->PullSparseReadOnly(0, keys, row.data()).ok());
+  EXPECT_FLOAT_EQ(row[0], 0.0f);
+}
+
 // The membership (which ranks join and leave at which clock) from raw sockets, as any client
 // could send it: only shard 0 names clocks, a shard takes only clocks shard 0 could have named
 // now, a list that contradicts itself is refused whole, and tools outside the job change
