@@ -546,9 +546,9 @@ class Session {
       e.worker = (a + s.peer) % (job_.spec.workers + 3);
       e.join = (a & 1) ? ResolveClock(s, h.worker_id, /*tick=*/false) : -1;
       if (a == 9) e.join = kMaxMemberClock + 5;
-      e.leave = (a & 2) ? std::max<int64_t>(e.join, 0) + 1 + a : -1;
+      e.leave = (a & 2) ? SaturatingAdd(std::max<int64_t>(e.join, 0), 1 + a) : -1;
       h.members.push_back(e);
-      if (a & 4) h.members.push_back(MemberEntry{e.worker, e.join + 1, -1});
+      if (a & 4) h.members.push_back(MemberEntry{e.worker, SaturatingAdd(e.join, 1), -1});
       // A change of the shard count, near or far, to a count in or past the listed shards.
       if (a == 10) {
         h.members.push_back(MemberEntry{kServerEntry | (1 + s.peer % 4),
