@@ -2,7 +2,8 @@
 // seed corpus of request_fuzzer: hellos, pulls and pushes of every table, the clocks of each
 // worker in order, barriers, checkpoints and restarts, for every consistency mode and shard
 // layout; then a few sessions aimed at one feature each (admission and eviction, held pulls,
-// many frames, duplicates, damaged checkpoints, lost workers, hostile headers).
+// many frames, duplicates, damaged checkpoints, lost workers, hostile headers, a change of the
+// shard count).
 // Each file is read back as the fuzzer reads it, and must encode to the same bytes.
 //   fuzz_request_seeds DIR
 #include <cstdio>
@@ -28,6 +29,8 @@ enum OpChoice : uint8_t {
   kShutdown = 8,
   kError = 9,
   kCheckpoint = 10,
+  kMembership = 12,
+  kMigrate = 13,
 };
 
 // Step::kind values of the steps that are not messages.
@@ -358,6 +361,54 @@ std::vector<Session> FocusedSessions() {
       s.Add(Kind(kStatsCall));
       out.push_back(s);
     }
+  }
+  {
+    // A change of the shard count, as `parasol scale --servers` makes it, on the job with 3
+    // shards listed and 2 holding keys (this shard is rank 0): rows copied ahead (an export,
+    // and an install of a shrink's), the change named by a tool, the workers' clocks past it,
+    // then the change's export, commit and drop; a checkpoint and a restart after it.
+    Session s{"reshard", ConfigByte(JobSpec::Mode::kBsp, 3, 2), {}};
+    const std::string keys = "\x01\x02\x03\x04\x05\x06";
+    for (uint32_t w = 0; w < 2; ++w) s.Add(Message(kHello, w));
+    for (int round = 0; round < 2; ++round) {
+      for (uint32_t w = 0; w < 2; ++w) {
+        s.Add(Pull(w, kSparseAdagrad, 6, keys));
+        s.Add(Push(w, kSparseAdagrad, 6, keys));
+        s.Add(Tick(w));
+      }
+    }
+    auto migrate = [](uint8_t step, uint8_t count, uint8_t clock, uint8_t rows) {
+      Step m = Message(kMigrate, 0);
+      m.worker = 6;  // a tool: outside the job
+      m.seq = step;  // 0 export, 1 install, 2 commit, 3 drop
+      m.done = count;  // shard count 1 + done % 4
+      m.clock = clock;  // 0-1: a copy ahead; 2-3: the change shard 0 named
+      m.table = kSparseAdagrad;
+      m.shape.rows = rows;
+      m.keys.bytes = "\x01\x02\x03\x04\x05\x06";
+      return m;
+    };
+    s.Add(migrate(0, 2, 0, 0));  // a copy ahead of 3 shards: export
+    s.Add(migrate(1, 0, 0, 2));  // a copy ahead of 1 shard: install
+    Step name = Message(kMembership, 0);
+    name.worker = 6;
+    name.seq = 3;  // 3 shards
+    s.Add(name);
+    for (int round = 0; round < 4; ++round) {
+      for (uint32_t w = 0; w < 2; ++w) {
+        s.Add(Pull(w, kSparseAdagrad, 6, keys));
+        s.Add(Push(w, kSparseAdagrad, 6, keys));
+        s.Add(Tick(w));
+      }
+    }
+    s.Add(migrate(0, 2, 2, 0));  // the change's export
+    s.Add(migrate(2, 2, 2, 0));  // commit
+    s.Add(migrate(3, 2, 2, 0));  // drop
+    s.Add(Kind(kStatsCall));
+    s.Add(Message(kCheckpoint, 0));
+    s.Add(Kind(kRestart));
+    s.Add(Pull(0, kSparseAdagrad, 6, keys));
+    out.push_back(s);
   }
   {
     // Each header anomaly once, then a message of raw frames.
