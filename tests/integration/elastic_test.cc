@@ -56,16 +56,6 @@ struct Run {
   std::vector<Subprocess> workers;
 };
 
-// The newest clock any worker has reached, from shard 0's stats (-1: none yet).
-int64_t NewestClock(PsClient& observer) {
-  Result<std::vector<std::string>> stats = observer.Stats();
-  if (!stats.ok() || stats->empty()) return -1;
-  const nlohmann::json s = nlohmann::json::parse((*stats)[0], nullptr, false);
-  if (s.is_discarded() || !s.contains("worker_clocks")) return -1;
-  int64_t newest = -1;
-  for (const auto& c : s["worker_clocks"]) newest = std::max<int64_t>(newest, c.get<int64_t>());
-  return newest;
-}
 
 // The reference: logistic regression on the 13 dense features and the categorical keys, trained
 // with the job's split and BSP average, in double precision.
@@ -168,12 +158,7 @@ void RunElasticJob(uint64_t seed, bool kill_joiner) {
   auto observer = PsClient::Connect(*manifest, PsClient::kObserver);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();
   auto wait_for_clock = [&](int64_t clock) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (NewestClock(**observer) >= clock) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
+    return testing::WaitForWorkerClock(**observer, clock, std::chrono::seconds(60));
   };
   ASSERT_TRUE(wait_for_clock(join_after)) << "the job never reached clock " << join_after;
   start_worker(2);

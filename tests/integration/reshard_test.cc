@@ -93,14 +93,6 @@ std::vector<nlohmann::json> ShardStats(PsClient& observer) {
   return out;
 }
 
-int64_t NewestClock(PsClient& observer) {
-  int64_t newest = -1;
-  for (const auto& s : ShardStats(observer)) {
-    if (s.is_discarded() || !s.contains("worker_clocks")) continue;
-    for (const auto& c : s["worker_clocks"]) newest = std::max<int64_t>(newest, c.get<int64_t>());
-  }
-  return newest;
-}
 
 // Rows of the embedding table on every shard together.
 uint64_t TotalRows(PsClient& observer) {
@@ -202,12 +194,7 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   auto observer = PsClient::Connect(job.manifest, PsClient::kObserver);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();
   auto wait_for_clock = [&](int64_t clock) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (NewestClock(**observer) >= clock) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
+    return testing::WaitForWorkerClock(**observer, clock, std::chrono::seconds(60));
   };
   ASSERT_TRUE(wait_for_clock(grow_after)) << "the job never reached clock " << grow_after;
   ASSERT_TRUE(Scale(job, 3)) << ReadFile(job.Log("scale"));

@@ -7,10 +7,33 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
+#include "common/json_text.hpp"
 #include "common/net.hpp"
 
 namespace parasol::testing {
+
+int64_t NewestWorkerClock(PsClient& observer) {
+  Result<std::vector<std::string>> stats = observer.Stats();
+  if (!stats.ok()) return -1;
+  int64_t newest = -1;
+  for (const std::string& text : *stats) {
+    const Json s = Json::parse(text, nullptr, false);
+    if (s.is_discarded() || !s.contains("worker_clocks")) continue;
+    for (const auto& c : s["worker_clocks"]) newest = std::max<int64_t>(newest, c.get<int64_t>());
+  }
+  return newest;
+}
+
+bool WaitForWorkerClock(PsClient& observer, int64_t clock, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (NewestWorkerClock(observer) >= clock) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
 
 std::string MakeTempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "parasol-test-XXXXXX").string();

@@ -5,6 +5,8 @@
 // removes the directory.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +53,12 @@ class TestCluster {
   Manifest manifest_;
   std::vector<Subprocess> servers_;
 };
+
+// The newest clock any worker of the job has reached, from every shard's stats (-1: none yet,
+// or no stats).
+int64_t NewestWorkerClock(PsClient& observer);
+// Polls until the job has reached `clock` (true), or `timeout` has passed (false).
+bool WaitForWorkerClock(PsClient& observer, int64_t clock, std::chrono::seconds timeout);
 
 // A fresh temporary directory (removed by the caller).
 std::string MakeTempDir();
