@@ -8,8 +8,8 @@
 // about 1/(n+1) of the keys move, from every shard alike; shrinking by one cuts the highest
 // shard's hashes, in order, into n-1 equal parts for shards 0 .. n-2, so only its keys move.
 // Either adds at most n ranges, so a placement has O(changes x shards) ranges. Shards
-// 0 .. count()-1 hold keys. (Dense tensors stay cut among every listed shard: see
-// server/shard_server.hpp.)
+// 0 .. count()-1 hold keys, and each a slice of every dense tensor: DenseSlice() among count()
+// shards (re-cut at every change, so a shard's slice may move as a whole).
 //
 // A placement is a function of the listed shards, the initial count and the counts it went
 // through, so every worker and shard that knows the same changes (common/membership.hpp)
@@ -45,6 +45,20 @@ class Placement {
   Placement Shrunk() const;
   // Through single steps to `count`. REQUIRES: count >= 1.
   Placement Resized(uint32_t count) const;
+
+  // Shard `shard`'s slice of a dense tensor of `total` elements (empty past count()).
+  SliceRange DenseSliceOf(uint64_t total, uint32_t shard) const {
+    return shard < count_ ? DenseSlice(total, shard, count_) : SliceRange{0, 0};
+  }
+
+  // The shard whose slice holds element `index` of a dense tensor of `total` elements.
+  // REQUIRES: index < total.
+  uint32_t DenseShardOf(uint64_t total, uint64_t index) const {
+    const uint64_t base = total / count_, extra = total % count_;
+    // The first `extra` shards hold base + 1 elements, the others base.
+    if (index < extra * (base + 1)) return static_cast<uint32_t>(index / (base + 1));
+    return static_cast<uint32_t>(extra + (index - extra * (base + 1)) / base);
+  }
 
   uint32_t ShardOfHash(uint64_t hash) const;
   uint32_t ShardOf(uint64_t key) const {

@@ -27,8 +27,8 @@ namespace parasol {
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
-// (value_scale).
-inline constexpr uint16_t kProtocolVersion = 5;
+// (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;

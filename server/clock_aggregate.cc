@@ -1,5 +1,7 @@
 #include "server/clock_aggregate.hpp"
 
+#include <algorithm>
+
 namespace parasol {
 
 ClockAggregate::ClockAggregate(uint32_t tables, uint32_t engines)
@@ -24,6 +26,15 @@ float* ClockAggregate::DenseSum(uint32_t table, uint64_t elements) {
     dense_elements_[table] = elements;
   }
   return dense_[table].get();
+}
+
+void ClockAggregate::ResliceDense(uint32_t table, SliceRange from, SliceRange to) {
+  if (!dense_[table]) return;
+  auto sums = std::make_unique<float[]>(std::max<uint64_t>(1, to.size()));  // zeroed
+  const uint64_t b = std::max(from.begin, to.begin), e = std::min(from.end, to.end);
+  if (b < e) std::copy(&dense_[table][b - from.begin], &dense_[table][e - from.begin], &sums[b - to.begin]);
+  dense_[table] = std::move(sums);
+  dense_elements_[table] = to.size();
 }
 
 uint64_t ClockAggregate::MemoryBytes() const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/key_index.hpp"
+#include "common/sharding.hpp"
 
 namespace parasol {
 
@@ -43,6 +44,10 @@ class ClockAggregate {
   float* DenseSum(uint32_t table, uint64_t elements);
   // The buffer, or nullptr when no push of this clock touched the table.
   const float* DenseSumIfAny(uint32_t table) const { return dense_[table].get(); }
+
+  // The dense sums of `table` (if any) re-cut from a slice `from` to a slice `to` of the same
+  // tensor: the elements of both keep their sums, the others start at zero.
+  void ResliceDense(uint32_t table, SliceRange from, SliceRange to);
 
   uint64_t MemoryBytes() const;
 

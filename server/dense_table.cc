@@ -182,6 +182,41 @@ void DenseTable::ReadWithState(uint64_t local, uint64_t n, float* out) const {
   }
 }
 
+void DenseTable::WriteWithState(uint64_t local, uint64_t n, const float* in) {
+  const uint32_t row = 1 + state_array_count();
+  float* values = PrepareWrite();
+  for (uint64_t j = 0; j < n; ++j) {
+    const uint64_t i = local + j;
+    const float* r = in + j * row;
+    if (values) {
+      values[i] = r[0];
+    } else {
+      halves_[i] = Narrow(options_.dtype, r[0], nullptr);
+    }
+    for (uint32_t a = 0; a < state_.size(); ++a) {
+      StateArray& s = state_[a];
+      if (s.type == DType::kF32) {
+        s.words[i] = r[1 + a];
+      } else {
+        s.halves[i] = Narrow(s.type, r[1 + a], nullptr);
+      }
+    }
+  }
+}
+
+std::unique_ptr<DenseTable> DenseTable::Resliced(SliceRange slice) const {
+  auto out = std::make_unique<DenseTable>(options_, slice, retired_bytes_);
+  const uint64_t b = std::max(slice.begin, slice_.begin), e = std::min(slice.end, slice_.end);
+  const uint32_t row = 1 + state_array_count();
+  std::vector<float> rows(kChunk * row);
+  for (uint64_t i = b; i < e; i += kChunk) {
+    const uint64_t m = std::min(kChunk, e - i);
+    ReadWithState(i - slice_.begin, m, rows.data());
+    out->WriteWithState(i - slice.begin, m, rows.data());
+  }
+  return out;
+}
+
 void DenseTable::AppendArrays(std::vector<char>* bytes) const {
   const uint64_t n = slice_.size();
   if (n == 0) return;  // a tensor with fewer elements than shards

@@ -69,6 +69,12 @@ class DenseTable {
   // Per element of [local, local + n): its value, then each state array's element (f32;
   // adam's step as its 32-bit word), 1 + state_array_count() floats.
   void ReadWithState(uint64_t local, uint64_t n, float* out) const;
+  // Sets local elements [local, local + n) from rows as ReadWithState() gives them (values and
+  // state rounded to nearest into 16-bit storage, exact for what such a table read out).
+  void WriteWithState(uint64_t local, uint64_t n, const float* in);
+  // A table of the same tensor holding `slice`: the elements this one holds are copied (values
+  // and state), the others initialised as a new table's.
+  std::unique_ptr<DenseTable> Resliced(SliceRange slice) const;
   // The whole slice as a checkpoint holds it: the values, then each state array (f32 words).
   void AppendArrays(std::vector<char>* bytes) const;
   // Sets the slice from AppendArrays()'s bytes (size checked by the caller); exact for what a

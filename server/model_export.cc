@@ -19,7 +19,8 @@ namespace {
 
 struct ShardWeights {
   std::map<uint32_t, std::map<uint64_t, std::vector<float>>> sparse;  // table -> key -> values
-  std::map<uint32_t, std::vector<float>> dense;                       // table -> slice values
+  std::map<uint32_t, std::vector<float>> dense;  // table -> the values a shard serves, or all
+  std::map<uint32_t, uint64_t> dense_begin;      // table -> the first of them (a shard's)
 };
 
 std::string CheckpointOf(const std::string& dir, uint32_t shard, uint64_t sequence) {
@@ -60,6 +61,18 @@ Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::str
       std::vector<float> v(b.count);
       if (b.count > 0) std::memcpy(v.data(), b.bytes.data(), 4 * b.count);
       w.dense[b.table] = std::move(v);
+      w.dense_begin[b.table] = DenseSlice(m.tables[b.table].NumElements(), shard, shards).begin;
+    } else if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kDenseRange)) {
+      // Only the elements the shard served its workers from (the others were held for a
+      // change of the shard count, and other shards serve them).
+      PARASOL_RETURN_IF_ERROR(CheckDenseRange(m, b).WithContext("checkpoint " + path));
+      const DenseRangeBlock r = ReadDenseRange(b);
+      std::vector<float> v(r.live_end - r.live_begin);
+      if (!v.empty()) {
+        std::memcpy(v.data(), r.arrays + 4 * (r.live_begin - r.begin), 4 * v.size());
+      }
+      w.dense[b.table] = std::move(v);
+      w.dense_begin[b.table] = r.live_begin;
     }
     return Status::Ok();
   }, check));
@@ -71,6 +84,7 @@ Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::str
 Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t sequence) {
   ShardWeights all;
   const uint32_t shards = static_cast<uint32_t>(m.cluster.servers.size());
+  std::map<uint32_t, std::vector<int32_t>> from;  // table -> the shard each element came from
   for (uint32_t s = 0; s < shards; ++s) {
     const std::string path = CheckpointOf(dir, s, sequence);
     if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
@@ -88,8 +102,27 @@ Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t
     for (auto& [t, slice] : w.dense) {
       auto& full = all.dense[t];
       full.resize(m.tables[t].NumElements());
-      const SliceRange r = DenseSlice(full.size(), s, shards);
-      std::copy(slice.begin(), slice.end(), full.begin() + r.begin);
+      std::vector<int32_t>& owner = from[t];
+      owner.resize(full.size(), -1);
+      const uint64_t begin = w.dense_begin[t];
+      for (uint64_t i = 0; i < slice.size(); ++i) {
+        if (owner[begin + i] >= 0) {
+          return FailedPrecondition("element " + std::to_string(begin + i) + " of table '" +
+                                    m.tables[t].name + "' is served by shard " +
+                                    std::to_string(s) + " and by shard " +
+                                    std::to_string(owner[begin + i]) + " in these checkpoints");
+        }
+        owner[begin + i] = static_cast<int32_t>(s);
+      }
+      std::copy(slice.begin(), slice.end(), full.begin() + begin);
+    }
+  }
+  for (const auto& [t, owner] : from) {
+    const auto missing = std::find(owner.begin(), owner.end(), -1);
+    if (missing != owner.end()) {
+      return FailedPrecondition("element " + std::to_string(missing - owner.begin()) +
+                                " of table '" + m.tables[t].name +
+                                "' is in no shard's checkpoint");
     }
   }
   return all;

@@ -42,7 +42,37 @@ bool ShardServer::GainsRows() const {
   for (uint64_t h : points) {
     if (after.ShardOfHash(h) == rank_ && before.ShardOfHash(h) != rank_) return true;
   }
+  for (const TableOptions& t : manifest_.tables) {
+    if (t.kind != TableKind::kDense) continue;
+    const SliceRange was = before.DenseSliceOf(t.NumElements(), rank_);
+    const SliceRange now = after.DenseSliceOf(t.NumElements(), rank_);
+    if (now.size() > 0 && !was.Contains(now.begin, now.end)) return true;
+  }
   return false;
+}
+
+SliceRange ShardServer::DenseSliceAt(uint32_t table, int64_t clock) const {
+  return membership_.PlacementAt(clock).DenseSliceOf(manifest_.tables[table].NumElements(), rank_);
+}
+
+Status ShardServer::CheckDensePush(const Header& req, uint64_t count) const {
+  const SliceRange s = DenseSliceAt(req.table_id, req.clock);
+  if (!s.Contains(req.offset, req.offset + count) || req.offset + count < req.offset) {
+    return InvalidArgument("PushDense: elements [" + std::to_string(req.offset) + ", +" +
+                           std::to_string(count) + ") of table '" +
+                           manifest_.tables[req.table_id].name + "' at clock " +
+                           std::to_string(req.clock) + " are outside this shard's slice [" +
+                           std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                           ") at that clock");
+  }
+  return Status::Ok();
+}
+
+void ShardServer::ResliceDense(uint32_t table, SliceRange slice) {
+  const SliceRange was = dense_[table]->slice();
+  if (was.begin == slice.begin && was.end == slice.end) return;
+  dense_[table] = dense_[table]->Resliced(slice);
+  for (auto& [clock, agg] : aggregates_) agg->ResliceDense(table, was, slice);
 }
 
 bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) const {
@@ -138,6 +168,10 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
                                 std::to_string(change) + " is not finished here");
     }
     const Placement after = now.Resized(req.shard_count);
+    if (req.table_id < dense_.size() && dense_[req.table_id]) {
+      return FailedPrecondition("Migrate: dense table '" + manifest_.tables[req.table_id].name +
+                                "' moves in the change itself, not ahead of it");
+    }
     if (req.seq == kExport) return ExportRows(req, now, after, -1, reply, payload);
     if (req.seq != kInstall) {
       return BadMessage("Migrate: a copy ahead of a change exports or installs (step " +
@@ -165,6 +199,9 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
       return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every "
                          "push before clock " + std::to_string(change) + " yet");
     }
+    if (req.table_id < dense_.size() && dense_[req.table_id]) {
+      return ExportDense(req, reply, payload);
+    }
     // req.worker_clock: only the rows updated at that shard clock or later (the rest were
     // copied ahead).
     return ExportRows(req, PlacementBefore(), PlacementAfter(), req.worker_clock, reply, payload);
@@ -183,6 +220,9 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
         reply->duplicate = true;  // committed already: what it holds has moved on since
         return Status::Ok();
       }
+      if (req.table_id < dense_.size() && dense_[req.table_id]) {
+        return InstallDense(req, p, reply);
+      }
       return InstallRows(req, p, PlacementBefore(), PlacementAfter(), reply);
     case kCommit:
       if (migration_.installed >= change) {
@@ -195,6 +235,7 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
                                   "the rows it gains at clock " + std::to_string(change) +
                                   " were installed; install them again");
       }
+      PARASOL_RETURN_IF_ERROR(CheckDenseInstalled());
       migration_.installed = change;
       // What this shard gained is only here until a checkpoint holds it: the old holders drop
       // their copies once every shard has committed.
@@ -226,6 +267,9 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
           dropped += table->partition(e).EraseRowsIf(
               [&](uint64_t key) { return after.ShardOf(key) != rank_; });
         }
+      }
+      for (uint32_t t = 0; t < dense_.size(); ++t) {
+        if (dense_[t]) ResliceDense(t, after.DenseSliceOf(dense_[t]->total_elements(), rank_));
       }
       migration_.dropped = change;
       if (!manifest_.checkpoint.dir.empty()) {
@@ -294,6 +338,13 @@ Status ShardServer::ExportRows(const Header& req, const Placement& before,
   const bool complete = e >= table.engines();
   reply->offset = complete ? 0 : (uint64_t{e} << kCursorShift) | slot;
   reply->done = complete;
+  AnswerPage(req, keys, rows, floats, reply, payload);
+  return Status::Ok();
+}
+
+void ShardServer::AnswerPage(const Header& req, const std::vector<uint64_t>& keys,
+                             const std::vector<float>& rows, uint32_t floats, Header* reply,
+                             std::vector<zmq::message_t>* payload) const {
   reply->table_id = req.table_id;
   // Every row updated after this page was read is stamped with this clock or a later one.
   reply->worker_clock = ShardClock();
@@ -307,6 +358,141 @@ Status ShardServer::ExportRows(const Header& req, const Placement& before,
     const uint64_t first = f * plan.rows_per_frame;
     payload->emplace_back(rows.data() + first * floats,
                           plan.RowsInFrame(f, keys.size()) * floats * sizeof(float));
+  }
+}
+
+namespace {
+
+// The elements of `was` not in `now`: at most two ranges, the one before `now` first.
+std::vector<SliceRange> Minus(SliceRange was, SliceRange now) {
+  if (now.size() == 0) return was.size() > 0 ? std::vector<SliceRange>{was} : std::vector<SliceRange>{};
+  std::vector<SliceRange> out;
+  if (was.begin < std::min(was.end, now.begin)) out.push_back({was.begin, std::min(was.end, now.begin)});
+  if (std::max(was.begin, now.end) < was.end) out.push_back({std::max(was.begin, now.end), was.end});
+  return out;
+}
+
+}  // namespace
+
+Status ShardServer::ExportDense(const Header& req, Header* reply,
+                                std::vector<zmq::message_t>* payload) {
+  DenseTable& table = *dense_[req.table_id];
+  const uint64_t total = table.total_elements();
+  const SliceRange was = PlacementBefore().DenseSliceOf(total, rank_);
+  const SliceRange held = table.slice();
+  // The first moving element at or after the cursor.
+  std::vector<SliceRange> moving = Minus(was, PlacementAfter().DenseSliceOf(total, rank_));
+  SliceRange run{0, 0};
+  for (const SliceRange& m : moving) {
+    if (req.offset < m.end) {
+      run = {std::max(req.offset, m.begin), m.end};
+      break;
+    }
+  }
+  const uint32_t floats = 1 + table.state_array_count();
+  const uint64_t max_rows =
+      std::max<uint64_t>(1, (2u << 20) / (sizeof(uint64_t) + sizeof(float) * uint64_t{floats}));
+  const uint64_t n = std::min(run.size(), max_rows);
+  if (n > 0 && !held.Contains(run.begin, run.begin + n)) {
+    return FailedPrecondition("Migrate: shard " + std::to_string(rank_) + " no longer holds " +
+                              "elements [" + std::to_string(run.begin) + ", +" +
+                              std::to_string(n) + ") of table '" + table.options().name +
+                              "' (it holds [" + std::to_string(held.begin) + ", " +
+                              std::to_string(held.end) + "))");
+  }
+  std::vector<uint64_t> keys(n);
+  std::vector<float> rows(n * floats);
+  for (uint64_t i = 0; i < n; ++i) keys[i] = run.begin + i;
+  if (n > 0) table.ReadWithState(run.begin - held.begin, n, rows.data());
+  const uint64_t next = run.begin + n;
+  reply->done = std::none_of(moving.begin(), moving.end(),
+                             [&](const SliceRange& m) { return m.end > next && n > 0; });
+  reply->offset = reply->done ? 0 : next;
+  AnswerPage(req, keys, rows, floats, reply, payload);
+  return Status::Ok();
+}
+
+Status ShardServer::InstallDense(const Header& req, const PayloadView& p, Header* reply) {
+  const uint32_t t = req.table_id;
+  DenseTable& table = *dense_[t];
+  const uint64_t total = table.total_elements();
+  const uint32_t floats = 1 + table.state_array_count();
+  const uint64_t n = p.rows();
+  if (n == 0) {
+    reply->offset = 0;
+    return Status::Ok();
+  }
+  if (p.dim() != floats) {
+    return InvalidArgument("Migrate: elements of " + std::to_string(p.dim()) +
+                           " floats for dense table '" + table.options().name + "', whose " +
+                           "elements are " + std::to_string(floats) + " with their state");
+  }
+  const uint64_t first = p.Key(0);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (p.Key(i) != first + i) {
+      return InvalidArgument("Migrate: the elements of a dense page are not consecutive (row " +
+                             std::to_string(i) + " is element " + std::to_string(p.Key(i)) +
+                             " after " + std::to_string(first) + ")");
+    }
+  }
+  const SliceRange now = PlacementAfter().DenseSliceOf(total, rank_);
+  const SliceRange was = PlacementBefore().DenseSliceOf(total, rank_);
+  const uint64_t last = first + n;  // no overflow: consecutive keys above
+  if (!now.Contains(first, last) || std::max(first, was.begin) < std::min(last, was.end)) {
+    return InvalidArgument("Migrate: elements [" + std::to_string(first) + ", " +
+                           std::to_string(last) + ") of table '" + table.options().name +
+                           "' do not move to shard " + std::to_string(rank_) + " in a change " +
+                           "to " + std::to_string(PlacementAfter().count()) + " shards");
+  }
+  // The table spans both slices until the drop.
+  const SliceRange held = table.slice();
+  const SliceRange span = held.size() == 0 ? now
+                                           : SliceRange{std::min(held.begin, now.begin),
+                                                        std::max(held.end, now.end)};
+  ResliceDense(t, span);
+  std::vector<float> rows(n * floats);
+  for (uint64_t i = 0; i < n; ++i) std::memcpy(&rows[i * floats], p.Row(i), sizeof(float) * floats);
+  dense_[t]->WriteWithState(first - span.begin, n, rows.data());
+  // Which elements are in (merged ranges), for the commit's check.
+  if (dense_installed_clock_ != ChangeClock()) {
+    dense_installed_.assign(dense_.size(), {});
+    dense_installed_clock_ = ChangeClock();
+  }
+  std::map<uint64_t, uint64_t>& in = dense_installed_[t];
+  uint64_t b = first, e = last;
+  auto it = in.upper_bound(b);
+  if (it != in.begin() && std::prev(it)->second >= b) --it;
+  while (it != in.end() && it->first <= e) {
+    b = std::min(b, it->first);
+    e = std::max(e, it->second);
+    it = in.erase(it);
+  }
+  in[b] = e;
+  reply->offset = n;
+  return Status::Ok();
+}
+
+Status ShardServer::CheckDenseInstalled() const {
+  for (uint32_t t = 0; t < dense_.size(); ++t) {
+    if (!dense_[t]) continue;
+    const uint64_t total = dense_[t]->total_elements();
+    for (const SliceRange& gained : Minus(PlacementAfter().DenseSliceOf(total, rank_),
+                                          PlacementBefore().DenseSliceOf(total, rank_))) {
+      bool in = false;
+      if (dense_installed_clock_ == ChangeClock() && t < dense_installed_.size()) {
+        const auto& ranges = dense_installed_[t];
+        auto it = ranges.upper_bound(gained.begin);
+        in = it != ranges.begin() && std::prev(it)->second >= gained.end;
+      }
+      if (!in) {
+        return FailedPrecondition("Migrate: shard " + std::to_string(rank_) + " gains elements [" +
+                                  std::to_string(gained.begin) + ", " +
+                                  std::to_string(gained.end) + ") of table '" +
+                                  dense_[t]->options().name + "' at clock " +
+                                  std::to_string(ChangeClock()) + ", not all installed here; " +
+                                  "install them first");
+      }
+    }
   }
   return Status::Ok();
 }

@@ -107,8 +107,9 @@ Status ShardServer::ResetTables() {
     } else {
       sparse_.push_back(nullptr);
       dense_.push_back(
-          std::make_unique<DenseTable>(t, DenseSlice(t.NumElements(), rank_, num_shards_),
-                                       retired_dense_bytes_));
+          std::make_unique<DenseTable>(
+              t, Placement(manifest_.cluster.InitialServers()).DenseSliceOf(t.NumElements(), rank_),
+              retired_dense_bytes_));
     }
   }
   if (tiered.empty()) return Status::Ok();

@@ -280,6 +280,33 @@ class ShardServer {
   // Rows that `after` places here and `before` elsewhere, as ExportRows() gave them.
   Status InstallRows(const Header& req, const PayloadView& p, const Placement& before,
                      const Placement& after, Header* reply);
+  // Answers an export page: `keys` and their `rows` of `floats` each.
+  void AnswerPage(const Header& req, const std::vector<uint64_t>& keys,
+                  const std::vector<float>& rows, uint32_t floats, Header* reply,
+                  std::vector<zmq::message_t>* payload) const;
+  // Dense tensors are re-cut at every change: each shard's slice is its DenseSlice() among the
+  // placement's shards. The elements a shard holds before the change and not after move in the
+  // change's copy (not ahead of it: dense tensors are updated every clock), in pages whose keys
+  // are the elements' indices. A shard's table holds the span of both slices from the first
+  // elements installed until the drop, which cuts it to the new slice.
+  // This shard's slice of dense table `table` at `clock`.
+  SliceRange DenseSliceAt(uint32_t table, int64_t clock) const;
+  // The moving elements this shard held before the change, one page from the first at or after
+  // req.offset.
+  Status ExportDense(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
+  Status InstallDense(const Header& req, const PayloadView& p, Header* reply);
+  // Commit: every element this shard gains was installed by this process.
+  Status CheckDenseInstalled() const;
+  // Replaces dense table `table` by one holding `slice` (the elements of both kept) and re-cuts
+  // its pending sums alike.
+  void ResliceDense(uint32_t table, SliceRange slice);
+  // A push of elements [req.offset, + count) of a dense table at req.clock: this shard's slice
+  // at that clock holds them.
+  Status CheckDensePush(const Header& req, uint64_t count) const;
+  // Per dense table, the element ranges installed by this process for the change at
+  // dense_installed_clock_ (merged: begin -> end).
+  std::vector<std::map<uint64_t, uint64_t>> dense_installed_;
+  int64_t dense_installed_clock_ = -1;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_

@@ -48,6 +48,39 @@ Status CheckProduct(uint64_t count, uint64_t unit, uint64_t bytes, const std::st
 
 }  // namespace
 
+DenseRangeBlock ReadDenseRange(const CheckpointBlock& b) {
+  int64_t v[3];
+  std::memcpy(v, b.bytes.data(), sizeof(v));
+  return DenseRangeBlock{static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1]),
+                         static_cast<uint64_t>(v[2]),
+                         b.bytes.data() + kDenseRangeHeaderBytes};
+}
+
+Status CheckDenseRange(const Manifest& manifest, const CheckpointBlock& b) {
+  const TableOptions& t = manifest.tables[b.table];
+  const DenseRangeBlock r = ReadDenseRange(b);
+  const uint64_t total = t.NumElements();
+  if (r.begin > total || b.count > total - r.begin || r.live_begin > r.live_end ||
+      r.live_begin < r.begin || r.live_end > r.begin + b.count) {
+    return InvalidArgument("table '" + t.name + "': a dense range of " +
+                           std::to_string(b.count) + " elements from " +
+                           std::to_string(static_cast<int64_t>(r.begin)) + " serving [" +
+                           std::to_string(static_cast<int64_t>(r.live_begin)) + ", " +
+                           std::to_string(static_cast<int64_t>(r.live_end)) +
+                           ") does not fit the tensor of " + std::to_string(total));
+  }
+  return Status::Ok();
+}
+
+SliceRange LiveDenseSlice(const Membership& membership, const MigrationState& migration,
+                          uint64_t total, uint32_t shard) {
+  const auto& changes = membership.server_changes();
+  if (changes.empty() || migration.installed >= changes.back().clock) {
+    return membership.LastPlacement().DenseSliceOf(total, shard);
+  }
+  return membership.PlacementAt(changes.back().clock - 1).DenseSliceOf(total, shard);
+}
+
 Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const CheckpointBlockHeader& b) {
   switch (KindOf(b)) {
     case Kind::kClocks:
@@ -76,6 +109,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
       return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
     case Kind::kDenseSlice:
+    case Kind::kDenseRange:
     case Kind::kPendingSparse:
     case Kind::kPendingDense:
       break;
@@ -112,8 +146,12 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
                            " for sparse " + name);
   }
   const uint32_t shards = static_cast<uint32_t>(manifest.cluster.servers.size());
-  const uint64_t slice = DenseSlice(t.NumElements(), shard, shards).size();
-  if (b.count != slice) {
+  // A slice of the listed shards' cut, or (pending sums, a range) any elements of the tensor
+  // (ShardState::Verify() checks pending sums against their table's block).
+  const uint64_t slice = KindOf(b) == Kind::kDenseSlice
+                             ? DenseSlice(t.NumElements(), shard, shards).size()
+                             : t.NumElements();
+  if (KindOf(b) == Kind::kDenseSlice ? b.count != slice : b.count > slice) {
     return InvalidArgument(name + ": " + (pending ? "pending sums of " : "") + "a slice of " +
                            std::to_string(b.count) + " elements; this shard's slice has " +
                            std::to_string(slice));
@@ -121,8 +159,13 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
   if (pending) {
     return CheckProduct(b.count, sizeof(float), bytes, name + " pending sums after the clock");
   }
+  const uint64_t header = KindOf(b) == Kind::kDenseRange ? kDenseRangeHeaderBytes : 0;
+  if (b.bytes < header) {
+    return InvalidArgument(name + ": a dense range of " + std::to_string(b.bytes) +
+                           " bytes, too few for where it is");
+  }
   return CheckProduct(b.count, sizeof(float) * (1 + uint64_t{DenseStateArrays(t.optimizer)}),
-                      b.bytes, name + " slice");
+                      b.bytes - header, name + " slice");
 }
 
 ShardState::ShardState(const Manifest& manifest, uint32_t shard,
@@ -189,12 +232,7 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
       if (b.count > 0 || !sent) PARASOL_RETURN_IF_ERROR(sink(b));
       continue;
     }
-    b.kind = static_cast<uint32_t>(Kind::kDenseSlice);
-    DenseTable& d = *dense_[t];
-    const uint64_t n = d.slice().size();
-    b.count = n;
-    d.AppendArrays(&b.bytes);
-    PARASOL_RETURN_IF_ERROR(sink(b));
+    PARASOL_RETURN_IF_ERROR(SaveDense(t, sink));
   }
   CheckpointBlock clocks;
   clocks.kind = static_cast<uint32_t>(Kind::kClocks);
@@ -246,6 +284,34 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
     ++members.count;
   }
   return sink(members);
+}
+
+Status ShardState::SaveDense(uint32_t t, const CheckpointBlockSink& sink) const {
+  const DenseTable& d = *dense_[t];
+  const uint64_t total = d.total_elements();
+  const SliceRange held = d.slice();
+  const SliceRange listed =
+      DenseSlice(total, shard_, static_cast<uint32_t>(manifest_.cluster.servers.size()));
+  SliceRange live =
+      LiveDenseSlice(membership_, migration_ ? *migration_ : MigrationState{}, total, shard_);
+  live = {std::max(live.begin, held.begin), std::min(live.end, held.end)};
+  CheckpointBlock b;
+  b.table = t;
+  b.count = held.size();
+  if (held.begin == listed.begin && held.end == listed.end && live.begin == held.begin &&
+      live.end == held.end) {
+    b.kind = static_cast<uint32_t>(Kind::kDenseSlice);
+  } else {
+    b.kind = static_cast<uint32_t>(Kind::kDenseRange);
+    const bool any = live.begin < live.end;
+    const int64_t bounds[3] = {static_cast<int64_t>(held.begin),
+                               static_cast<int64_t>(any ? live.begin : held.begin),
+                               static_cast<int64_t>(any ? live.end : held.begin)};
+    b.bytes.resize(sizeof(bounds));
+    std::memcpy(b.bytes.data(), bounds, sizeof(bounds));
+  }
+  d.AppendArrays(&b.bytes);
+  return sink(b);
 }
 
 // After the clocks, which bound the pending clocks when they are loaded.
@@ -350,6 +416,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
        incarnations_seen = false, members_seen = false, migration_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
+  // Per dense table, the elements of its block (its pending sums cover the same).
+  std::vector<uint64_t> dense_count(manifest_.tables.size(), 0);
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
@@ -372,12 +440,22 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
       if (!clocks_seen) return InvalidArgument("pending sums before the worker clocks");
+      if (KindOf(b) == Kind::kPendingDense &&
+          (!table_seen[b.table] || b.count != dense_count[b.table])) {
+        return InvalidArgument("table '" + manifest_.tables[b.table].name + "': pending sums " +
+                               "of " + std::to_string(b.count) + " elements; its block " +
+                               (table_seen[b.table] ? "has " + std::to_string(dense_count[b.table])
+                                                    : std::string("comes later")));
+      }
     } else if (KindOf(b) == Kind::kSparseRows && last_sparse == static_cast<int64_t>(b.table)) {
       // A table's rows may come in several blocks, one after another.
     } else if (std::exchange(table_seen[b.table], 1)) {
       return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
     }
     last_sparse = KindOf(b) == Kind::kSparseRows ? static_cast<int64_t>(b.table) : -1;
+    if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) {
+      dense_count[b.table] = b.count;
+    }
     return Status::Ok();
   };
   auto decode = [&](const CheckpointBlock& b) -> Status {
@@ -435,6 +513,8 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (*barrier < -1 || *barrier > kMaxCheckpointClock) {
         return InvalidArgument("barrier " + std::to_string(*barrier) + " is out of range");
       }
+    } else if (KindOf(b) == Kind::kDenseRange) {
+      return CheckDenseRange(manifest_, b);
     } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {
       return InvalidArgument("malformed push record");
     } else if (IsPending(KindOf(b))) {
@@ -498,7 +578,9 @@ Status ShardState::ApplyBlocks(std::istream& in, const std::string& name,
       in, name, &header,
       [&](const CheckpointBlock& b) -> Status {
         if (KindOf(b) == Kind::kSparseRows) return ApplySparse(b);
-        if (KindOf(b) == Kind::kDenseSlice) return ApplyDense(b);
+        if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) {
+          return ApplyDense(b);
+        }
         if (IsPending(KindOf(b))) return ApplyPending(b, pending);
         return Status::Ok();
       },
@@ -539,13 +621,29 @@ Status ShardState::ApplyDense(const CheckpointBlock& b) {
   if (b.table >= dense_.size() || !dense_[b.table]) {
     return Internal("no dense table " + std::to_string(b.table) + " on this shard");
   }
+  // The table holds what the block does (a fresh table: nothing else to keep).
+  const bool range = KindOf(b) == Kind::kDenseRange;
+  if (range && b.bytes.size() < kDenseRangeHeaderBytes) {
+    return Internal("table " + std::to_string(b.table) + ": a dense range without its bounds");
+  }
+  const uint64_t total = dense_[b.table]->total_elements();
+  const SliceRange want =
+      range ? SliceRange{ReadDenseRange(b).begin, ReadDenseRange(b).begin + b.count}
+            : DenseSlice(total, shard_, static_cast<uint32_t>(manifest_.cluster.servers.size()));
+  if (want.end > total || want.end < want.begin) {
+    return Internal("table " + std::to_string(b.table) + ": a dense range outside the tensor");
+  }
+  if (dense_[b.table]->slice().begin != want.begin || dense_[b.table]->slice().end != want.end) {
+    dense_[b.table] = dense_[b.table]->Resliced(want);
+  }
   DenseTable& d = *dense_[b.table];
   const uint64_t n = d.slice().size();
-  if (b.count != n || b.bytes.size() / sizeof(float) / (1 + d.state_array_count()) != n ||
-      b.bytes.size() % (sizeof(float) * (1 + d.state_array_count())) != 0) {
+  const uint64_t bytes = b.bytes.size() - (range ? kDenseRangeHeaderBytes : 0);
+  if (b.count != n || bytes / sizeof(float) / (1 + d.state_array_count()) != n ||
+      bytes % (sizeof(float) * (1 + d.state_array_count())) != 0) {
     return Internal("table '" + d.options().name + "' slice does not match the table");
   }
-  d.RestoreArrays(b.bytes.data());
+  d.RestoreArrays(b.bytes.data() + (range ? kDenseRangeHeaderBytes : 0));
   return Status::Ok();
 }
 

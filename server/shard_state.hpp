@@ -49,7 +49,15 @@ enum class CheckpointBlockKind : uint32_t {
   kIncarnations = 9,   // count workers x u64: each worker's process last heard from, 0 if none
   kMembership = 10,    // count entries x (i64 worker, join, leave): common/membership.hpp
   kMigration = 11,     // count 2 x i64: MigrationState (installed, dropped)
+  // A dense table's elements [begin, begin + count), of which [live begin, live end) serve the
+  // workers now (the others are held for a change of the shard count): i64 begin, live begin,
+  // live end, then as kDenseSlice. Written for any table whose elements are not this shard's
+  // slice among every listed shard.
+  kDenseRange = 12,
 };
+
+// The bytes before a kDenseRange block's arrays.
+inline constexpr uint64_t kDenseRangeHeaderBytes = 3 * sizeof(int64_t);
 
 // Where a shard stands in the newest change of the job's shard count (server/shard_server.hpp):
 // the clock of the newest change whose gained rows it has committed, and of the newest whose
@@ -59,6 +67,21 @@ struct MigrationState {
   int64_t dropped = -1;
   bool operator==(const MigrationState&) const = default;
 };
+
+// A kDenseRange block's bounds and arrays. REQUIRES: CheckBlockHeader() passed.
+struct DenseRangeBlock {
+  uint64_t begin = 0, live_begin = 0, live_end = 0;
+  const char* arrays = nullptr;
+};
+DenseRangeBlock ReadDenseRange(const CheckpointBlock& b);
+// Refuses bounds outside the tensor, or live elements outside the block's.
+Status CheckDenseRange(const Manifest& manifest, const CheckpointBlock& b);
+
+// The slice of a dense tensor of `total` elements that shard `shard` serves its workers from
+// now: its slice after the newest change of the shard count once it has committed the change,
+// before it until then.
+SliceRange LiveDenseSlice(const Membership& membership, const MigrationState& migration,
+                          uint64_t total, uint32_t shard);
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
 // arithmetic of the shard (a clock plus a staleness or a checkpoint period) cannot overflow.
@@ -115,6 +138,8 @@ class ShardState {
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
   Status ApplyDense(const CheckpointBlock& b);
+  // A dense table's block: a kDenseSlice of the listed shards' cut, or a kDenseRange.
+  Status SaveDense(uint32_t t, const CheckpointBlockSink& sink) const;
   Status ApplyPending(const CheckpointBlock& b, PendingAggregates* pending) const;
   // A pending block's clock (at or after the slowest of `clocks`, once per table) and keys.
   Status CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,

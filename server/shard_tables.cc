@@ -288,6 +288,7 @@ Status ShardServer::HandlePushDense(const Header& req, const PayloadView& p) {
   }
   if (req.with_state) return InvalidArgument("PushDense: with_state applies to pulls only");
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
+  PARASOL_RETURN_IF_ERROR(CheckDensePush(req, p.rows()));
   const uint32_t engines = engines_.size();
   const uint64_t local = req.offset - table->slice().begin;
   table->PrepareWrite(PushWrite(req));
@@ -336,6 +337,7 @@ Status ShardServer::AggregatePushDense(const Header& req, const PayloadView& p,
     return InvalidArgument("PushDense: value_dim must be 1, got " + std::to_string(req.value_dim));
   }
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
+  PARASOL_RETURN_IF_ERROR(CheckDensePush(req, p.rows()));
   float* sums = agg.DenseSum(req.table_id, table->slice().size()) +
                 (req.offset - table->slice().begin);
   p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
@@ -350,10 +352,18 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
   const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
   std::vector<uint8_t> dense_pushed(dense_.size(), 0);
+  // Per dense table, the local elements this shard held at the clock (while the table spans
+  // two slices during a change of the shard count, the others are not this clock's).
+  std::vector<SliceRange> dense_at(dense_.size());
   for (size_t t = 0; t < dense_.size(); ++t) {
     if (dense_[t] && agg.DenseSumIfAny(static_cast<uint32_t>(t))) {
       dense_[t]->PrepareWrite(ClockWrite(clock));
       dense_pushed[t] = 1;
+      const SliceRange at = DenseSliceAt(static_cast<uint32_t>(t), clock);
+      const SliceRange held = dense_[t]->slice();
+      const uint64_t first = std::max(at.begin, held.begin) - held.begin;
+      const uint64_t last = std::max(std::min(at.end, held.end), held.begin) - held.begin;
+      dense_at[t] = SliceRange{first, std::max(first, last)};
     }
   }
   const uint32_t engines = engines_.size();
@@ -394,10 +404,10 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
     }
     for (size_t t = 0; t < dense_.size(); ++t) {
       if (!dense_pushed[t]) continue;
-      // Engine e updates its contiguous share of the slice.
+      // Engine e updates its contiguous share.
       DenseTable& table = *dense_[t];
-      const uint64_t n = table.slice().size();
-      const uint64_t b = n * e / engines, end = n * (e + 1) / engines;
+      const uint64_t first = dense_at[t].begin, n = dense_at[t].size();
+      const uint64_t b = first + n * e / engines, end = first + n * (e + 1) / engines;
       const float* sums = agg.DenseSumIfAny(static_cast<uint32_t>(t));
       table.Apply(b, reinterpret_cast<const std::byte*>(sums + b), end - b, scale);
     }

@@ -681,9 +681,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
   // The keys' shards at the clock the rows are read for. A tool, and a worker done training
   // (evaluating), read the newest placement: a change named past the last clock still moves
   // the rows, and the shards that gain them answer once they hold them.
-  const Placement& placement = JobRank() && !left_
-                                   ? membership_.PlacementAt(clock_ + request_clock_offset_)
-                                   : membership_.LastPlacement();
+  const Placement& placement = ReadPlacement();
   if (keys_unique_) {
     SplitUniqueKeys(keys, placement, num_shards(), split);
   } else {
@@ -836,11 +834,28 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   return ticket;
 }
 
+const Placement& PsClient::ReadPlacement() const {
+  // The keys' shards at the clock the rows are read for. A tool, and a worker done training
+  // (evaluating), read the newest placement: a change named past the last clock still moves
+  // the rows, and the shards that gain them answer once they hold them.
+  return JobRank() && !left_ ? membership_.PlacementAt(clock_ + request_clock_offset_)
+                             : membership_.LastPlacement();
+}
+
 template <typename Fn>
-void PsClient::ForEachDenseChunk(uint64_t total, uint32_t shard, Fn&& fn) const {
-  // Each shard's slice travels as several requests of one frame each, so that the transfer of
-  // one chunk overlaps the update (push) or the copy-out (pull) of the previous one.
-  const SliceRange slice = DenseSlice(total, shard, num_shards());
+void PsClient::ForEachDenseChunk(uint64_t total, const Placement& placement, Fn&& fn) const {
+  // Each shard's slice (in `placement`) travels as several requests of one frame each, so that
+  // the transfer of one chunk overlaps the update (push) or the copy-out (pull) of the previous
+  // one.
+  for (uint32_t shard = 0; shard < placement.count(); ++shard) {
+    ForEachDenseChunkOf(total, shard, placement, [&](const SliceRange& c) { fn(shard, c); });
+  }
+}
+
+template <typename Fn>
+void PsClient::ForEachDenseChunkOf(uint64_t total, uint32_t shard, const Placement& placement,
+                                   Fn&& fn) const {
+  const SliceRange slice = placement.DenseSliceOf(total, shard);
   const uint64_t chunk = std::max<uint64_t>(1, manifest_.server.frame_bytes / sizeof(float));
   for (uint64_t b = slice.begin; b < slice.end; b += chunk) {
     fn(SliceRange{b, std::min(slice.end, b + chunk)});
@@ -894,11 +909,9 @@ Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bo
   const uint32_t dim = with_state ? RowFloats(table) : 1;
   pending_.at(ticket)->out = out;
   pending_.at(ticket)->dim = dim;
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    ForEachDenseChunk(t->NumElements(), s, [&](const SliceRange& c) {
-      SendDensePull(ticket, table, s, c, dim, with_state);
-    });
-  }
+  ForEachDenseChunk(t->NumElements(), ReadPlacement(), [&](uint32_t s, const SliceRange& c) {
+    SendDensePull(ticket, table, s, c, dim, with_state);
+  });
   return ticket;
 }
 
@@ -916,10 +929,8 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
   StartBorrowing(*pending_.at(ticket));
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    ForEachDenseChunk(t->NumElements(), s,
-                      [&](const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
-  }
+  ForEachDenseChunk(t->NumElements(), membership_.PlacementAt(clock_ + request_clock_offset_),
+                    [&](uint32_t s, const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
   return ticket;
 }
 
@@ -934,12 +945,11 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   p.dim = 1;
   // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
   // the chunk, then reads it back, while the next chunk is still on its way up.
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    ForEachDenseChunk(t->NumElements(), s, [&](const SliceRange& c) {
-      SendDensePush(ticket, table, s, c, grads);
-      SendDensePull(ticket, table, s, c, 1, false);
-    });
-  }
+  ForEachDenseChunk(t->NumElements(), membership_.PlacementAt(clock_ + request_clock_offset_),
+                    [&](uint32_t s, const SliceRange& c) {
+                      SendDensePush(ticket, table, s, c, grads);
+                      SendDensePull(ticket, table, s, c, 1, false);
+                    });
   return ticket;
 }
 

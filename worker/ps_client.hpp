@@ -252,9 +252,16 @@ class PsClient {
   Status Handshake();
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
-  // fn(chunk) for each chunk of shard `shard`'s slice of a `total`-element tensor.
+  // fn(shard, chunk) for each chunk of each shard's slice of a `total`-element tensor in
+  // `placement`; ForEachDenseChunkOf: fn(chunk) for one shard's.
   template <typename Fn>
-  void ForEachDenseChunk(uint64_t total, uint32_t shard, Fn&& fn) const;
+  void ForEachDenseChunk(uint64_t total, const Placement& placement, Fn&& fn) const;
+  template <typename Fn>
+  void ForEachDenseChunkOf(uint64_t total, uint32_t shard, const Placement& placement,
+                           Fn&& fn) const;
+  // The placement a read routes by: the one of the request's clock for a worker training, the
+  // newest for a tool or a worker done training.
+  const Placement& ReadPlacement() const;
   // One chunk's request of a dense pull or push, tracked under `ticket`.
   void SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& chunk,
                      uint32_t dim, bool with_state);

@@ -114,16 +114,17 @@ class Mover {
 }  // namespace
 
 std::string ReshardReport::ToString() const {
-  char buf[400];
+  char buf[480];
   std::snprintf(buf, sizeof(buf),
                 "%u -> %u shards from clock %lld: %llu rows copied ahead in %.2f s (%.0f rows/s) "
-                "while training went on, then %llu rows updated since in %.2f s from the change's "
-                "naming to the last commit; %llu dropped by the old holders, %llu pass(es), "
-                "%.2f s in all",
+                "while training went on, then %llu rows updated since and %llu dense elements "
+                "in %.2f s from the change's naming to the last commit; %llu rows dropped by "
+                "the old holders, %llu pass(es), %.2f s in all",
                 from, to, static_cast<long long>(clock),
                 static_cast<unsigned long long>(ahead_rows), ahead_seconds,
                 ahead_seconds > 0 ? ahead_rows / ahead_seconds : 0.0,
-                static_cast<unsigned long long>(rows_moved), copy_seconds,
+                static_cast<unsigned long long>(rows_moved),
+                static_cast<unsigned long long>(elements_moved), copy_seconds,
                 static_cast<unsigned long long>(rows_dropped),
                 static_cast<unsigned long long>(passes), total_seconds);
   return buf;
@@ -140,21 +141,26 @@ struct CopyState {
   std::vector<uint64_t> target_epoch;                // [shard] (0: took none)
   bool target_restarted = false;
   uint64_t rows = 0;
+  uint64_t elements = 0;  // of dense tensors
 };
 
 // Copies every row of the sparse tables that `before` places on one shard and `after` on
-// another, from its shard to its new one. `ahead`: a copy before the change is named;
-// otherwise, from a source whose process is the one `ahead_state` read, only the rows updated
-// since.
+// another, from its shard to its new one, and (`change`: in the change itself, not ahead of
+// it) every element of the dense tensors alike. In the change, from a source whose process is
+// the one `ahead_state` read, only the rows updated since.
 Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
-                const Placement& after, const CopyState* ahead_state, CopyState* state) {
+                const Placement& after, bool change, const CopyState* ahead_state,
+                CopyState* state) {
   const uint32_t listed = static_cast<uint32_t>(manifest.cluster.servers.size());
   const size_t tables = manifest.tables.size();
   state->source_epoch.assign(tables, std::vector<uint64_t>(listed, 0));
   state->source_clock.assign(tables, std::vector<int64_t>(listed, -1));
   if (state->target_epoch.empty()) state->target_epoch.assign(listed, 0);
   for (uint32_t t = 0; t < tables; ++t) {
-    if (manifest.tables[t].kind != TableKind::kSparse) continue;
+    // A dense page's keys are its elements' indices.
+    const bool dense = manifest.tables[t].kind == TableKind::kDense;
+    if (dense && !change) continue;
+    const uint64_t elements = manifest.tables[t].NumElements();
     for (uint32_t s = 0; s < before.count(); ++s) {
       int64_t since = -1;
       if (ahead_state) since = ahead_state->source_clock[t][s];
@@ -209,7 +215,12 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
           for (uint64_t i = 0; i < in_frame && row < n; ++i, ++row) {
             uint64_t key;
             std::memcpy(&key, k + row, sizeof(key));
-            const uint32_t d = after.ShardOf(key);
+            if (dense && key >= elements) {
+              return BadMessage("shard " + std::to_string(s) + ": element " +
+                                std::to_string(key) + " of a tensor of " +
+                                std::to_string(elements));
+            }
+            const uint32_t d = dense ? after.DenseShardOf(elements, key) : after.ShardOf(key);
             if (d >= listed) return BadMessage("a key placed beyond the listed shards");
             keys[d].push_back(key);
             rows[d].insert(rows[d].end(), v + i * floats, v + (i + 1) * floats);
@@ -236,7 +247,7 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
           uint64_t& target = state->target_epoch[d];
           if (target != 0 && target != ack.header.server_epoch) state->target_restarted = true;
           target = ack.header.server_epoch;
-          state->rows += keys[d].size();
+          (dense ? state->elements : state->rows) += keys[d].size();
         }
         if (page.header.done) break;
         cursor = page.header.offset;
@@ -276,7 +287,8 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     const auto t0 = SteadyClock::now();
     const Placement before = m.LastPlacement();
     ahead_from = before;
-    Status st = CopyRows(mover, manifest, before, before.Resized(servers), nullptr, &ahead);
+    Status st = CopyRows(mover, manifest, before, before.Resized(servers), /*change=*/false,
+                         nullptr, &ahead);
     if (!st.ok()) return st.WithContext("copying the rows ahead of the change");
     copied_ahead = !ahead.target_restarted;
     report.ahead_rows = ahead.rows;
@@ -309,7 +321,8 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     CopyState state;
     if (copied_ahead) state.target_epoch = ahead.target_epoch;
     PARASOL_RETURN_IF_ERROR(
-        CopyRows(mover, manifest, before, after, copied_ahead ? &ahead : nullptr, &state));
+        CopyRows(mover, manifest, before, after, /*change=*/true, copied_ahead ? &ahead : nullptr,
+                 &state));
     bool again = state.target_restarted;
     // Commit: every shard, each to the process that took its rows.
     for (uint32_t s = 0; s < listed && !again; ++s) {
@@ -324,6 +337,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
       if (!ack.ok()) return ack.status();
     }
     report.rows_moved = state.rows;
+    report.elements_moved = state.elements;
     if (!again) break;
     copied_ahead = false;  // a target lost what was copied ahead: all of it again
     if (SteadyClock::now() > deadline) {

@@ -34,6 +34,7 @@ struct ReshardReport {
   uint64_t ahead_rows = 0;     // rows copied before the change was named, training going on
   double ahead_seconds = 0;
   uint64_t rows_moved = 0;     // rows copied at the change (updated since; all without ahead)
+  uint64_t elements_moved = 0; // dense elements copied at the change (to their new slices)
   double copy_seconds = 0;     // from the change's naming to the last commit
   uint64_t rows_dropped = 0;   // rows the old holders removed
   uint64_t passes = 0;         // copies at the change (more than 1 when a target restarted)

@@ -8,7 +8,8 @@
 // The model must equal, bit for bit, the same job run with 3 shards from the start (every
 // key's row with its optimizer state, and every dense value, from each job's final checkpoints
 // through `parasol export` and `compare-models`), with no key in two shards' checkpoints, and
-// the shards of both jobs must hold the same number of rows.
+// the shards of both jobs must hold the same number of rows. After each change every dense
+// tensor is cut among the shards the job has then (the one that left holds none).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 
 #include "common/manifest.hpp"
 #include "common/net.hpp"
+#include "common/sharding.hpp"
 #include "common/subprocess.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/data_generator.hpp"
@@ -161,6 +163,27 @@ nlohmann::json CompareModels(const Job& a, const Job& b) {
                                false);
 }
 
+// Every dense tensor of `manifest` cut among `count` of the shards whose `stats` are given,
+// each a whole slice (the others hold none), and the tensors' elements all held once.
+void ExpectDenseCut(const Manifest& manifest, const std::vector<nlohmann::json>& stats,
+                    uint32_t count) {
+  int dense = 0;
+  for (uint32_t t = 0; t < manifest.tables.size(); ++t) {
+    if (manifest.tables[t].kind != TableKind::kDense) continue;
+    ++dense;
+    const uint64_t total = manifest.tables[t].NumElements();
+    for (uint32_t r = 0; r < stats.size(); ++r) {
+      const nlohmann::json& table = stats[r]["tables"][t];
+      const SliceRange want = r < count ? DenseSlice(total, r, count) : SliceRange{0, 0};
+      EXPECT_EQ(table["slice_end"].get<uint64_t>() - table["slice_begin"].get<uint64_t>(),
+                want.size())
+          << "shard " << r << ", table " << manifest.tables[t].name << ": " << table.dump();
+      if (want.size() > 0) EXPECT_EQ(table["slice_begin"].get<uint64_t>(), want.begin);
+    }
+  }
+  EXPECT_GT(dense, 0);
+}
+
 void RunReshardJob(uint64_t seed, bool kill_shards) {
   std::mt19937_64 rng(seed);
   const int64_t grow_after = std::uniform_int_distribution<int64_t>(150, 500)(rng);
@@ -198,6 +221,8 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   };
   ASSERT_TRUE(wait_for_clock(grow_after)) << "the job never reached clock " << grow_after;
   ASSERT_TRUE(Scale(job, 3)) << ReadFile(job.Log("scale"));
+  // Dense tensors re-cut among the 3 (the tool returns once every shard has dropped).
+  ExpectDenseCut(job.manifest, ShardStats(**observer), 3);
   ASSERT_TRUE(wait_for_clock(shrink_after)) << "the job never reached clock " << shrink_after;
   ASSERT_TRUE(Scale(job, 2, kill_after, kill_shards)) << ReadFile(job.Log("scale"));
   st = job.worker.Wait(std::chrono::seconds(120));
@@ -228,6 +253,7 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   for (const auto& t : stats[2]["tables"]) {
     if (t["kind"] == "sparse") EXPECT_EQ(t["rows"].get<uint64_t>(), 0u) << stats[2].dump();
   }
+  ExpectDenseCut(job.manifest, stats, 2);
 
   // The final checkpoints, exported and compared.
   (void)(*observer)->Shutdown();

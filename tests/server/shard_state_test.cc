@@ -351,8 +351,18 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
        "pending sums of sparse rows for dense table 'w'"},
       {"pending dense sums for a sparse table", [](auto& b, auto&) { b[8].table = 0; },
        "pending dense sums for sparse table 'emb'"},
-      {"pending dense sums of the wrong slice", [](auto& b, auto&) { b[12].count += 1; },
-       "table 'b': pending sums of a slice of 4 elements; this shard's slice has 3"},
+      {"pending dense sums of the wrong slice",
+       [](auto& b, auto&) {
+         b[12].count += 1;
+         b[12].bytes.resize(b[12].bytes.size() + sizeof(float));
+       },
+       "table 'b': pending sums of 4 elements; its block has 3"},
+      {"pending dense sums beyond the tensor",
+       [](auto& b, auto&) {
+         b[12].count += 1000;
+         b[12].bytes.resize(b[12].bytes.size() + 1000 * sizeof(float));
+       },
+       "table 'b': pending sums of a slice of 1003 elements"},
       {"a sparse count that does not match the bytes", [](auto& b, auto&) { b[6].count += 1; },
        "table 'emb' pending sums after the clock: 4 x 24 bytes do not make"},
       // 3 + 2^61 keys x 24 bytes wraps around to exactly the 72 bytes of 3 keys.
