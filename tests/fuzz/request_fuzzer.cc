@@ -78,7 +78,8 @@ struct TableInfo {
   bool sparse = false;
   uint32_t dim = 4;         // sparse
   uint32_t row_floats = 4;  // sparse: values and optimizer state
-  SliceRange slice{0, 16};  // dense: this shard's
+  SliceRange slice{0, 16};  // dense: this shard's at the start
+  uint32_t dense_floats = 1;  // dense: an element's value and optimizer state
 };
 
 struct Job {
@@ -143,7 +144,9 @@ const Job& JobFor(uint8_t config) {
       info.dim = t.dim;
       info.row_floats = t.dim + opt.SparseStateFloats(t.dim);
     } else {
-      info.slice = DenseSlice(t.NumElements(), job->spec.rank, job->spec.shards);
+      info.slice = Placement(job->manifest.cluster.InitialServers())
+                       .DenseSliceOf(t.NumElements(), job->spec.rank);
+      info.dense_floats = 1 + opt.DenseStateArrays();
     }
     job->tables.push_back(info);
   }
@@ -426,8 +429,9 @@ class Session {
     if (h.op == Op::PullSparse || h.op == Op::PushSparse) {
       h.value_dim = t.sparse ? (h.with_state ? t.row_floats : t.dim) : 4;
     } else if (h.op == Op::Migrate) {
-      // Rows as an export gives them: the clock word, the values and the state.
-      h.value_dim = t.sparse ? 1 + t.row_floats : 1;
+      // Rows as an export gives them: the clock word, the values and the state (dense: each
+      // element's value and state).
+      h.value_dim = t.sparse ? 1 + t.row_floats : t.dense_floats;
       h.offset = shape.offset;
     } else {
       const SliceRange slice = t.sparse ? SliceRange{0, 16} : t.slice;

@@ -398,16 +398,28 @@ std::vector<Session> FocusedSessions() {
       for (uint32_t w = 0; w < 2; ++w) {
         s.Add(Pull(w, kSparseAdagrad, 6, keys));
         s.Add(Push(w, kSparseAdagrad, 6, keys));
+        s.Add(Push(w, kDenseSgd, 10));  // past the change's clock: the new slice's elements only
         s.Add(Tick(w));
       }
     }
     s.Add(migrate(0, 2, 2, 0));  // the change's export
+    // A dense tensor's export (this shard's elements past its new slice), and an install of
+    // consecutive elements it does not gain (refused).
+    Step dense_export = migrate(0, 2, 2, 0);
+    dense_export.table = kDenseAdam;
+    s.Add(dense_export);
+    Step dense_install = migrate(1, 2, 2, 4);
+    dense_install.table = kDenseAdam;
+    dense_install.keys.mode = 1;  // base + i
+    dense_install.keys.base = 30;
+    s.Add(dense_install);
     s.Add(migrate(2, 2, 2, 0));  // commit
-    s.Add(migrate(3, 2, 2, 0));  // drop
+    s.Add(migrate(3, 2, 2, 0));  // drop (the dense slices cut to the new placement's)
     s.Add(Kind(kStatsCall));
     s.Add(Message(kCheckpoint, 0));
     s.Add(Kind(kRestart));
     s.Add(Pull(0, kSparseAdagrad, 6, keys));
+    s.Add(Pull(0, kDenseAdam, 255));
     out.push_back(s);
   }
   {

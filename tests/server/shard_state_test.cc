@@ -273,6 +273,58 @@ TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   EXPECT_EQ(loaded.controller().DoneAt(1), -1);
 }
 
+// A shard whose dense tables hold other elements than its slice among the listed shards (a
+// change of the shard count moved or widened them): each table's range comes back with its
+// values, state and pending sums; a range outside the tensor is refused.
+TEST_F(ShardStateTest, ADenseRangeLoadsBackWithItsPendingSumsAndABadOneIsRefused) {
+  SmallShard saved;
+  Train(saved);
+  saved.Reslice(2, SliceRange{4, 18});  // 'w', 21 elements: wider than [0, 11)
+  saved.Reslice(3, SliceRange{3, 5});   // 'b', 5 elements: moved from [0, 3)
+  TrainPending(saved);
+  const auto sums = PendingBits(saved);
+  const std::vector<CheckpointBlock> good = *saved.state().Save();
+  int ranges = 0;
+  for (const CheckpointBlock& b : good) ranges += b.kind == 12 ? 1 : 0;
+  EXPECT_EQ(ranges, 2);
+  const std::string path = dir_ + "/ckpt.bin";
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), good).ok());
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(loaded.dense(2).slice().begin, 4u);
+  EXPECT_EQ(loaded.dense(2).slice().end, 18u);
+  EXPECT_EQ(loaded.dense(3).slice().begin, 3u);
+  EXPECT_EQ(loaded.dense(3).slice().end, 5u);
+  EXPECT_EQ(Contents(loaded), Contents(saved));
+  EXPECT_EQ(PendingBits(loaded), sums);
+  size_t w = 0;
+  while (w < good.size() && !(good[w].kind == 12 && good[w].table == 2)) ++w;
+  ASSERT_LT(w, good.size());
+  const std::vector<BadBlocks> cases = {
+      {"a range past the tensor's end",
+       [w](auto& b, auto&) {
+         const int64_t begin = 10;
+         std::memcpy(b[w].bytes.data(), &begin, 8);
+       },
+       "table 'w': a dense range of 14 elements from 10 serving [4, 11) does not fit the "
+       "tensor of 21"},
+      {"elements served outside the range",
+       [w](auto& b, auto&) {
+         const int64_t live_end = 19;
+         std::memcpy(b[w].bytes.data() + 16, &live_end, 8);
+       },
+       "serving [4, 19) does not fit"},
+      {"a range without its bounds",
+       [w](auto& b, auto&) {
+         b[w].count = 0;
+         b[w].bytes.resize(8);
+       },
+       "a dense range of 8 bytes, too few for where it is"},
+  };
+  ExpectRefused(saved, good, cases);
+}
+
 // Each case changes the blocks of a good checkpoint (its checksums stay right: these are files
 // a writer with a bug, or an attacker, could produce) and says what the refusal must name.
 TEST_F(ShardStateTest, BlocksThatDisagreeWithTheManifestAreRefusedAndChangeNothing) {

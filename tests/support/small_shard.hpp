@@ -98,6 +98,13 @@ class SmallShard {
   Membership& membership() { return membership_; }
   // BSP sums of clocks not yet applied (as ShardServer's aggregates), by clock.
   PendingAggregates& pending() { return pending_; }
+  // Dense table `table` holding `slice` instead (as a shard's does during and after a change of
+  // the job's shard count), its pending sums alike.
+  void Reslice(uint32_t table, SliceRange slice) {
+    const SliceRange was = dense_[table]->slice();
+    dense_[table] = dense_[table]->Resliced(slice);
+    for (auto& [clock, agg] : pending_) agg->ResliceDense(table, was, slice);
+  }
 
  private:
   Manifest manifest_;
