@@ -32,7 +32,10 @@ void ClockAggregate::ResliceDense(uint32_t table, SliceRange from, SliceRange to
   if (!dense_[table]) return;
   auto sums = std::make_unique<float[]>(std::max<uint64_t>(1, to.size()));  // zeroed
   const uint64_t b = std::max(from.begin, to.begin), e = std::min(from.end, to.end);
-  if (b < e) std::copy(&dense_[table][b - from.begin], &dense_[table][e - from.begin], &sums[b - to.begin]);
+  if (b < e) {
+    const float* old = dense_[table].get();
+    std::copy(old + (b - from.begin), old + (e - from.begin), sums.get() + (b - to.begin));
+  }
   dense_[table] = std::move(sums);
   dense_elements_[table] = to.size();
 }

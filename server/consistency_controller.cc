@@ -202,6 +202,28 @@ bool ConsistencyController::PullAllowed(int64_t c) const {
   return true;
 }
 
+void ConsistencyController::Enter(int64_t clock, const std::vector<int64_t>& done_before,
+                                  SteadyClock::time_point now) {
+  for (uint32_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0) continue;
+    if (w < done_before.size() && done_before[w] >= 0 && done_at_[w] < 0) {
+      done_at_[w] = done_before[w];
+      clocks_[w] = std::max(clocks_[w], done_before[w]);
+    } else {
+      clocks_[w] = std::max(clocks_[w], clock);
+    }
+    unconfirmed_[w] = false;
+    restored_[w] = false;
+    last_heard_[w] = now;
+  }
+}
+
+void ConsistencyController::Note(uint32_t worker, int64_t clock, bool done) {
+  if (!InJob(worker)) return;
+  clocks_[worker] = std::max(clocks_[worker], clock);
+  if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
+}
+
 std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point now) {
   std::vector<uint32_t> lost;
   const auto timeout = std::chrono::milliseconds(options_.worker_timeout_ms);

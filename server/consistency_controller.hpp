@@ -118,6 +118,15 @@ class ConsistencyController {
   // Whether a pull by a worker at clock `c` may be answered now.
   bool PullAllowed(int64_t c) const;
 
+  // A shard that starts serving the job at `clock` (at a change of the shard count it gained
+  // rows or elements, holding none before, so no worker ticked it): every rank in the job is
+  // at `clock` at least, confirmed and heard `now`, except those that left before it
+  // (`done_before[w]` >= 0: the clock it left at, as a shard that served them knows it).
+  void Enter(int64_t clock, const std::vector<int64_t>& done_before, SteadyClock::time_point now);
+  // A Clock taken by a shard that serves nothing now: the worker's clock and whether it left,
+  // noted as it says (nothing here depends on them before Enter(), which raises them).
+  void Note(uint32_t worker, int64_t clock, bool done);
+
   // Marks and returns the workers found silent past worker_timeout at `now`.
   std::vector<uint32_t> DetectLost(SteadyClock::time_point now);
   // Seconds since `worker` was last heard from.

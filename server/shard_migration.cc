@@ -25,6 +25,11 @@ int64_t ShardServer::ChangeClock() const {
   return changes.empty() ? -1 : changes.back().clock;
 }
 
+const Placement& ShardServer::LivePlacement() const {
+  const int64_t c = ChangeClock();
+  return c < 0 || migration_.installed >= c ? PlacementAfter() : PlacementBefore();
+}
+
 const Placement& ShardServer::PlacementBefore() const {
   const int64_t c = ChangeClock();
   return membership_.PlacementAt(c < 0 ? 0 : c - 1);
@@ -206,10 +211,90 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
     // copied ahead).
     return ExportRows(req, PlacementBefore(), PlacementAfter(), req.worker_clock, reply, payload);
   }
+  if (req.seq == kCommit) return Commit(req, p, reply, payload);
   // The other steps answer with no rows (an empty keys frame), and a count in `offset`.
   reply->value_dim = 1;
   payload->emplace_back();
   return MigrateStepAnswer(req, p, reply);
+}
+
+namespace {
+
+// A commit's rows: a rank that left the job (key) and the clock it left at (an i64 in the
+// row's two f32 words).
+constexpr uint32_t kLeftRowFloats = 2;
+
+}  // namespace
+
+Status ShardServer::Commit(const Header& req, const PayloadView& p, Header* reply,
+                           std::vector<zmq::message_t>* payload) {
+  const int64_t change = ChangeClock();
+  // The request: the ranks that left the job and when, as shard 0 knows them (for a shard that
+  // starts serving here, no worker having ticked it).
+  std::vector<int64_t> left(membership_.max_ranks(), -1);
+  if (p.rows() > 0 && p.dim() != kLeftRowFloats) {
+    return InvalidArgument("Migrate: a commit's rows are a rank and the clock it left at (" +
+                           std::to_string(kLeftRowFloats) + " floats), not " +
+                           std::to_string(p.dim()) + " floats");
+  }
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    int64_t at = 0;
+    std::memcpy(&at, p.Row(i), sizeof(at));
+    if (p.Key(i) >= left.size() || at < 0 || at > kMaxMemberClock) {
+      return InvalidArgument("Migrate: commit row " + std::to_string(i) + " says rank " +
+                             std::to_string(p.Key(i)) + " left at clock " + std::to_string(at) +
+                             ", out of range");
+    }
+    left[p.Key(i)] = at;
+  }
+  if (migration_.installed >= change) {
+    reply->duplicate = true;
+  } else if (gains_rows_ && req.known_epoch != epoch_) {
+    // The rows were installed in one process: a restarted one lacks them.
+    return FailedPrecondition("Migrate: shard " + std::to_string(rank_) + " restarted after "
+                              "the rows it gains at clock " + std::to_string(change) +
+                              " were installed; install them again");
+  } else {
+    PARASOL_RETURN_IF_ERROR(CheckDenseInstalled());
+    const bool entered = Entered();
+    const int64_t was = migration_.installed;
+    migration_.installed = change;
+    if (!entered && Entered()) {
+      // Serving from the change's clock: every worker is there (every push before it is
+      // applied on the shards that served it), or left before.
+      controller_.Enter(change, left, std::chrono::steady_clock::now());
+      if (req.last_barrier > controller_.last_barrier()) {
+        controller_.set_last_barrier(req.last_barrier);
+      }
+      spdlog::info("shard {}: serves the job from clock {}", rank_, change);
+    }
+    // What this shard gained is only here until a checkpoint holds it: the old holders drop
+    // their copies once every shard has committed.
+    if (!manifest_.checkpoint.dir.empty()) {
+      if (Status saved = SaveCheckpoint("rows gained at clock " + std::to_string(change));
+          !saved.ok()) {
+        migration_.installed = was;
+        return saved.WithContext("committing the rows gained at clock " + std::to_string(change));
+      }
+    }
+    spdlog::info("shard {}: holds its keys of the {}-shard placement from clock {}", rank_,
+                 PlacementAfter().count(), change);
+    AfterClockChange();
+  }
+  // The answer: the ranks that left, as this shard knows them, and its newest barrier.
+  std::vector<uint64_t> keys;
+  std::vector<float> rows;
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+    const int64_t at = controller_.DoneAt(w);
+    if (at < 0) continue;
+    keys.push_back(w);
+    float words[kLeftRowFloats];
+    std::memcpy(words, &at, sizeof(at));
+    rows.insert(rows.end(), words, words + kLeftRowFloats);
+  }
+  AnswerPage(req, keys, rows, kLeftRowFloats, reply, payload);
+  reply->last_barrier = controller_.last_barrier();
+  return Status::Ok();
 }
 
 Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply) {
@@ -224,32 +309,6 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
         return InstallDense(req, p, reply);
       }
       return InstallRows(req, p, PlacementBefore(), PlacementAfter(), reply);
-    case kCommit:
-      if (migration_.installed >= change) {
-        reply->duplicate = true;
-        return Status::Ok();
-      }
-      // The rows were installed in one process: a restarted one lacks them.
-      if (gains_rows_ && req.known_epoch != epoch_) {
-        return FailedPrecondition("Migrate: shard " + std::to_string(rank_) + " restarted after "
-                                  "the rows it gains at clock " + std::to_string(change) +
-                                  " were installed; install them again");
-      }
-      PARASOL_RETURN_IF_ERROR(CheckDenseInstalled());
-      migration_.installed = change;
-      // What this shard gained is only here until a checkpoint holds it: the old holders drop
-      // their copies once every shard has committed.
-      if (!manifest_.checkpoint.dir.empty()) {
-        if (Status st = SaveCheckpoint("rows gained at clock " + std::to_string(change));
-            !st.ok()) {
-          migration_.installed = -1;
-          return st.WithContext("committing the rows gained at clock " + std::to_string(change));
-        }
-      }
-      spdlog::info("shard {}: holds its keys of the {}-shard placement from clock {}", rank_,
-                   PlacementAfter().count(), change);
-      AfterClockChange();
-      return Status::Ok();
     case kDrop: {
       if (migration_.dropped >= change) {
         reply->duplicate = true;
@@ -377,6 +436,14 @@ std::vector<SliceRange> Minus(SliceRange was, SliceRange now) {
 Status ShardServer::ExportDense(const Header& req, Header* reply,
                                 std::vector<zmq::message_t>* payload) {
   DenseTable& table = *dense_[req.table_id];
+  if (migration_.dropped >= ChangeClock()) {
+    // Dropped already (a tool that resumes the change): every shard has committed, so nothing
+    // needs these elements any more.
+    reply->done = true;
+    reply->offset = 0;
+    AnswerPage(req, {}, {}, 1 + table.state_array_count(), reply, payload);
+    return Status::Ok();
+  }
   const uint64_t total = table.total_elements();
   const SliceRange was = PlacementBefore().DenseSliceOf(total, rank_);
   const SliceRange held = table.slice();
@@ -437,7 +504,10 @@ Status ShardServer::InstallDense(const Header& req, const PayloadView& p, Header
   }
   const SliceRange now = PlacementAfter().DenseSliceOf(total, rank_);
   const SliceRange was = PlacementBefore().DenseSliceOf(total, rank_);
-  const uint64_t last = first + n;  // no overflow: consecutive keys above
+  if (first > std::numeric_limits<uint64_t>::max() - n) {
+    return InvalidArgument("Migrate: dense elements from " + std::to_string(first) + " wrap");
+  }
+  const uint64_t last = first + n;
   if (!now.Contains(first, last) || std::max(first, was.begin) < std::min(last, was.end)) {
     return InvalidArgument("Migrate: elements [" + std::to_string(first) + ", " +
                            std::to_string(last) + ") of table '" + table.options().name +

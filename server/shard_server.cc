@@ -399,8 +399,10 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       return HandleHello(req, reply);
     case Op::PullSparse:
     case Op::PullDense:
-      // Workers outside the job (observers) read without a bound.
-      if (in_job) {
+      // Workers outside the job (observers) read without a bound. A shard that serves nothing
+      // yet has no clocks of the workers: their pulls of the clocks it will serve wait for
+      // its commit (ReadAllowed()).
+      if (in_job && Entered()) {
         PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(
             req.worker_id, req.clock, /*prefetch=*/req.op == Op::PullSparse));
         // Checked: a clock past the sender's is at most prefetch_depth past it (no overflow);
@@ -672,6 +674,8 @@ void ShardServer::CheckWorkers() {
       HeardAfterDrop(w);
     }
   }
+  // A shard that serves nothing hears from no worker.
+  if (!Entered()) return;
   const std::vector<uint32_t> lost = controller_.DetectLost(now);
   if (lost.empty()) return;
   for (uint32_t w : lost) {
@@ -714,11 +718,16 @@ Status ShardServer::MergeMembership(const Header& req) {
   if (!speaks && req.op == Op::Hello && req.join) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
+  // A shard that serves nothing is ticked by no worker: the scale tool that gives it rows
+  // brings it the membership.
+  const bool idle = !Entered();
+  speaks = speaks || (idle && req.op == Op::Migrate);
   if (!speaks) return Status::Ok();
   // While this shard restarted and a worker's replay is still due, its clocks are only a lower
   // bound and its membership may lack what was named since its checkpoint: it takes the
-  // entries the workers' copies hold without bounding their clocks.
-  const bool restarted = controller_.ReplayOwed();
+  // entries the workers' copies hold without bounding their clocks. So does a shard that serves
+  // nothing (its clocks are not the workers').
+  const bool restarted = controller_.ReplayOwed() || idle;
   // Shard 0 names the clocks: it takes none from requests, unless it restarted.
   if (rank_ == 0 && !restarted) return Status::Ok();
   for (const MemberEntry& e : req.members) {
@@ -933,6 +942,12 @@ Status ShardServer::HandleClock(const Header& req) {
     return InvalidArgument("Clock: worker " + std::to_string(req.worker_id) +
                            " is not in this job (it has not joined; cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
+  }
+  if (!Entered()) {
+    // Serving nothing, this shard is ticked by no one; a worker that leaves at the clock this
+    // shard starts serving from tells it before its commit. Its clocks count from Enter() on.
+    controller_.Note(req.worker_id, req.clock, req.done);
+    return Status::Ok();
   }
   PARASOL_RETURN_IF_ERROR(
       controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay));
@@ -1278,7 +1293,10 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
   if (st.ok() && pulls && controller_.InJob(step.worker_id)) {
     // The pulls share the Step's clock: held together until the read bound allows it. Only a
     // Step of sparse pulls alone may be a prefetch.
-    st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
+    // (A shard that serves nothing yet has no clocks of the workers: see DispatchOp.)
+    if (Entered()) {
+      st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
+    }
     if (st.ok() && !ReadAllowed(step.worker_id, step.clock, known)) {
       st = HoldPull(step, frames, known, static_cast<uint32_t>(step.key_count));
       if (st.ok()) return;
@@ -1333,9 +1351,10 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
       for (size_t f = 2 + part.header_frame; f < frames.size(); ++f) {
         held.push_back(std::move(frames[f]));
       }
-      Status st = controller_.CheckRequestClock(
-          step.worker_id, rest.clock,
-          OnlySparsePulls(std::span<const StepPart>(*parts).subspan(i)));
+      Status st = Entered() ? controller_.CheckRequestClock(
+                                  step.worker_id, rest.clock,
+                                  OnlySparsePulls(std::span<const StepPart>(*parts).subspan(i)))
+                            : Status::Ok();
       if (st.ok()) {
         st = HoldPull(rest, held, part.header.membership_version,
                       static_cast<uint32_t>(parts->size() - i));

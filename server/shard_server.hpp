@@ -246,6 +246,14 @@ class ShardServer {
   int64_t ChangeClock() const;
   const Placement& PlacementBefore() const;
   const Placement& PlacementAfter() const { return membership_.LastPlacement(); }
+  // The placement this shard serves by now: the one after the newest change once it has
+  // committed it, the one before until then.
+  const Placement& LivePlacement() const;
+  // Whether this shard is within LivePlacement(): only then do workers tick it, and only then
+  // does it watch them for silence. A shard outside it serves nothing, needs not run (it may
+  // stop, and start again before a change gives it rows), and takes the workers' clocks when it
+  // commits a change that gives it rows (ConsistencyController::Enter()).
+  bool Entered() const { return rank_ < LivePlacement().count(); }
   // Whether this shard gains keys at the newest change (kept in gains_rows_, recomputed
   // whenever the membership changes).
   bool GainsRows() const;
@@ -272,6 +280,11 @@ class ShardServer {
   // Sparse table `id`, whose rows can move between shards (not tiered).
   Result<SparseTable*> MovableTable(uint32_t id);
   Status MigrateStepAnswer(const Header& req, const PayloadView& p, Header* reply);
+  // Step 3: this shard serves by the placement after the change from now on. A shard that
+  // served nothing before takes the workers' clocks then (the request's rows: the ranks that
+  // left, and when); the answer's rows are the ranks this shard knows to have left.
+  Status Commit(const Header& req, const PayloadView& p, Header* reply,
+                std::vector<zmq::message_t>* payload);
   // The rows of table req.table_id that `before` places here and `after` elsewhere, one page
   // from cursor req.offset; `updated_since` >= 0: only those updated at that shard clock or
   // later.

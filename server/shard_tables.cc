@@ -361,7 +361,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
       dense_pushed[t] = 1;
       const SliceRange at = DenseSliceAt(static_cast<uint32_t>(t), clock);
       const SliceRange held = dense_[t]->slice();
-      const uint64_t first = std::max(at.begin, held.begin) - held.begin;
+      const uint64_t first = std::min(std::max(at.begin, held.begin), held.end) - held.begin;
       const uint64_t last = std::max(std::min(at.end, held.end), held.begin) - held.begin;
       dense_at[t] = SliceRange{first, std::max(first, last)};
     }

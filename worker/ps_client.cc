@@ -201,27 +201,11 @@ int PsClient::Mechanism(uint32_t shard) const {
   return const_cast<zmq::socket_t&>(shards_[shard]).get(zmq::sockopt::mechanism);
 }
 
-Status PsClient::Handshake() {
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  // A joining worker first has shard 0 name its clock; its Hellos then tell every shard.
-  if (joining_) {
-    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, {0}));
-    for (auto& [id, r] : in_flight_) {
-      r->timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
-      r->deadline = Clock::now() + r->timeout;
-      r->max_attempts = 1;
-    }
-    PARASOL_RETURN_IF_ERROR(Wait(t).WithContext("joining the job"));
-    if (!membership_.Joined(worker_id_)) {
-      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
-    }
-    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
-  }
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, all));
+Status PsClient::AwaitHellos(Ticket t) {
   // One long attempt: a shard that is still starting will get the queued Hello when it binds.
   const auto timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
   for (auto& [id, r] : in_flight_) {
+    if (r->ticket != t) continue;
     r->timeout = timeout;
     r->deadline = Clock::now() + timeout;
     r->max_attempts = 1;
@@ -261,6 +245,7 @@ Status PsClient::Handshake() {
     if (!unresolved.empty()) p.status = Status(p.status.code(), unresolved + p.status.message());
   }
   for (uint32_t s = 0; s < p.replies.size() && p.status.ok(); ++s) {
+    if (p.replies[s].empty()) continue;  // not greeted
     Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
     if (h.ok() && (h->shard_rank != s || h->shard_count != shards_.size())) {
       p.status = FailedPrecondition(
@@ -270,22 +255,84 @@ Status PsClient::Handshake() {
           std::to_string(shards_.size()));
     }
   }
+  return p.status;
+}
+
+uint32_t PsClient::ShardsFrom(int64_t clock) const {
+  uint32_t n = membership_.PlacementAt(clock).count();
+  for (const auto& change : membership_.server_changes()) {
+    if (change.clock > clock) n = std::max(n, change.count);
+  }
+  return n;
+}
+
+std::vector<uint32_t> PsClient::FirstShards(uint32_t n) {
+  std::vector<uint32_t> out(std::min<size_t>(n, shards_.size()));
+  for (uint32_t s = 0; s < out.size(); ++s) out[s] = s;
+  return out;
+}
+
+Status PsClient::Handshake() {
+  // A joining worker first has shard 0 name its clock; its Hellos then tell every shard.
+  if (joining_) {
+    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, {0}));
+    for (auto& [id, r] : in_flight_) {
+      r->timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
+      r->deadline = Clock::now() + r->timeout;
+      r->max_attempts = 1;
+    }
+    PARASOL_RETURN_IF_ERROR(Wait(t).WithContext("joining the job"));
+    if (!membership_.Joined(worker_id_)) {
+      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
+    }
+    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
+  }
+  // Shard 0 first: its reply brings the membership, whose changes of the shard count say which
+  // shards serve the clocks this worker goes on from (the others hold nothing it needs, and
+  // need not run); a tool greets those the newest placement has.
+  PARASOL_ASSIGN_OR_RETURN(Ticket first, Broadcast(Op::Hello, 0, {0}));
+  Status greeted = AwaitHellos(first);
+  if (!greeted.ok() && pending_.at(first)->outstanding > 0) return greeted;
+  std::vector<Header> hellos;
+  Pending& p0 = *pending_.at(first);
+  if (greeted.ok() && !p0.replies[0].empty()) {
+    Result<Header> h = DecodeHeader(p0.replies[0][0].data(), p0.replies[0][0].size());
+    if (h.ok()) hellos.push_back(*h);
+  }
+  PARASOL_RETURN_IF_ERROR(Wait(first));
+  PARASOL_RETURN_IF_ERROR(greeted);
+  int64_t from = -1;
+  if (!hellos.empty() && hellos[0].worker_clock >= 0) from = hellos[0].worker_clock - 1;
+  const uint32_t serving =
+      JobRank() ? ShardsFrom(from) : membership_.LastPlacement().count();
+  std::vector<uint32_t> rest = FirstShards(serving);
+  if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
+  if (!rest.empty()) {
+    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, rest));
+    greeted = AwaitHellos(t);
+    if (!greeted.ok() && pending_.at(t)->outstanding > 0) return greeted;
+    Pending& p = *pending_.at(t);
+    for (uint32_t s : rest) {
+      if (!greeted.ok() || p.replies[s].empty()) continue;
+      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+      if (h.ok()) hellos.push_back(*h);
+    }
+    PARASOL_RETURN_IF_ERROR(Wait(t));
+    PARASOL_RETURN_IF_ERROR(greeted);
+  }
   // A worker of the job continues where the shards know it to be: a restarted worker redoes
   // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
-  if (p.status.ok() && membership_.Joined(worker_id_)) {
+  if (membership_.Joined(worker_id_)) {
     int64_t clock = -1;
     bool done = true;
-    for (uint32_t s = 0; s < p.replies.size(); ++s) {
-      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+    for (size_t i = 0; i < hellos.size(); ++i) {
+      const Header& h = hellos[i];
       // Barrier 0 is behind this worker only if every shard released it (a worker killed in
       // the middle of entering it reached some shards only).
-      if (h.ok()) {
-        last_barrier_seen_ = s == 0 ? h->last_barrier : std::min(last_barrier_seen_,
-                                                                 h->last_barrier);
-      }
-      if (!h.ok() || h->worker_clock < 0) continue;
-      clock = clock < 0 ? h->worker_clock : std::min(clock, h->worker_clock);
-      done = done && h->done;
+      last_barrier_seen_ = i == 0 ? h.last_barrier : std::min(last_barrier_seen_, h.last_barrier);
+      if (h.worker_clock < 0) continue;
+      clock = clock < 0 ? h.worker_clock : std::min(clock, h.worker_clock);
+      done = done && h.done;
     }
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
     if (clock > 0 || (clock == 0 && done) || joining_) {
@@ -299,7 +346,7 @@ Status PsClient::Handshake() {
     }
   }
   joining_ = false;
-  return Wait(t);
+  return Status::Ok();
 }
 
 Result<uint32_t> PsClient::TableId(const std::string& name) const {
@@ -477,9 +524,11 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   // A shard that knows fewer membership clocks learns them from the ticks (and Hellos).
   // Pulls too: a shard that gains rows at a change of the shard count must know of it before
   // it answers a pull of the change's clock.
-  if ((header.op == Op::Clock || header.op == Op::Hello || header.op == Op::PullSparse ||
-       header.op == Op::PullDense) &&
-      JobRank() && shard_membership_version_[shard] < membership_.version()) {
+  // And a tool's Migrate: a shard that serves nothing is ticked by no worker.
+  if (((JobRank() && (header.op == Op::Clock || header.op == Op::Hello ||
+                      header.op == Op::PullSparse || header.op == Op::PullDense)) ||
+       (!JobRank() && header.op == Op::Migrate)) &&
+      shard_membership_version_[shard] < membership_.version()) {
     header.members = membership_.Entries();
     header.membership_version = membership_.version();
   }
@@ -1473,17 +1522,20 @@ Status PsClient::Tick() {
 Result<PsClient::Ticket> PsClient::TickAsync() {
   ++clock_;
   std::fill(push_index_.begin(), push_index_.end(), 0);
-  if (all_shards_.size() != shards_.size()) {
-    all_shards_.resize(shards_.size());
-    for (uint32_t s = 0; s < all_shards_.size(); ++s) all_shards_[s] = s;
-  }
-  return Broadcast(Op::Clock, 0, all_shards_);
+  // The shards that served the clock just finished (one that serves from the next clock on
+  // takes the workers' clocks when it commits the change).
+  const uint32_t n = membership_.PlacementAt(clock_ - 1).count();
+  if (tick_shards_.size() != n) tick_shards_ = FirstShards(n);
+  return Broadcast(Op::Clock, 0, tick_shards_);
 }
 
 Status PsClient::Leave() {
   left_ = true;
   const Ticket t = NewTicket(Op::Clock, 0);
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
+  // Those that served its last clock, and those that serve the next (which would wait for it).
+  const uint32_t n = std::max(membership_.PlacementAt(clock_ - 1).count(),
+                              membership_.PlacementAt(clock_).count());
+  for (uint32_t s = 0; s < std::min<size_t>(n, shards_.size()); ++s) {
     Header h = NewRequest(Op::Clock, 0);
     h.done = true;
     Send(t, s, std::move(h), {});
@@ -1548,9 +1600,10 @@ Result<uint64_t> PsClient::Scale(uint64_t workers) {
 Status PsClient::SyncMembership() { return AskShardZero(false, 0); }
 
 Status PsClient::Barrier(int64_t id) {
-  // Every shard holds the barrier, so every shard knows this worker is waiting, not lost.
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  // Every shard that serves this worker's clock (or the one before) holds the barrier, so
+  // every one knows this worker is waiting, not lost.
+  const std::vector<uint32_t> all = FirstShards(std::max(
+      membership_.PlacementAt(clock_ - 1).count(), membership_.PlacementAt(clock_).count()));
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), all));
   PARASOL_RETURN_IF_ERROR(Wait(t));
   barrier_passed_ = std::max(barrier_passed_, id);
@@ -1558,18 +1611,22 @@ Status PsClient::Barrier(int64_t id) {
 }
 
 Result<std::vector<std::string>> PsClient::Stats() {
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Stats, 0, all));
+  const std::vector<uint32_t> shards = ServingShards();
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Stats, 0, shards));
   std::vector<std::string> out;
   auto it = pending_.find(t);
   while (it->second->outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
     if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
-  out = it->second->messages;
+  out.assign(it->second->messages.begin(), it->second->messages.begin() + shards.size());
   PARASOL_RETURN_IF_ERROR(Wait(t));
   return out;
+}
+
+Result<std::string> PsClient::StatsOf(uint32_t shard) {
+  PARASOL_ASSIGN_OR_RETURN(Reply r, Call(shard, NewRequest(Op::Stats, 0), {}));
+  return r.header.message;
 }
 
 Result<PsClient::Reply> PsClient::Call(uint32_t shard, Header request,
@@ -1616,17 +1673,32 @@ Result<int64_t> PsClient::ScaleServers(uint32_t servers) {
 }
 
 Status PsClient::Checkpoint() {
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Checkpoint, 0, all));
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Checkpoint, 0, ServingShards()));
   return Wait(t);
 }
 
 Status PsClient::Shutdown() {
-  std::vector<uint32_t> all(shards_.size());
-  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Shutdown, 0, all));
-  return Wait(t);
+  const std::vector<uint32_t> serving = ServingShards();
+  PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Shutdown, 0, serving));
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  // The listed shards outside the placement hold nothing and may not run: each that does
+  // stops too, one try each.
+  std::vector<uint32_t> idle;
+  for (uint32_t s = static_cast<uint32_t>(serving.size()); s < shards_.size(); ++s) idle.push_back(s);
+  if (idle.empty()) return Status::Ok();
+  PARASOL_ASSIGN_OR_RETURN(Ticket rest, Broadcast(Op::Shutdown, 0, idle));
+  for (auto& [id, r] : in_flight_) {
+    if (r->ticket == rest) r->max_attempts = 1;
+  }
+  if (Status st = Wait(rest); !st.ok()) {
+    spdlog::info("shutdown: a shard outside the placement (holding nothing) did not answer: {}",
+                 st.ToString());
+  }
+  return Status::Ok();
+}
+
+std::vector<uint32_t> PsClient::ServingShards() {
+  return FirstShards(membership_.LastPlacement().count());
 }
 
 }  // namespace parasol

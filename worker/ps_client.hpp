@@ -170,8 +170,10 @@ class PsClient {
   Result<uint64_t> Scale(uint64_t workers);
   // Asks shard 0 for the membership it knows (it arrives with the reply).
   Status SyncMembership();
-  // Each shard's stats as JSON, in rank order.
+  // The stats (JSON) of each shard the newest placement has, in rank order; StatsOf(): one
+  // shard's, any listed one (a shard outside the placement holds nothing, and may not run).
   Result<std::vector<std::string>> Stats();
+  Result<std::string> StatsOf(uint32_t shard);
   // A tool's request to one shard (a header from ToolRequest()), answered with the reply's
   // header and payload frames; resent like any request, a refusal comes back as its status.
   struct Reply {
@@ -250,6 +252,15 @@ class PsClient {
   // Opens (or reopens) the socket of `shard` with its options, and connects it.
   Status OpenShard(uint32_t shard);
   Status Handshake();
+  // Waits for the Hellos of ticket `t` (one long attempt, noting the shards waited for), and
+  // checks each answering shard's rank; the ticket stays for Wait().
+  Status AwaitHellos(Ticket t);
+  // The most shards any placement from `clock` on has (those serving a worker from there).
+  uint32_t ShardsFrom(int64_t clock) const;
+  // Shards 0 .. n - 1 (at most the listed ones).
+  std::vector<uint32_t> FirstShards(uint32_t n);
+  // A tool's: the shards the newest placement has.
+  std::vector<uint32_t> ServingShards();
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
   // fn(shard, chunk) for each chunk of each shard's slice of a `total`-element tensor in
@@ -337,7 +348,7 @@ class PsClient {
   std::vector<FramePlan> plans_;
   std::vector<std::vector<zmq::message_t>> value_bufs_;
   std::vector<uint8_t> first_seen_;
-  std::vector<uint32_t> all_shards_;
+  std::vector<uint32_t> tick_shards_;
   // A node for request `id` (its ShardRequest reset), and the return of an answered one.
   RequestMap::node_type RequestNode(uint64_t id);
   void RetireRequest(RequestMap::iterator it);

@@ -34,6 +34,8 @@ class Mover {
   // One Migrate request, repeated while the refusal passes, until the deadline.
   // The change's clock (-1: a copy ahead of it, for `servers` shards).
   void set_clock(int64_t clock) { clock_ = clock; }
+  // The newest barrier shard 0 released, for a shard that starts serving at a commit.
+  void set_last_barrier(int64_t id) { last_barrier_ = id; }
 
   // An export page's request, sent now; Page() waits for it (and repeats it while the shard's
   // refusal passes).
@@ -70,6 +72,7 @@ class Mover {
     h.known_epoch = known_epoch;
     h.value_dim = floats;
     h.key_count = rows;
+    h.last_barrier = last_barrier_;
     return h;
   }
 
@@ -108,6 +111,7 @@ class Mover {
   PsClient& client_;
   const uint32_t servers_;
   int64_t clock_ = -1;
+  int64_t last_barrier_ = -1;
   const SteadyClock::time_point deadline_;
 };
 
@@ -265,7 +269,6 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   const auto deadline = start + timeout;
   ReshardReport report;
   const Manifest& manifest = client.manifest();
-  const uint32_t listed = static_cast<uint32_t>(manifest.cluster.servers.size());
   Mover mover(client, servers, deadline);
   PARASOL_RETURN_IF_ERROR(client.SyncMembership());
   const Membership& m = client.membership();
@@ -311,6 +314,8 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
                               " shards, not " + std::to_string(servers));
   }
   spdlog::info("scale: {} -> {} shards from clock {}", report.from, report.to, report.clock);
+  // The shards either placement has; the others hold nothing and need not run.
+  const uint32_t involved = std::max(report.from, report.to);
   mover.set_clock(report.clock);
   // Another change named meanwhile (by another tool): what was copied ahead is not this one's.
   if (copied_ahead && !(ahead_from == before)) copied_ahead = false;
@@ -324,10 +329,15 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
         CopyRows(mover, manifest, before, after, /*change=*/true, copied_ahead ? &ahead : nullptr,
                  &state));
     bool again = state.target_restarted;
-    // Commit: every shard, each to the process that took its rows.
-    for (uint32_t s = 0; s < listed && !again; ++s) {
+    // Commit: every shard of either placement, each to the process that took its rows; shard 0
+    // first, whose answer says which workers have left the job and when (a shard that starts
+    // serving takes them with the workers' clocks).
+    std::vector<uint64_t> left_ranks;
+    std::vector<float> left_clocks;
+    for (uint32_t s = 0; s < involved && !again; ++s) {
       const uint64_t epoch = state.target_epoch[s] ? state.target_epoch[s] : client.shard_epoch(s);
-      Result<PsClient::Reply> ack = mover.Call(s, kCommit, 0, 0, epoch);
+      Result<PsClient::Reply> ack =
+          mover.Call(s, kCommit, 0, 0, epoch, &left_ranks, &left_clocks, 2);
       if (!ack.ok() && ack.status().code() == StatusCode::kFailedPrecondition &&
           state.target_epoch[s] != 0 && client.shard_epoch(s) != state.target_epoch[s]) {
         spdlog::info("scale: shard {} restarted before it committed its rows; copying again", s);
@@ -335,6 +345,25 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
         break;
       }
       if (!ack.ok()) return ack.status();
+      if (s == 0) {
+        const PsClient::Reply& r = *ack;
+        const uint64_t n = r.header.key_count;
+        if (r.header.value_dim != 2 || r.frames.empty() ||
+            r.frames[0].size() != n * sizeof(uint64_t)) {
+          return BadMessage("shard 0: a commit's answer without the ranks that left");
+        }
+        left_ranks.assign(r.frames[0].data<uint64_t>(), r.frames[0].data<uint64_t>() + n);
+        left_clocks.clear();
+        for (size_t f = 1; f < r.frames.size(); ++f) {
+          const float* v = r.frames[f].data<float>();
+          left_clocks.insert(left_clocks.end(), v, v + r.frames[f].size() / sizeof(float));
+        }
+        if (left_clocks.size() != 2 * n) {
+          return BadMessage("shard 0: a commit's answer of " + std::to_string(n) +
+                            " ranks carried " + std::to_string(left_clocks.size()) + " words");
+        }
+        mover.set_last_barrier(r.header.last_barrier);
+      }
     }
     report.rows_moved = state.rows;
     report.elements_moved = state.elements;
@@ -347,7 +376,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   report.copy_seconds = Since(named);
   // Every shard: one that lost no rows drops none, and marks the change finished. Shard 0
   // last: it names the next change only once its own drop is done.
-  for (uint32_t s = listed; s-- > 0;) {
+  for (uint32_t s = involved; s-- > 0;) {
     PARASOL_ASSIGN_OR_RETURN(PsClient::Reply ack, mover.Call(s, kDrop, 0, 0));
     if (!ack.header.duplicate) report.rows_dropped += ack.header.offset;
   }

@@ -52,9 +52,19 @@ struct Job {
   std::string Log(const std::string& role) const { return dir + "/" + name + "-" + role + ".log"; }
 };
 
+// Starts shard `s` of `job`.
+void StartServer(Job* job, int s) {
+  auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", job->manifest_path,
+                              "--rank", std::to_string(s)},
+                             job->Log("server" + std::to_string(s)));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  job->servers[s] = std::move(*p);
+}
+
 // Writes the manifest of job `name` (3 shards listed, `initial` of them holding keys) and starts
-// its servers and its worker.
-void StartJob(const std::string& dir, const std::string& name, uint32_t initial, Job* job) {
+// its worker and servers: every listed one, or (`only_initial`) those holding keys.
+void StartJob(const std::string& dir, const std::string& name, uint32_t initial, Job* job,
+              bool only_initial = false) {
   job->dir = dir;
   job->name = name;
   const std::vector<uint16_t> ports = *PickFreePorts(3);
@@ -72,12 +82,10 @@ void StartJob(const std::string& dir, const std::string& name, uint32_t initial,
   Result<Manifest> m = LoadManifest(job->manifest_path);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   job->manifest = *m;
-  for (int s = 0; s < 3; ++s) {
-    auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", job->manifest_path,
-                                "--rank", std::to_string(s)},
-                               job->Log("server" + std::to_string(s)));
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    job->servers.push_back(std::move(*p));
+  job->servers.resize(3);
+  for (uint32_t s = 0; s < (only_initial ? initial : 3u); ++s) {
+    StartServer(job, static_cast<int>(s));
+    if (::testing::Test::HasFatalFailure()) return;
   }
   auto w = Subprocess::Spawn({PARASOL_BINARY, "worker", "--manifest", job->manifest_path,
                               "--rank", "0"},
@@ -86,20 +94,22 @@ void StartJob(const std::string& dir, const std::string& name, uint32_t initial,
   job->worker = std::move(*w);
 }
 
-// Each shard's stats, parsed (empty on failure).
-std::vector<nlohmann::json> ShardStats(PsClient& observer) {
+// The stats of shards 0 .. `shards` - 1, parsed (empty on failure).
+std::vector<nlohmann::json> ShardStats(PsClient& observer, uint32_t shards) {
   std::vector<nlohmann::json> out;
-  Result<std::vector<std::string>> stats = observer.Stats();
-  if (!stats.ok()) return out;
-  for (const std::string& s : *stats) out.push_back(nlohmann::json::parse(s, nullptr, false));
+  for (uint32_t s = 0; s < shards; ++s) {
+    Result<std::string> stats = observer.StatsOf(s);
+    if (!stats.ok()) return {};
+    out.push_back(nlohmann::json::parse(*stats, nullptr, false));
+  }
   return out;
 }
 
 
-// Rows of the embedding table on every shard together.
-uint64_t TotalRows(PsClient& observer) {
+// Rows of the embedding table on shards 0 .. `shards` - 1 together.
+uint64_t TotalRows(PsClient& observer, uint32_t shards) {
   uint64_t rows = 0;
-  for (const auto& s : ShardStats(observer)) {
+  for (const auto& s : ShardStats(observer, shards)) {
     if (s.is_discarded()) return 0;
     for (const auto& t : s["tables"]) {
       if (t["kind"] == "sparse") rows += t["rows"].get<uint64_t>();
@@ -184,17 +194,28 @@ void ExpectDenseCut(const Manifest& manifest, const std::vector<nlohmann::json>&
   EXPECT_GT(dense, 0);
 }
 
-void RunReshardJob(uint64_t seed, bool kill_shards) {
+// How a run treats its shards.
+enum class Shards {
+  kAllRun,      // all three run from the start to the end
+  kKilled,      // all three run; every one is killed into the second change
+  kThirdComes,  // the third runs only while it holds keys: started before the first change,
+                // stopped (SIGKILL) after the second
+};
+
+void RunReshardJob(uint64_t seed, Shards mode) {
   std::mt19937_64 rng(seed);
   const int64_t grow_after = std::uniform_int_distribution<int64_t>(150, 500)(rng);
   const int64_t shrink_after = grow_after + std::uniform_int_distribution<int64_t>(200, 600)(rng);
   const auto kill_after = std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 150)(rng));
+  const bool kill_shards = mode == Shards::kKilled;
+  const bool third_comes = mode == Shards::kThirdComes;
   std::printf("[ reshard  ] seed %llu: 3 shards after clock %lld, 2 after clock %lld%s\n",
               static_cast<unsigned long long>(seed), static_cast<long long>(grow_after),
               static_cast<long long>(shrink_after),
               kill_shards ? (", every shard killed " + std::to_string(kill_after.count()) +
                              " ms into the second change").c_str()
-                          : "");
+              : third_comes ? ", the third shard running only while it holds keys"
+                            : "");
   const std::string dir = MakeTempDir();
   GeneratorOptions g;
   g.rows = kRows;
@@ -209,10 +230,10 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << ReadFile(ref.Log("worker0"));
   auto ref_observer = PsClient::Connect(ref.manifest, PsClient::kObserver);
   ASSERT_TRUE(ref_observer.ok());
-  const uint64_t ref_rows = TotalRows(**ref_observer);
+  const uint64_t ref_rows = TotalRows(**ref_observer, 3);
 
   Job job;
-  StartJob(dir, "run", 2, &job);
+  StartJob(dir, "run", 2, &job, third_comes);
   if (::testing::Test::HasFatalFailure()) return;
   auto observer = PsClient::Connect(job.manifest, PsClient::kObserver);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();
@@ -220,11 +241,22 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
     return testing::WaitForWorkerClock(**observer, clock, std::chrono::seconds(60));
   };
   ASSERT_TRUE(wait_for_clock(grow_after)) << "the job never reached clock " << grow_after;
+  if (third_comes) {
+    StartServer(&job, 2);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
   ASSERT_TRUE(Scale(job, 3)) << ReadFile(job.Log("scale"));
   // Dense tensors re-cut among the 3 (the tool returns once every shard has dropped).
-  ExpectDenseCut(job.manifest, ShardStats(**observer), 3);
+  ExpectDenseCut(job.manifest, ShardStats(**observer, 3), 3);
   ASSERT_TRUE(wait_for_clock(shrink_after)) << "the job never reached clock " << shrink_after;
   ASSERT_TRUE(Scale(job, 2, kill_after, kill_shards)) << ReadFile(job.Log("scale"));
+  std::vector<nlohmann::json> stats;
+  if (third_comes) {
+    // Holding nothing now: its last stats, then it goes (the job trains on without it).
+    stats = ShardStats(**observer, 3);
+    job.servers[2].Signal(SIGKILL);
+    (void)job.servers[2].Wait(std::chrono::seconds(10));
+  }
   st = job.worker.Wait(std::chrono::seconds(120));
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << ReadFile(job.Log("worker0"));
 
@@ -238,14 +270,14 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   EXPECT_EQ(changes[1].count, 2u);
   std::printf("[ reshard  ] 3 shards from clock %lld, 2 from clock %lld\n",
               static_cast<long long>(changes[0].clock), static_cast<long long>(changes[1].clock));
-  const std::vector<nlohmann::json> stats = ShardStats(**observer);
+  if (!third_comes) stats = ShardStats(**observer, 3);
   ASSERT_EQ(stats.size(), 3u);
   for (const auto& s : stats) {
     ASSERT_FALSE(s.is_discarded());
     EXPECT_EQ(s["migration_dropped"].get<int64_t>(), changes[1].clock) << s.dump();
   }
   // The rows: as many as the reference's, and none on the shard that left.
-  const uint64_t rows = TotalRows(**observer);
+  const uint64_t rows = TotalRows(**observer, 2);
   std::printf("[ reshard  ] rows: %llu on the resharded job's shards, %llu on the reference's\n",
               static_cast<unsigned long long>(rows), static_cast<unsigned long long>(ref_rows));
   EXPECT_GT(ref_rows, 10000u);
@@ -259,8 +291,9 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
   (void)(*observer)->Shutdown();
   (void)(*ref_observer)->Shutdown();
   for (Job* j : {&job, &ref}) {
-    for (auto& s : j->servers) {
-      auto done = s.Wait(std::chrono::seconds(30));
+    for (size_t i = 0; i < j->servers.size(); ++i) {
+      if (j == &job && i == 2 && third_comes) continue;  // stopped above
+      auto done = j->servers[i].Wait(std::chrono::seconds(30));
       EXPECT_TRUE(done.has_value()) << "a server of " << j->name << " did not stop";
     }
   }
@@ -276,9 +309,10 @@ void RunReshardJob(uint64_t seed, bool kill_shards) {
 TEST(ReshardTest, AShardJoinsAndLeavesWhileTrainingAndTheModelIsTheThreeShardJobsBitForBit) {
   const uint64_t base = std::random_device{}();
   std::printf("[ reshard  ] base seed %llu\n", static_cast<unsigned long long>(base));
-  for (uint64_t i = 0; i < 2; ++i) {
+  for (uint64_t i = 0; i < 3; ++i) {
     SCOPED_TRACE("seed " + std::to_string(base + i));
-    RunReshardJob(base + i, /*kill_shards=*/i % 2 == 1);
+    RunReshardJob(base + i, i == 0 ? Shards::kAllRun : i == 1 ? Shards::kKilled
+                                                              : Shards::kThirdComes);
     if (HasFatalFailure()) return;
   }
 }
