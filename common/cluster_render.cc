@@ -180,7 +180,10 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
   Metadata(y, service, o.k8s_namespace, name);
   y << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
   y << YAML::Key << "serviceName" << YAML::Value << service;
-  y << YAML::Key << "replicas" << YAML::Value << m.cluster.servers.size();
+  // The shards holding the model at the start; the others (up to every listed one) are
+  // started by raising `replicas` before `parasol scale --servers` gives them rows, and stopped
+  // by lowering it after a scale down.
+  y << YAML::Key << "replicas" << YAML::Value << m.cluster.InitialServers();
   y << YAML::Key << "podManagementPolicy" << YAML::Value << "Parallel";
   y << YAML::Key << "selector" << YAML::Value << YAML::BeginMap << YAML::Key << "matchLabels"
     << YAML::Value << YAML::BeginMap << YAML::Key << "app" << YAML::Value << service

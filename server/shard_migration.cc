@@ -30,6 +30,15 @@ const Placement& ShardServer::LivePlacement() const {
   return c < 0 || migration_.installed >= c ? PlacementAfter() : PlacementBefore();
 }
 
+int64_t ShardServer::ServingFrom() const {
+  int64_t from = rank_ < membership_.PlacementAt(0).count() ? 0 : -1;
+  for (const auto& change : membership_.server_changes()) {
+    const bool before = rank_ < membership_.PlacementAt(change.clock - 1).count();
+    if (!before && rank_ < change.count) from = change.clock;
+  }
+  return std::max<int64_t>(0, from);
+}
+
 const Placement& ShardServer::PlacementBefore() const {
   const int64_t c = ChangeClock();
   return membership_.PlacementAt(c < 0 ? 0 : c - 1);

@@ -747,6 +747,8 @@ Status ShardServer::MergeMembership(const Header& req) {
     for (const MemberEntry& e : req.members) {
       for (int64_t c : {e.join, e.leave}) {
         bool known = c == membership_.join(e.worker) || c == membership_.leave(e.worker);
+        // A clock before this shard served the job bounds nothing here.
+        if (c >= 0 && c < ServingFrom()) continue;
         if (e.worker & kServerEntry) {
           known = c < 0 || std::any_of(membership_.server_changes().begin(),
                                        membership_.server_changes().end(),
@@ -769,7 +771,8 @@ Status ShardServer::MergeMembership(const Header& req) {
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
     if (membership_.Joined(r) && !controller_.InJob(r)) {
-      controller_.Join(r, membership_.join(r), now);
+      // From the clock this shard serves from at the earliest (it holds nothing before).
+      controller_.Join(r, std::max(membership_.join(r), ServingFrom()), now);
       spdlog::info("shard {}: worker {} joins the job at clock {}", rank_, r, membership_.join(r));
     }
   }
@@ -869,6 +872,8 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
     }
   }
   if (!controller_.InJob(w)) return Status::Ok();
+  // A shard that serves nothing does not know where the worker is.
+  if (!Entered()) return Status::Ok();
   // Where the worker is, for a restarted worker to continue from.
   reply->worker_clock = controller_.clocks()[w];
   reply->done = controller_.IsDone(w);

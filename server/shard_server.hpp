@@ -254,6 +254,9 @@ class ShardServer {
   // stop, and start again before a change gives it rows), and takes the workers' clocks when it
   // commits a change that gives it rows (ConsistencyController::Enter()).
   bool Entered() const { return rank_ < LivePlacement().count(); }
+  // The clock this shard serves the job from: 0, or the newest change that gave it rows when
+  // it held none (the workers' clocks and the membership before it are nothing to it).
+  int64_t ServingFrom() const;
   // Whether this shard gains keys at the newest change (kept in gains_rows_, recomputed
   // whenever the membership changes).
   bool GainsRows() const;

@@ -325,12 +325,14 @@ Status PsClient::Handshake() {
   if (membership_.Joined(worker_id_)) {
     int64_t clock = -1;
     bool done = true;
-    for (size_t i = 0; i < hellos.size(); ++i) {
-      const Header& h = hellos[i];
+    bool first_known = true;
+    for (const Header& h : hellos) {
+      // A shard that does not know the worker (one that serves nothing yet) says nothing.
+      if (h.worker_clock < 0) continue;
       // Barrier 0 is behind this worker only if every shard released it (a worker killed in
       // the middle of entering it reached some shards only).
-      last_barrier_seen_ = i == 0 ? h.last_barrier : std::min(last_barrier_seen_, h.last_barrier);
-      if (h.worker_clock < 0) continue;
+      last_barrier_seen_ = first_known ? h.last_barrier : std::min(last_barrier_seen_, h.last_barrier);
+      first_known = false;
       clock = clock < 0 ? h.worker_clock : std::min(clock, h.worker_clock);
       done = done && h.done;
     }

@@ -29,6 +29,26 @@ class ClusterRenderTest : public ::testing::Test {
   std::string dir_;
 };
 
+// A job whose shard count may change: the StatefulSet starts the shards that hold the model at
+// the start, and the manifest it carries lists every shard the job may use.
+TEST_F(ClusterRenderTest, TheServerReplicasAreTheInitialShards) {
+  testing::WriteFile(dir_ + "/grow.yaml",
+                     "job: {name: grow}\n"
+                     "cluster:\n  servers: [10.0.0.1:7000, 10.0.0.2:7001, 10.0.0.3:7002]\n"
+                     "  initial_servers: 2\n  workers: 2\n"
+                     "model: {kind: dlrm}\n"
+                     "data: {train: /abs/train.tsv}\n");
+  Result<std::string> text = RenderKubernetes(dir_ + "/grow.yaml", RenderOptions{});
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  std::vector<YAML::Node> docs = YAML::LoadAll(*text);
+  ASSERT_EQ(docs.size(), 4u);
+  EXPECT_EQ(docs[2]["spec"]["replicas"].as<int>(), 2);
+  Result<Manifest> m = ParseManifest(docs[0]["data"]["manifest.yaml"].as<std::string>(), "cm");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->cluster.servers.size(), 3u);
+  EXPECT_EQ(m->cluster.InitialServers(), 2u);
+}
+
 TEST_F(ClusterRenderTest, KubernetesObjectsHaveTheExpectedStructure) {
   RenderOptions o;
   o.worker_gpus = 1;

@@ -1,9 +1,11 @@
 // A job whose shard count changes while it trains (`parasol scale --servers`; worker/reshard.hpp):
 // dlrm-small under BSP with one worker, 3 shards listed and 2 holding keys at the start. The
 // shard count goes to 3 once the job has passed a clock drawn from a printed seed, and back to 2
-// once it has passed a later drawn clock. In every other run all three shards are killed
-// (SIGKILL) a drawn moment (0 to 150 ms) into the second change, started again from their
-// checkpoints (taken during the change), and the change finished by running the tool again.
+// once it has passed a later drawn clock. Three runs: every shard running throughout; all
+// three shards killed (SIGKILL) a drawn moment (0 to 150 ms) into the second change, started
+// again from their checkpoints (taken during the change), and the change finished by running
+// the tool again; the third shard started only before the first change and killed once the
+// second has returned (a shard outside the placement needs not run).
 //
 // The model must equal, bit for bit, the same job run with 3 shards from the start (every
 // key's row with its optimizer state, and every dense value, from each job's final checkpoints
