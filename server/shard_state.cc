@@ -418,6 +418,11 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   // Per dense table, the elements of its block (its pending sums cover the same).
   std::vector<uint64_t> dense_count(manifest_.tables.size(), 0);
+  // Per dense table, what its block holds and the elements it says the shard serves.
+  struct DenseHeld {
+    SliceRange held, live;
+  };
+  std::vector<DenseHeld> dense_held(manifest_.tables.size());
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
@@ -514,7 +519,15 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
         return InvalidArgument("barrier " + std::to_string(*barrier) + " is out of range");
       }
     } else if (KindOf(b) == Kind::kDenseRange) {
-      return CheckDenseRange(manifest_, b);
+      PARASOL_RETURN_IF_ERROR(CheckDenseRange(manifest_, b));
+      const DenseRangeBlock r = ReadDenseRange(b);
+      dense_held[b.table] = {SliceRange{r.begin, r.begin + b.count},
+                             SliceRange{r.live_begin, r.live_end}};
+    } else if (KindOf(b) == Kind::kDenseSlice) {
+      const SliceRange cut =
+          DenseSlice(manifest_.tables[b.table].NumElements(), shard_,
+                     static_cast<uint32_t>(manifest_.cluster.servers.size()));
+      dense_held[b.table] = {cut, cut};
     } else if (KindOf(b) == Kind::kPushRecord && !record->Load(b.bytes)) {
       return InvalidArgument("malformed push record");
     } else if (IsPending(KindOf(b))) {
@@ -535,6 +548,28 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   if (!clocks_seen || !record_seen) {
     return InvalidArgument("checkpoint '" + name + "' has no " +
                            (clocks_seen ? "push record" : "worker clocks"));
+  }
+  // Each dense table holds, and says it serves, the slice the file's own membership and
+  // migration state say this shard serves (the workers route by them).
+  Membership merged = membership_;
+  if (merged.Merge(*members).ok()) {
+    for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
+      if (manifest_.tables[t].kind != TableKind::kDense) continue;
+      const DenseHeld& d = dense_held[t];
+      const SliceRange live =
+          LiveDenseSlice(merged, *migration, manifest_.tables[t].NumElements(), shard_);
+      const bool empty = live.begin >= live.end;
+      const bool says = empty ? d.live.begin >= d.live.end
+                              : d.live.begin == live.begin && d.live.end == live.end;
+      if ((!empty && !d.held.Contains(live.begin, live.end)) || !says) {
+        return InvalidArgument(
+            "checkpoint '" + name + "': table '" + manifest_.tables[t].name + "' holds [" +
+            std::to_string(d.held.begin) + ", " + std::to_string(d.held.end) + ") and serves [" +
+            std::to_string(d.live.begin) + ", " + std::to_string(d.live.end) + "); by its " +
+            "membership this shard serves [" + std::to_string(live.begin) + ", " +
+            std::to_string(live.end) + ")");
+      }
+    }
   }
   return Status::Ok();
 }

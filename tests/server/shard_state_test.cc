@@ -273,14 +273,16 @@ TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   EXPECT_EQ(loaded.controller().DoneAt(1), -1);
 }
 
-// A shard whose dense tables hold other elements than its slice among the listed shards (a
-// change of the shard count moved or widened them): each table's range comes back with its
-// values, state and pending sums; a range outside the tensor is refused.
+// A shard in the middle of a change of the shard count (2 -> 1 at clock 10, not committed yet),
+// its dense tables spanning the slices before and after it: each table's range comes back with
+// its values, state and pending sums; a range outside the tensor, or one that does not serve
+// what the file's membership says this shard serves, is refused.
 TEST_F(ShardStateTest, ADenseRangeLoadsBackWithItsPendingSumsAndABadOneIsRefused) {
   SmallShard saved;
   Train(saved);
-  saved.Reslice(2, SliceRange{4, 18});  // 'w', 21 elements: wider than [0, 11)
-  saved.Reslice(3, SliceRange{3, 5});   // 'b', 5 elements: moved from [0, 3)
+  ASSERT_TRUE(saved.membership().SetServers(10, 1).ok());
+  saved.Reslice(2, SliceRange{0, 21});  // 'w', 21 elements: [0, 11) before, all after
+  saved.Reslice(3, SliceRange{0, 5});   // 'b', 5 elements: [0, 3) before, all after
   TrainPending(saved);
   const auto sums = PendingBits(saved);
   const std::vector<CheckpointBlock> good = *saved.state().Save();
@@ -292,9 +294,8 @@ TEST_F(ShardStateTest, ADenseRangeLoadsBackWithItsPendingSumsAndABadOneIsRefused
   SmallShard loaded;
   const Status st = Load(loaded, path);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(loaded.dense(2).slice().begin, 4u);
-  EXPECT_EQ(loaded.dense(2).slice().end, 18u);
-  EXPECT_EQ(loaded.dense(3).slice().begin, 3u);
+  EXPECT_EQ(loaded.dense(2).slice().begin, 0u);
+  EXPECT_EQ(loaded.dense(2).slice().end, 21u);
   EXPECT_EQ(loaded.dense(3).slice().end, 5u);
   EXPECT_EQ(Contents(loaded), Contents(saved));
   EXPECT_EQ(PendingBits(loaded), sums);
@@ -307,14 +308,14 @@ TEST_F(ShardStateTest, ADenseRangeLoadsBackWithItsPendingSumsAndABadOneIsRefused
          const int64_t begin = 10;
          std::memcpy(b[w].bytes.data(), &begin, 8);
        },
-       "table 'w': a dense range of 14 elements from 10 serving [4, 11) does not fit the "
+       "table 'w': a dense range of 21 elements from 10 serving [0, 11) does not fit the "
        "tensor of 21"},
-      {"elements served outside the range",
+      {"elements served that the membership does not give the shard",
        [w](auto& b, auto&) {
          const int64_t live_end = 19;
          std::memcpy(b[w].bytes.data() + 16, &live_end, 8);
        },
-       "serving [4, 19) does not fit"},
+       "table 'w' holds [0, 21) and serves [0, 19); by its membership this shard serves [0, 11)"},
       {"a range without its bounds",
        [w](auto& b, auto&) {
          b[w].count = 0;
