@@ -794,12 +794,12 @@ void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
   while (std::getline(log, line)) {
     if (line.find("rows copied ahead") != std::string::npos) report = line;
   }
-  double ahead_rows = 0, ahead_s = 0, moved = 0, copy_s = 0;
+  double ahead_rows = 0, ahead_s = 0, moved = 0, elements = 0, copy_s = 0;
   const bool parsed =
       std::sscanf(report.c_str() + (report.find(':') == std::string::npos ? 0 : report.find(':') + 1),
                   " %lf rows copied ahead in %lf s (%*f rows/s) while training went on, then "
-                  "%lf rows updated since in %lf s",
-                  &ahead_rows, &ahead_s, &moved, &copy_s) == 4;
+                  "%lf rows updated since and %lf dense elements in %lf s",
+                  &ahead_rows, &ahead_s, &moved, &elements, &copy_s) == 5;
   if (!ok || !parsed) {
     spdlog::error("reshard bench: the change failed (logs in {})", dir);
     return;
@@ -821,6 +821,8 @@ void ReshardRows(const Options& opt, RawEcho& echo, std::vector<Row>* rows) {
   rows->push_back({"reshard_rows_copied_ahead", ahead_rows, "rows", std::nullopt, "",
                    std::nullopt});
   rows->push_back({"reshard_rows_copied_at_the_change", moved, "rows", std::nullopt, "",
+                   std::nullopt});
+  rows->push_back({"reshard_dense_elements_moved", elements, "elements", std::nullopt, "",
                    std::nullopt});
   rows->push_back({"reshard_change_pause_seconds", copy_s, "s", std::nullopt, "", std::nullopt});
   rows->push_back({"reshard_train_samples_per_s_during", rate(begin, end), "samples/s",

@@ -202,26 +202,26 @@ bool ConsistencyController::PullAllowed(int64_t c) const {
   return true;
 }
 
-void ConsistencyController::Enter(int64_t clock, const std::vector<int64_t>& done_before,
+void ConsistencyController::Enter(int64_t clock, const std::vector<int64_t>& left,
                                   SteadyClock::time_point now) {
+  live_ = 0;
   for (uint32_t w = 0; w < clocks_.size(); ++w) {
     if (joined_at_[w] < 0) continue;
-    if (w < done_before.size() && done_before[w] >= 0 && done_at_[w] < 0) {
-      done_at_[w] = done_before[w];
-      clocks_[w] = std::max(clocks_[w], done_before[w]);
-    } else {
-      clocks_[w] = std::max(clocks_[w], clock);
-    }
+    const int64_t l = w < left.size() ? left[w] : -1;
+    lost_[w] = l == kLostRank;
+    held_[w] = 0;
+    if (l >= 0 && done_at_[w] < 0) done_at_[w] = l;
+    clocks_[w] = done_at_[w] >= 0 ? std::max(clocks_[w], done_at_[w]) : std::max(clocks_[w], clock);
     unconfirmed_[w] = false;
     restored_[w] = false;
     last_heard_[w] = now;
+    if (!lost_[w]) ++live_;
   }
 }
 
-void ConsistencyController::Note(uint32_t worker, int64_t clock, bool done) {
-  if (!InJob(worker)) return;
-  clocks_[worker] = std::max(clocks_[worker], clock);
-  if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
+void ConsistencyController::NoteLeft(uint32_t worker, int64_t clock) {
+  if (!InJob(worker) || done_at_[worker] >= 0) return;
+  done_at_[worker] = clock;
 }
 
 std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point now) {

@@ -121,11 +121,13 @@ class ConsistencyController {
   // A shard that starts serving the job at `clock` (at a change of the shard count it gained
   // rows or elements, holding none before, so no worker ticked it): every rank in the job is
   // at `clock` at least, confirmed and heard `now`, except those that left before it
-  // (`done_before[w]` >= 0: the clock it left at, as a shard that served them knows it).
-  void Enter(int64_t clock, const std::vector<int64_t>& done_before, SteadyClock::time_point now);
-  // A Clock taken by a shard that serves nothing now: the worker's clock and whether it left,
-  // noted as it says (nothing here depends on them before Enter(), which raises them).
-  void Note(uint32_t worker, int64_t clock, bool done);
+  // (`left[w]` >= 0: the clock it left at) and those lost (`left[w]` == kLostRank), as a shard
+  // that served them knows it.
+  static constexpr int64_t kLostRank = -2;
+  void Enter(int64_t clock, const std::vector<int64_t>& left, SteadyClock::time_point now);
+  // A worker that leaves at `clock` tells a shard that serves nothing yet, but will from that
+  // clock on (before that shard's commit): noted, and kept by Enter().
+  void NoteLeft(uint32_t worker, int64_t clock);
 
   // Marks and returns the workers found silent past worker_timeout at `now`.
   std::vector<uint32_t> DetectLost(SteadyClock::time_point now);

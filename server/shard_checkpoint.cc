@@ -80,6 +80,12 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     CheckpointHeader h;
     PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
     gains_rows_ = GainsRows();
+    SettleUninvolved();
+    if (!Entered()) {
+      // Serving nothing, this shard is owed no replay: every push it took is in this
+      // checkpoint, or (rows it held before a change) on the shards that hold them now.
+      for (uint32_t w = 0; w < membership_.max_ranks(); ++w) (void)controller_.AbandonReplay(w);
+    }
     checkpoint_sequence_ = h.sequence;
     restored_sequence_ = h.sequence;
     checkpoint_clock_ = h.clock;

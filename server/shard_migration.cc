@@ -100,8 +100,18 @@ bool ShardServer::ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) co
   return clock < change && !controller_.IsDone(worker);
 }
 
+void ShardServer::SettleUninvolved() {
+  const int64_t change = ChangeClock();
+  if (change < 0 || rank_ < PlacementBefore().count() || rank_ < PlacementAfter().count()) return;
+  // Outside both placements: nothing of this change is here to install or drop.
+  migration_.installed = std::max(migration_.installed, change);
+  migration_.dropped = std::max(migration_.dropped, change);
+}
+
 bool ShardServer::ChangeClockReached() const {
   const int64_t change = ChangeClock();
+  // A shard that serves nothing after committing the change takes no more pushes before it.
+  if (change >= 0 && !Entered() && migration_.installed >= change) return true;
   return change >= 0 && !controller_.ReplayOwed() && controller_.MinClock() >= change;
 }
 
@@ -229,8 +239,8 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
 
 namespace {
 
-// A commit's rows: a rank that left the job (key) and the clock it left at (an i64 in the
-// row's two f32 words).
+// A commit's rows: a rank that left the job (key) and the clock it left at, or kLostRank for
+// one lost (an i64 in the row's two f32 words).
 constexpr uint32_t kLeftRowFloats = 2;
 
 }  // namespace
@@ -249,7 +259,8 @@ Status ShardServer::Commit(const Header& req, const PayloadView& p, Header* repl
   for (uint64_t i = 0; i < p.rows(); ++i) {
     int64_t at = 0;
     std::memcpy(&at, p.Row(i), sizeof(at));
-    if (p.Key(i) >= left.size() || at < 0 || at > kMaxMemberClock) {
+    if (p.Key(i) >= left.size() || (at < 0 && at != ConsistencyController::kLostRank) ||
+        at > kMaxMemberClock) {
       return InvalidArgument("Migrate: commit row " + std::to_string(i) + " says rank " +
                              std::to_string(p.Key(i)) + " left at clock " + std::to_string(at) +
                              ", out of range");
@@ -290,12 +301,14 @@ Status ShardServer::Commit(const Header& req, const PayloadView& p, Header* repl
                  PlacementAfter().count(), change);
     AfterClockChange();
   }
-  // The answer: the ranks that left, as this shard knows them, and its newest barrier.
+  // The answer: the ranks that left or were lost, as this shard knows them, and its newest
+  // barrier.
   std::vector<uint64_t> keys;
   std::vector<float> rows;
   for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
-    const int64_t at = controller_.DoneAt(w);
-    if (at < 0) continue;
+    const int64_t at = controller_.IsLost(w) ? ConsistencyController::kLostRank
+                                             : controller_.DoneAt(w);
+    if (at < 0 && at != ConsistencyController::kLostRank) continue;
     keys.push_back(w);
     float words[kLeftRowFloats];
     std::memcpy(words, &at, sizeof(at));

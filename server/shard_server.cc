@@ -719,9 +719,13 @@ Status ShardServer::MergeMembership(const Header& req) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
   // A shard that serves nothing is ticked by no worker: the scale tool that gives it rows
-  // brings it the membership.
+  // brings it the membership, naming the change it migrates.
   const bool idle = !Entered();
-  speaks = speaks || (idle && req.op == Op::Migrate);
+  if (!speaks && idle && req.op == Op::Migrate) {
+    speaks = std::any_of(req.members.begin(), req.members.end(), [&](const MemberEntry& e) {
+      return (e.worker & kServerEntry) != 0 && e.join == req.clock;
+    });
+  }
   if (!speaks) return Status::Ok();
   // While this shard restarted and a worker's replay is still due, its clocks are only a lower
   // bound and its membership may lack what was named since its checkpoint: it takes the
@@ -768,6 +772,7 @@ Status ShardServer::MergeMembership(const Header& req) {
   int64_t changed = 0;
   PARASOL_RETURN_IF_ERROR(membership_.Merge(req.members, &changed));
   gains_rows_ = GainsRows();
+  SettleUninvolved();
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
     if (membership_.Joined(r) && !controller_.InJob(r)) {
@@ -872,8 +877,12 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
     }
   }
   if (!controller_.InJob(w)) return Status::Ok();
-  // A shard that serves nothing does not know where the worker is.
-  if (!Entered()) return Status::Ok();
+  // A shard that serves nothing does not know where the worker is; it keeps which process
+  // greeted it (a later Hello of the same one is no restart).
+  if (!Entered()) {
+    if (req.incarnation != 0) controller_.set_incarnation(w, req.incarnation);
+    return Status::Ok();
+  }
   // Where the worker is, for a restarted worker to continue from.
   reply->worker_clock = controller_.clocks()[w];
   reply->done = controller_.IsDone(w);
@@ -949,9 +958,13 @@ Status ShardServer::HandleClock(const Header& req) {
                            std::to_string(manifest_.cluster.workers) + ")");
   }
   if (!Entered()) {
-    // Serving nothing, this shard is ticked by no one; a worker that leaves at the clock this
-    // shard starts serving from tells it before its commit. Its clocks count from Enter() on.
-    controller_.Note(req.worker_id, req.clock, req.done);
+    // Serving nothing, this shard is ticked by no one (a tick here changes nothing); a worker
+    // that leaves at the clock this shard starts serving from tells it before its commit. Its
+    // clocks count from Enter() on.
+    const int64_t change = ChangeClock();
+    if (req.done && change >= 0 && req.clock == change && rank_ < PlacementAfter().count()) {
+      controller_.NoteLeft(req.worker_id, req.clock);
+    }
     return Status::Ok();
   }
   PARASOL_RETURN_IF_ERROR(

@@ -254,6 +254,9 @@ class ShardServer {
   // stop, and start again before a change gives it rows), and takes the workers' clocks when it
   // commits a change that gives it rows (ConsistencyController::Enter()).
   bool Entered() const { return rank_ < LivePlacement().count(); }
+  // A shard outside both placements of the newest change has nothing of it to install or drop:
+  // marks it done here (called whenever the membership changes).
+  void SettleUninvolved();
   // The clock this shard serves the job from: 0, or the newest change that gave it rows when
   // it held none (the workers' clocks and the membership before it are nothing to it).
   int64_t ServingFrom() const;

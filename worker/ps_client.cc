@@ -258,6 +258,16 @@ Status PsClient::AwaitHellos(Ticket t) {
   return p.status;
 }
 
+int64_t PsClient::ServesFrom(uint32_t shard) const {
+  int64_t from = 0;
+  for (const auto& change : membership_.server_changes()) {
+    if (shard >= membership_.PlacementAt(change.clock - 1).count() && shard < change.count) {
+      from = change.clock;
+    }
+  }
+  return from;
+}
+
 uint32_t PsClient::ShardsFrom(int64_t clock) const {
   uint32_t n = membership_.PlacementAt(clock).count();
   for (const auto& change : membership_.server_changes()) {
@@ -301,10 +311,9 @@ Status PsClient::Handshake() {
   }
   PARASOL_RETURN_IF_ERROR(Wait(first));
   PARASOL_RETURN_IF_ERROR(greeted);
-  int64_t from = -1;
-  if (!hellos.empty() && hellos[0].worker_clock >= 0) from = hellos[0].worker_clock - 1;
-  const uint32_t serving =
-      JobRank() ? ShardsFrom(from) : membership_.LastPlacement().count();
+  // The clock this worker goes on from, as shard 0 knows it (-1: a new worker, or a tool).
+  const int64_t at = !hellos.empty() && hellos[0].worker_clock >= 0 ? hellos[0].worker_clock : -1;
+  const uint32_t serving = JobRank() ? ShardsFrom(at) : membership_.LastPlacement().count();
   std::vector<uint32_t> rest = FirstShards(serving);
   if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
   if (!rest.empty()) {
@@ -319,6 +328,33 @@ Status PsClient::Handshake() {
     }
     PARASOL_RETURN_IF_ERROR(Wait(t));
     PARASOL_RETURN_IF_ERROR(greeted);
+  }
+  // A shard that served only the clock before (removed at this worker's clock) may know the
+  // worker a clock behind, if it died between its ticks: asked once, and skipped when it does
+  // not answer (a shard removed by a finished change may have been stopped).
+  if (JobRank() && at > 0 && ShardsFrom(at - 1) > serving) {
+    std::vector<uint32_t> before;
+    for (uint32_t s = serving; s < std::min<size_t>(ShardsFrom(at - 1), shards_.size()); ++s) {
+      before.push_back(s);
+    }
+    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, before));
+    for (auto& [id, r] : in_flight_) {
+      if (r->ticket == t) r->max_attempts = 1;
+    }
+    while (pending_.at(t)->outstanding > 0) {
+      PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(100)));
+      if (wait_interrupt_ && pending_.at(t)->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+    }
+    Pending& p = *pending_.at(t);
+    for (uint32_t s : before) {
+      if (p.replies[s].empty()) continue;
+      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+      if (h.ok() && h->worker_clock >= 0) hellos.push_back(*h);
+    }
+    if (Status st = Wait(t); !st.ok()) {
+      spdlog::info("worker {}: a shard that served only the clock before did not answer ({}); "
+                   "going on without it", worker_id_, st.ToString());
+    }
   }
   // A worker of the job continues where the shards know it to be: a restarted worker redoes
   // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
@@ -1194,8 +1230,23 @@ void PsClient::PollMonitors() {
   }
 }
 
+void PsClient::DropLogsOfShardsPassed() {
+  // A shard that serves none of the clocks from the one before this worker's on: a change
+  // removed it and has committed (this worker's pulls at the change's clock waited for that),
+  // so every push this worker made to it is applied there, or on the shards its rows moved to.
+  for (uint32_t s = std::min<size_t>(ShardsFrom(clock_ - 1), shards_.size()); s < shards_.size();
+       ++s) {
+    if (push_log_.entries(s) > 0) (void)push_log_.Take(s);
+  }
+}
+
 void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   if (reply.server_epoch == 0) return;
+  if (JobRank() && shard >= ShardsFrom(clock_ - 1)) {
+    // A shard this worker no longer needs (see DropLogsOfShardsPassed()): no replay.
+    shard_epochs_[shard] = reply.server_epoch;
+    return;
+  }
   if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
     spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
                  "pushes it had not checkpointed",
@@ -1259,7 +1310,10 @@ void PsClient::Replay(uint32_t shard) {
       replay_to = clock_ - 1;
     }
   }
-  const int64_t first = std::min(std::max<int64_t>(0, restored_clock_[shard]), replay_to);
+  // From the shard's checkpoint, or from the clock it serves from (a shard that joined at a
+  // change has no clocks before it).
+  const int64_t first = std::min(
+      std::max({int64_t{0}, restored_clock_[shard], ServesFrom(shard)}), replay_to);
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
   // A replay that the shard's previous process had not finished: its pushes not yet
   // acknowledged go back into this replay, in clock order; its Clocks are sent again anyway.
@@ -1528,15 +1582,16 @@ Result<PsClient::Ticket> PsClient::TickAsync() {
   // takes the workers' clocks when it commits the change).
   const uint32_t n = membership_.PlacementAt(clock_ - 1).count();
   if (tick_shards_.size() != n) tick_shards_ = FirstShards(n);
+  if (JobRank()) DropLogsOfShardsPassed();
   return Broadcast(Op::Clock, 0, tick_shards_);
 }
 
 Status PsClient::Leave() {
   left_ = true;
   const Ticket t = NewTicket(Op::Clock, 0);
-  // Those that served its last clock, and those that serve the next (which would wait for it).
-  const uint32_t n = std::max(membership_.PlacementAt(clock_ - 1).count(),
-                              membership_.PlacementAt(clock_).count());
+  // The shards serving its clock (which would wait for its pushes); those that served only the
+  // clock before have had its tick.
+  const uint32_t n = membership_.PlacementAt(clock_).count();
   for (uint32_t s = 0; s < std::min<size_t>(n, shards_.size()); ++s) {
     Header h = NewRequest(Op::Clock, 0);
     h.done = true;
@@ -1602,10 +1657,10 @@ Result<uint64_t> PsClient::Scale(uint64_t workers) {
 Status PsClient::SyncMembership() { return AskShardZero(false, 0); }
 
 Status PsClient::Barrier(int64_t id) {
-  // Every shard that serves this worker's clock (or the one before) holds the barrier, so
-  // every one knows this worker is waiting, not lost.
-  const std::vector<uint32_t> all = FirstShards(std::max(
-      membership_.PlacementAt(clock_ - 1).count(), membership_.PlacementAt(clock_).count()));
+  // Every shard that serves this worker's clock holds the barrier, so every one knows this
+  // worker is waiting, not lost. (One that serves only later clocks learns at its commit who
+  // left before it.)
+  const std::vector<uint32_t> all = FirstShards(membership_.PlacementAt(clock_).count());
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), all));
   PARASOL_RETURN_IF_ERROR(Wait(t));
   barrier_passed_ = std::max(barrier_passed_, id);
