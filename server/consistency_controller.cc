@@ -209,7 +209,6 @@ void ConsistencyController::Enter(int64_t clock, const std::vector<int64_t>& lef
     if (joined_at_[w] < 0) continue;
     const int64_t l = w < left.size() ? left[w] : -1;
     lost_[w] = l == kLostRank;
-    held_[w] = 0;
     if (l >= 0 && done_at_[w] < 0) done_at_[w] = l;
     clocks_[w] = done_at_[w] >= 0 ? std::max(clocks_[w], done_at_[w]) : std::max(clocks_[w], clock);
     unconfirmed_[w] = false;
@@ -219,9 +218,13 @@ void ConsistencyController::Enter(int64_t clock, const std::vector<int64_t>& lef
   }
 }
 
-void ConsistencyController::NoteLeft(uint32_t worker, int64_t clock) {
-  if (!InJob(worker) || done_at_[worker] >= 0) return;
-  done_at_[worker] = clock;
+void ConsistencyController::NoteAhead(uint32_t worker, int64_t clock, bool done, int64_t from) {
+  if (!InJob(worker) || done_at_[worker] >= 0 || clock < from ||
+      clock - from > SlackOf(options_, /*request=*/false)) {
+    return;
+  }
+  clocks_[worker] = std::max(clocks_[worker], clock);
+  if (done) done_at_[worker] = clocks_[worker];
 }
 
 std::vector<uint32_t> ConsistencyController::DetectLost(SteadyClock::time_point now) {

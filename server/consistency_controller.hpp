@@ -125,9 +125,11 @@ class ConsistencyController {
   // that served them knows it.
   static constexpr int64_t kLostRank = -2;
   void Enter(int64_t clock, const std::vector<int64_t>& left, SteadyClock::time_point now);
-  // A worker that leaves at `clock` tells a shard that serves nothing yet, but will from that
-  // clock on (before that shard's commit): noted, and kept by Enter().
-  void NoteLeft(uint32_t worker, int64_t clock);
+  // A Clock (or, `done`, a worker leaving) taken by a shard that serves nothing yet but will
+  // from `from` on, before its commit (a worker whose step `from` pulled nothing from it goes on
+  // without waiting for that): noted when it lies in [from, from + the slack a Clock may have
+  // past the slowest worker], and kept by Enter(); others are ignored.
+  void NoteAhead(uint32_t worker, int64_t clock, bool done, int64_t from);
 
   // Marks and returns the workers found silent past worker_timeout at `now`.
   std::vector<uint32_t> DetectLost(SteadyClock::time_point now);

@@ -432,6 +432,15 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       // Also a push older than the record from a worker whose clock here is past it and not a
       // checkpoint's: its pushes before that clock are all applied (a resend whose reply was
       // dropped, arriving after the record moved on).
+      // A shard that a change removed, once it has committed it: what it held of the clocks
+      // before the change was copied to the shards that hold it now (a replay of those pushes,
+      // to a process restarted from an older checkpoint, changes nothing).
+      if (!Entered() && ChangeClock() >= 0 && migration_.installed >= ChangeClock() &&
+          req.clock < ChangeClock()) {
+        ++counters_.duplicate_pushes;
+        reply->duplicate = true;
+        return Status::Ok();
+      }
       if (const PushRecord::Verdict v = push_record_.Check(req.worker_id, req.clock, req.seq);
           v == PushRecord::Verdict::kApplied ||
           (v == PushRecord::Verdict::kTooOld && !controller_.Restored(req.worker_id) &&
@@ -674,8 +683,13 @@ void ShardServer::CheckWorkers() {
       HeardAfterDrop(w);
     }
   }
-  // A shard that serves nothing hears from no worker.
+  // A shard that serves nothing hears from no worker; nor does one that a change removes once
+  // every worker has passed the change's clock (it waits for the tool's commit).
   if (!Entered()) return;
+  if (ChangeClock() >= 0 && rank_ >= PlacementAfter().count() &&
+      controller_.MinClock() >= ChangeClock()) {
+    return;
+  }
   const std::vector<uint32_t> lost = controller_.DetectLost(now);
   if (lost.empty()) return;
   for (uint32_t w : lost) {
@@ -958,12 +972,12 @@ Status ShardServer::HandleClock(const Header& req) {
                            std::to_string(manifest_.cluster.workers) + ")");
   }
   if (!Entered()) {
-    // Serving nothing, this shard is ticked by no one (a tick here changes nothing); a worker
-    // that leaves at the clock this shard starts serving from tells it before its commit. Its
-    // clocks count from Enter() on.
+    // Serving nothing, this shard is ticked by no one, except by workers past the clock it
+    // starts serving from before its commit (noted, see NoteAhead()). Its clocks count from
+    // Enter() on.
     const int64_t change = ChangeClock();
-    if (req.done && change >= 0 && req.clock == change && rank_ < PlacementAfter().count()) {
-      controller_.NoteLeft(req.worker_id, req.clock);
+    if (change >= 0 && rank_ < PlacementAfter().count()) {
+      controller_.NoteAhead(req.worker_id, req.clock, req.done, change);
     }
     return Status::Ok();
   }
@@ -1034,8 +1048,9 @@ void ShardServer::ReleaseBarriers() {
       if (!controller_.IsLost(w) && !controller_.IsDone(w) && !arrived.count(w)) all = false;
     }
     // A barrier some worker has passed (its replay says so) was released everywhere before
-    // this shard restarted.
-    if (it->first <= controller_.last_barrier()) all = true;
+    // this shard restarted. A shard that serves nothing (a change removed it) holds no one: the
+    // workers past the change meet on the shards that serve them.
+    if (it->first <= controller_.last_barrier() || !Entered()) all = true;
     if (!all && job_failure_.ok()) {
       ++it;
       continue;

@@ -1230,23 +1230,8 @@ void PsClient::PollMonitors() {
   }
 }
 
-void PsClient::DropLogsOfShardsPassed() {
-  // A shard that serves none of the clocks from the one before this worker's on: a change
-  // removed it and has committed (this worker's pulls at the change's clock waited for that),
-  // so every push this worker made to it is applied there, or on the shards its rows moved to.
-  for (uint32_t s = std::min<size_t>(ShardsFrom(clock_ - 1), shards_.size()); s < shards_.size();
-       ++s) {
-    if (push_log_.entries(s) > 0) (void)push_log_.Take(s);
-  }
-}
-
 void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   if (reply.server_epoch == 0) return;
-  if (JobRank() && shard >= ShardsFrom(clock_ - 1)) {
-    // A shard this worker no longer needs (see DropLogsOfShardsPassed()): no replay.
-    shard_epochs_[shard] = reply.server_epoch;
-    return;
-  }
   if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
     spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
                  "pushes it had not checkpointed",
@@ -1315,6 +1300,12 @@ void PsClient::Replay(uint32_t shard) {
   const int64_t first = std::min(
       std::max({int64_t{0}, restored_clock_[shard], ServesFrom(shard)}), replay_to);
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
+  // Pushes from before the shard last started serving (a change removed it, a later one gave
+  // it rows again) belong to rows that moved away and back with the scale tool: not replayed.
+  const int64_t serves_from = ServesFrom(shard);
+  log.erase(std::remove_if(log.begin(), log.end(),
+                           [&](const PushLog::Entry& e) { return e.clock < serves_from; }),
+            log.end());
   // A replay that the shard's previous process had not finished: its pushes not yet
   // acknowledged go back into this replay, in clock order; its Clocks are sent again anyway.
   bool merged = false;
@@ -1582,7 +1573,6 @@ Result<PsClient::Ticket> PsClient::TickAsync() {
   // takes the workers' clocks when it commits the change).
   const uint32_t n = membership_.PlacementAt(clock_ - 1).count();
   if (tick_shards_.size() != n) tick_shards_ = FirstShards(n);
-  if (JobRank()) DropLogsOfShardsPassed();
   return Broadcast(Op::Clock, 0, tick_shards_);
 }
 

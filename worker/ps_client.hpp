@@ -260,8 +260,6 @@ class PsClient {
   // The clock from which `shard` serves, as of the newest change that gave it rows while it
   // held none (0: from the start).
   int64_t ServesFrom(uint32_t shard) const;
-  // Drops the push logs of the shards that serve none of this worker's clocks any more.
-  void DropLogsOfShardsPassed();
   // Shards 0 .. n - 1 (at most the listed ones).
   std::vector<uint32_t> FirstShards(uint32_t n);
   // A tool's: the shards the newest placement has.
