@@ -242,6 +242,11 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     if (!status) {
       r.process.Signal(SIGKILL);
       if (failure.empty()) failure = r.name + " did not stop";
+    } else if (failure.empty() && !r.finished && !r.is_worker && WIFSIGNALED(*status) &&
+               WTERMSIG(*status) == SIGTERM) {
+      // Killed by our SIGTERM before it had set up its handler (the workers were done before it
+      // had started): it had served nothing.
+      spdlog::info("launch: {} stopped before it had started", r.name);
     } else if (failure.empty() && !r.finished &&
                (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0)) {
       failure = r.name + " " + DescribeWaitStatus(*status);

@@ -162,23 +162,27 @@ void RunElasticJob(uint64_t seed, bool kill_joiner) {
   };
   ASSERT_TRUE(wait_for_clock(join_after)) << "the job never reached clock " << join_after;
   start_worker(2);
+  // Its join, named by shard 0 once the process has started (under load, many clocks later).
+  int64_t joined = -1;
+  for (int i = 0; i < 10000 && joined < 0; ++i) {
+    ASSERT_TRUE((*observer)->SyncMembership().ok());
+    joined = (*observer)->membership().join(2);
+    if (joined < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_GE(joined, 0) << "worker 2 never joined";
+  // The leave comes after the join (and after the joiner's kill): the drawn clock, or later.
+  int64_t leave_at = std::max(leave_after, joined + 100);
   if (kill_joiner) {
     // Once it has joined and trained a while: the drawn clock, or 50 past its join.
-    int64_t joined = -1;
-    for (int i = 0; i < 10000 && joined < 0; ++i) {
-      ASSERT_TRUE((*observer)->SyncMembership().ok());
-      joined = (*observer)->membership().join(2);
-      if (joined < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    ASSERT_GE(joined, 0) << "worker 2 never joined";
     const int64_t at = std::max(kill_after, joined + 50);
+    leave_at = std::max(leave_at, at + 50);
     ASSERT_TRUE(wait_for_clock(at)) << "the job never reached clock " << at;
     run.workers[2].Signal(SIGKILL);
     ASSERT_TRUE(run.workers[2].Wait(std::chrono::seconds(10)).has_value());
     run.workers.pop_back();
     start_worker(2);  // the same rank again: it continues where the shards know it
   }
-  ASSERT_TRUE(wait_for_clock(leave_after)) << "the job never reached clock " << leave_after;
+  ASSERT_TRUE(wait_for_clock(leave_at)) << "the job never reached clock " << leave_at;
   run.workers[1].Signal(SIGTERM);
   for (size_t w = 0; w < run.workers.size(); ++w) {
     auto st = run.workers[w].Wait(std::chrono::seconds(120));
