@@ -472,6 +472,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       // with it, only once this checkpoint holds everything it pushed.
       ApplyReadyAggregates();
       if (req.done) CheckpointWhenAllDone();
+      CheckpointWhenRemoved();
       AfterClockChange();
       return Status::Ok();
     case Op::Barrier: {
@@ -683,11 +684,14 @@ void ShardServer::CheckWorkers() {
       HeardAfterDrop(w);
     }
   }
-  // A shard that serves nothing hears from no worker; nor does one that a change removes once
-  // every worker has passed the change's clock (it waits for the tool's commit).
+  // A shard that serves nothing hears from no worker.
   if (!Entered()) return;
-  if (ChangeClock() >= 0 && rank_ >= PlacementAfter().count() &&
-      controller_.MinClock() >= ChangeClock()) {
+  // Nor does any shard while every worker is past a change's clock and the change is not over
+  // (they wait for the shards that gain rows to commit, however long the tool's copy takes);
+  // nor one that a change removes once every worker has passed it.
+  const int64_t change = ChangeClock();
+  if (change >= 0 && controller_.MinClock() >= change &&
+      (migration_.dropped < change || rank_ >= PlacementAfter().count())) {
     return;
   }
   const std::vector<uint32_t> lost = controller_.DetectLost(now);
@@ -745,7 +749,7 @@ Status ShardServer::MergeMembership(const Header& req) {
   // bound and its membership may lack what was named since its checkpoint: it takes the
   // entries the workers' copies hold without bounding their clocks. So does a shard that serves
   // nothing (its clocks are not the workers').
-  const bool restarted = controller_.ReplayOwed() || idle;
+  const bool restarted = controller_.ReplayOwed() || idle || req.replay;
   // Shard 0 names the clocks: it takes none from requests, unless it restarted.
   if (rank_ == 0 && !restarted) return Status::Ok();
   for (const MemberEntry& e : req.members) {
@@ -952,6 +956,24 @@ void ShardServer::CheckpointWhenAllDone() {
   // Workers exit after this; their push logs go with them. Everything they pushed is here now.
   all_done_checkpointed_ = true;
   if (Status st = SaveCheckpoint("every worker has finished"); !st.ok()) {
+    spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+  }
+}
+
+void ShardServer::CheckpointWhenRemoved() {
+  const int64_t change = ChangeClock();
+  if (manifest_.checkpoint.dir.empty() || change < 0 || removed_checkpointed_ == change ||
+      rank_ < PlacementAfter().count() || migration_.installed >= change ||
+      controller_.MinClock() < change || controller_.ReplayOwed()) {
+    return;
+  }
+  // A change removes this shard and every worker has passed its clock: no worker sends it
+  // anything more (nor tells it that it is done), and their push logs may go when the job
+  // ends. Every push it took is kept now, before the tick that completed them is answered.
+  removed_checkpointed_ = change;
+  if (Status st = SaveCheckpoint("every push before clock " + std::to_string(change) +
+                                 " (this shard leaves then)");
+      !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
   }
 }

@@ -254,6 +254,10 @@ class ShardServer {
   // stop, and start again before a change gives it rows), and takes the workers' clocks when it
   // commits a change that gives it rows (ConsistencyController::Enter()).
   bool Entered() const { return rank_ < LivePlacement().count(); }
+  // A shard that the newest change removes, once every worker has passed its clock: checkpoints
+  // every push it took (no worker will replay them to it), once per change.
+  void CheckpointWhenRemoved();
+  int64_t removed_checkpointed_ = -1;
   // A shard outside both placements of the newest change has nothing of it to install or drop:
   // marks it done here (called whenever the membership changes).
   void SettleUninvolved();

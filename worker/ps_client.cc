@@ -1295,6 +1295,17 @@ void PsClient::Replay(uint32_t shard) {
       replay_to = clock_ - 1;
     }
   }
+  // A shard a change removed takes Clocks only up to that change's clock (not one per clock
+  // this worker has run since).
+  if (shard >= ShardsFrom(clock_ - 1)) {
+    int64_t removed_at = -1;  // the newest change that removed it
+    for (const auto& change : membership_.server_changes()) {
+      if (shard < membership_.PlacementAt(change.clock - 1).count() && shard >= change.count) {
+        removed_at = change.clock;
+      }
+    }
+    if (removed_at >= 0) replay_to = std::min(replay_to, removed_at);
+  }
   // From the shard's checkpoint, or from the clock it serves from (a shard that joined at a
   // change has no clocks before it).
   const int64_t first = std::min(
