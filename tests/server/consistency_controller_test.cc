@@ -174,5 +174,42 @@ TEST(ConsistencyControllerTest, ARankCountsFromTheClockItJoinsAt) {
   EXPECT_EQ(c.clocks()[2], 7);
 }
 
+// A shard that starts serving at a change of the shard count (clock 500) was ticked by no
+// worker: it notes ticks past its first clock before its commit (and ignores others), then
+// takes every worker at the change's clock at least, those that left or were lost as the
+// commit says, and serves by them.
+TEST(ConsistencyControllerTest, AShardThatStartsServingTakesTheWorkersAtTheChangesClock) {
+  TrainingOptions t;
+  t.consistency = TrainingOptions::Consistency::kBsp;
+  const auto now = std::chrono::steady_clock::now();
+  ConsistencyController c(t, 4, now);
+  EXPECT_FALSE(c.ClocksKnown());
+  c.NoteAhead(1, 501, false, 500);   // a worker whose step 500 pulled nothing here
+  c.NoteAhead(2, 900, false, 500);   // beyond the slack: ignored
+  c.NoteAhead(3, 400, true, 500);    // before the first clock: ignored
+  EXPECT_EQ(c.clocks()[1], 501);
+  EXPECT_EQ(c.clocks()[2], 0);
+  EXPECT_EQ(c.DoneAt(3), -1);
+  c.AddHeld(0, +1);  // a pull of clock 500 held for the commit
+  c.Enter(500, {-1, -1, ConsistencyController::kLostRank, 480}, now);
+  EXPECT_TRUE(c.ClocksKnown());
+  EXPECT_FALSE(c.ReplayOwed());
+  EXPECT_EQ(c.clocks()[0], 500);
+  EXPECT_EQ(c.clocks()[1], 501);
+  EXPECT_TRUE(c.IsLost(2));
+  EXPECT_EQ(c.DoneAt(3), 480);
+  EXPECT_EQ(c.live_workers(), 3u);
+  EXPECT_EQ(c.MinClock(), 500);  // worker 0; the lost and the finished hold nobody back
+  EXPECT_TRUE(c.PullAllowed(500));
+  EXPECT_FALSE(c.PullAllowed(501));
+  // The held pull still counts: its worker is not silent while it waits here.
+  EXPECT_TRUE(c.DetectLost(now + std::chrono::hours(1)).empty());
+  c.AddHeld(0, -1);
+  ASSERT_TRUE(c.Advance(0, 501, false, true).ok());
+  ASSERT_TRUE(c.Advance(1, 502, false, true).ok());
+  EXPECT_FALSE(c.Advance(0, 503, false, true).ok());  // clocks move by one from the change on
+  EXPECT_TRUE(c.PullAllowed(501));
+}
+
 }  // namespace
 }  // namespace parasol
