@@ -22,6 +22,26 @@ const Placement& Membership::PlacementAt(int64_t clock) const {
   return placements_[i];
 }
 
+int64_t Membership::ServingFrom(uint32_t shard) const {
+  int64_t from = 0;
+  for (size_t i = 0; i < server_changes_.size(); ++i) {
+    if (shard >= placements_[i].count() && shard < server_changes_[i].count) {
+      from = server_changes_[i].clock;
+    }
+  }
+  return from;
+}
+
+int64_t Membership::RemovedAt(uint32_t shard) const {
+  int64_t at = -1;
+  for (size_t i = 0; i < server_changes_.size(); ++i) {
+    if (shard < placements_[i].count() && shard >= server_changes_[i].count) {
+      at = server_changes_[i].clock;
+    }
+  }
+  return at;
+}
+
 Status Membership::SetServers(int64_t clock, uint32_t count) {
   for (const ServerChange& c : server_changes_) {
     if (c.clock == clock) {

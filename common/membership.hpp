@@ -90,6 +90,10 @@ class Membership {
   const Placement& PlacementAt(int64_t clock) const;
   // The newest placement named.
   const Placement& LastPlacement() const { return placements_.back(); }
+  // The clock from which shard `shard` serves: 0, or the newest change that gave it keys while
+  // it held none. RemovedAt(): the newest change that took every key from it (-1: none).
+  int64_t ServingFrom(uint32_t shard) const;
+  int64_t RemovedAt(uint32_t shard) const;
   // Names a change of the shard count to `count` from `clock` on (shard 0). FailedPrecondition
   // when `clock` is not after the last change named, `count` is not a change or is outside
   // 1 .. listed shards.

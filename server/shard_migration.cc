@@ -26,17 +26,7 @@ int64_t ShardServer::ChangeClock() const {
 }
 
 const Placement& ShardServer::LivePlacement() const {
-  const int64_t c = ChangeClock();
-  return c < 0 || migration_.installed >= c ? PlacementAfter() : PlacementBefore();
-}
-
-int64_t ShardServer::ServingFrom() const {
-  int64_t from = rank_ < membership_.PlacementAt(0).count() ? 0 : -1;
-  for (const auto& change : membership_.server_changes()) {
-    const bool before = rank_ < membership_.PlacementAt(change.clock - 1).count();
-    if (!before && rank_ < change.count) from = change.clock;
-  }
-  return std::max<int64_t>(0, from);
+  return parasol::LivePlacement(membership_, migration_);
 }
 
 const Placement& ShardServer::PlacementBefore() const {

@@ -263,7 +263,7 @@ class ShardServer {
   void SettleUninvolved();
   // The clock this shard serves the job from: 0, or the newest change that gave it rows when
   // it held none (the workers' clocks and the membership before it are nothing to it).
-  int64_t ServingFrom() const;
+  int64_t ServingFrom() const { return membership_.ServingFrom(rank_); }
   // Whether this shard gains keys at the newest change (kept in gains_rows_, recomputed
   // whenever the membership changes).
   bool GainsRows() const;

@@ -72,13 +72,12 @@ Status CheckDenseRange(const Manifest& manifest, const CheckpointBlock& b) {
   return Status::Ok();
 }
 
-SliceRange LiveDenseSlice(const Membership& membership, const MigrationState& migration,
-                          uint64_t total, uint32_t shard) {
+const Placement& LivePlacement(const Membership& membership, const MigrationState& migration) {
   const auto& changes = membership.server_changes();
   if (changes.empty() || migration.installed >= changes.back().clock) {
-    return membership.LastPlacement().DenseSliceOf(total, shard);
+    return membership.LastPlacement();
   }
-  return membership.PlacementAt(changes.back().clock - 1).DenseSliceOf(total, shard);
+  return membership.PlacementAt(changes.back().clock - 1);
 }
 
 Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const CheckpointBlockHeader& b) {
@@ -662,8 +661,9 @@ Status ShardState::ApplyDense(const CheckpointBlock& b) {
     return Internal("table " + std::to_string(b.table) + ": a dense range without its bounds");
   }
   const uint64_t total = dense_[b.table]->total_elements();
+  const uint64_t first = range ? ReadDenseRange(b).begin : 0;
   const SliceRange want =
-      range ? SliceRange{ReadDenseRange(b).begin, ReadDenseRange(b).begin + b.count}
+      range ? SliceRange{first, first + b.count}
             : DenseSlice(total, shard_, static_cast<uint32_t>(manifest_.cluster.servers.size()));
   if (want.end > total || want.end < want.begin) {
     return Internal("table " + std::to_string(b.table) + ": a dense range outside the tensor");

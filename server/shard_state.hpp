@@ -77,11 +77,14 @@ DenseRangeBlock ReadDenseRange(const CheckpointBlock& b);
 // Refuses bounds outside the tensor, or live elements outside the block's.
 Status CheckDenseRange(const Manifest& manifest, const CheckpointBlock& b);
 
-// The slice of a dense tensor of `total` elements that shard `shard` serves its workers from
-// now: its slice after the newest change of the shard count once it has committed the change,
-// before it until then.
-SliceRange LiveDenseSlice(const Membership& membership, const MigrationState& migration,
-                          uint64_t total, uint32_t shard);
+// The placement a shard serves its workers by now: the one after the newest change of the
+// shard count once it has committed the change, the one before it until then.
+const Placement& LivePlacement(const Membership& membership, const MigrationState& migration);
+// The slice of a dense tensor of `total` elements that shard `shard` serves from now.
+inline SliceRange LiveDenseSlice(const Membership& membership, const MigrationState& migration,
+                                 uint64_t total, uint32_t shard) {
+  return LivePlacement(membership, migration).DenseSliceOf(total, shard);
+}
 
 // The largest clock a checkpoint may carry: far past any job, and low enough that the clock
 // arithmetic of the shard (a clock plus a staleness or a checkpoint period) cannot overflow.

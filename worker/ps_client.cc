@@ -258,16 +258,6 @@ Status PsClient::AwaitHellos(Ticket t) {
   return p.status;
 }
 
-int64_t PsClient::ServesFrom(uint32_t shard) const {
-  int64_t from = 0;
-  for (const auto& change : membership_.server_changes()) {
-    if (shard >= membership_.PlacementAt(change.clock - 1).count() && shard < change.count) {
-      from = change.clock;
-    }
-  }
-  return from;
-}
-
 uint32_t PsClient::ShardsFrom(int64_t clock) const {
   uint32_t n = membership_.PlacementAt(clock).count();
   for (const auto& change : membership_.server_changes()) {
@@ -283,23 +273,10 @@ std::vector<uint32_t> PsClient::FirstShards(uint32_t n) {
 }
 
 Status PsClient::Handshake() {
-  // A joining worker first has shard 0 name its clock; its Hellos then tell every shard.
-  if (joining_) {
-    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, {0}));
-    for (auto& [id, r] : in_flight_) {
-      r->timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
-      r->deadline = Clock::now() + r->timeout;
-      r->max_attempts = 1;
-    }
-    PARASOL_RETURN_IF_ERROR(Wait(t).WithContext("joining the job"));
-    if (!membership_.Joined(worker_id_)) {
-      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
-    }
-    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
-  }
   // Shard 0 first: its reply brings the membership, whose changes of the shard count say which
   // shards serve the clocks this worker goes on from (the others hold nothing it needs, and
-  // need not run); a tool greets those the newest placement has.
+  // need not run); a tool greets those the newest placement has. A joining worker's Hello asks
+  // shard 0 to name its clock; its Hellos then tell the other shards.
   PARASOL_ASSIGN_OR_RETURN(Ticket first, Broadcast(Op::Hello, 0, {0}));
   Status greeted = AwaitHellos(first);
   if (!greeted.ok() && pending_.at(first)->outstanding > 0) return greeted;
@@ -309,8 +286,15 @@ Status PsClient::Handshake() {
     Result<Header> h = DecodeHeader(p0.replies[0][0].data(), p0.replies[0][0].size());
     if (h.ok()) hellos.push_back(*h);
   }
-  PARASOL_RETURN_IF_ERROR(Wait(first));
+  const Status first_status = Wait(first);
+  PARASOL_RETURN_IF_ERROR(joining_ ? first_status.WithContext("joining the job") : first_status);
   PARASOL_RETURN_IF_ERROR(greeted);
+  if (joining_) {
+    if (!membership_.Joined(worker_id_)) {
+      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
+    }
+    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
+  }
   // The clock this worker goes on from, as shard 0 knows it (-1: a new worker, or a tool).
   const int64_t at = !hellos.empty() && hellos[0].worker_clock >= 0 ? hellos[0].worker_clock : -1;
   const uint32_t serving = JobRank() ? ShardsFrom(at) : membership_.LastPlacement().count();
@@ -1297,23 +1281,17 @@ void PsClient::Replay(uint32_t shard) {
   }
   // A shard a change removed takes Clocks only up to that change's clock (not one per clock
   // this worker has run since).
-  if (shard >= ShardsFrom(clock_ - 1)) {
-    int64_t removed_at = -1;  // the newest change that removed it
-    for (const auto& change : membership_.server_changes()) {
-      if (shard < membership_.PlacementAt(change.clock - 1).count() && shard >= change.count) {
-        removed_at = change.clock;
-      }
-    }
-    if (removed_at >= 0) replay_to = std::min(replay_to, removed_at);
+  if (shard >= ShardsFrom(clock_ - 1) && membership_.RemovedAt(shard) >= 0) {
+    replay_to = std::min(replay_to, membership_.RemovedAt(shard));
   }
   // From the shard's checkpoint, or from the clock it serves from (a shard that joined at a
   // change has no clocks before it).
   const int64_t first = std::min(
-      std::max({int64_t{0}, restored_clock_[shard], ServesFrom(shard)}), replay_to);
+      std::max({int64_t{0}, restored_clock_[shard], membership_.ServingFrom(shard)}), replay_to);
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
   // Pushes from before the shard last started serving (a change removed it, a later one gave
   // it rows again) belong to rows that moved away and back with the scale tool: not replayed.
-  const int64_t serves_from = ServesFrom(shard);
+  const int64_t serves_from = membership_.ServingFrom(shard);
   log.erase(std::remove_if(log.begin(), log.end(),
                            [&](const PushLog::Entry& e) { return e.clock < serves_from; }),
             log.end());

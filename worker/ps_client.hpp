@@ -257,9 +257,6 @@ class PsClient {
   Status AwaitHellos(Ticket t);
   // The most shards any placement from `clock` on has (those serving a worker from there).
   uint32_t ShardsFrom(int64_t clock) const;
-  // The clock from which `shard` serves, as of the newest change that gave it rows while it
-  // held none (0: from the start).
-  int64_t ServesFrom(uint32_t shard) const;
   // Shards 0 .. n - 1 (at most the listed ones).
   std::vector<uint32_t> FirstShards(uint32_t n);
   // A tool's: the shards the newest placement has.

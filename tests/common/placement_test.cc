@@ -150,6 +150,13 @@ TEST(MembershipTest, ShardCountChangesAreNamedInOrderAndMergeLikeTheRest) {
   EXPECT_EQ(m.PlacementAt(10).count(), 3u);
   EXPECT_EQ(m.PlacementAt(19), Placement(2).Grown());
   EXPECT_EQ(m.PlacementAt(20), Placement(2).Grown().Shrunk().Shrunk());
+  // Shard 2 serves from clock 10 to 20; shard 1 from the start to 20; shard 0 throughout.
+  EXPECT_EQ(m.ServingFrom(2), 10);
+  EXPECT_EQ(m.RemovedAt(2), 20);
+  EXPECT_EQ(m.ServingFrom(1), 0);
+  EXPECT_EQ(m.RemovedAt(1), 20);
+  EXPECT_EQ(m.ServingFrom(0), 0);
+  EXPECT_EQ(m.RemovedAt(0), -1);
   // The worker ranks' data split ignores them.
   EXPECT_TRUE(m.ChangeClocks().empty());
 
