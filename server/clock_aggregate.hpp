@@ -31,6 +31,11 @@ class ClockAggregate {
     for (size_t i = 0; i < s.keys.size(); ++i) fn(s.keys[i], s.sums.data() + i * dim);
   }
 
+  // The position of `key` among SparseKeys(table, engine), or KeyIndex::kAbsent.
+  uint32_t FindSparse(uint32_t table, uint32_t engine, uint64_t key) const {
+    return sparse_[table][engine].index.Find(key);
+  }
+
   // The keys summed for `table` on `engine` (in the order of their first push), and their sums
   // (dim floats each, in the same order).
   std::span<const uint64_t> SparseKeys(uint32_t table, uint32_t engine) const {

@@ -1,8 +1,12 @@
 #include "server/engine_pool.hpp"
 
+#include <pthread.h>
+#include <sched.h>
+
 namespace parasol {
 
 EnginePool::EnginePool(uint32_t engines) : engines_(engines == 0 ? 1 : engines) {
+  background_ = std::thread([this] { BackgroundLoop(); });
   if (engines_ == 1) return;  // a single engine runs on the request thread
   threads_.reserve(engines_);
   for (uint32_t e = 0; e < engines_; ++e) threads_.emplace_back([this, e] { Loop(e); });
@@ -14,7 +18,13 @@ EnginePool::~EnginePool() {
     stopping_ = true;
   }
   work_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(background_mu_);
+    background_exit_ = true;
+  }
+  background_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  background_.join();
 }
 
 void EnginePool::RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inline) {
@@ -47,6 +57,51 @@ void EnginePool::Loop(uint32_t engine) {
       std::lock_guard<std::mutex> lock(mu_);
       if (--pending_ == 0) done_cv_.notify_one();
     }
+  }
+}
+
+void EnginePool::StartBackground(BackgroundFn fn) {
+  background_fn_ = std::move(fn);  // read by the thread only once it sees background_pending_
+  background_stop_.store(false);
+  {
+    std::lock_guard<std::mutex> lock(background_mu_);
+    background_pending_ = true;
+  }
+  background_cv_.notify_all();
+}
+
+void EnginePool::FinishBackground() {
+  if (!background_fn_) return;
+  background_stop_.store(true);
+  {
+    std::unique_lock<std::mutex> lock(background_mu_);
+    background_pending_ = false;  // not begun: nothing to stop
+    background_cv_.wait(lock, [&] { return !background_running_; });
+  }
+  // What the background left (all of it, when it never ran), on the engine threads.
+  static const std::atomic<bool> kNever{false};
+  RunOnAll([&](uint32_t e) { background_fn_(e, kNever); });
+  background_fn_ = nullptr;
+}
+
+void EnginePool::BackgroundLoop() {
+  // Only on a core nothing else wants; refused (kept at the normal priority) where the
+  // system does not allow it.
+  sched_param param{};
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
+  std::unique_lock<std::mutex> lock(background_mu_);
+  while (true) {
+    background_cv_.wait(lock, [&] { return background_exit_ || background_pending_; });
+    if (background_exit_) return;
+    background_pending_ = false;
+    background_running_ = true;
+    lock.unlock();
+    for (uint32_t e = 0; e < engines_ && !background_stop_.load(); ++e) {
+      background_fn_(e, background_stop_);
+    }
+    lock.lock();
+    background_running_ = false;
+    background_cv_.notify_all();
   }
 }
 

@@ -3,9 +3,11 @@
 // Each engine owns a disjoint part of every table (sparse keys by EngineOfKey(), dense ranges
 // by position), so the row update path needs no per-row lock: a request is split so that each
 // engine touches only what it owns, and the request thread waits for all of them (fork-join).
-// Thread-safety: RunOnAll() is called from one thread at a time (the shard's request thread).
+// Thread-safety: RunOnAll(), StartBackground() and FinishBackground() are called from one
+// thread at a time (the shard's request thread).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -29,8 +31,22 @@ class EnginePool {
   // requests, and still no two calls touch the same engine's data at once.
   void RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inline = false);
 
+  // Background work the request thread need not wait for: fn(e, stop) for every engine e in
+  // turn, on a thread of the lowest scheduling priority (SCHED_IDLE: it runs only on a core
+  // nothing else wants) while the request thread goes on, touching no engine's data until
+  // FinishBackground(). fn must return soon after `stop` becomes true, keeping where it got
+  // to: it is called again for every engine, and then must finish.
+  // REQUIRES: no background work started and not finished.
+  using BackgroundFn = std::function<void(uint32_t engine, const std::atomic<bool>& stop)>;
+  void StartBackground(BackgroundFn fn);
+  // Stops the background work (waiting only until fn notices), then calls fn(e, never) for
+  // every engine on the engine threads, in parallel at the normal priority, to finish what the
+  // background left. Returns at once when nothing was started.
+  void FinishBackground();
+
  private:
   void Loop(uint32_t engine);
+  void BackgroundLoop();
 
   const uint32_t engines_;
   std::vector<std::thread> threads_;
@@ -41,6 +57,14 @@ class EnginePool {
   uint64_t generation_ = 0;                              // guarded by mu_
   uint32_t pending_ = 0;                                 // guarded by mu_
   bool stopping_ = false;                                // guarded by mu_
+  std::thread background_;
+  std::mutex background_mu_;
+  std::condition_variable background_cv_;
+  BackgroundFn background_fn_;        // set while background work is started, not finished
+  bool background_pending_ = false;    // guarded by background_mu_: the thread has work to run
+  bool background_running_ = false;   // guarded by background_mu_: it is inside background_fn_
+  bool background_exit_ = false;      // guarded by background_mu_
+  std::atomic<bool> background_stop_{false};
 };
 
 }  // namespace parasol

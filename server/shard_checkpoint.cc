@@ -20,6 +20,7 @@ namespace parasol {
 Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
+  FinishDeferredApply();  // a checkpoint holds whole clocks
   const auto start = std::chrono::steady_clock::now();
   std::function<bool(uint64_t)> keeps;
   if (!membership_.server_changes().empty() || staged_rows_) {

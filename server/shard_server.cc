@@ -130,7 +130,9 @@ Status ShardServer::ResetTables() {
   return Status::Ok();
 }
 
-ShardServer::~ShardServer() = default;
+ShardServer::~ShardServer() {
+  FinishDeferredApply();  // the background reads the tables
+}
 
 Status ShardServer::Bind() {
   PARASOL_RETURN_IF_ERROR(tables_status_.WithContext("shard " + std::to_string(rank_)));
@@ -202,6 +204,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   while (!stop.load() && !shutdown_requested_) {
     if (metrics_ && std::chrono::steady_clock::now() - last_publish_ >
                         std::chrono::milliseconds(250)) {
+      FinishDeferredApply();
       last_publish_ = std::chrono::steady_clock::now();
       metrics_->Publish(MetricsText());
     }
@@ -218,10 +221,11 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       auto frames = RecvFrames(router_, /*dontwait=*/true);
       if (!frames.ok()) return frames.status();
       if (!frames->has_value()) break;
-      HandleMessage(**frames);
+      ServeMessage(**frames);
       if (shutdown_requested_) break;
     }
   }
+  FinishDeferredApply();
   if (metrics_) metrics_->SetHealthy(false);
   // Stopped by a signal or asked to stop (parasol shutdown): the last checkpoint holds every
   // update this shard acknowledged, so nothing is due from the workers' logs after it (it is
@@ -249,12 +253,27 @@ uint64_t ShardServer::StateStamp() const {
 }
 
 void ShardServer::RunPeriodic() {
+  FinishDeferredApply();  // before anything else reads the tables
   MaybeSweep();
   CheckWorkers();
   MaybeCheckpoint();
 }
 
 void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
+  ServeMessage(frames);
+  FinishDeferredApply();  // an in-process driver reads the shard next
+}
+
+void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
+  HandleOneMessage(frames);
+  // The message is answered: what a split apply left is applied in the background while its
+  // sender reads the reply, and finished before anything else is handled.
+  StartDeferredApply();
+  for (std::vector<uint64_t>& keys : pull_keys_) keys.clear();
+}
+
+void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
+  FinishDeferredApply();
   if (frames.empty()) return;
   ++counters_.requests;
   if (frames.size() < 2) {
@@ -373,6 +392,8 @@ static Status CheckPullDType(const Header& req) {
 
 Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& frames,
                              Header* reply, std::vector<zmq::message_t>* payload, bool* held) {
+  // Only the pulls a split apply's first pass served may run before its second.
+  if (req.op != Op::PullSparse && req.op != Op::PullDense) FinishDeferredApply();
   if (!req.is_reply && !req.members.empty()) PARASOL_RETURN_IF_ERROR(MergeMembership(req));
   PARASOL_RETURN_IF_ERROR(DispatchOp(req, frames, reply, payload, held));
   // A sender that knows fewer clocks learns them (its request's version says how many it knows).
@@ -469,8 +490,11 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));
       // Before anything is released: a worker passes the last barrier and exits, its push log
-      // with it, only once this checkpoint holds everything it pushed.
+      // with it, only once this checkpoint holds everything it pushed (a checkpoint finishes
+      // a split apply first).
+      may_split_apply_ = true;
       ApplyReadyAggregates();
+      may_split_apply_ = false;
       if (req.done) CheckpointWhenAllDone();
       CheckpointWhenRemoved();
       AfterClockChange();
@@ -610,8 +634,22 @@ Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& fra
 
 void ShardServer::ApplyReadyAggregates() {
   while (!aggregates_.empty() && aggregates_.begin()->first < controller_.MinClock()) {
-    ApplyAggregate(aggregates_.begin()->first, *aggregates_.begin()->second);
-    aggregates_.erase(aggregates_.begin());
+    FinishDeferredApply();  // an earlier clock's rows first
+    const auto it = aggregates_.begin();
+    const auto after = std::next(it);
+    const bool last = after == aggregates_.end() || after->first >= controller_.MinClock();
+    if (last && may_split_apply_ && CanSplitApply()) {
+      // The pulls the tick releases are answered once their rows are applied.
+      NoteHeldPullKeys();
+      deferred_apply_.emplace();
+      deferred_apply_->clock = it->first;
+      deferred_apply_->aggregate = std::move(it->second);
+      aggregates_.erase(it);
+      ApplyAggregate(deferred_apply_->clock, *deferred_apply_->aggregate, &*deferred_apply_);
+      continue;
+    }
+    ApplyAggregate(it->first, *it->second);
+    aggregates_.erase(it);
   }
 }
 
@@ -1367,6 +1405,15 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
     return;
   }
   if (pulls && controller_.InJob(step.worker_id)) ObserveWait(0);
+  // A tick's pulls: the rows they read are applied first if the tick completes a BSP clock.
+  if ((*parts)[0].header.op == Op::Clock &&
+      manifest_.training.consistency == TrainingOptions::Consistency::kBsp && CanSplitApply()) {
+    const std::span<zmq::message_t> rest = std::span<zmq::message_t>(frames).subspan(2);
+    for (size_t i = 1; i < parts->size(); ++i) {
+      const StepPart& part = (*parts)[i];
+      NotePullKeys(part.header, rest.subspan(part.header_frame + 1, part.payload_frames));
+    }
+  }
   AnswerStep(step, frames, &*parts);
 }
 
@@ -1558,6 +1605,8 @@ std::string ShardServer::StatsJson() const {
   s["pulls_held_total"] = counters_.pulls_held;
   s["pull_wait_ms_total"] = counters_.pull_wait_ms;
   s["bsp_clocks_applied"] = counters_.bsp_clocks_applied;
+  s["bsp_rows_before_reply"] = counters_.bsp_rows_before_reply.load();
+  s["bsp_rows_after_reply"] = counters_.bsp_rows_after_reply.load();
   s["pending_clocks"] = aggregates_.size();
   s["held_bytes"] = held_bytes_;
   s["open_barriers"] = barriers_.size();

@@ -102,6 +102,10 @@ class ShardServer {
     double pull_wait_ms = 0;
     uint64_t lost_workers = 0;
     uint64_t bsp_clocks_applied = 0;
+    // Rows of BSP clocks applied before the tick's reply, and after it (a split apply's
+    // second pass, in the background).
+    std::atomic<uint64_t> bsp_rows_before_reply{0};
+    std::atomic<uint64_t> bsp_rows_after_reply{0};
     uint64_t checkpoints = 0;
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
@@ -125,6 +129,11 @@ class ShardServer {
   Status Admit(const Header& req);
   // A Step (protocols/message.fbs): checked, held when its pulls must wait, else answered.
   void HandleStep(const Header& step, std::vector<zmq::message_t>& frames);
+  // HandleMessage() as the serve loop calls it: a split apply's second pass is left running
+  // in the background (the next message, or the loop's timed work, finishes it).
+  void ServeMessage(std::vector<zmq::message_t>& frames);
+  // The message alone, answered (a split apply's second pass not started).
+  void HandleOneMessage(std::vector<zmq::message_t>& frames);
   // Its parts, split and checked, or the error naming what is wrong.
   Result<std::vector<StepPart>> CheckStep(const Header& step,
                                           std::span<const zmq::message_t> frames) const;
@@ -149,7 +158,49 @@ class ShardServer {
   void AfterClockChange();
   void ReleaseHeldPulls();
   void ReleaseBarriers();
-  void ApplyAggregate(int64_t clock, ClockAggregate& aggregate);
+  // BSP: the last clock a tick completes is applied in two passes. First the dense sums and the
+  // rows that the pulls about to be answered read (the tick's own Step and the held pulls), so
+  // that those pulls are answered at once; then, once the message that ticked has been
+  // answered and before the shard handles anything else, the rest (FinishDeferredApply).
+  // Every row ends as one pass would leave it: each row's update reads only that row and its
+  // sum, and the same clock names both passes' writes.
+  struct DeferredApply {
+    int64_t clock = -1;
+    std::unique_ptr<ClockAggregate> aggregate;
+    uint32_t now = 0;   // the shard clock the rows are stamped with
+    double scale = 1;   // the average's factor
+    // [table][engine]: the positions among the aggregate's keys the second pass applies.
+    std::vector<std::vector<std::vector<uint32_t>>> rest;
+    // Per engine, where its second pass got to: a table, and a position in its rest.
+    struct Progress {
+      size_t table = 0;
+      size_t next = 0;
+    };
+    std::vector<Progress> progress;
+    bool started = false;  // the second pass runs in the engines' background
+  };
+  // Engine e's rows of a clock's sparse sums: all of them (split null), or a split's pass; the
+  // second stops between chunks once *stop is true, and resumes where it stopped.
+  void ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregate& aggregate,
+                       DeferredApply* split, bool rest, double scale, uint32_t now,
+                       const std::atomic<bool>* stop = nullptr);
+  // Hands what a split apply's first pass left to the engines' background (idle priority).
+  void StartDeferredApply();
+  // split: nullptr applies everything; else its first pass (the second: ApplySparseSums).
+  void ApplyAggregate(int64_t clock, ClockAggregate& aggregate, DeferredApply* split = nullptr);
+  // Whether a table's rows may be applied in two passes: not tiered and not evicting (the
+  // order its rows are created in decides what stays in memory); such tables are applied whole
+  // in the first pass.
+  static bool TableSplits(const SparseTable& table);
+  // Whether any table's may.
+  bool CanSplitApply() const;
+  // Adds the keys of a PullSparse (its header and payload frames) to pull_keys_.
+  void NotePullKeys(const Header& pull, std::span<zmq::message_t> payload);
+  // Adds the keys of every held sparse pull to pull_keys_.
+  void NoteHeldPullKeys();
+  // Applies what the first pass left (nothing when no apply is split), helping the background
+  // with what it has not begun, and returns once it is all applied.
+  void FinishDeferredApply();
   void CheckWorkers();
   void MaybeCheckpoint();
   Status LoadCheckpoint(const std::string& path);
@@ -331,6 +382,12 @@ class ShardServer {
   std::vector<std::map<uint64_t, uint64_t>> dense_installed_;
   int64_t dense_installed_clock_ = -1;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
+  // The second pass of a split apply, run before the shard handles anything else.
+  std::optional<DeferredApply> deferred_apply_;
+  // Set while a tick is handled: only then may ApplyReadyAggregates() split its last clock.
+  bool may_split_apply_ = false;
+  // [table id]: the keys of the sparse pulls a split apply's first pass serves.
+  std::vector<std::vector<uint64_t>> pull_keys_;
   std::vector<HeldPull> held_pulls_;
   uint64_t held_bytes_ = 0;  // request bytes of held_pulls_
   Status job_failure_;  // set when a worker is lost under on_worker_loss: fail

@@ -347,10 +347,112 @@ Status ShardServer::AggregatePushDense(const Header& req, const PayloadView& p,
   return Status::Ok();
 }
 
-void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
+void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregate& agg,
+                                  DeferredApply* split, bool rest, double scale, uint32_t now,
+                                  const std::atomic<bool>* stop) {
+  const uint32_t engines = engines_.size();
+  // Applies the sums at `count` positions among table t's keys on this engine (positions
+  // null: the first `count`).
+  auto apply = [&](size_t t, const uint32_t* positions, size_t count) {
+    SparseTable& table = *sparse_[t];
+    SparseTable::Partition& part = table.partition(e);
+    part.SetWrite(ClockWrite(clock));
+    const uint32_t dim = table.dim();
+    const Optimizer& opt = table.optimizer();
+    // The clock's keys in the order they were first pushed, and their sums.
+    const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
+    const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
+    auto at = [&](size_t j) -> size_t { return positions ? positions[j] : j; };
+    if (part.tiered()) {
+      if (Status st = part.Prefault(keys); !st.ok()) {
+        // The clock's sums cannot be applied without the rows: the shard stops, and its
+        // restart (from its checkpoint, with the workers' replays) redoes this clock.
+        spdlog::critical("shard {}: cannot apply clock {} to table '{}': {}", rank_, clock,
+                         table.options().name, st.ToString());
+        spdlog::shutdown();
+        std::_Exit(1);
+      }
+    }
+    // With the index buckets and rows of the keys ahead prefetched.
+    part.ForEachKeyAt(
+        count, [&](size_t j) { return keys[at(j)]; },
+        [&](size_t j, uint64_t key) {
+          float* row = part.Find(key);
+          if (!row) row = part.CountPush(key, now);
+          if (!row) return;
+          opt.Apply(row, opt.SparseState(row, dim),
+                    reinterpret_cast<const std::byte*>(sums + at(j) * dim), dim, scale);
+          SparseTable::Partition::LastClock(row) = now;
+          part.Store(row);
+        });
+    part.Settle();
+  };
+  if (!split) {
+    for (size_t t = 0; t < sparse_.size(); ++t) {
+      if (!sparse_[t]) continue;
+      const size_t n = agg.SparseKeys(static_cast<uint32_t>(t), e).size();
+      apply(t, nullptr, n);
+      counters_.bsp_rows_before_reply += n;
+    }
+    return;
+  }
+  if (!rest) {
+    // The first pass: the rows the pulls read (every row of a table that does not split);
+    // the others' positions are kept for the second.
+    std::vector<uint8_t> read;
+    std::vector<uint32_t> now_rows;
+    for (size_t t = 0; t < sparse_.size(); ++t) {
+      if (!sparse_[t]) continue;
+      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
+      if (!TableSplits(*sparse_[t])) {
+        apply(t, nullptr, keys.size());
+        counters_.bsp_rows_before_reply += keys.size();
+        continue;
+      }
+      read.assign(keys.size(), 0);
+      if (t < pull_keys_.size()) {
+        for (uint64_t key : pull_keys_[t]) {
+          if (EngineOfKey(key, engines) != e) continue;
+          const uint32_t at = agg.FindSparse(static_cast<uint32_t>(t), e, key);
+          if (at != KeyIndex::kAbsent) read[at] = 1;
+        }
+      }
+      now_rows.clear();
+      std::vector<uint32_t>& later = split->rest[t][e];
+      later.clear();
+      for (uint32_t j = 0; j < keys.size(); ++j) (read[j] ? now_rows : later).push_back(j);
+      apply(t, now_rows.data(), now_rows.size());
+      counters_.bsp_rows_before_reply += now_rows.size();
+    }
+    return;
+  }
+  // The second pass, resumed where it stopped, in chunks between which it may stop.
+  constexpr size_t kChunk = 512;
+  DeferredApply::Progress& p = split->progress[e];
+  for (; p.table < sparse_.size(); ++p.table, p.next = 0) {
+    if (!sparse_[p.table]) continue;
+    const std::vector<uint32_t>& later = split->rest[p.table][e];
+    while (p.next < later.size()) {
+      if (stop && stop->load(std::memory_order_relaxed)) return;
+      const size_t n = std::min(kChunk, later.size() - p.next);
+      apply(p.table, later.data() + p.next, n);
+      counters_.bsp_rows_after_reply += n;
+      p.next += n;
+    }
+  }
+}
+
+void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApply* split) {
   // The average over the workers expected at this clock (live, and not finished before it).
   const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
+  if (split) {
+    split->scale = scale;
+    split->now = now;
+    split->rest.assign(sparse_.size(), std::vector<std::vector<uint32_t>>(engines_.size()));
+    split->progress.assign(engines_.size(), DeferredApply::Progress{});
+  }
+  // The dense sums are applied whole, with a split's first pass.
   std::vector<uint8_t> dense_pushed(dense_.size(), 0);
   // Per dense table, the local elements this shard held at the clock (while the table spans
   // two slices during a change of the shard count, the others are not this clock's).
@@ -368,40 +470,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
   }
   const uint32_t engines = engines_.size();
   engines_.RunOnAll([&](uint32_t e) {
-    for (size_t t = 0; t < sparse_.size(); ++t) {
-      if (!sparse_[t]) continue;
-      SparseTable& table = *sparse_[t];
-      SparseTable::Partition& part = table.partition(e);
-      part.SetWrite(ClockWrite(clock));
-      const uint32_t dim = table.dim();
-      const Optimizer& opt = table.optimizer();
-      // The clock's keys in the order they were first pushed, and their sums.
-      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
-      const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
-      if (part.tiered()) {
-        if (Status st = part.Prefault(keys); !st.ok()) {
-          // The clock's sums cannot be applied without the rows: the shard stops, and its
-          // restart (from its checkpoint, with the workers' replays) redoes this clock.
-          spdlog::critical("shard {}: cannot apply clock {} to table '{}': {}", rank_, clock,
-                           table.options().name, st.ToString());
-          spdlog::shutdown();
-          std::_Exit(1);
-        }
-      }
-      // With the index buckets and rows of the keys ahead prefetched.
-      part.ForEachKeyAt(
-          keys.size(), [&](size_t j) { return keys[j]; },
-          [&](size_t j, uint64_t key) {
-            float* row = part.Find(key);
-            if (!row) row = part.CountPush(key, now);
-            if (!row) return;
-            opt.Apply(row, opt.SparseState(row, dim),
-                      reinterpret_cast<const std::byte*>(sums + j * dim), dim, scale);
-            SparseTable::Partition::LastClock(row) = now;
-            part.Store(row);
-          });
-      part.Settle();
-    }
+    ApplySparseSums(e, clock, agg, split, /*rest=*/false, scale, now);
     for (size_t t = 0; t < dense_.size(); ++t) {
       if (!dense_pushed[t]) continue;
       // Engine e updates its contiguous share.
@@ -414,6 +483,64 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg) {
   });
   ++counters_.bsp_clocks_applied;
   spdlog::debug("shard {}: applied the pushes of clock {}", rank_, clock);
+}
+
+bool ShardServer::TableSplits(const SparseTable& table) {
+  return !table.evicts() && !table.partition(0).tiered();
+}
+
+bool ShardServer::CanSplitApply() const {
+  for (const auto& t : sparse_) {
+    if (t && TableSplits(*t)) return true;
+  }
+  return false;
+}
+
+void ShardServer::NotePullKeys(const Header& pull, std::span<zmq::message_t> payload) {
+  if (pull.op != Op::PullSparse || pull.table_id >= sparse_.size()) return;
+  // A pull that does not parse is refused when it is answered; it reads nothing.
+  Result<PayloadView> view = PayloadView::Parse(pull, payload, manifest_.server.max_request_bytes);
+  if (!view.ok() || !view->has_keys()) return;
+  if (pull_keys_.size() < sparse_.size()) pull_keys_.resize(sparse_.size());
+  std::vector<uint64_t>& keys = pull_keys_[pull.table_id];
+  for (uint64_t i = 0; i < view->rows(); ++i) keys.push_back(view->Key(i));
+}
+
+void ShardServer::NoteHeldPullKeys() {
+  for (HeldPull& h : held_pulls_) {
+    const std::span<zmq::message_t> frames = std::span<zmq::message_t>(h.frames).subspan(2);
+    if (h.request.op != Op::Step) {
+      NotePullKeys(h.request, frames);
+      continue;
+    }
+    Result<std::vector<StepPart>> parts = SplitStep(h.request, frames);
+    if (!parts.ok()) continue;
+    for (const StepPart& part : *parts) {
+      NotePullKeys(part.header, frames.subspan(part.header_frame + 1, part.payload_frames));
+    }
+  }
+}
+
+void ShardServer::StartDeferredApply() {
+  if (!deferred_apply_ || deferred_apply_->started) return;
+  deferred_apply_->started = true;
+  DeferredApply* d = &*deferred_apply_;
+  engines_.StartBackground([this, d](uint32_t e, const std::atomic<bool>& stop) {
+    ApplySparseSums(e, d->clock, *d->aggregate, d, /*rest=*/true, d->scale, d->now, &stop);
+  });
+}
+
+void ShardServer::FinishDeferredApply() {
+  if (!deferred_apply_) return;
+  if (deferred_apply_->started) {
+    engines_.FinishBackground();
+  } else {
+    DeferredApply* d = &*deferred_apply_;
+    engines_.RunOnAll([&](uint32_t e) {
+      ApplySparseSums(e, d->clock, *d->aggregate, d, /*rest=*/true, d->scale, d->now);
+    });
+  }
+  deferred_apply_.reset();
 }
 
 }  // namespace parasol

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <thread>
 #include <vector>
@@ -31,6 +35,86 @@ TEST(EnginePoolTest, InlineRunsOnTheCaller) {
   std::vector<std::thread::id> ids(3);
   pool.RunOnAll([&](uint32_t e) { ids[e] = std::this_thread::get_id(); }, /*run_inline=*/true);
   for (auto id : ids) EXPECT_EQ(id, std::this_thread::get_id());
+}
+
+// Background work as the shard hands it over: each engine's items, resumable, stopping between
+// items once told to.
+struct Resumable {
+  explicit Resumable(uint32_t engines, uint32_t items)
+      : next(engines), done(engines * items), items(items) {}
+  void Run(uint32_t e, const std::atomic<bool>& stop) {
+    ran_on[e].insert(std::this_thread::get_id());
+    first_on.emplace(e, std::this_thread::get_id());
+    while (next[e] < items) {
+      if (stop.load()) return;
+      done[e * items + next[e]]++;
+      ++next[e];
+    }
+  }
+  std::vector<uint32_t> next;
+  std::vector<std::atomic<int>> done;
+  std::map<uint32_t, std::set<std::thread::id>> ran_on;
+  std::map<uint32_t, std::thread::id> first_on;  // the thread of each engine's first call
+  const uint32_t items;
+};
+
+TEST(EnginePoolTest, BackgroundWorkRunsWithoutTheCallerAndFinishingRunsNothingTwice) {
+  for (uint32_t engines : {1u, 2u, 4u}) {
+    EnginePool pool(engines);
+    for (int round = 0; round < 20; ++round) {
+      Resumable work(engines, 100);
+      std::mutex mu;  // ran_on is written by one thread at a time, but read here
+      pool.StartBackground([&](uint32_t e, const std::atomic<bool>& stop) {
+        std::lock_guard<std::mutex> lock(mu);
+        work.Run(e, stop);
+      });
+      // The background does it all while this thread waits (an idle-priority thread runs
+      // when a core is free: this one sleeps).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      auto all_done = [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return std::all_of(work.next.begin(), work.next.end(),
+                           [&](uint32_t n) { return n == work.items; });
+      };
+      while (!all_done() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(all_done()) << "the background did not run in 60 s";
+      pool.FinishBackground();
+      for (const auto& d : work.done) EXPECT_EQ(d.load(), 1);
+      // Every engine's work ran on one thread, neither this one nor an engine's; finishing
+      // then called each engine again (on its engine thread, or inline for one engine).
+      std::set<std::thread::id> first;
+      for (const auto& [e, id] : work.first_on) first.insert(id);
+      ASSERT_EQ(work.first_on.size(), engines);
+      EXPECT_EQ(first.size(), 1u);
+      EXPECT_EQ(first.count(std::this_thread::get_id()), 0u);
+      for (const auto& [e, ids] : work.ran_on) {
+        EXPECT_EQ(ids.size(), 2u) << e;
+        EXPECT_EQ(ids.count(std::this_thread::get_id()), engines == 1 ? 1u : 0u) << e;
+      }
+    }
+    pool.FinishBackground();  // nothing started: returns at once
+  }
+}
+
+TEST(EnginePoolTest, FinishStopsTheBackgroundAndTheEnginesDoTheRestOnce) {
+  constexpr uint32_t kEngines = 3;
+  EnginePool pool(kEngines);
+  for (int round = 0; round < 50; ++round) {
+    Resumable work(kEngines, 2000);
+    std::atomic<int> calls{0};
+    pool.StartBackground([&](uint32_t e, const std::atomic<bool>& stop) {
+      calls++;
+      work.Run(e, stop);
+    });
+    if (round % 2) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    pool.FinishBackground();
+    // Every item once, whether the background had begun, stopped midway, or never ran.
+    for (const auto& d : work.done) ASSERT_EQ(d.load(), 1);
+    for (uint32_t n : work.next) EXPECT_EQ(n, work.items);
+    EXPECT_GE(calls.load(), static_cast<int>(kEngines));  // the engines' calls at least
+  }
 }
 
 }  // namespace
