@@ -18,6 +18,9 @@ EnginePool::~EnginePool() {
     stopping_ = true;
   }
   work_cv_.notify_all();
+  // Work not finished (its owner did not call FinishBackground): what has not begun is
+  // dropped, what has stops at its next chance.
+  background_stop_.store(true);
   {
     std::lock_guard<std::mutex> lock(background_mu_);
     background_exit_ = true;

@@ -426,8 +426,9 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
     }
     return;
   }
-  // The second pass, resumed where it stopped, in chunks between which it may stop.
-  constexpr size_t kChunk = 512;
+  // The second pass, resumed where it stopped, in chunks between which it may stop: small, as
+  // the request thread waits for the one under way at the background's idle priority.
+  constexpr size_t kChunk = 64;
   DeferredApply::Progress& p = split->progress[e];
   for (; p.table < sparse_.size(); ++p.table, p.next = 0) {
     if (!sparse_[p.table]) continue;

@@ -104,8 +104,10 @@ TEST(EnginePoolTest, FinishStopsTheBackgroundAndTheEnginesDoTheRestOnce) {
   for (int round = 0; round < 50; ++round) {
     Resumable work(kEngines, 2000);
     std::atomic<int> calls{0};
+    std::mutex mu;  // Run() records its threads in maps
     pool.StartBackground([&](uint32_t e, const std::atomic<bool>& stop) {
       calls++;
+      std::lock_guard<std::mutex> lock(mu);
       work.Run(e, stop);
     });
     if (round % 2) std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -30,9 +30,10 @@ class InProcessShard {
             std::string("cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
                         "server:\n  engine_threads: 2\n"
                         "training: {consistency: bsp}\n"
-                        "tables:\n  - {name: emb, kind: sparse, dim: 4, "
-                        "optimizer: {kind: adagrad_rowwise, lr: 0.5}") +
-                (evicting ? ", eviction: {ttl_clocks: 1000000}" : "") + "}\n",
+                        "tables:\n") +
+                // Tables 0 and 2 split unless `evicting`; table 1 evicts, so never splits.
+                Table("a", "adagrad_rowwise", evicting) + Table("b", "adagrad", true) +
+                Table("c", "adam", evicting),
             "split-apply")),
         shard_(manifest_, 0) {
     shard_.set_reply_sink([this](std::vector<zmq::message_t>& frames) {
@@ -57,6 +58,12 @@ class InProcessShard {
     });
   }
 
+  static std::string Table(const std::string& name, const std::string& optimizer,
+                           bool evicting) {
+    return "  - {name: " + name + ", kind: sparse, dim: 4, optimizer: {kind: " + optimizer +
+           ", lr: 0.5}" + (evicting ? ", eviction: {ttl_clocks: 1000000}" : "") + "}\n";
+  }
+
   Header Request(Op op, int64_t clock) {
     Header h;
     h.op = op;
@@ -77,8 +84,9 @@ class InProcessShard {
   }
 
   // Sums `g` (the same for every coordinate, different per key) into the rows of `keys`.
-  uint64_t Push(int64_t clock, const std::vector<uint64_t>& keys) {
+  uint64_t Push(uint32_t table, int64_t clock, const std::vector<uint64_t>& keys) {
     Header h = Request(Op::PushSparse, clock);
+    h.table_id = table;
     h.seq = ++seq_;
     h.key_count = keys.size();
     h.value_dim = kDim;
@@ -98,8 +106,9 @@ class InProcessShard {
     return h.request_id;
   }
 
-  uint64_t Pull(int64_t clock, const std::vector<uint64_t>& keys) {
+  uint64_t Pull(uint32_t table, int64_t clock, const std::vector<uint64_t>& keys) {
     Header h = Request(Op::PullSparse, clock);
+    h.table_id = table;
     h.key_count = keys.size();
     h.value_dim = kDim;
     Send(h, {Bytes(keys)});
@@ -112,24 +121,31 @@ class InProcessShard {
     return h.request_id;
   }
 
-  // A worker's Step of a tick to `clock` and a pull of that clock; the pull's request id.
-  uint64_t TickAndPull(int64_t clock, const std::vector<uint64_t>& keys) {
+  // A worker's Step of a tick to `clock` and a pull of `keys` of every table at that clock;
+  // the pulls' request ids.
+  std::vector<uint64_t> TickAndPull(int64_t clock, uint32_t tables,
+                                    const std::vector<uint64_t>& keys) {
     Header step = Request(Op::Step, clock);
     const Header tick = Request(Op::Clock, clock);
-    Header pull = Request(Op::PullSparse, clock);
-    pull.key_count = keys.size();
-    pull.value_dim = kDim;
-    step.key_count = 2;
+    step.key_count = 1 + tables;
     std::vector<zmq::message_t> frames;
     frames.emplace_back("w0", 2);
     frames.push_back(EncodeHeader(step));
     frames.push_back(EncodeHeader(tick));
-    frames.push_back(EncodeHeader(pull));
+    std::vector<uint64_t> ids;
     const std::string k = Bytes(keys);
-    frames.emplace_back(k.data(), k.size());
+    for (uint32_t t = 0; t < tables; ++t) {
+      Header pull = Request(Op::PullSparse, clock);
+      pull.table_id = t;
+      pull.key_count = keys.size();
+      pull.value_dim = kDim;
+      frames.push_back(EncodeHeader(pull));
+      frames.emplace_back(k.data(), k.size());
+      ids.push_back(pull.request_id);
+    }
     shard_.HandleMessage(frames);
     EXPECT_TRUE(Answered(tick.request_id));
-    return pull.request_id;
+    return ids;
   }
 
   // The reply's payload bytes ("" when none came).
@@ -172,51 +188,63 @@ std::vector<uint64_t> Join(std::vector<uint64_t> a, const std::vector<uint64_t>&
 
 TEST(SplitApplyTest, ATicksPullsAreAnsweredAfterTheirRowsAndTheOtherRowsAreAppliedAfter) {
   InProcessShard split(/*evicting=*/false), whole(/*evicting=*/true);
-  // A: pushed and read by the pull the tick answers; B: pushed only; C: read only.
+  constexpr uint32_t kTables = 3;
+  // A: pushed and read by the pulls the tick answers; B: pushed only; C: read only.
   const std::vector<uint64_t> a = Keys(0, 300), b = Keys(1000, 500), c = Keys(5000, 200);
   uint64_t before_reply = 0, after_reply = 0;
   for (int64_t clock = 0; clock < 4; ++clock) {
     // Each clock moves the sets: what was pushed only is read next, and so on.
     const std::vector<uint64_t>& read = clock % 2 ? b : a;
     const std::vector<uint64_t>& only = clock % 2 ? a : b;
-    for (InProcessShard* s : {&split, &whole}) s->Push(clock, Join(read, only));
-    std::vector<uint64_t> pulls;
-    if (clock < 2) {
-      // A pull held for the tick, then the tick alone.
-      for (InProcessShard* s : {&split, &whole}) {
-        pulls.push_back(s->Pull(clock + 1, Join(read, c)));
-        EXPECT_FALSE(s->Answered(pulls.back())) << "a pull of the next clock waits for the tick";
-      }
-      std::vector<uint64_t> ticks;
-      for (InProcessShard* s : {&split, &whole}) ticks.push_back(s->Tick(clock + 1));
-      EXPECT_TRUE(split.Answered(ticks[0]) && whole.Answered(ticks[1]));
-    } else {
-      // The tick and the pull in one Step, as workers send them.
-      for (InProcessShard* s : {&split, &whole}) {
-        pulls.push_back(s->TickAndPull(clock + 1, Join(read, c)));
-      }
+    for (InProcessShard* s : {&split, &whole}) {
+      for (uint32_t t = 0; t < kTables; ++t) s->Push(t, clock, Join(read, only));
     }
-    // The pull: equal to the shard that applied everything first.
-    ASSERT_TRUE(split.Answered(pulls[0]) && whole.Answered(pulls[1]));
-    EXPECT_EQ(split.Reply(pulls[0]), whole.Reply(pulls[1])) << "clock " << clock;
-    EXPECT_EQ(split.Reply(pulls[0]).size(), (read.size() + c.size()) * kDim * sizeof(float));
-    before_reply += read.size();
-    after_reply += only.size();
+    std::vector<std::vector<uint64_t>> pulls(2);  // [shard][table]
+    if (clock < 2) {
+      // Pulls held for the tick, then the tick alone.
+      for (size_t i = 0; i < 2; ++i) {
+        InProcessShard* s = i == 0 ? &split : &whole;
+        for (uint32_t t = 0; t < kTables; ++t) {
+          pulls[i].push_back(s->Pull(t, clock + 1, Join(read, c)));
+          EXPECT_FALSE(s->Answered(pulls[i].back())) << "a pull of the next clock waits";
+        }
+        EXPECT_TRUE(s->Answered(s->Tick(clock + 1)));
+      }
+    } else {
+      // The tick and the pulls in one Step, as workers send them.
+      pulls[0] = split.TickAndPull(clock + 1, kTables, Join(read, c));
+      pulls[1] = whole.TickAndPull(clock + 1, kTables, Join(read, c));
+    }
+    // The pulls: equal to the shard that applied everything first.
+    for (uint32_t t = 0; t < kTables; ++t) {
+      ASSERT_TRUE(split.Answered(pulls[0][t]) && whole.Answered(pulls[1][t]));
+      EXPECT_EQ(split.Reply(pulls[0][t]), whole.Reply(pulls[1][t]))
+          << "clock " << clock << ", table " << t;
+      EXPECT_EQ(split.Reply(pulls[0][t]).size(),
+                (read.size() + c.size()) * kDim * sizeof(float));
+    }
+    // Tables 0 and 2 leave their pushed-only rows for after the reply; table 1 applies all.
+    before_reply += 2 * read.size() + read.size() + only.size();
+    after_reply += 2 * only.size();
     EXPECT_EQ(split.Stat("bsp_rows_before_reply"), before_reply) << "clock " << clock;
     EXPECT_EQ(split.Stat("bsp_rows_after_reply"), after_reply) << "clock " << clock;
     EXPECT_EQ(whole.Stat("bsp_rows_after_reply"), 0u);
     EXPECT_EQ(whole.Stat("bsp_rows_before_reply"), before_reply + after_reply);
     // Every row, the ones applied after the reply included, as one pass leaves it.
     const std::vector<uint64_t> all = Join(Join(a, b), c);
-    const uint64_t p = split.Pull(clock + 1, all), q = whole.Pull(clock + 1, all);
-    EXPECT_EQ(split.Reply(p), whole.Reply(q)) << "clock " << clock;
-    EXPECT_EQ(split.Reply(p).size(), all.size() * kDim * sizeof(float));
+    for (uint32_t t = 0; t < kTables; ++t) {
+      const uint64_t p = split.Pull(t, clock + 1, all), q = whole.Pull(t, clock + 1, all);
+      EXPECT_EQ(split.Reply(p), whole.Reply(q)) << "clock " << clock << ", table " << t;
+      EXPECT_EQ(split.Reply(p).size(), all.size() * kDim * sizeof(float));
+    }
   }
-  // The pushed rows moved (the comparison above is not of untouched rows).
+  // The pushed rows moved (the comparisons above are not of untouched rows).
   InProcessShard fresh(/*evicting=*/false);
-  const uint64_t untouched = fresh.Pull(0, a);
-  const uint64_t trained = split.Pull(4, a);
-  EXPECT_NE(fresh.Reply(untouched), split.Reply(trained));
+  for (uint32_t t = 0; t < kTables; ++t) {
+    const uint64_t untouched = fresh.Pull(t, 0, a);
+    const uint64_t trained = split.Pull(t, 4, a);
+    EXPECT_NE(fresh.Reply(untouched), split.Reply(trained)) << "table " << t;
+  }
 }
 
 }  // namespace
