@@ -44,6 +44,28 @@
 
 namespace parasol {
 
+// BSP: the last clock a tick completes is applied in two passes (ShardServer). First the dense
+// sums and the rows that the pulls about to be answered read (the tick's own Step and the held
+// pulls), so that those pulls are answered at once; then, once the message that ticked has
+// been answered and before the shard handles anything else, the rest (FinishDeferredApply).
+// Every row ends as one pass would leave it: each row's update reads only that row and its
+// sum, and the same clock names both passes' writes.
+struct DeferredBspApply {
+  int64_t clock = -1;
+  std::unique_ptr<ClockAggregate> aggregate;
+  uint32_t now = 0;   // the shard clock the rows are stamped with
+  double scale = 1;   // the average's factor
+  // [table][engine]: the positions among the aggregate's keys the second pass applies.
+  std::vector<std::vector<std::vector<uint32_t>>> rest;
+  // Per engine, where its second pass got to: a table, and a position in its rest.
+  struct Progress {
+    size_t table = 0;
+    size_t next = 0;
+  };
+  std::vector<Progress> progress;
+  bool started = false;  // the second pass runs in the engines' background
+};
+
 class ShardServer {
  public:
   // REQUIRES: rank < manifest.cluster.servers.size().
@@ -158,27 +180,8 @@ class ShardServer {
   void AfterClockChange();
   void ReleaseHeldPulls();
   void ReleaseBarriers();
-  // BSP: the last clock a tick completes is applied in two passes. First the dense sums and the
-  // rows that the pulls about to be answered read (the tick's own Step and the held pulls), so
-  // that those pulls are answered at once; then, once the message that ticked has been
-  // answered and before the shard handles anything else, the rest (FinishDeferredApply).
-  // Every row ends as one pass would leave it: each row's update reads only that row and its
-  // sum, and the same clock names both passes' writes.
-  struct DeferredApply {
-    int64_t clock = -1;
-    std::unique_ptr<ClockAggregate> aggregate;
-    uint32_t now = 0;   // the shard clock the rows are stamped with
-    double scale = 1;   // the average's factor
-    // [table][engine]: the positions among the aggregate's keys the second pass applies.
-    std::vector<std::vector<std::vector<uint32_t>>> rest;
-    // Per engine, where its second pass got to: a table, and a position in its rest.
-    struct Progress {
-      size_t table = 0;
-      size_t next = 0;
-    };
-    std::vector<Progress> progress;
-    bool started = false;  // the second pass runs in the engines' background
-  };
+  // BSP: the last clock a tick completes is applied in two passes (DeferredBspApply).
+  using DeferredApply = DeferredBspApply;
   // Engine e's rows of a clock's sparse sums: all of them (split null), or a split's pass; the
   // second stops between chunks once *stop is true, and resumes where it stopped.
   void ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregate& aggregate,
