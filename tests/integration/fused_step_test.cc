@@ -48,7 +48,9 @@ class FusedStepTest : public ::testing::Test {
   void TearDown() override { RemoveTree(dir_); }
 
   // Trains dlrm (2 servers, 2 workers, BSP); returns the exported model, *log the job's output.
-  Result<ExportedModel> Train(const std::string& name, bool fuse, std::string* log) {
+  // `model_extra`: more fields of the model's section (", key: value").
+  Result<ExportedModel> Train(const std::string& name, bool fuse, std::string* log,
+                              const std::string& model_extra = "") {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     const std::string manifest = dir_ + "/" + name + ".yaml";
     WriteFile(manifest,
@@ -56,7 +58,8 @@ class FusedStepTest : public ::testing::Test {
               "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
               std::to_string(ports[1]) + "]\n  workers: 2\n"
               "training: {consistency: bsp, batch_size: 128, epochs: 1}\n"
-              "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
+              "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]" +
+              model_extra + "}\n"
               "worker: {fuse_requests: " + std::string(fuse ? "true" : "false") + "}\n"
               "data: {train: " + dir_ + "/train.tsv}\n"
               "checkpoint: {dir: " + dir_ + "/" + name + "-ckpt}\n");
@@ -90,6 +93,36 @@ TEST_F(FusedStepTest, FusedStepsTrainTheSameModelAsSeparateRequests) {
   for (uint64_t n : steps_fused) EXPECT_GT(n, 2u * 6000 / 128) << fused_log;
   for (uint64_t n : steps_separate) EXPECT_EQ(n, 0u) << separate_log;
   const ModelDifference d = CompareModels(*fused, *separate);
+  EXPECT_GT(d.values_compared, 10000u);
+  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+}
+
+// A BSP shard answers a tick's pulls once their rows are applied and applies the clock's other
+// rows after the reply, in the background (README "Answering a step's pulls first"); a tiered
+// table is applied whole before the reply. Both train the same model, value for value.
+TEST_F(FusedStepTest, AnsweringPullsBeforeTheRestOfTheApplyTrainsTheModelOfWholeClocks) {
+  std::string split_log, whole_log;
+  auto split = Train("split", true, &split_log);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  auto whole = Train("whole", true, &whole_log, ", sparse_storage: tiered");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  // Each run took the path it names, on both shards.
+  const std::vector<Json> split_stats = testing::StoppingStats(split_log);
+  const std::vector<Json> whole_stats = testing::StoppingStats(whole_log);
+  ASSERT_EQ(split_stats.size(), 2u) << split_log;
+  ASSERT_EQ(whole_stats.size(), 2u) << whole_log;
+  for (const Json& s : split_stats) {
+    ASSERT_TRUE(!s.is_discarded() && s.contains("bsp_rows_after_reply")) << split_log;
+    EXPECT_GT(s["bsp_rows_after_reply"].get<uint64_t>(), 1000u) << s.dump();
+    EXPECT_GT(s["bsp_rows_before_reply"].get<uint64_t>(), 1000u) << s.dump();
+  }
+  for (const Json& s : whole_stats) {
+    ASSERT_TRUE(!s.is_discarded() && s.contains("bsp_rows_after_reply")) << whole_log;
+    EXPECT_EQ(s["bsp_rows_after_reply"].get<uint64_t>(), 0u) << s.dump();
+    EXPECT_GT(s["bsp_rows_before_reply"].get<uint64_t>(), 1000u) << s.dump();
+  }
+  const ModelDifference d = CompareModels(*split, *whole);
   EXPECT_GT(d.values_compared, 10000u);
   EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
   EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
