@@ -269,7 +269,11 @@ void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
   // The message is answered: what a split apply left is applied in the background while its
   // sender reads the reply, and finished before anything else is handled.
   StartDeferredApply();
-  for (std::vector<uint64_t>& keys : pull_keys_) keys.clear();
+  for (std::vector<uint64_t>& keys : pull_keys_) {
+    keys.clear();
+    // A large pull's keys are not held after it.
+    if (keys.capacity() > (size_t{1} << 20)) keys.shrink_to_fit();
+  }
 }
 
 void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
