@@ -1198,6 +1198,14 @@ std::string ShardServer::MetricsText() const {
   t.Sample("parasol_held_bytes", static_cast<double>(held_bytes_), shard);
   t.Type("parasol_pending_clocks", "gauge", "BSP clocks whose pushes are being summed.");
   t.Sample("parasol_pending_clocks", static_cast<double>(aggregates_.size()), shard);
+  t.Type("parasol_bsp_rows_applied_total", "counter",
+         "Rows of BSP clocks applied, before the tick's reply or after it (in the background).");
+  t.Sample("parasol_bsp_rows_applied_total",
+           static_cast<double>(counters_.bsp_rows_before_reply.load()),
+           shard + ",pass=\"before_reply\"");
+  t.Sample("parasol_bsp_rows_applied_total",
+           static_cast<double>(counters_.bsp_rows_after_reply.load()),
+           shard + ",pass=\"after_reply\"");
   t.Type("parasol_metrics_connections_refused_total", "counter",
          "Metrics connections closed over the connection cap.");
   t.Sample("parasol_metrics_connections_refused_total",

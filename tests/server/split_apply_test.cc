@@ -154,6 +154,7 @@ class InProcessShard {
     return it == replies_.end() ? "" : it->second;
   }
   bool Answered(uint64_t id) const { return replies_.count(id) != 0; }
+  std::string Metrics() const { return shard_.MetricsText(); }
   uint64_t Stat(const std::string& name) const {
     return static_cast<uint64_t>(testing::JsonAt(shard_.StatsJson(), "/" + name, -1));
   }
@@ -238,6 +239,14 @@ TEST(SplitApplyTest, ATicksPullsAreAnsweredAfterTheirRowsAndTheOtherRowsAreAppli
       EXPECT_EQ(split.Reply(p).size(), all.size() * kDim * sizeof(float));
     }
   }
+  // /metrics says the same.
+  const std::string metrics = split.Metrics();
+  EXPECT_NE(metrics.find("pass=\"before_reply\"} " + std::to_string(before_reply) + "\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("pass=\"after_reply\"} " + std::to_string(after_reply) + "\n"),
+            std::string::npos)
+      << metrics;
   // The pushed rows moved (the comparisons above are not of untouched rows).
   InProcessShard fresh(/*evicting=*/false);
   for (uint32_t t = 0; t < kTables; ++t) {
