@@ -327,7 +327,9 @@ Status PsClient::Handshake() {
     }
     while (pending_.at(t)->outstanding > 0) {
       PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(100)));
-      if (wait_interrupt_ && pending_.at(t)->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+      if (wait_interrupt_ && pending_.at(t)->outstanding > 0) {
+        PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+      }
     }
     Pending& p = *pending_.at(t);
     for (uint32_t s : before) {
