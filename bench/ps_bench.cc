@@ -10,15 +10,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unordered_set>
-#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -27,6 +25,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "bench/ceilings.hpp"
@@ -492,8 +492,12 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
 // reach its cached rows by SGD's rule).
 // The share of pulled row bytes a perfect cache bounded by `staleness` could save: each
 // worker's batches as its reader hands them out, a batch's distinct keys, and a key counted as
-// saved when this worker pulled it in one of its previous `staleness` batches (the most any
-// cache can reuse: a row pulled at clock c answers pulls up to clock c + staleness at best).
+// saved when this worker pulled it at most `staleness` batches before. A row read at clock c
+// holds the updates of the clocks before c only, so it answers pulls up to clock c + staleness
+// and no later, however often it was read from the cache in between: a key the batch reads
+// after that is pulled again. This is the best case of every cache that keeps the bound (the
+// pull reads at the clock of its own step, never earlier; a prefetch reads one clock earlier,
+// and a worker ahead of another reads at the other's clock).
 // Every key costs the same bytes (key and row), so the share of keys is the share of bytes.
 std::optional<double> PerfectCacheSavedShare(const std::string& file, uint32_t workers,
                                              uint32_t batch, uint32_t staleness) {
@@ -505,19 +509,23 @@ std::optional<double> PerfectCacheSavedShare(const std::string& file, uint32_t w
     ro.rank = w;
     ro.workers = workers;
     BatchReader reader(ro);
-    std::deque<std::unordered_set<uint64_t>> recent;
-    while (true) {
+    std::unordered_map<uint64_t, uint64_t> pulled_at;  // key -> the batch that last pulled it
+    std::unordered_set<uint64_t> distinct;
+    for (uint64_t step = 0;; ++step) {
       Result<std::optional<Batch>> b = reader.Next();
       if (!b.ok()) return std::nullopt;
       if (!*b) break;
-      std::unordered_set<uint64_t> distinct((*b)->keys.begin(), (*b)->keys.end());
+      distinct.clear();
+      distinct.insert((*b)->keys.begin(), (*b)->keys.end());
       keys += distinct.size();
       for (uint64_t k : distinct) {
-        saved += std::any_of(recent.begin(), recent.end(),
-                             [&](const std::unordered_set<uint64_t>& r) { return r.count(k); });
+        auto [it, first] = pulled_at.try_emplace(k, step);
+        if (!first && step - it->second <= staleness) {
+          ++saved;
+        } else {
+          it->second = step;
+        }
       }
-      recent.push_back(std::move(distinct));
-      if (recent.size() > staleness) recent.pop_front();
     }
   }
   if (keys == 0) return std::nullopt;

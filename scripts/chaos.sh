@@ -13,7 +13,7 @@
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
-#                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K]
+#                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
 # --wire: every run (the undisturbed one too) sends values in 16 bits (wire.compression), so
 # replays after a kill resend compressed pushes; under BSP the models must still be equal.
 # --tiered BYTES: the embedding table is tiered (model.sparse_storage) with that memory budget
@@ -21,6 +21,8 @@
 # run keeps it in memory, so each run is also compared with a memory table.
 # --prefetch-depth K (with --consistency ssp, staleness 2: K is 1 or 2): workers pull rows K
 # steps ahead (training.prefetch_depth), so kills land with prefetches in flight.
+# --servers 1: the job has one shard (its workers send each step's tick right behind its
+# pushes, before they are acknowledged); the kills pick that server or a worker.
 # --reshard: the job lists 3 shards and starts on 2 (cluster.initial_servers); in every run but
 # the undisturbed one, `parasol scale --servers 3` and later `--servers 2` change its shard count
 # while it trains (rows copied ahead, then at the change's clock), and the kills land while a
@@ -44,6 +46,7 @@ TIERED=""
 WIRE=""
 PREFETCH_DEPTH=""
 RESHARD=""
+SERVERS=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --tiered) TIERED="$2"; shift 2 ;;
     --wire) WIRE="$2"; shift 2 ;;
     --prefetch-depth) PREFETCH_DEPTH="$2"; shift 2 ;;
+    --servers) SERVERS="$2"; shift 2 ;;
     --reshard) RESHARD=1; shift ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -66,6 +70,10 @@ done
 if [ "$SEED" = 0 ]; then SEED=$(( $(date +%s%N) % 1000000 + 1 )); fi
 case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
 case "$WIRE" in ""|bf16|f16) ;; *) echo "chaos.sh: --wire bf16 or f16" >&2; exit 2 ;; esac
+case "$SERVERS,$RESHARD" in
+  1,|2,|2,*) ;;
+  *) echo "chaos.sh: --servers 1 or 2 (2 with --reshard)" >&2; exit 2 ;;
+esac
 case "$CONSISTENCY,$PREFETCH_DEPTH" in
   *,|ssp,1|ssp,2) ;;
   *) echo "chaos.sh: --prefetch-depth 1 or 2, with --consistency ssp" >&2; exit 2 ;;
@@ -131,6 +139,7 @@ write_manifest() {  # NAME
   p1="$(free_port)"
   while [ "$p1" = "$p0" ]; do p1="$(free_port)"; done
   servers="[127.0.0.1:$p0, 127.0.0.1:$p1]"
+  [ "$SERVERS" = 1 ] && servers="[127.0.0.1:$p0]"
   if [ -n "$RESHARD" ]; then
     p2="$(free_port)"
     while [ "$p2" = "$p0" ] || [ "$p2" = "$p1" ]; do p2="$(free_port)"; done
@@ -212,11 +221,12 @@ kill_now() {  # NAME M START ROLE RANK CKPT
   # shard has had both workers' replays (or the job ended, or 20 s passed).
   local pattern want
   if [ "$role" = worker ]; then
-    pattern="worker $rank restarted at clock"
+    pattern="worker $rank restarted at clock"  # one line per shard
+    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + SERVERS ))
   else
-    pattern="replaying .* to shard $rank\$"
+    pattern="replaying .* to shard $rank\$"  # one line per worker
+    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
   fi
-  want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
   local t
   for t in $(seq 1 400); do
     [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
@@ -293,8 +303,12 @@ run_job() {  # NAME KILLS
         'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.8 / k) }')"
       sleep "$pause"
       kill -0 "$launch_pid" 2>/dev/null || break
-      local victim=$((RANDOM % 4)) role rank
-      if [ "$victim" -lt 2 ]; then role=server; rank=$victim; else role=worker; rank=$((victim - 2)); fi
+      local victim=$((RANDOM % (SERVERS + 2))) role rank
+      if [ "$victim" -lt "$SERVERS" ]; then
+        role=server; rank=$victim
+      else
+        role=worker; rank=$((victim - SERVERS))
+      fi
       rc=0
       kill_now "$name" "$m" "$start" "$role" "$rank" "$([ $((RANDOM % 3)) -eq 0 ] && echo 1 || echo 0)" || rc=$?
       [ "$rc" -eq 2 ] && break

@@ -1254,7 +1254,10 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
 
 void PsClient::Replay(uint32_t shard) {
   replay_due_[shard] = false;
-  // What was in flight to the old process, before the replay's own requests join it.
+  // What was in flight to the old process, before the replay's own requests join it, in the
+  // order it was first sent (in_flight_ is ordered by request id, which grows); resent below in
+  // that order: a step's pushes before its tick, which a one-shard job sends before they are
+  // acknowledged.
   std::vector<uint64_t> in_flight_before;
   for (const auto& [id, r] : in_flight_) {
     if (r->shard == shard) in_flight_before.push_back(id);

@@ -162,6 +162,7 @@ std::string TrainReport::ToJson() const {
   s["cache_misses"] = cache_misses;
   s["pull_bytes_per_step"] = pull_bytes_per_step;
   s["prefetch_ahead_max"] = prefetch_ahead_max;
+  s["ticks_behind_pushes"] = ticks_behind_pushes;
   s["allocations_per_step"] = allocations_per_step;
   s["evaluated"] = evaluated;
   s["eval_samples"] = eval_samples;
@@ -419,6 +420,9 @@ Result<TrainReport> Trainer::Run() {
   if (cur) take_keys(*cur, &cur_keys);
   const uint32_t dim = model->sparse_dim();
   const bool fuse = manifest_.worker.fuse_requests;
+  // One shard, and the manifest lists no other that could join: the tick may go behind the
+  // pushes without waiting for their acknowledgements (see the pushes below).
+  const bool tick_behind_pushes = manifest_.cluster.servers.size() == 1;
 
   // The pulls of the step about to run land in the model's slot pull_slot (which becomes
   // cur_slot when the step starts): its rows and its dense weights. A step's pulls are issued as soon as the step
@@ -645,7 +649,10 @@ Result<TrainReport> Trainer::Run() {
     // acknowledged them, the tick with the next step's pulls in one message per shard (under
     // BSP the shard answers them the moment the tick is applied). The tick waits for the
     // acknowledgements so that a worker restarted between two shards' ticks redoes a step
-    // whose pushes every shard has (and answers as duplicates).
+    // whose pushes every shard has (and answers as duplicates). A job of one shard has no two
+    // shards' ticks: its tick goes right behind the pushes, on the same connection, so it
+    // cannot reach the shard before them (a restarted shard gets both again in that order, see
+    // PsClient::Replay), and the step saves a round trip.
     phase = SteadyClock::now();
     pushes.clear();
     const bool acc_on = accumulate > 1;
@@ -670,23 +677,33 @@ Result<TrainReport> Trainer::Run() {
       return Status::Ok();
     }();
     if (fuse) client_->SendStep();
+    // The tick and the next step's pulls (one message per shard when fused).
+    Result<PsClient::Ticket> tick = Internal("no tick sent");
+    Status pulled = Status::Ok();
+    auto send_tick = [&] {
+      // Before the tick: a worker killed after it restarts at the next step, so every step it
+      // trained has been reported (a step redone after a restart is reported again, the same).
+      if (hooks_.trained) hooks_.trained(*cur);
+      if (fuse) client_->BeginStep();
+      tick = client_->TickAsync();
+      pulled = tick.ok() && pull_next ? issue_pulls(*next, next_keys, !rows_prefetched)
+                                      : tick.status();
+      if (fuse) client_->SendStep();
+    };
+    if (tick_behind_pushes && sent.ok()) {
+      send_tick();
+      ++report.ticks_behind_pushes;
+    }
     // Wait for all of them: on a failure none may be left borrowing the gradients.
     for (PsClient::Ticket tk : pushes) {
       Status st = client_->Wait(tk);
       if (sent.ok()) sent = st;
     }
     PARASOL_RETURN_IF_ERROR(sent);
-    // Before the tick: a worker killed after it restarts at the next step, so every step it
-    // trained has been reported (a step redone after a restart is reported again, the same).
-    if (hooks_.trained) hooks_.trained(*cur);
     report.push_seconds += Since(phase);
     report.push_latency.Observe(Since(phase));
     phase = SteadyClock::now();
-    if (fuse) client_->BeginStep();
-    Result<PsClient::Ticket> tick = client_->TickAsync();
-    Status pulled = tick.ok() && pull_next ? issue_pulls(*next, next_keys, !rows_prefetched)
-                                           : tick.status();
-    if (fuse) client_->SendStep();
+    if (!tick_behind_pushes) send_tick();
     PARASOL_RETURN_IF_ERROR(pulled);
     PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
     report.wait_seconds += Since(phase);

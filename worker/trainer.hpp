@@ -53,6 +53,7 @@ struct TrainReport : StepTimes {
   uint64_t cache_misses = 0;           // rows it pulled while the cache was on
   double pull_bytes_per_step = 0;      // sparse keys and rows pulled, per step
   uint32_t prefetch_ahead_max = 0;     // the most steps whose rows were pulled ahead at once
+  uint64_t ticks_behind_pushes = 0;    // ticks sent before their step's pushes were acknowledged
   // Objects the training thread allocated per step after its first kWarmSteps steps (buffers
   // sized, pools filled), progress reports and evaluations left out; -1: not counted
   // (TrainerHooks::allocations unset, or too few steps).

@@ -47,23 +47,27 @@ class FusedStepTest : public ::testing::Test {
   }
   void TearDown() override { RemoveTree(dir_); }
 
-  // Trains dlrm (2 servers, 2 workers, BSP); returns the exported model, *log the job's output.
-  // `model_extra`: more fields of the model's section (", key: value").
+  // Trains dlrm (2 servers, 2 workers, BSP); returns the exported model, *log the job's output
+  // and `dir_/name.json` its summary. `model_extra`: more fields of the model's section
+  // (", key: value"). `servers`: 1 or 2.
   Result<ExportedModel> Train(const std::string& name, bool fuse, std::string* log,
-                              const std::string& model_extra = "") {
+                              const std::string& model_extra = "", int servers = 2) {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     const std::string manifest = dir_ + "/" + name + ".yaml";
+    const std::string second = servers == 2 ? ", 127.0.0.1:" + std::to_string(ports[1]) : "";
     WriteFile(manifest,
               "job: {name: fused, seed: 9}\n"
-              "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + ", 127.0.0.1:" +
-              std::to_string(ports[1]) + "]\n  workers: 2\n"
+              "cluster:\n  servers: [127.0.0.1:" + std::to_string(ports[0]) + second +
+              "]\n  workers: 2\n"
               "training: {consistency: bsp, batch_size: 128, epochs: 1}\n"
               "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]" +
               model_extra + "}\n"
               "worker: {fuse_requests: " + std::string(fuse ? "true" : "false") + "}\n"
               "data: {train: " + dir_ + "/train.tsv}\n"
               "checkpoint: {dir: " + dir_ + "/" + name + "-ckpt}\n");
-    auto job = Subprocess::Spawn({PARASOL_BINARY, "launch", manifest}, dir_ + "/" + name + ".log");
+    auto job = Subprocess::Spawn(
+        {PARASOL_BINARY, "launch", manifest, "--summary", dir_ + "/" + name + ".json"},
+        dir_ + "/" + name + ".log");
     if (!job.ok()) return job.status();
     auto status = job->Wait(std::chrono::seconds(120));
     *log = ReadFile(dir_ + "/" + name + ".log");
@@ -93,6 +97,31 @@ TEST_F(FusedStepTest, FusedStepsTrainTheSameModelAsSeparateRequests) {
   for (uint64_t n : steps_fused) EXPECT_GT(n, 2u * 6000 / 128) << fused_log;
   for (uint64_t n : steps_separate) EXPECT_EQ(n, 0u) << separate_log;
   const ModelDifference d = CompareModels(*fused, *separate);
+  EXPECT_GT(d.values_compared, 10000u);
+  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+}
+
+// A job of one shard sends each step's tick right behind its pushes, without waiting for their
+// acknowledgements (there are no two shards whose ticks could part); a job of two waits. Both
+// train the same model, value for value: a row's update does not depend on its shard.
+TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
+  std::string one_log, two_log;
+  auto one = Train("one", true, &one_log, "", 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  auto two = Train("two", true, &two_log, "", 2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  for (int w = 0; w < 2; ++w) {
+    const std::string at = "/workers/" + std::to_string(w);
+    const std::string one_summary = ReadFile(dir_ + "/one.json");
+    const std::string two_summary = ReadFile(dir_ + "/two.json");
+    const double steps = testing::JsonAt(one_summary, at + "/steps", -1);
+    EXPECT_GT(steps, 6000.0 / 128 / 2 - 2) << one_summary;
+    // Every step of the one-shard job that pushed sent its tick behind the pushes.
+    EXPECT_EQ(testing::JsonAt(one_summary, at + "/ticks_behind_pushes", -1), steps) << one_summary;
+    EXPECT_EQ(testing::JsonAt(two_summary, at + "/ticks_behind_pushes", -1), 0.0) << two_summary;
+  }
+  const ModelDifference d = CompareModels(*one, *two);
   EXPECT_GT(d.values_compared, 10000u);
   EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
   EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
