@@ -28,7 +28,8 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
 // (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
-inline constexpr uint16_t kProtocolVersion = 6;
+// 7: a tick names the pushes it follows (Clock key_count).
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;

@@ -1045,6 +1045,7 @@ Status ShardServer::HandleClock(const Header& req) {
     }
     return Status::Ok();
   }
+  PARASOL_RETURN_IF_ERROR(CheckTickPushes(req));
   PARASOL_RETURN_IF_ERROR(
       controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay));
   // A replay says which barriers its worker has passed: every shard had released them.
@@ -1052,6 +1053,30 @@ Status ShardServer::HandleClock(const Header& req) {
       req.last_barrier <= controller_.last_barrier() + kMaxBarrierStride) {
     controller_.set_last_barrier(req.last_barrier);
     ReleaseBarriers();
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::CheckTickPushes(const Header& req) const {
+  // A tick names the pushes its worker sent this shard at the clock it leaves (key_count:
+  // indexes 0 to key_count - 1). One that was refused, or lost with a connection, must not be
+  // left behind the clock: the worker fails its step and redoes it. A tick to a clock the
+  // worker has reached here already (a resend) passed this check when it first came; a
+  // restored shard takes a worker's clocks from its replay first (Advance refuses the others).
+  const uint32_t w = req.worker_id;
+  if (req.key_count == 0 || req.clock <= controller_.clocks()[w] ||
+      (controller_.Restored(w) && !req.replay)) {
+    return Status::Ok();
+  }
+  const int64_t left = req.clock - 1;
+  for (uint64_t i = 0; i < req.key_count; ++i) {
+    if (push_record_.Check(w, left, i) != PushRecord::Verdict::kApplied) {
+      return FailedPrecondition("Clock: worker " + std::to_string(w) + " ticks to clock " +
+                                std::to_string(req.clock) + " after " +
+                                std::to_string(req.key_count) + " pushes of clock " +
+                                std::to_string(left) + ", but its push " + std::to_string(i) +
+                                " has not been applied here (refused, or not arrived)");
+    }
   }
   return Status::Ok();
 }

@@ -224,6 +224,9 @@ class ShardServer {
   Status HandlePullDense(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
   Status HandlePushDense(const Header& req, const PayloadView& p);
   Status HandleClock(const Header& req);
+  // Refuses a tick whose worker's pushes of the clock it leaves (req.key_count of them) have
+  // not all been applied here.
+  Status CheckTickPushes(const Header& req) const;
   // Holds the request until every live worker has arrived; returns whether it was held
   // (a resend of the barrier released last is answered at once).
   Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);

@@ -128,6 +128,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
   push_index_.assign(shards_.size(), 0);
+  last_push_count_.assign(shards_.size(), 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
   trimmed_to_.assign(shards_.size(), 0);
   restored_clock_.assign(shards_.size(), -1);
@@ -1289,6 +1290,22 @@ void PsClient::Replay(uint32_t shard) {
   if (shard >= ShardsFrom(clock_ - 1) && membership_.RemovedAt(shard) >= 0) {
     replay_to = std::min(replay_to, membership_.RemovedAt(shard));
   }
+  // A push still in flight whose clock's tick was answered (the push's reply was lost with a
+  // connection while the tick's came, a one-shard job sending the tick behind its pushes): the
+  // replay's clocks stop at the push's clock, the push goes again with the rest that was in
+  // flight, and the clocks after it follow, the first naming the pushes it follows
+  // (TickAsync). So the shard never takes this worker past a clock before it has the clock's
+  // pushes.
+  const int64_t resume_to = replay_to;
+  for (uint64_t id : in_flight_before) {
+    const ShardRequest& r = *in_flight_.at(id);
+    const bool push = r.op == Op::PushSparse || r.op == Op::PushDense;
+    if (push && r.clock < replay_to &&
+        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) ==
+            replay_tickets_.end()) {
+      replay_to = r.clock;
+    }
+  }
   // From the shard's checkpoint, or from the clock it serves from (a shard that joined at a
   // change has no clocks before it).
   const int64_t first = std::min(
@@ -1377,8 +1394,19 @@ void PsClient::Replay(uint32_t shard) {
     r.deadline = now + r.timeout;
     in_flight_.insert(std::move(node));
   }
+  for (int64_t c = replay_to + 1; in_job && c <= resume_to; ++c) {
+    Header h = NewRequest(Op::Clock, 0);
+    h.clock = c;
+    h.done = left_ && c == clock_;
+    h.caught_up = c == resume_to;
+    h.replay = true;
+    h.known_epoch = shard_epochs_[shard];
+    if (c == resume_to) h.last_barrier = barrier_passed_;
+    if (c == clock_) h.key_count = last_push_count_[shard];
+    Send(ticket, shard, h, {});
+  }
   spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
-               first, replay_to, shard);
+               first, resume_to, shard);
 }
 
 void PsClient::ReapReplays() {
@@ -1562,12 +1590,21 @@ Status PsClient::Tick() {
 
 Result<PsClient::Ticket> PsClient::TickAsync() {
   ++clock_;
+  // Each shard's tick names the pushes it follows (key_count: indexes 0 to n - 1 of the clock
+  // left): the shard moves this worker's clock only once it has applied them all.
+  last_push_count_ = push_index_;
   std::fill(push_index_.begin(), push_index_.end(), 0);
   // The shards that served the clock just finished (one that serves from the next clock on
   // takes the workers' clocks when it commits the change).
   const uint32_t n = membership_.PlacementAt(clock_ - 1).count();
   if (tick_shards_.size() != n) tick_shards_ = FirstShards(n);
-  return Broadcast(Op::Clock, 0, tick_shards_);
+  const Ticket ticket = NewTicket(Op::Clock, 0);
+  for (uint32_t s : tick_shards_) {
+    Header h = NewRequest(Op::Clock, 0);
+    h.key_count = s < last_push_count_.size() ? last_push_count_[s] : 0;
+    Send(ticket, s, std::move(h), {});
+  }
+  return ticket;
 }
 
 Status PsClient::Leave() {

@@ -305,6 +305,7 @@ class PsClient {
   std::vector<zmq::socket_t> shards_;
   int64_t clock_ = 0;
   std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
+  std::vector<uint64_t> last_push_count_;  // per shard: pushes sent to it at clock_ - 1
   uint64_t NextPushIndex(uint32_t shard);
   int64_t request_clock_offset_ = 0;
   bool keys_unique_ = false;

@@ -650,9 +650,12 @@ Result<TrainReport> Trainer::Run() {
     // BSP the shard answers them the moment the tick is applied). The tick waits for the
     // acknowledgements so that a worker restarted between two shards' ticks redoes a step
     // whose pushes every shard has (and answers as duplicates). A job of one shard has no two
-    // shards' ticks: its tick goes right behind the pushes, on the same connection, so it
-    // cannot reach the shard before them (a restarted shard gets both again in that order, see
-    // PsClient::Replay), and the step saves a round trip.
+    // shards' ticks: its tick goes right behind the pushes, on the same connection, and the
+    // step saves a round trip. The tick names the pushes it follows, and the shard refuses it
+    // unless it has applied them all (a push refused, or lost with a connection, fails the
+    // step instead of being left behind the clock); a restarted shard gets them again before
+    // the tick (PsClient::Replay). Then the push time includes sending the tick and the next
+    // step's pulls, and the wait is what is left of the tick's round trip.
     phase = SteadyClock::now();
     pushes.clear();
     const bool acc_on = accumulate > 1;
@@ -683,6 +686,7 @@ Result<TrainReport> Trainer::Run() {
     auto send_tick = [&] {
       // Before the tick: a worker killed after it restarts at the next step, so every step it
       // trained has been reported (a step redone after a restart is reported again, the same).
+      // Behind the pushes, that is before they are acknowledged.
       if (hooks_.trained) hooks_.trained(*cur);
       if (fuse) client_->BeginStep();
       tick = client_->TickAsync();

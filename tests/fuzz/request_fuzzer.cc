@@ -501,6 +501,8 @@ class Session {
       case 5:
         h.clock = ResolveClock(s, h.worker_id, /*tick=*/true);
         h.done = s.done == 7;
+        // The pushes of the clock it leaves that the tick follows: refused unless all applied.
+        h.key_count = s.done >= 4 && s.done <= 6 ? s.done - 3u : 0u;
         break;
       case 12:  // Membership: join, leave, or (from outside the job) a worker or shard count
         h.manifest_hash = s.hello == 7 ? job_.fingerprint ^ 1 : job_.fingerprint;

@@ -215,7 +215,7 @@ struct Step {
   uint8_t clock_extreme = 0;  // [0, 7]
   int64_t clock_raw = 0;
   uint8_t with_state = 0;  // pulls and pushes [0, 3]: 3 with state
-  uint8_t done = 0;        // Clock [0, 7]: 7 done
+  uint8_t done = 0;        // Clock [0, 7]: 7 done; 4-6: the tick names 1-3 pushes (key_count)
   uint8_t barrier = 0;     // Barrier [0, 3]: 0 the current id, 1 the next, 2 the last, 3 raw
   Special barrier_raw;
   Shape shape;

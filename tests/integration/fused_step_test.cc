@@ -117,7 +117,7 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
     const std::string two_summary = ReadFile(dir_ + "/two.json");
     const double steps = testing::JsonAt(one_summary, at + "/steps", -1);
     EXPECT_GT(steps, 6000.0 / 128 / 2 - 2) << one_summary;
-    // Every step of the one-shard job that pushed sent its tick behind the pushes.
+    // Every step of the one-shard job sent its tick behind its pushes.
     EXPECT_EQ(testing::JsonAt(one_summary, at + "/ticks_behind_pushes", -1), steps) << one_summary;
     EXPECT_EQ(testing::JsonAt(two_summary, at + "/ticks_behind_pushes", -1), 0.0) << two_summary;
   }
@@ -400,6 +400,68 @@ std::vector<Header> PartsOf(RawStepPeer& peer, size_t parts) {
   if (!r.ok()) return {};
   EXPECT_EQ(r->parts.size(), parts);
   return r->parts;
+}
+
+// A tick names the pushes its worker sent the shard at the clock it leaves (key_count): one
+// that was refused, or has not arrived, keeps the worker's clock where it is, and the pulls
+// behind the tick are not answered; once every named push is applied the tick passes.
+TEST(StepTest, ATickIsRefusedUntilEveryPushItNamesIsApplied) {
+  TestCluster cluster(1, 1, kTables, "training: {consistency: bsp}\n");
+  ASSERT_TRUE(cluster.Start());
+  RawStepPeer peer(cluster.manifest().cluster.servers[0]);
+  constexpr uint64_t kKey = 31;
+  auto tick_and_pull = [&](uint64_t id, uint64_t named) {
+    std::vector<zmq::message_t> body;
+    Header tick = Request(Op::Clock, id + 1, 1);
+    tick.caught_up = true;
+    tick.key_count = named;
+    body.push_back(EncodeHeader(tick));
+    AddPull(&body, id + 2, 1, kKey);
+    return StepOf(id, 1, 2, std::move(body));
+  };
+  // Push 0 of clock 0 arrives; push 1 does not (yet).
+  std::vector<zmq::message_t> body;
+  AddPush(&body, 2, 0, 0, kKey, 1.0f);
+  ASSERT_TRUE(peer.Send(StepOf(1, 0, 1, std::move(body))));
+  std::vector<Header> parts = PartsOf(peer, 1);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].status, StatusCode::kOk) << parts[0].message;
+  // A tick naming 2 pushes: refused, naming the missing one; the pull behind it is refused too.
+  ASSERT_TRUE(peer.Send(tick_and_pull(10, 2)));
+  parts = PartsOf(peer, 2);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].status, StatusCode::kFailedPrecondition);
+  EXPECT_NE(parts[0].message.find("its push 1 has not been applied here"), std::string::npos)
+      << parts[0].message;
+  EXPECT_NE(parts[1].status, StatusCode::kOk);
+  // Push 1 is refused (a row of the wrong width): still not applied, so the tick is refused.
+  body.clear();
+  AddPush(&body, 20, 0, 1, kKey, 2.0f, [](Header& h) { h.value_dim = 3; });
+  ASSERT_TRUE(peer.Send(StepOf(19, 0, 1, std::move(body))));
+  parts = PartsOf(peer, 1);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_NE(parts[0].status, StatusCode::kOk);
+  ASSERT_TRUE(peer.Send(tick_and_pull(30, 2)));
+  parts = PartsOf(peer, 2);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].status, StatusCode::kFailedPrecondition) << parts[0].message;
+  // Push 1 applied: the tick passes, and the pull sees the clock with both pushes:
+  // 1 - 0.5 x (1 + 2) = -0.5.
+  body.clear();
+  AddPush(&body, 40, 0, 1, kKey, 2.0f);
+  ASSERT_TRUE(peer.Send(StepOf(39, 0, 1, std::move(body))));
+  parts = PartsOf(peer, 1);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].status, StatusCode::kOk) << parts[0].message;
+  ASSERT_TRUE(peer.Send(tick_and_pull(50, 2)));
+  auto frames = peer.Receive();
+  Result<StepReply> r = ParseStepReply(frames);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->parts.size(), 2u);
+  EXPECT_EQ(r->parts[0].status, StatusCode::kOk) << r->parts[0].message;
+  EXPECT_EQ(r->parts[1].status, StatusCode::kOk) << r->parts[1].message;
+  ASSERT_EQ(r->rows[1].size(), 4u);
+  for (float v : r->rows[1]) EXPECT_FLOAT_EQ(v, -0.5f);
 }
 
 TEST(StepTest, AStepsRepliesAndHeldPullsAreBoundedLikeSeparateRequests) {
