@@ -132,6 +132,7 @@ class ShardServer {
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
+    uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
   };
   struct HeldReply {
     zmq::message_t identity;
@@ -226,7 +227,7 @@ class ShardServer {
   Status HandleClock(const Header& req);
   // Refuses a tick whose worker's pushes of the clock it leaves (req.key_count of them) have
   // not all been applied here.
-  Status CheckTickPushes(const Header& req) const;
+  Status CheckTickPushes(const Header& req);
   // Holds the request until every live worker has arrived; returns whether it was held
   // (a resend of the barrier released last is answered at once).
   Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);

@@ -1377,9 +1377,9 @@ void PsClient::Replay(uint32_t shard) {
   // id, so that a late answer to a copy that reached the new process before this replay (an
   // error from its restored state) cannot complete it.
   const auto now = Clock::now();
-  for (uint64_t id : in_flight_before) {
+  auto resend = [&](uint64_t id) {
     auto node = in_flight_.extract(id);
-    if (node.empty()) continue;
+    if (node.empty()) return;
     ShardRequest& r = *node.mapped();
     Result<Header> h = DecodeHeader(r.kept[0].data(), r.kept[0].size());
     if (h.ok()) {
@@ -1393,6 +1393,20 @@ void PsClient::Replay(uint32_t shard) {
     (void)SendFrames(shards_[shard], frames);
     r.deadline = now + r.timeout;
     in_flight_.insert(std::move(node));
+  };
+  // A tick in flight past the clocks that follow an unacknowledged push (a client that ticks
+  // again before its ticks are answered) goes after them, and what is behind it with it.
+  std::vector<uint64_t> after_resume;
+  for (uint64_t id : in_flight_before) {
+    const auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) continue;
+    const ShardRequest& r = *it->second;
+    const bool tick_past = r.op == Op::Clock && r.clock > resume_to;
+    if (resume_to > replay_to && (!after_resume.empty() || tick_past)) {
+      after_resume.push_back(id);
+      continue;
+    }
+    resend(id);
   }
   for (int64_t c = replay_to + 1; in_job && c <= resume_to; ++c) {
     Header h = NewRequest(Op::Clock, 0);
@@ -1405,6 +1419,7 @@ void PsClient::Replay(uint32_t shard) {
     if (c == clock_) h.key_count = last_push_count_[shard];
     Send(ticket, shard, h, {});
   }
+  for (uint64_t id : after_resume) resend(id);
   spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
                first, resume_to, shard);
 }

@@ -121,6 +121,16 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
     EXPECT_EQ(testing::JsonAt(one_summary, at + "/ticks_behind_pushes", -1), steps) << one_summary;
     EXPECT_EQ(testing::JsonAt(two_summary, at + "/ticks_behind_pushes", -1), 0.0) << two_summary;
   }
+  // Each tick named the pushes it followed (the sparse push and the dense ones the shard got),
+  // and the shards found them applied: more than one a tick.
+  for (const std::string* log : {&one_log, &two_log}) {
+    const std::vector<Json> stats = testing::StoppingStats(*log);
+    ASSERT_FALSE(stats.empty()) << *log;
+    for (const Json& s : stats) {
+      ASSERT_TRUE(!s.is_discarded() && s.contains("tick_pushes_checked")) << *log;
+      EXPECT_GT(s["tick_pushes_checked"].get<uint64_t>(), 6000u / 128) << s.dump();
+    }
+  }
   const ModelDifference d = CompareModels(*one, *two);
   EXPECT_GT(d.values_compared, 10000u);
   EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
