@@ -11,7 +11,8 @@
 //     again (so a process restarted with the same environment runs on).
 // The points, and who asks:
 //   client.send        a worker, before each request it sends (kill: dies with requests in
-//                      flight, e.g. between its pushes to two shards or its ticks to them)
+//                      flight, e.g. between its pushes to two shards or its ticks to them;
+//                      drop: the message is lost on its way, and resent when overdue)
 //   shard.applied      a shard, after applying and recording a push, before the reply (kill:
 //                      the push is applied and never acknowledged)
 //   shard.reply        a shard, before each reply (drop: the reply is lost)

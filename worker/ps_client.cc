@@ -588,8 +588,9 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
     in_flight_.insert(std::move(node));
     return;
   }
-  (void)FaultPoints::Get().Hit("client.send");
-  Status st = SendFrames(shards_[shard], frames);
+  // drop: the message is lost on its way (the request is resent when it is overdue).
+  const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;
+  Status st = lost ? Status::Ok() : SendFrames(shards_[shard], frames);
   frames.clear();  // what a failed send left: borrowed frames must not outlive the request
   in_flight_.insert(std::move(node));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);
@@ -679,8 +680,8 @@ void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
     }
     ids = &step_parts_.insert(std::move(node)).position->second;
   }
-  (void)FaultPoints::Get().Hit("client.send");
-  Status st = SendFrames(shards_[shard], *frames);
+  const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;  // as in Send()
+  Status st = lost ? Status::Ok() : SendFrames(shards_[shard], *frames);
   frames->clear();  // what a failed send left: borrowed frames must not outlive the request
   if (st.ok()) return;
   auto fail = [&](uint64_t id) {
@@ -1357,19 +1358,23 @@ void PsClient::Replay(uint32_t shard) {
     for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
     Send(ticket, shard, *h, std::move(payload));
   };
+  // Clock c of the replay; `last`: the last of its run (caught up); `named`: the pushes of the
+  // clock before it that it names (TickAsync).
+  auto send_clock = [&](int64_t c, int64_t last, uint64_t named) {
+    Header h = NewRequest(Op::Clock, 0);
+    h.clock = c;
+    h.done = left_ && c == clock_;
+    h.caught_up = c == last;
+    h.replay = true;
+    h.known_epoch = shard_epochs_[shard];
+    if (c == last) h.last_barrier = barrier_passed_;
+    h.key_count = named;
+    Send(ticket, shard, h, {});
+  };
   size_t n = 0;
   auto next = log.begin();
   for (int64_t c = first; c <= replay_to; ++c) {
-    if (in_job) {
-      Header h = NewRequest(Op::Clock, 0);
-      h.clock = c;
-      h.done = left_ && c == clock_;
-      h.caught_up = c == replay_to;
-      h.replay = true;
-      h.known_epoch = shard_epochs_[shard];
-      if (c == replay_to) h.last_barrier = barrier_passed_;
-      Send(ticket, shard, h, {});
-    }
+    if (in_job) send_clock(c, replay_to, 0);
     for (; next != log.end() && next->clock <= c; ++next, ++n) send_push(*next);
   }
   for (; next != log.end(); ++next, ++n) send_push(*next);  // none: pushes carry clocks <= clock_
@@ -1409,15 +1414,7 @@ void PsClient::Replay(uint32_t shard) {
     resend(id);
   }
   for (int64_t c = replay_to + 1; in_job && c <= resume_to; ++c) {
-    Header h = NewRequest(Op::Clock, 0);
-    h.clock = c;
-    h.done = left_ && c == clock_;
-    h.caught_up = c == resume_to;
-    h.replay = true;
-    h.known_epoch = shard_epochs_[shard];
-    if (c == resume_to) h.last_barrier = barrier_passed_;
-    if (c == clock_) h.key_count = last_push_count_[shard];
-    Send(ticket, shard, h, {});
+    send_clock(c, resume_to, c == clock_ ? last_push_count_[shard] : 0);
   }
   for (uint64_t id : after_resume) resend(id);
   spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
