@@ -1071,7 +1071,8 @@ Status ShardServer::CheckTickPushes(const Header& req) {
   const int64_t left = req.clock - 1;
   for (uint64_t i = 0; i < req.key_count; ++i) {
     if (push_record_.Check(w, left, i) != PushRecord::Verdict::kApplied) {
-      return FailedPrecondition("Clock: worker " + std::to_string(w) + " ticks to clock " +
+      // Unavailable: the worker sends it again (a push lost on its way is resent first).
+      return Unavailable("Clock: worker " + std::to_string(w) + " ticks to clock " +
                                 std::to_string(req.clock) + " after " +
                                 std::to_string(req.key_count) + " pushes of clock " +
                                 std::to_string(left) + ", but its push " + std::to_string(i) +
@@ -1472,7 +1473,8 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
   };
   std::vector<PartReply> replies;
   replies.reserve(parts->size());
-  bool failed = false;
+  bool failed = false;                  // a tick of the Step was refused ...
+  StatusCode tick_code = StatusCode::kOk;  // ... with this code
   uint64_t reply_bytes = 0;
   const bool in_job = controller_.InJob(step.worker_id);
   for (size_t i = 0; i < parts->size(); ++i) {
@@ -1519,8 +1521,11 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     Status st;
     bool held = false;
     if (pull && failed) {
-      st = FailedPrecondition(std::string(OpName(part.header.op)) +
-                              " not answered: the tick before it in this Step failed");
+      // A tick refused for now (Unavailable) is sent again, and so are the pulls behind it.
+      st = Status(tick_code == StatusCode::kUnavailable ? StatusCode::kUnavailable
+                                                        : StatusCode::kFailedPrecondition,
+                  std::string(OpName(part.header.op)) +
+                      " not answered: the tick before it in this Step failed");
     } else if (reply_bytes > manifest_.server.max_request_bytes) {
       // The replies of one Step are bounded like one request's: a Step of many large pulls
       // is refused past the limit instead of copying them all.
@@ -1534,7 +1539,10 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     }
     if (held) continue;  // answered on its own when the bound allows (its request id says which)
     if (!st.ok()) {
-      failed = failed || part.header.op == Op::Clock;
+      if (part.header.op == Op::Clock && !failed) {
+        failed = true;
+        tick_code = st.code();
+      }
       NoteFailure(std::string(OpName(part.header.op)) + " (in a Step)", part.header.worker_id, st);
       r.header = ReplyTo(part.header, st.WithContext("shard " + std::to_string(rank_)));
       r.payload.clear();

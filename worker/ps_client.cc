@@ -1128,6 +1128,14 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     // A shard that restarted answers from its checkpoint's state until this worker's replay
     // has reached it: the replay resends the request, in order.
     if (replay_due_[shard]) return;
+    if (h->status == StatusCode::kUnavailable &&
+        (r.op == Op::Clock || r.op == Op::PullSparse || r.op == Op::PullDense)) {
+      // Refused for now: a tick whose pushes the shard has not all applied (one lost on its
+      // way is resent when overdue, before the tick), and the pulls behind it. Sent again
+      // after cluster.request_timeout, within the request's attempts.
+      r.deadline = Clock::now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+      return;
+    }
     FailRequest(r, Status(h->status, h->message));
     return;
   }

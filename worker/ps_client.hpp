@@ -152,9 +152,9 @@ class PsClient {
   // same connection; between BeginStep() and SendStep() it leads a Step of the pulls that
   // follow it. Send it once the step's pushes are acknowledged (or, with one shard, right
   // behind them); wait on the ticket before relying on it. Each shard's tick names the pushes
-  // this client sent it at the clock it leaves, and is refused until the shard has applied
-  // them all: after a push failed, the step cannot be ticked by this client (a new one redoes
-  // it, naming its pushes afresh).
+  // this client sent it at the clock it leaves, and is refused for now (and sent again, within
+  // its attempts) until the shard has applied them all: after a push failed, the step cannot
+  // be ticked by this client (a new one redoes it, naming its pushes afresh).
   Result<Ticket> TickAsync();
   // This worker has finished its steps: the shards stop waiting for its clock (and, under BSP,
   // for its pushes). No more pushes may follow.

@@ -652,9 +652,9 @@ Result<TrainReport> Trainer::Run() {
     // whose pushes every shard has (and answers as duplicates). A job of one shard has no two
     // shards' ticks: its tick goes right behind the pushes, on the same connection, and the
     // step saves a round trip. The tick names the pushes it follows, and the shard refuses it
-    // unless it has applied them all (a push refused, or lost with a connection, fails the
-    // step instead of being left behind the clock); a restarted shard gets them again before
-    // the tick (PsClient::Replay). Then the push time includes sending the tick and the next
+    // unless it has applied them all (a push lost on its way is resent, then the tick; a push
+    // refused fails the step): no push is left behind the clock. A restarted shard gets them
+    // again before the tick (PsClient::Replay). Then the push time includes sending the tick and the next
     // step's pulls, and the wait is what is left of the tick's round trip.
     phase = SteadyClock::now();
     pushes.clear();

@@ -413,8 +413,9 @@ std::vector<Header> PartsOf(RawStepPeer& peer, size_t parts) {
 }
 
 // A tick names the pushes its worker sent the shard at the clock it leaves (key_count): one
-// that was refused, or has not arrived, keeps the worker's clock where it is, and the pulls
-// behind the tick are not answered; once every named push is applied the tick passes.
+// that was refused, or has not arrived, keeps the worker's clock where it is, and the tick and
+// the pulls behind it are refused for now (Unavailable: the worker sends them again); once
+// every named push is applied the tick passes.
 TEST(StepTest, ATickIsRefusedUntilEveryPushItNamesIsApplied) {
   TestCluster cluster(1, 1, kTables, "training: {consistency: bsp}\n");
   ASSERT_TRUE(cluster.Start());
@@ -436,14 +437,15 @@ TEST(StepTest, ATickIsRefusedUntilEveryPushItNamesIsApplied) {
   std::vector<Header> parts = PartsOf(peer, 1);
   ASSERT_EQ(parts.size(), 1u);
   EXPECT_EQ(parts[0].status, StatusCode::kOk) << parts[0].message;
-  // A tick naming 2 pushes: refused, naming the missing one; the pull behind it is refused too.
+  // A tick naming 2 pushes: refused for now (to be sent again), naming the missing one; the
+  // pull behind it too.
   ASSERT_TRUE(peer.Send(tick_and_pull(10, 2)));
   parts = PartsOf(peer, 2);
   ASSERT_EQ(parts.size(), 2u);
-  EXPECT_EQ(parts[0].status, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(parts[0].status, StatusCode::kUnavailable);
   EXPECT_NE(parts[0].message.find("its push 1 has not been applied here"), std::string::npos)
       << parts[0].message;
-  EXPECT_NE(parts[1].status, StatusCode::kOk);
+  EXPECT_EQ(parts[1].status, StatusCode::kUnavailable) << parts[1].message;
   // Push 1 is refused (a row of the wrong width): still not applied, so the tick is refused.
   body.clear();
   AddPush(&body, 20, 0, 1, kKey, 2.0f, [](Header& h) { h.value_dim = 3; });
@@ -454,7 +456,7 @@ TEST(StepTest, ATickIsRefusedUntilEveryPushItNamesIsApplied) {
   ASSERT_TRUE(peer.Send(tick_and_pull(30, 2)));
   parts = PartsOf(peer, 2);
   ASSERT_EQ(parts.size(), 2u);
-  EXPECT_EQ(parts[0].status, StatusCode::kFailedPrecondition) << parts[0].message;
+  EXPECT_EQ(parts[0].status, StatusCode::kUnavailable) << parts[0].message;
   // Push 1 applied: the tick passes, and the pull sees the clock with both pushes:
   // 1 - 0.5 x (1 + 2) = -0.5.
   body.clear();
