@@ -1059,8 +1059,9 @@ Status ShardServer::HandleClock(const Header& req) {
 
 Status ShardServer::CheckTickPushes(const Header& req) {
   // A tick names the pushes its worker sent this shard at the clock it leaves (key_count:
-  // indexes 0 to key_count - 1). One that was refused, or lost with a connection, must not be
-  // left behind the clock: the worker fails its step and redoes it. A tick to a clock the
+  // indexes 0 to key_count - 1). One that was refused, or lost on its way, must not be left
+  // behind the clock: the tick is refused for now, and the worker sends it again (after a lost
+  // push's resend), or fails its step (after a refused push) and redoes it. A tick to a clock the
   // worker has reached here already (a resend) passed this check when it first came; a
   // restored shard takes a worker's clocks from its replay first (Advance refuses the others).
   const uint32_t w = req.worker_id;

@@ -33,6 +33,7 @@ struct PsClient::ShardRequest {
   uint64_t expect_rows = 0;
   uint32_t expect_dim = 0;
   uint64_t expect_offset = 0;
+  Status refused;  // the shard's last "not now" (Unavailable) to it, if any
 };
 
 struct PsClient::Pending {
@@ -536,6 +537,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   r->shard = shard;
   r->op = header.op;
   r->done = header.done;
+  r->refused = Status::Ok();
   r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
   const bool may_be_held = header.op == Op::PullSparse || header.op == Op::PullDense ||
                            header.op == Op::Barrier;
@@ -1080,15 +1082,20 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     const std::string where = "shard " + std::to_string(r.shard) + " at " +
                               manifest_.cluster.servers[r.shard].ToString();
     if (r.attempts >= r.max_attempts) {
-      FailRequest(r, Timeout(where + " did not answer " + OpName(r.op) + " within " +
-                             std::to_string(r.timeout.count()) + " ms (" +
-                             std::to_string(r.attempts) + " attempts)"));
+      // Refused each time: it cannot pass (a tick whose push never reached the shard).
+      FailRequest(r, r.refused.ok()
+                         ? Timeout(where + " did not answer " + OpName(r.op) + " within " +
+                                   std::to_string(r.timeout.count()) + " ms (" +
+                                   std::to_string(r.attempts) + " attempts)")
+                         : FailedPrecondition(r.refused.message() + " (" +
+                                              std::to_string(r.attempts) + " attempts)"));
       continue;
     }
     ++r.attempts;
     r.deadline = later + r.timeout;
-    spdlog::warn("worker {}: no reply from {} to {}; resending (attempt {} of {})", worker_id_,
-                 where, OpName(r.op), r.attempts, r.max_attempts);
+    spdlog::warn("worker {}: {} {} to {}; resending (attempt {} of {})", worker_id_,
+                 r.refused.ok() ? "no reply from" : "refused for now by", where, OpName(r.op),
+                 r.attempts, r.max_attempts);
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
     Status st = SendFrames(shards_[r.shard], frames);
@@ -1134,6 +1141,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
       // way is resent when overdue, before the tick), and the pulls behind it. Sent again
       // after cluster.request_timeout, within the request's attempts.
       r.deadline = Clock::now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+      r.refused = Status(h->status, h->message);
       return;
     }
     FailRequest(r, Status(h->status, h->message));

@@ -476,6 +476,31 @@ TEST(StepTest, ATickIsRefusedUntilEveryPushItNamesIsApplied) {
   for (float v : r->rows[1]) EXPECT_FLOAT_EQ(v, -0.5f);
 }
 
+// A client whose push the shard refused cannot tick that step: its tick is refused for now
+// each time it is sent, and fails naming the push once its attempts are spent (a new client
+// redoes the step).
+TEST(StepTest, ATickAfterARefusedPushFailsNamingThePush) {
+  TestCluster cluster(1, 1, kTables,
+                      "training: {consistency: bsp}\nserver: {max_pending_bytes: 1KiB}\n");
+  ASSERT_TRUE(cluster.Start());
+  Manifest m = cluster.manifest();
+  m.cluster.request_timeout_ms = 100;  // not in the manifest's fingerprint
+  m.cluster.request_retries = 2;
+  auto client = PsClient::Connect(m, 0);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // 256 rows of dim 4: more than the 1 KiB of sums the shard may hold for a clock.
+  std::vector<uint64_t> keys(256);
+  for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + i;
+  const std::vector<float> grads(keys.size() * 4, 0.1f);
+  const Status pushed = (*client)->PushSparse(0, keys, grads);
+  EXPECT_EQ(pushed.code(), StatusCode::kResourceExhausted) << pushed.ToString();
+  const Status ticked = (*client)->Tick();
+  EXPECT_EQ(ticked.code(), StatusCode::kFailedPrecondition) << ticked.ToString();
+  EXPECT_NE(ticked.message().find("its push 0 has not been applied here"), std::string::npos)
+      << ticked.ToString();
+  EXPECT_NE(ticked.message().find("(3 attempts)"), std::string::npos) << ticked.ToString();
+}
+
 TEST(StepTest, AStepsRepliesAndHeldPullsAreBoundedLikeSeparateRequests) {
   // 64 KiB requests; a dense tensor of 48K floats (192 KiB); two workers under BSP; at most 3
   // pulls held per worker.
