@@ -654,8 +654,8 @@ Result<TrainReport> Trainer::Run() {
     // step saves a round trip. The tick names the pushes it follows, and the shard refuses it
     // unless it has applied them all (a push lost on its way is resent, then the tick; a push
     // refused fails the step): no push is left behind the clock. A restarted shard gets them
-    // again before the tick (PsClient::Replay). Then the push time includes sending the tick and the next
-    // step's pulls, and the wait is what is left of the tick's round trip.
+    // again before the tick (PsClient::Replay). Then the push time includes sending the tick
+    // and the next step's pulls, and the wait is what is left of the tick's round trip.
     phase = SteadyClock::now();
     pushes.clear();
     const bool acc_on = accumulate > 1;

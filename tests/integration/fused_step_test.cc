@@ -37,6 +37,14 @@ std::vector<uint64_t> StepCounts(const std::string& log) {
   return counts;
 }
 
+// The two exported models hold the same rows and values, value for value (over 10,000).
+void ExpectSameModel(const ExportedModel& a, const ExportedModel& b) {
+  const ModelDifference d = CompareModels(a, b);
+  EXPECT_GT(d.values_compared, 10000u);
+  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
+  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+}
+
 class FusedStepTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -96,10 +104,7 @@ TEST_F(FusedStepTest, FusedStepsTrainTheSameModelAsSeparateRequests) {
   ASSERT_EQ(steps_separate.size(), 2u) << separate_log;
   for (uint64_t n : steps_fused) EXPECT_GT(n, 2u * 6000 / 128) << fused_log;
   for (uint64_t n : steps_separate) EXPECT_EQ(n, 0u) << separate_log;
-  const ModelDifference d = CompareModels(*fused, *separate);
-  EXPECT_GT(d.values_compared, 10000u);
-  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
-  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+  ExpectSameModel(*fused, *separate);
 }
 
 // A job of one shard sends each step's tick right behind its pushes, without waiting for their
@@ -111,10 +116,10 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   auto two = Train("two", true, &two_log, "", 2);
   ASSERT_TRUE(two.ok()) << two.status().ToString();
+  const std::string one_summary = ReadFile(dir_ + "/one.json");
+  const std::string two_summary = ReadFile(dir_ + "/two.json");
   for (int w = 0; w < 2; ++w) {
     const std::string at = "/workers/" + std::to_string(w);
-    const std::string one_summary = ReadFile(dir_ + "/one.json");
-    const std::string two_summary = ReadFile(dir_ + "/two.json");
     const double steps = testing::JsonAt(one_summary, at + "/steps", -1);
     EXPECT_GT(steps, 6000.0 / 128 / 2 - 2) << one_summary;
     // Every step of the one-shard job sent its tick behind its pushes.
@@ -131,10 +136,7 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
       EXPECT_GT(s["tick_pushes_checked"].get<uint64_t>(), 6000u / 128) << s.dump();
     }
   }
-  const ModelDifference d = CompareModels(*one, *two);
-  EXPECT_GT(d.values_compared, 10000u);
-  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
-  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+  ExpectSameModel(*one, *two);
 }
 
 // A BSP shard answers a tick's pulls once their rows are applied and applies the clock's other
@@ -161,10 +163,7 @@ TEST_F(FusedStepTest, AnsweringPullsBeforeTheRestOfTheApplyTrainsTheModelOfWhole
     EXPECT_EQ(s["bsp_rows_after_reply"].get<uint64_t>(), 0u) << s.dump();
     EXPECT_GT(s["bsp_rows_before_reply"].get<uint64_t>(), 1000u) << s.dump();
   }
-  const ModelDifference d = CompareModels(*split, *whole);
-  EXPECT_GT(d.values_compared, 10000u);
-  EXPECT_EQ(d.rows_in_one_only, 0u) << d.ToJson();
-  EXPECT_EQ(d.max_relative, 0.0) << d.ToJson();
+  ExpectSameModel(*split, *whole);
 }
 
 // A raw DEALER socket speaking Steps to one shard.
