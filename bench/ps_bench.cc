@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -1169,8 +1172,20 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
   }
 }
 
-// Checkpoint write (through a server) and restore (in this process) of one shard's table.
-void CheckpointRows(const Options& opt, double memcpy_gbs, std::vector<Row>* rows) {
+// Drops the file's pages from the page cache (they are clean once it is synced), so that the
+// next read comes from the disk.
+void DropFromCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// Checkpoint write (through a server, in the background while an observer keeps asking the
+// shard for its stats) and restore (in this process, from the page cache and from the disk)
+// of one shard's table.
+void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
   const uint64_t table_rows = opt.quick ? 1000000 : 10000000;
   char tmpl[] = "/tmp/parasol-bench-ckpt-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -1179,33 +1194,79 @@ void CheckpointRows(const Options& opt, double memcpy_gbs, std::vector<Row>* row
     BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
                          1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir + "\n");
     auto client = PsClient::Connect(cluster.manifest(), 0);
-    if (!client.ok() || Fill(**client, 0, table_rows, 16, 100000) < 0) {
+    auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+    if (!client.ok() || !observer.ok() || Fill(**client, 0, table_rows, 16, 100000) < 0) {
       spdlog::error("checkpoint bench: cannot fill the table");
       return;
     }
+    // The longest gap between two answers to the observer's back-to-back Stats requests: for
+    // a while with nothing else going on, then while a checkpoint is written.
+    std::atomic<bool> stop{false};
+    auto longest_gap_ms = [&](uint64_t* answered) {
+      double longest = 0;
+      auto last = std::chrono::steady_clock::now();
+      while (!stop.load()) {
+        if (!(*observer)->StatsOf(0).ok()) return -1.0;
+        const auto now = std::chrono::steady_clock::now();
+        longest = std::max(longest, std::chrono::duration<double, std::milli>(now - last).count());
+        last = now;
+        ++*answered;
+      }
+      return longest;
+    };
+    uint64_t idle_answers = 0, answers = 0;
+    double idle_gap = 0, gap = 0;
+    {
+      std::thread t([&] { idle_gap = longest_gap_ms(&idle_answers); });
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      stop = true;
+      t.join();
+    }
+    stop = false;
+    std::thread probe([&] { gap = longest_gap_ms(&answers); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const auto start = std::chrono::steady_clock::now();
-    if (!(*client)->Checkpoint().ok()) return;
+    const Status written = (*client)->Checkpoint();  // answered once the file is durable
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stop = true;
+    probe.join();
+    if (!written.ok()) {
+      spdlog::error("checkpoint bench: {}", written.ToString());
+      return;
+    }
     const auto files = ListCheckpoints(dir, 0);
     const double bytes = files.empty() ? 0 : std::filesystem::file_size(files[0]);
+    rows->push_back({"stats_longest_gap_ms_idle", idle_gap, "ms", std::nullopt,
+                     std::to_string(idle_answers) + "_answers", std::nullopt});
+    // Lower is better; the row beside it is the same gap with no checkpoint running.
+    rows->push_back({"checkpoint_longest_pause_ms_" + size + "x16", gap, "ms", std::nullopt,
+                     std::to_string(answers) + "_answers_during_it", std::nullopt});
     // The disk's ceiling for the same bytes: one sequential write, then fsync (as a checkpoint
     // is written), measured now on the same folder.
     const double disk = DiskWriteBandwidth(dir, static_cast<uint64_t>(bytes));
     rows->push_back({"disk_write_fsync_" + Mb(static_cast<uint64_t>(bytes)), disk, "GB/s",
                      std::nullopt, "", std::nullopt});
-    rows->push_back({"checkpoint_write_" + size + "x16", bytes / s / 1e9, "GB/s", disk,
+    rows->push_back({"checkpoint_write_gbps_" + size + "x16", bytes / s / 1e9, "GB/s", disk,
                      "disk_write_fsync", std::nullopt});
     // Restore into a fresh shard of the same manifest, in this process, next to one sequential
-    // read of the same file (in the same cache state: it was just written).
-    const double read = files.empty() ? 0 : FileReadBandwidth(files[0]);
-    rows->push_back({"file_read_" + Mb(static_cast<uint64_t>(bytes)), read, "GB/s", std::nullopt,
-                     "", std::nullopt});
-    ShardServer shard(cluster.manifest(), 0);
-    const auto r0 = std::chrono::steady_clock::now();
-    if (!shard.Restore().ok()) return;
-    const double rs = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
-    rows->push_back({"checkpoint_restore_" + size + "x16", bytes / rs / 1e9, "GB/s", read,
-                     "file_read", std::nullopt});
+    // read of the same file in the same cache state: first as it was just written (in the page
+    // cache), then with its pages dropped (from the disk, as on a machine that restarted).
+    for (const bool cold : {false, true}) {
+      const std::string how = cold ? "_from_disk" : "_from_cache";
+      if (cold && !files.empty()) DropFromCache(files[0]);
+      const double read = files.empty() ? 0 : FileReadBandwidth(files[0]);
+      const double read_rows = read > 0 ? table_rows / (bytes / (read * 1e9)) : 0;
+      rows->push_back({"file_read" + how + "_" + Mb(static_cast<uint64_t>(bytes)), read, "GB/s",
+                       std::nullopt, "", std::nullopt});
+      if (cold && !files.empty()) DropFromCache(files[0]);
+      ShardServer shard(cluster.manifest(), 0);
+      const auto r0 = std::chrono::steady_clock::now();
+      if (!shard.Restore().ok()) return;
+      const double rs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+      rows->push_back({"restore_rows_per_s_" + size + "x16" + how, table_rows / rs, "rows/s",
+                       read_rows, "file_read" + how, std::nullopt});
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -1547,7 +1608,7 @@ int Main(int argc, char** argv) {
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
   if (opt.only.empty() || opt.only == "cache") CacheRows(opt, &rows);
   if (opt.only.empty() || opt.only == "checkpoint") {
-    CheckpointRows(opt, memcpy_gbs, &rows);
+    CheckpointRows(opt, &rows);
     RestartRows(opt, &rows);
   }
   if (opt.only == "tiered") TieredRows(opt, &rows);  // opt-in: minutes, and disk space

@@ -20,10 +20,8 @@ int RunServer(const std::string& manifest_path, uint32_t rank) {
     return 2;
   }
   ShardServer server(*manifest, rank);
-  if (Status st = server.Restore(); !st.ok()) {
-    spdlog::error("{}", st.ToString());
-    return 1;
-  }
+  // Bound first: while it loads its checkpoint (in Serve()), the shard answers every request
+  // with how far it is, so that workers wait for it instead of counting it silent.
   if (Status st = server.Bind(); !st.ok()) {
     spdlog::error("{}", st.ToString());
     return 1;

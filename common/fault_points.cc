@@ -1,6 +1,7 @@
 #include "common/fault_points.hpp"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -52,12 +53,28 @@ Status FaultPoints::Set(const std::string& spec, const std::string& once_dir) {
       p.fault = Fault::kDrop;
     } else if (action == "kill") {
       p.fault = Fault::kKill;
+    } else if (action == "slow") {
+      p.fault = Fault::kSlow;
     } else {
-      return InvalidArgument("'" + entry + "': the action is fail, drop or kill");
+      return InvalidArgument("'" + entry + "': the action is fail, drop, kill or slow");
     }
     plan[entry.substr(0, eq)] = p;
   }
+  if (plan.size() > kMaxPoints) {
+    return InvalidArgument("more than " + std::to_string(kMaxPoints) + " fault points planned");
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  if (shared_hits_ == nullptr) {
+    void* m = ::mmap(nullptr, kMaxPoints * sizeof(uint64_t), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return InvalidArgument("cannot map the fault points' counters");
+    shared_hits_ = static_cast<uint64_t*>(m);
+  }
+  size_t i = 0;
+  for (auto& [name, planned] : plan) {
+    planned.hits = shared_hits_ + i++;
+    *planned.hits = 0;
+  }
   plan_ = std::move(plan);
   once_dir_ = once_dir;
   active_.store(!plan_.empty(), std::memory_order_relaxed);
@@ -70,16 +87,21 @@ Fault FaultPoints::Hit(std::string_view point) {
   auto it = plan_.find(point);
   if (it == plan_.end()) return Fault::kNone;
   Planned& p = it->second;
-  if (++p.hits != p.at) return Fault::kNone;
+  const uint64_t hit = __atomic_add_fetch(p.hits, 1, __ATOMIC_RELAXED);
+  // Slow holds from the n-th hit on; the others fire once.
+  if (p.fault == Fault::kSlow && hit > p.at) return Fault::kSlow;
+  if (hit != p.at) return Fault::kNone;
   if (!once_dir_.empty()) {
     const std::string mark = once_dir_ + "/" + std::string(point) + ".fired";
     std::error_code ec;
     if (std::filesystem::exists(mark, ec)) return Fault::kNone;
     std::ofstream(mark) << ::getpid() << "\n";
   }
-  spdlog::warn("fault injected at {} (hit {})", point, p.hits);
+  spdlog::warn("fault injected at {} (hit {})", point, hit);
   if (p.fault == Fault::kKill) {
     spdlog::default_logger()->flush();
+    // A background checkpoint's writer stands for its shard: the shard dies with it.
+    if (const pid_t also = kill_also_.load(); also > 0) ::kill(also, SIGKILL);
     ::kill(::getpid(), SIGKILL);
     ::_exit(137);  // not reached
   }
@@ -89,7 +111,7 @@ Fault FaultPoints::Hit(std::string_view point) {
 uint64_t FaultPoints::hits(const std::string& point) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plan_.find(point);
-  return it == plan_.end() ? 0 : it->second.hits;
+  return it == plan_.end() ? 0 : __atomic_load_n(it->second.hits, __ATOMIC_RELAXED);
 }
 
 }  // namespace parasol

@@ -5,8 +5,10 @@
 //
 // A process reads its plan from the environment at the first Hit():
 //   PARASOL_FAULTS="point=action@n[,point=action@n...]"
-//     action: fail (the operation returns an error), drop (a message is not sent) or kill (the
-//     process dies at once, as by kill -9); n: the hit it applies to (1-based, default 1).
+//     action: fail (the operation returns an error), drop (a message is not sent), kill (the
+//     process dies at once, as by kill -9) or slow (the operation takes longer, as it would at
+//     a larger size); n: the hit it applies to (1-based, default 1; slow: that hit and every
+//     one after it).
 //   PARASOL_FAULTS_ONCE=DIR: a fault that fires leaves DIR/POINT.fired, and no process fires it
 //     again (so a process restarted with the same environment runs on).
 // The points, and who asks:
@@ -17,9 +19,14 @@
 //                      the push is applied and never acknowledged)
 //   shard.reply        a shard, before each reply (drop: the reply is lost)
 //   shard.replay_reply a shard, before each reply to a replayed request (drop)
+//   shard.restore      a shard, as it starts loading a checkpoint (slow: each block of the file
+//                      waits 500 ms, twice)
 //   checkpoint.write   a shard, with the checkpoint's blocks written but not synced (fail: the
-//                      write fails; kill: a partial temporary file is left behind)
+//                      write fails; kill: a partial temporary file is left behind; slow: it
+//                      waits 500 ms there)
 //   checkpoint.rename  a shard, with the checkpoint synced but not yet renamed into place (kill)
+//                      (a checkpoint written in the background: its writer asks, and a kill
+//                      kills the shard with it)
 // Thread-safety: Hit() and Set() may be called from any thread.
 #pragma once
 
@@ -34,7 +41,7 @@
 
 namespace parasol {
 
-enum class Fault { kNone, kFail, kDrop, kKill };
+enum class Fault { kNone, kFail, kDrop, kKill, kSlow };
 
 class FaultPoints {
  public:
@@ -47,19 +54,28 @@ class FaultPoints {
   Status Set(const std::string& spec, const std::string& once_dir = "");
   // Times `point` was hit since the plan was set (counted only for planned points).
   uint64_t hits(const std::string& point) const;
+  // A kill also kills process `pid` first (a shard's background checkpoint writer names its
+  // shard: a kill at checkpoint.write or checkpoint.rename is then a kill of the shard while
+  // its checkpoint is written).
+  void set_kill_also(int pid) { kill_also_.store(pid); }
 
  private:
   struct Planned {
     Fault fault = Fault::kNone;
     uint64_t at = 1;
-    uint64_t hits = 0;
+    // In memory shared with forked children (a shard's background checkpoint writer), so that
+    // "the n-th hit" counts the hits of the whole process tree.
+    uint64_t* hits = nullptr;
   };
   FaultPoints();
 
   std::atomic<bool> active_{false};
+  std::atomic<int> kill_also_{0};
   mutable std::mutex mu_;
   std::map<std::string, Planned, std::less<>> plan_;
   std::string once_dir_;
+  uint64_t* shared_hits_ = nullptr;  // kMaxPoints counters, shared with forked children
+  static constexpr size_t kMaxPoints = 64;
 };
 
 }  // namespace parasol

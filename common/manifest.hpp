@@ -186,6 +186,10 @@ struct CheckpointOptions {
   int64_t every_seconds = 0;   // and/or this often (0: never)
   uint32_t keep = 3;           // newest checkpoints kept per shard
   bool restore = true;         // a starting shard loads its newest good checkpoint
+  // Periodic and requested checkpoints are written by a forked copy of the shard while it goes
+  // on serving (false: on the request thread, which stops serving meanwhile). Shards with a
+  // tiered table always write in the foreground.
+  bool background = true;
   // A worker's push log (what it must replay to a restarted shard) stays below this: a shard
   // also checkpoints whenever one worker has pushed max_log_bytes / (2 x shards) bytes to it
   // since its last checkpoint.

@@ -37,6 +37,7 @@ struct ServerState {
   std::mutex mu;
   std::string text;  // GUARDED_BY(mu)
   std::atomic<bool> healthy{true};
+  std::string health_note;  // GUARDED_BY(mu): said before "ok" or "unhealthy" when set
   std::atomic<uint16_t> port;
   std::atomic<uint64_t> served{0};
   std::atomic<uint64_t> refused{0};
@@ -71,8 +72,13 @@ Response Answer(ServerState& state, const http::request_parser<http::empty_body>
   }
   if (req.target() == "/healthz") {
     const bool ok = state.healthy.load();
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      note = state.health_note;
+    }
     return PlainText(ok ? http::status::ok : http::status::service_unavailable,
-                     ok ? "ok\n" : "unhealthy\n");
+                     (ok ? "ok" : "unhealthy") + (note.empty() ? "" : ": " + note) + "\n");
   }
   return PlainText(http::status::not_found, "try /metrics or /healthz\n");
 }
@@ -259,6 +265,11 @@ void MetricsServer::Publish(std::string text) {
 }
 
 void MetricsServer::SetHealthy(bool healthy) { impl_->state.healthy.store(healthy); }
+
+void MetricsServer::SetHealthNote(std::string note) {
+  std::lock_guard<std::mutex> lock(impl_->state.mu);
+  impl_->state.health_note = std::move(note);
+}
 
 uint16_t MetricsServer::port() const { return impl_->state.port.load(); }
 

@@ -51,6 +51,9 @@ class MetricsServer {
   Status Start();
   void Publish(std::string text);
   void SetHealthy(bool healthy);
+  // A line /healthz adds after "ok" or "unhealthy" (a shard loading its checkpoint says how
+  // far it is); empty: none.
+  void SetHealthNote(std::string note);
 
   // The bound port (after Start), or the port asked for.
   uint16_t port() const;

@@ -10,9 +10,15 @@
 // at load <= 0.7, costs what it did when the caller prefetches the key (HomeSlot()).
 // REQUIRES of the caller: key_of(slot) returns the key a slot was inserted with for as long as
 // the slot is in the index. Every key value is valid, including 0 and ~0.
+// Buckets are placed by Fmix64(key ^ seed): a sparse table gives each of its indexes a seed
+// drawn at random per process (RandomIndexSeed()), so that keys arriving in the bucket order of
+// another index (a checkpoint written from one, rows copied from another shard) or keys chosen
+// to share their low hash bits land at random here and cannot pile up into long probe runs.
 // Thread-safety: none; one owner at a time.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,7 +32,12 @@ class SlotIndex {
  public:
   static constexpr uint32_t kAbsent = 0xffffffffu;
 
-  explicit SlotIndex(size_t expected = 16) { Reset(expected); }
+  explicit SlotIndex(size_t expected = 16, uint64_t seed = 0) : seed_(seed) { Reset(expected); }
+
+  uint64_t seed() const { return seed_; }
+  // Buckets probed by FindOrInsert() since construction (its first bucket included): what a
+  // test of the insertion order counts instead of timing it.
+  uint64_t insert_probes() const { return insert_probes_; }
 
   // Removes every key and sizes the index for `expected` keys without further growth.
   void Reset(size_t expected) {
@@ -37,8 +48,13 @@ class SlotIndex {
   }
 
   // Grows (doubling, keeping every key) until `expected` keys fit at load factor <= 0.7.
+  // An empty index is sized at once, with no intermediate tables.
   template <typename KeyOf>
   void Reserve(size_t expected, KeyOf&& key_of) {
+    if (size_ == 0 && slots_.size() < KeyIndex::CapacityFor(expected)) {
+      Reset(expected);
+      return;
+    }
     while (slots_.size() * 7 < expected * 10) Grow(key_of);
   }
 
@@ -67,6 +83,7 @@ class SlotIndex {
   uint32_t FindOrInsert(uint64_t key, uint32_t slot_if_new, KeyOf&& key_of, bool* inserted) {
     if ((size_ + 1) * 10 > slots_.size() * 7) Grow(key_of);
     for (size_t i = Bucket(key);; i = (i + 1) & mask_) {
+      ++insert_probes_;
       const uint32_t slot = slots_[i];
       if (slot == kAbsent) {
         slots_[i] = slot_if_new;
@@ -96,6 +113,82 @@ class SlotIndex {
     return slot;
   }
 
+  // Fills this empty index with slots [0, n) at once, placing them in the order of their home
+  // buckets (a radix sort of (key, slot, bucket) records, then one walk of the buckets front to
+  // back), so that every memory access is sequential: what a restore of millions of rows does
+  // instead of inserting them one by one (a random access per row, and another per occupied
+  // bucket it compares). A key in two slots keeps the higher one; the others are appended to
+  // *dropped. Counts insert_probes() as inserts one by one would (a row's distance from its
+  // home bucket, plus one). Uses 32 bytes of scratch per slot while it runs.
+  // REQUIRES: size() == 0; n < kAbsent.
+  template <typename KeyOf>
+  void Build(uint32_t n, KeyOf&& key_of, std::vector<uint32_t>* dropped) {
+    if (slots_.size() * 7 < size_t{n} * 10) Reset(n);
+    struct Record {
+      uint64_t key;
+      uint32_t slot;
+      uint32_t bucket;
+    };
+    std::vector<Record> records(n), sorted(n);
+    for (uint32_t s = 0; s < n; ++s) {
+      const uint64_t key = key_of(s);
+      records[s] = Record{key, s, static_cast<uint32_t>(Bucket(key))};
+    }
+    // LSD radix sort on the bucket, 11 bits a pass; stable, so a bucket's slots stay in order.
+    const uint32_t bits = static_cast<uint32_t>(std::countr_zero(slots_.size()));
+    for (uint32_t shift = 0; shift < bits; shift += 11) {
+      std::vector<uint32_t> count(2049, 0);
+      for (const Record& r : records) ++count[((r.bucket >> shift) & 2047) + 1];
+      for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
+      for (const Record& r : records) sorted[count[(r.bucket >> shift) & 2047]++] = r;
+      records.swap(sorted);
+    }
+    std::vector<Record>().swap(sorted);
+    std::vector<uint32_t> wrapped;  // records (by index) whose run passes the last bucket
+    size_t pos = 0, run_start = 0;
+    uint64_t run_bucket = ~uint64_t{0};
+    for (uint32_t i = 0; i < n; ++i) {
+      const Record& r = records[i];
+      if (r.bucket != run_bucket) {
+        run_bucket = r.bucket;
+        run_start = std::max<size_t>(pos, r.bucket);
+      }
+      // The run of this home bucket so far: a key already in it is a duplicate.
+      bool duplicate = false;
+      for (size_t p = run_start; p < pos && p < slots_.size(); ++p) {
+        if (records[run_index_[p - run_start]].key == r.key) {
+          dropped->push_back(slots_[p]);  // the lower slot: records of a bucket are in order
+          slots_[p] = r.slot;
+          run_index_[p - run_start] = i;
+          duplicate = true;
+          break;
+        }
+      }
+      if (duplicate) continue;
+      pos = std::max<size_t>(pos, r.bucket);
+      if (pos >= slots_.size()) {
+        wrapped.push_back(i);
+        continue;
+      }
+      if (pos - run_start >= run_index_.size()) run_index_.resize(pos - run_start + 1);
+      run_index_[pos - run_start] = i;
+      slots_[pos] = r.slot;
+      insert_probes_ += pos - r.bucket + 1;
+      ++size_;
+      ++pos;
+    }
+    std::vector<uint32_t>().swap(run_index_);
+    // The few past the end go on from the first bucket, inserted one by one.
+    for (uint32_t i : wrapped) {
+      bool inserted = false;
+      const uint32_t had = FindOrInsert(records[i].key, records[i].slot, key_of, &inserted);
+      if (!inserted) {
+        dropped->push_back(std::min(had, records[i].slot));
+        if (had < records[i].slot) Replace(records[i].key, records[i].slot, key_of);
+      }
+    }
+  }
+
   // Bucket-level access for sweeps: a bucket is empty or holds a slot.
   bool BucketFull(size_t b) const { return slots_[b] != kAbsent; }
   uint32_t BucketSlot(size_t b) const { return slots_[b]; }
@@ -116,7 +209,7 @@ class SlotIndex {
   }
 
  private:
-  size_t Bucket(uint64_t key) const { return Fmix64(key) & mask_; }
+  size_t Bucket(uint64_t key) const { return Fmix64(key ^ seed_) & mask_; }
 
   template <typename KeyOf>
   void Grow(KeyOf&& key_of) {
@@ -131,9 +224,28 @@ class SlotIndex {
     }
   }
 
+  // The slot of a present key becomes `slot`.
+  template <typename KeyOf>
+  void Replace(uint64_t key, uint32_t slot, KeyOf&& key_of) {
+    for (size_t i = Bucket(key);; i = (i + 1) & mask_) {
+      if (slots_[i] == kAbsent) return;
+      if (key_of(slots_[i]) == key) {
+        slots_[i] = slot;
+        return;
+      }
+    }
+  }
+
   std::vector<uint32_t> slots_;
+  std::vector<uint32_t> run_index_;  // Build(): the records of the current home bucket's run
   size_t mask_ = 0;
   size_t size_ = 0;
+  uint64_t seed_ = 0;
+  uint64_t insert_probes_ = 0;
 };
+
+// A seed for a SlotIndex: random, and different at every call (a process-wide random start,
+// then a counter through SplitMix64).
+uint64_t RandomIndexSeed();
 
 }  // namespace parasol

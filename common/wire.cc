@@ -60,6 +60,11 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_replay(h.replay);
   b.add_checkpoint_count(h.checkpoint_count);
   b.add_restored_count(h.restored_count);
+  b.add_checkpoints_begun(h.checkpoints_begun);
+  b.add_restore_done(h.restore_done);
+  b.add_restore_total(h.restore_total);
+  b.add_restore_rows(h.restore_rows);
+  b.add_restore_rows_total(h.restore_rows_total);
   b.add_worker_clock(h.worker_clock);
   b.add_last_barrier(h.last_barrier);
   b.add_read_only(h.read_only);
@@ -143,6 +148,11 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.checkpoint_clock = fb->checkpoint_clock();
   h.checkpoint_count = fb->checkpoint_count();
   h.restored_count = fb->restored_count();
+  h.checkpoints_begun = fb->checkpoints_begun();
+  h.restore_done = fb->restore_done();
+  h.restore_total = fb->restore_total();
+  h.restore_rows = fb->restore_rows();
+  h.restore_rows_total = fb->restore_rows_total();
   h.worker_clock = fb->worker_clock();
   h.last_barrier = fb->last_barrier();
   h.read_only = fb->read_only();

@@ -28,8 +28,9 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
 // (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
-// 7: a tick names the pushes it follows (Clock key_count).
-inline constexpr uint16_t kProtocolVersion = 7;
+// 7: a tick names the pushes it follows (Clock key_count). 8: checkpoints written in the
+// background (checkpoints_begun), and a restoring shard's progress (restore_*).
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -76,6 +77,11 @@ struct Header {
   uint64_t membership_version = 0;
   std::vector<MemberEntry> members;
   bool join = false;
+  uint64_t checkpoints_begun = 0;
+  uint64_t restore_done = 0;
+  uint64_t restore_total = 0;
+  uint64_t restore_rows = 0;
+  uint64_t restore_rows_total = 0;
 };
 // The most membership entries one header may carry (cluster.max_workers beyond
 // cluster.workers is bounded by it).

@@ -152,8 +152,13 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   if (st.ok() && ::pwrite(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
     st = IoError("cannot write '" + tmp + "': " + std::strerror(errno));
   }
-  if (st.ok() && FaultPoints::Get().Hit("checkpoint.write") == Fault::kFail) {
-    st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
+  if (st.ok()) {
+    const Fault fault = FaultPoints::Get().Hit("checkpoint.write");
+    if (fault == Fault::kFail) {
+      st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
+    } else if (fault == Fault::kSlow) {
+      ::usleep(500 * 1000);  // a large table's write, in a test
+    }
   }
   if (st.ok() && ::fsync(fd) != 0)
     st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));

@@ -73,7 +73,8 @@ struct CheckpointHeader {
 
 // Refuses a block before its payload is read (say, a size that does not match its table).
 using CheckpointBlockCheck = std::function<Status(const CheckpointBlockHeader&)>;
-using CheckpointBlockFn = std::function<Status(const CheckpointBlock&)>;
+// The block may be changed (its bytes taken, say): the reader refills it for the next one.
+using CheckpointBlockFn = std::function<Status(CheckpointBlock&)>;
 
 // 64-bit checksum of `n` bytes (word-wise multiply-mix; detects flipped bits and truncation).
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);

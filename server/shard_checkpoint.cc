@@ -1,5 +1,11 @@
 // The checkpoint side of ShardServer: writing its tables, clocks, push record and pending BSP
 // sums, and loading them back.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -11,25 +17,15 @@
 #include <limits>
 #include <new>
 
+#include "common/fault_points.hpp"
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
 #include "server/shard_state.hpp"
 
 namespace parasol {
 
-Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
-  const CheckpointOptions& c = manifest_.checkpoint;
-  if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
-  FinishDeferredApply();  // a checkpoint holds whole clocks
-  const auto start = std::chrono::steady_clock::now();
-  std::function<bool(uint64_t)> keeps;
-  if (!membership_.server_changes().empty() || staged_rows_) {
-    keeps = [this](uint64_t key) { return KeepsKey(key); };
-  }
-  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
-                         engines_.size(), membership_, &migration_, std::move(keeps));
-  uint64_t bytes = 0;
-
+// The header of the checkpoint that would be taken now.
+CheckpointHeader ShardServer::NextCheckpointHeader(bool final) const {
   CheckpointHeader h;
   h.shard = rank_;
   h.shards = num_shards_;
@@ -42,33 +38,207 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   // logs what a checkpoint holds, so a failed one must not look written.
   h.sequence = checkpoint_sequence_ + 1;
   h.final = final;
-  const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
+  return h;
+}
+
+Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& h,
+                               uint64_t* bytes) {
+  std::function<bool(uint64_t)> keeps;
+  if (!membership_.server_changes().empty() || staged_rows_) {
+    keeps = [this](uint64_t key) { return KeepsKey(key); };
+  }
+  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_,
+                         aggregates_, engines_.size(), membership_, &migration_, std::move(keeps));
   // Streamed: each block is written as the state produces it (a tiered table's rows need not
   // fit in memory).
-  const Status st = WriteCheckpointFile(path, h, [&](const CheckpointBlockSink& sink) {
+  return WriteCheckpointFile(path, h, [&](const CheckpointBlockSink& sink) {
     return state.Save([&](const CheckpointBlock& b) {
-      bytes += b.bytes.size();
+      *bytes += b.bytes.size();
       return sink(b);
     });
   });
+}
+
+void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string& path,
+                                    const std::string& reason, uint64_t stamp,
+                                    const std::vector<uint64_t>& pushed_at_start, double seconds,
+                                    double pause_ms, uint64_t bytes) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  checkpoint_sequence_ = h.sequence;
+  checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
+  checkpoint_owed_ = false;
+  PruneCheckpoints(c.dir, rank_, c.keep);
+  ++counters_.checkpoints;
+  counters_.checkpoint_pause_ms_max = std::max(counters_.checkpoint_pause_ms_max, pause_ms);
+  counters_.checkpoint_seconds_last = seconds;
+  last_checkpoint_ = std::chrono::steady_clock::now();
+  saved_stamp_ = stamp;
+  // What a worker pushed after the state was taken is not in this checkpoint.
+  for (size_t w = 0; w < pushed_since_checkpoint_.size() && w < pushed_at_start.size(); ++w) {
+    pushed_since_checkpoint_[w] -= std::min(pushed_since_checkpoint_[w], pushed_at_start[w]);
+  }
+  checkpoint_clock_ = h.clock;
+  spdlog::info("shard {}: checkpoint {} ({}) at clock {}: {:.1f} MB in {:.3f} s, serving "
+               "stopped for {:.1f} ms",
+               rank_, path, reason, h.clock, bytes / 1e6, seconds, pause_ms);
+}
+
+Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
+  // One checkpoint at a time, in sequence order: a background one is finished first.
+  WaitForBackgroundCheckpoint();
+  FinishDeferredApply();  // a checkpoint holds whole clocks
+  const auto start = std::chrono::steady_clock::now();
+  const CheckpointHeader h = NextCheckpointHeader(final);
+  checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
+  const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
+  uint64_t bytes = 0;
+  const Status st = WriteState(path, h, &bytes);
   if (!st.ok()) {
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
     last_checkpoint_failure_ = std::chrono::steady_clock::now();
     return st;
   }
-  checkpoint_sequence_ = h.sequence;
-  checkpoint_owed_ = false;
-  PruneCheckpoints(c.dir, rank_, c.keep);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ++counters_.checkpoints;
-  last_checkpoint_ = std::chrono::steady_clock::now();
-  saved_stamp_ = StateStamp();
-  std::fill(pushed_since_checkpoint_.begin(), pushed_since_checkpoint_.end(), 0);
-  checkpoint_clock_ = h.clock;
-  spdlog::info("shard {}: checkpoint {} ({}) at clock {}: {:.1f} MB in {:.3f} s", rank_, path,
-               reason, h.clock, bytes / 1e6, seconds);
+  CheckpointWritten(h, path, reason, StateStamp(), pushed_since_checkpoint_, seconds,
+                    seconds * 1e3, bytes);
   return Status::Ok();
+}
+
+bool ShardServer::CanCheckpointInBackground() const {
+  // A tiered table's disk rows are read through RocksDB, whose threads a child process does
+  // not have: those shards write their checkpoints in the foreground.
+  if (disk_) return false;
+  return manifest_.checkpoint.background;
+}
+
+Status ShardServer::BeginCheckpoint(const std::string& reason) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  if (c.dir.empty()) return FailedPrecondition("no checkpoint.dir in the manifest");
+  if (background_) {
+    // One at a time: the next is begun once this one is written, unless it holds everything.
+    if (background_->stamp != StateStamp()) next_checkpoint_reason_ = reason;
+    return Status::Ok();
+  }
+  next_checkpoint_reason_.clear();
+  if (!CanCheckpointInBackground()) return SaveCheckpoint(reason);
+  FinishDeferredApply();  // a checkpoint holds whole clocks: the engines are idle from here
+  const auto start = std::chrono::steady_clock::now();
+  BackgroundCheckpoint bg;
+  bg.header = NextCheckpointHeader(/*final=*/false);
+  bg.path = CheckpointPath(c.dir, rank_, bg.header.sequence);
+  bg.reason = reason;
+  bg.stamp = StateStamp();
+  bg.pushed_at_start = pushed_since_checkpoint_;
+  bg.start = start;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return IoError(std::string("cannot make a pipe for a background checkpoint: ") +
+                   std::strerror(errno));
+  }
+  const pid_t parent = ::getpid();
+  // The child is a copy of this process as it is now (its pages are shared copy-on-write):
+  // the state at this moment, written while this process goes on serving. Only this thread
+  // runs in it, with every engine idle and no lock held by this thread; it writes the file
+  // with plain system calls and leaves with _exit().
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return IoError(std::string("cannot fork a background checkpoint: ") + std::strerror(err));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    // Dies with this shard: a checkpoint renamed into place after a new process of the shard
+    // has started would be taken for one of its own.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(3);
+    FaultPoints::Get().set_kill_also(parent);
+    uint64_t bytes = 0;
+    const Status st = WriteState(bg.path, bg.header, &bytes);
+    const std::string said = st.ok() ? std::to_string(bytes) : "!" + st.ToString();
+    (void)!::write(fds[1], said.data(), said.size());
+    ::_exit(st.ok() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  bg.pid = pid;
+  bg.result_fd = fds[0];
+  bg.pause_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  checkpoints_begun_ = std::max(checkpoints_begun_, bg.header.sequence);
+  background_ = std::move(bg);
+  return Status::Ok();
+}
+
+void ShardServer::PollBackgroundCheckpoint(bool wait) {
+  if (!background_) return;
+  int status = 0;
+  pid_t done;
+  do {
+    done = ::waitpid(background_->pid, &status, wait ? 0 : WNOHANG);
+  } while (done < 0 && errno == EINTR);
+  if (done == 0) return;  // still writing
+  BackgroundCheckpoint bg = std::move(*background_);
+  background_.reset();
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(bg.result_fd, buf, sizeof(buf))) > 0;) said.append(buf, n);
+  ::close(bg.result_fd);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - bg.start).count();
+  Status st;
+  if (done < 0) {
+    st = Internal("lost the background checkpoint's process: " + std::string(std::strerror(errno)));
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || said.empty() || said[0] == '!') {
+    st = IoError(
+        "the background checkpoint " + bg.path + " failed: " +
+        (said.size() > 1 && said[0] == '!'
+             ? said.substr(1)
+             : WIFSIGNALED(status) ? "its process died of signal " + std::to_string(WTERMSIG(status))
+                                   : "its process exited with code " +
+                                         std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1)));
+  }
+  if (st.ok()) {
+    CheckpointWritten(bg.header, bg.path, bg.reason + ", in the background", bg.stamp,
+                      bg.pushed_at_start, seconds, bg.pause_ms, std::strtoull(said.c_str(), nullptr, 10));
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(bg.path + ".tmp", ec);
+    checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    last_checkpoint_failure_ = std::chrono::steady_clock::now();
+    spdlog::error("shard {}: {}", rank_, st.ToString());
+  }
+  // The requests that asked for it, answered now that it is durable (or failed).
+  for (HeldReply& w : bg.waiting) {
+    Header reply = ReplyTo(w.request, st.ok() ? Status::Ok()
+                                              : st.WithContext("shard " + std::to_string(rank_)));
+    SendReply(w.identity, reply, {});
+  }
+}
+
+void ShardServer::WaitForBackgroundCheckpoint() { PollBackgroundCheckpoint(/*wait=*/true); }
+
+void ShardServer::StartRequestedCheckpoint() {
+  if ((checkpoint_waiters_.empty() && next_checkpoint_reason_.empty()) || background_) return;
+  std::vector<HeldReply> waiters = std::move(checkpoint_waiters_);
+  checkpoint_waiters_.clear();
+  const std::string reason =
+      next_checkpoint_reason_.empty() ? std::string("requested") : next_checkpoint_reason_;
+  const Status st = BeginCheckpoint(reason);
+  if (!st.ok()) spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+  if (st.ok() && background_) {
+    for (HeldReply& w : waiters) background_->waiting.push_back(std::move(w));
+    return;
+  }
+  // Written in the foreground, or failed: answered now.
+  for (HeldReply& w : waiters) {
+    SendReply(w.identity,
+              ReplyTo(w.request, st.ok() ? st : st.WithContext("shard " + std::to_string(rank_))),
+              {});
+  }
 }
 
 // Never throws: Restore() tries the next file on any error.
@@ -78,8 +248,20 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
     ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
                      engines_.size(), membership_, &migration_);
+    state.set_engine_runner(
+        [this](const std::function<void(uint32_t)>& fn) { engines_.RunOnAll(fn); });
+    restore_progress_.bytes_done = 0;
+    restore_progress_.rows_total = 0;
+    restore_progress_.rows_done = 0;
+    // A test's fault point: each block of the file read slowly (a load of a huge table).
+    if (FaultPoints::Get().Hit("shard.restore") == Fault::kSlow) {
+      state.set_block_delay(std::chrono::milliseconds(500));
+    }
+    state.set_progress(&restore_progress_);
     CheckpointHeader h;
-    PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h));
+    // Read once, each block applied as soon as it is checked (Restore() resets the tables
+    // when a file is refused part way).
+    PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h, /*check_first=*/false));
     gains_rows_ = GainsRows();
     SettleUninvolved();
     if (!Entered()) {
@@ -103,13 +285,17 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
 }
 
 Status ShardServer::Restore() {
+  restore_attempted_ = true;
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty() || !c.restore) return Status::Ok();
   const std::vector<std::string> files = ListCheckpoints(c.dir, rank_);
   for (const std::string& path : files) {
     const Status st = LoadCheckpoint(path);
     if (st.ok()) {
-      spdlog::info("shard {}: restored {} (worker clocks from it)", rank_, path);
+      spdlog::info("shard {}: restored {} (worker clocks from it): {} rows, checked in {:.2f} s, "
+                   "applied in {:.2f} s",
+                   rank_, path, restore_progress_.rows_done.load(),
+                   restore_progress_.seconds_checking, restore_progress_.seconds_applying);
       restored_from_ = path;
       return Status::Ok();
     }
@@ -187,8 +373,8 @@ void ShardServer::MaybeCheckpoint() {
                " bytes since the last one (checkpoint.max_log_bytes)";
     }
   }
-  if (!due) return;
-  if (Status st = SaveCheckpoint(reason); !st.ok()) {
+  if (!due || background_) return;
+  if (Status st = BeginCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
     last_checkpoint_ = std::chrono::steady_clock::now();  // retry at the next period, not now
   }

@@ -132,6 +132,7 @@ Status ShardServer::ResetTables() {
 
 ShardServer::~ShardServer() {
   FinishDeferredApply();  // the background reads the tables
+  WaitForBackgroundCheckpoint();  // its file is in place, or its failure logged
 }
 
 Status ShardServer::Bind() {
@@ -198,6 +199,14 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     metrics_ = std::make_unique<MetricsServer>(manifest_.metrics.host,
                                                manifest_.metrics.port + rank_);
     PARASOL_RETURN_IF_ERROR(metrics_->Start());
+    if (restore_attempted_) metrics_->Publish(MetricsText());
+  }
+  // Started without a restore (parasol server): the checkpoint is loaded now, on a thread of
+  // its own, while this thread answers every request with how far it is.
+  if (!restore_attempted_) PARASOL_RETURN_IF_ERROR(RestoreWhileAnswering(stop));
+  if (metrics_) {
+    metrics_->SetHealthNote("");
+    metrics_->SetHealthy(true);
     metrics_->Publish(MetricsText());
   }
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -240,9 +249,153 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     if (!last.ok()) {
       spdlog::error("shard {}: the last checkpoint failed: {}", rank_, last.ToString());
     }
+    // Requests waiting for a checkpoint: this one holds everything.
+    for (HeldReply& w : checkpoint_waiters_) {
+      SendReply(w.identity,
+                ReplyTo(w.request, last.ok() ? last
+                                             : last.WithContext("shard " + std::to_string(rank_))),
+                {});
+    }
+    checkpoint_waiters_.clear();
   }
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
   return last.WithContext("the last checkpoint");
+}
+
+Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
+  std::atomic<bool> done{false};
+  Status restored;
+  std::thread loader([&] {
+    restored = Restore();
+    done.store(true);
+  });
+  zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
+  Status failed;
+  auto last_note = std::chrono::steady_clock::time_point{};
+  uint64_t last_bytes = ~uint64_t{0};
+  auto progressed = std::chrono::steady_clock::now();
+  bool said_stop = false;
+  while (!done.load()) {
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t bytes = restore_progress_.bytes_done.load();
+    if (bytes != last_bytes) {
+      last_bytes = bytes;
+      progressed = now;
+    }
+    if (now - last_note > std::chrono::milliseconds(250)) {
+      last_note = now;
+      if (metrics_) {
+        // Alive while it moves: a load that stops moving for request_timeout is unhealthy.
+        metrics_->SetHealthy(now - progressed <=
+                             std::chrono::milliseconds(manifest_.cluster.request_timeout_ms));
+        metrics_->SetHealthNote(RestoreProgressText());
+        metrics_->Publish(RestoringMetricsText());
+      }
+    }
+    if (stop.load() && !said_stop) {
+      said_stop = true;  // the load is not cut short: a stop then writes a whole checkpoint
+      spdlog::info("shard {}: asked to stop; it stops once its checkpoint is loaded", rank_);
+    }
+    try {
+      zmq::poll(items, 1, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      failed = Unavailable(std::string("poll failed: ") + e.what());
+      break;
+    }
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    for (int i = 0; i < 256; ++i) {
+      auto frames = RecvFrames(router_, /*dontwait=*/true);
+      if (!frames.ok()) {
+        failed = frames.status();
+        break;
+      }
+      if (!frames->has_value()) break;
+      AnswerWhileRestoring(**frames);
+    }
+    if (!failed.ok()) break;
+  }
+  loader.join();
+  PARASOL_RETURN_IF_ERROR(failed);
+  return restored;
+}
+
+std::string ShardServer::RestoreProgressText() const {
+  const uint64_t done = restore_progress_.bytes_done.load();
+  const uint64_t total = std::max<uint64_t>(1, restore_progress_.bytes_total.load());
+  const uint64_t rows_total = restore_progress_.rows_total.load();
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * static_cast<double>(done) / total);
+  return "loading its checkpoint: " + std::string(pct) + " (" +
+         std::to_string(restore_progress_.rows_done.load()) + " of " +
+         (rows_total ? std::to_string(rows_total) : std::string("?")) + " rows)";
+}
+
+std::string ShardServer::RestoringMetricsText() const {
+  PrometheusText t;
+  auto gauge = [&](const std::string& name, const std::string& help, double value) {
+    t.Type(name, "gauge", help);
+    t.Sample(name, value);
+  };
+  gauge("parasol_restoring", "1 while the shard loads its checkpoint", 1);
+  gauge("parasol_restore_bytes_done",
+        "bytes of the checkpoint read (each twice: checked, then applied)",
+        static_cast<double>(restore_progress_.bytes_done.load()));
+  gauge("parasol_restore_bytes_total", "what parasol_restore_bytes_done goes up to",
+        static_cast<double>(restore_progress_.bytes_total.load()));
+  gauge("parasol_restore_rows_done", "rows applied",
+        static_cast<double>(restore_progress_.rows_done.load()));
+  gauge("parasol_restore_rows_total", "rows in the checkpoint (0 until it is checked)",
+        static_cast<double>(restore_progress_.rows_total.load()));
+  return t.str();
+}
+
+// Touches nothing the loading thread writes: the socket, and the progress counters.
+void ShardServer::AnswerWhileRestoring(std::vector<zmq::message_t>& frames) {
+  if (frames.empty()) return;
+  restoring_requests_.fetch_add(1, std::memory_order_relaxed);
+  Header reply;
+  reply.is_reply = true;
+  reply.op = Op::Error;
+  Result<Header> req = frames.size() < 2 ? Result<Header>(BadMessage("message has no header frame"))
+                                         : DecodeHeader(frames[1].data(), frames[1].size());
+  if (!req.ok()) {
+    reply.status = req.status().code();
+    reply.message = "shard " + std::to_string(rank_) + ": " + req.status().message();
+  } else {
+    reply = ReplyTo(*req, Status::Ok());
+    if (req->op == Op::Stats && !req->is_reply) {
+      Json s;
+      s["shard"] = rank_;
+      s["shards"] = num_shards_;
+      s["restoring"] = true;
+      s["restore_bytes_done"] = restore_progress_.bytes_done.load();
+      s["restore_bytes_total"] = restore_progress_.bytes_total.load();
+      s["restore_rows_done"] = restore_progress_.rows_done.load();
+      s["restore_rows_total"] = restore_progress_.rows_total.load();
+      reply.message = s.dump();
+    } else {
+      reply.status = StatusCode::kUnavailable;
+      reply.message = "shard " + std::to_string(rank_) + " is " + RestoreProgressText() +
+                      "; ask again";
+    }
+  }
+  // No epoch: the process a worker will hear from once it is loaded is what it compares.
+  reply.shard_rank = rank_;
+  reply.shard_count = num_shards_;
+  reply.restore_done = restore_progress_.bytes_done.load();
+  reply.restore_total = std::max<uint64_t>(1, restore_progress_.bytes_total.load());
+  reply.restore_rows = restore_progress_.rows_done.load();
+  reply.restore_rows_total = restore_progress_.rows_total.load();
+  std::vector<zmq::message_t> out;
+  out.emplace_back(frames[0].data(), frames[0].size());
+  out.push_back(EncodeHeader(reply));
+  if (reply_sink_) {
+    reply_sink_(out);
+    return;
+  }
+  // Never blocks: a peer that does not read its answers loses them.
+  (void)SendFrames(router_, out, /*dontwait=*/true);
 }
 
 uint64_t ShardServer::StateStamp() const {
@@ -254,6 +407,8 @@ uint64_t ShardServer::StateStamp() const {
 
 void ShardServer::RunPeriodic() {
   FinishDeferredApply();  // before anything else reads the tables
+  PollBackgroundCheckpoint(/*wait=*/false);
+  StartRequestedCheckpoint();
   MaybeSweep();
   CheckWorkers();
   MaybeCheckpoint();
@@ -482,11 +637,18 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         pushed_since_checkpoint_[req.worker_id] += frames[f].size();
       }
       // The push log bound is checked at once, not at the next poll: a burst of large pushes
-      // would otherwise grow the workers' logs past it.
-      if (!manifest_.checkpoint.dir.empty() &&
-          pushed_since_checkpoint_[req.worker_id] >=
-              manifest_.checkpoint.max_log_bytes / (2 * uint64_t{num_shards_})) {
-        MaybeCheckpoint();
+      // would otherwise grow the workers' logs past it. A worker logs what it pushed here
+      // since the newest durable checkpoint began: once that nears its share of the bound
+      // (max_log_bytes / shards, less room for one more push) while a checkpoint is written
+      // in the background, this reply waits for that checkpoint to be durable.
+      if (!manifest_.checkpoint.dir.empty()) {
+        const uint64_t share = manifest_.checkpoint.max_log_bytes / num_shards_;
+        const uint64_t room = std::min(share / 2, manifest_.server.max_request_bytes);
+        if (background_ && pushed_since_checkpoint_[req.worker_id] + room > share) {
+          ++counters_.checkpoint_log_waits;
+          WaitForBackgroundCheckpoint();
+        }
+        if (pushed_since_checkpoint_[req.worker_id] >= share / 2) MaybeCheckpoint();
       }
       (void)FaultPoints::Get().Hit("shard.applied");
       if (req.replay) (void)FaultPoints::Get().Hit("shard.replay_applied");
@@ -519,13 +681,32 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
     case Op::Checkpoint: {
       // Any client may ask; a flood of requests writes nothing new while nothing changes.
       const uint64_t stamp = StateStamp();
-      if (requested_checkpoint_stamp_ == stamp) {
+      if (requested_checkpoint_stamp_ == stamp && !background_) {
         reply->message = "nothing changed since the last requested checkpoint";
         return Status::Ok();
       }
-      PARASOL_RETURN_IF_ERROR(
-          SaveCheckpoint("requested by worker " + std::to_string(req.worker_id)));
       requested_checkpoint_stamp_ = stamp;
+      if (!CanCheckpointInBackground()) {
+        return SaveCheckpoint("requested by worker " + std::to_string(req.worker_id));
+      }
+      // Answered once a checkpoint holding the state of now is durable: the one being written,
+      // if it was begun with nothing new since, else the next.
+      if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
+          kMaxCheckpointWaiters) {
+        return Unavailable("shard " + std::to_string(rank_) + ": " +
+                           std::to_string(kMaxCheckpointWaiters) +
+                           " checkpoint requests are waiting already; ask again later");
+      }
+      HeldReply waiter;
+      waiter.identity.copy(frames[0]);
+      waiter.request = req;
+      if (background_ && background_->stamp == stamp) {
+        background_->waiting.push_back(std::move(waiter));
+      } else {
+        checkpoint_waiters_.push_back(std::move(waiter));
+        StartRequestedCheckpoint();
+      }
+      *held = true;
       return Status::Ok();
     }
     case Op::Error:
@@ -981,7 +1162,7 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
                       rank_, w, checkpoint_clock_);
       }
       if (!manifest_.checkpoint.dir.empty()) {
-        if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
+        if (Status st = BeginCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
           spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
         }
       }
@@ -1358,6 +1539,7 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
   stamped.checkpoint_count = checkpoint_sequence_;
+  stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
   stamped.restored_count = restored_sequence_;
   stamped.membership_version = membership_.version();
   return stamped;
@@ -1625,6 +1807,11 @@ std::string ShardServer::StatsJson() const {
   s["bad_messages"] = counters_.bad_messages;
   s["errors"] = counters_.errors;
   s["checkpoints"] = counters_.checkpoints;
+  s["checkpoints_begun"] = std::max(checkpoints_begun_, checkpoint_sequence_);
+  s["checkpoint_writing"] = background_.has_value();
+  s["checkpoint_pause_ms_max"] = counters_.checkpoint_pause_ms_max;
+  s["checkpoint_seconds_last"] = counters_.checkpoint_seconds_last;
+  s["checkpoint_log_waits"] = counters_.checkpoint_log_waits;
   s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["pull_ahead_max"] = counters_.pull_ahead_max;

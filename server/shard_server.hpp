@@ -13,6 +13,8 @@
 // Thread-safety: Bind() and Serve() are called from one thread; `stop` may be set from any.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -129,6 +131,11 @@ class ShardServer {
     std::atomic<uint64_t> bsp_rows_before_reply{0};
     std::atomic<uint64_t> bsp_rows_after_reply{0};
     uint64_t checkpoints = 0;
+    double checkpoint_pause_ms_max = 0;   // the longest a checkpoint stopped serving
+    double checkpoint_seconds_last = 0;   // how long the newest took to be durable
+    // Pushes answered only once a background checkpoint was durable (a worker's push log
+    // neared its bound, checkpoint.max_log_bytes).
+    uint64_t checkpoint_log_waits = 0;
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
@@ -207,6 +214,48 @@ class ShardServer {
   void FinishDeferredApply();
   void CheckWorkers();
   void MaybeCheckpoint();
+  // Checkpoints in the background (checkpoint.background): the shard forks, and the child, a
+  // copy-on-write image of the shard at that moment, writes the file while this process goes
+  // on serving. The count in replies moves on once the child has made the file durable.
+  struct BackgroundCheckpoint {
+    pid_t pid = -1;
+    int result_fd = -1;  // the child writes the bytes it wrote, or "!" and its error
+    CheckpointHeader header;
+    std::string path;
+    std::string reason;
+    uint64_t stamp = 0;                     // StateStamp() when it was begun
+    std::vector<uint64_t> pushed_at_start;  // pushed_since_checkpoint_ then
+    std::chrono::steady_clock::time_point start;
+    double pause_ms = 0;                    // how long serving stopped to begin it
+    std::vector<HeldReply> waiting;         // Checkpoint requests, answered once it is durable
+  };
+  std::optional<BackgroundCheckpoint> background_;
+  // Checkpoint requests waiting for a checkpoint begun after them (one was being written).
+  std::vector<HeldReply> checkpoint_waiters_;
+  static constexpr size_t kMaxCheckpointWaiters = 1024;
+  // Why a checkpoint is due once the one being written is (empty: none is).
+  std::string next_checkpoint_reason_;
+  // Checkpoints whose state was taken (durable or being written): checkpoints_begun in replies.
+  uint64_t checkpoints_begun_ = 0;
+  // Whether checkpoints may be written in the background (not with a tiered table).
+  bool CanCheckpointInBackground() const;
+  // A checkpoint begun now: in the background when it can be, else written at once. Nothing
+  // when one is being written already (it holds the state up to when it was begun).
+  Status BeginCheckpoint(const std::string& reason);
+  // Reaps a finished background checkpoint (waits for it with `wait`): moves the count on, or
+  // marks one owed; answers the requests waiting for it.
+  void PollBackgroundCheckpoint(bool wait);
+  void WaitForBackgroundCheckpoint();
+  // Begins a checkpoint for the requests in checkpoint_waiters_, once none is being written.
+  void StartRequestedCheckpoint();
+  CheckpointHeader NextCheckpointHeader(bool final) const;
+  // Writes the shard's state as the checkpoint `h` at `path`; adds the payload bytes to *bytes.
+  Status WriteState(const std::string& path, const CheckpointHeader& h, uint64_t* bytes);
+  // A checkpoint is durable: the count moves on, older ones are pruned.
+  void CheckpointWritten(const CheckpointHeader& h, const std::string& path,
+                         const std::string& reason, uint64_t stamp,
+                         const std::vector<uint64_t>& pushed_at_start, double seconds,
+                         double pause_ms, uint64_t bytes);
   Status LoadCheckpoint(const std::string& path);
   // Empty tables (and an empty disk tier for the tiered ones).
   Status ResetTables();
@@ -413,6 +462,16 @@ class ShardServer {
   const uint64_t epoch_;  // random per start: tells workers this shard restarted
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
   std::string restored_from_;
+  // How far the checkpoint being loaded is (ShardState::Load()).
+  ShardState::LoadProgress restore_progress_;
+  std::atomic<uint64_t> restoring_requests_{0};  // answered while loading
+  bool restore_attempted_ = false;  // Restore() was called
+  // Restore() on a thread of its own while this thread answers every request with its progress
+  // (Unavailable; Stats with a JSON of it), until it is done.
+  Status RestoreWhileAnswering(const std::atomic<bool>& stop);
+  void AnswerWhileRestoring(std::vector<zmq::message_t>& frames);
+  std::string RestoreProgressText() const;
+  std::string RestoringMetricsText() const;
   bool shutdown_requested_ = false;
   std::chrono::steady_clock::time_point last_sweep_{};
   ReplySink reply_sink_;

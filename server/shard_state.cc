@@ -1,6 +1,7 @@
 #include "server/shard_state.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -360,22 +361,68 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
   return Status::Ok();
 }
 
-Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header) {
+Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header,
+                        bool check_first) {
+  // Whatever happens, no block is still being applied when this returns.
+  struct Waiter {
+    ShardState* self;
+    ~Waiter() {
+      if (self->applying_.valid()) self->applying_.wait();
+      self->applying_ = {};
+      std::vector<char>().swap(self->applying_block_.bytes);
+    }
+  } waiter{this};
+  if (progress_) {
+    in.seekg(0, std::ios::end);
+    const std::streamoff end = in.tellg();
+    in.clear();
+    in.seekg(0, std::ios::beg);
+    const uint64_t framing = kCheckpointHeaderBytes + kCheckpointFooterBytes;
+    const uint64_t size = end > 0 ? static_cast<uint64_t>(end) : 0;
+    progress_->bytes_total = size > framing ? (check_first ? 2 : 1) * (size - framing) : 0;
+  }
   try {
     std::vector<int64_t> clocks, done, incarnations;
     int64_t barrier = -1;
     PushRecord record = record_;  // the same window
     std::vector<MemberEntry> members;
     MigrationState migration;
-    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, &clocks, &done, &barrier, &incarnations,
+    std::vector<uint64_t> sparse_rows;
+    const auto start = std::chrono::steady_clock::now();
+    PendingAggregates pending;
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, check_first ? nullptr : &pending,
+                                   &sparse_rows, &clocks, &done, &barrier, &incarnations,
                                    &record, &members, &migration));
+    if (!check_first) PARASOL_RETURN_IF_ERROR(WaitApplying());
+    uint64_t rows_total = 0;
+    for (uint64_t n : sparse_rows) rows_total += n;
+    if (progress_) progress_->rows_total.store(rows_total, std::memory_order_relaxed);
+    // Each index sized once for the rows the file states (its seed is random: the file's
+    // order, another index's bucket order, is no order to it), not grown block by block.
+    for (uint32_t t = 0; t < sparse_.size() && check_first; ++t) {
+      if (!sparse_[t] || sparse_[t]->tiered() || t >= sparse_rows.size()) continue;
+      SparseTable& table = *sparse_[t];
+      const uint64_t share = sparse_rows[t] / table.engines();
+      // Keys split among the engines by hash: a share within a few standard deviations.
+      const uint64_t slack = 4 * static_cast<uint64_t>(std::sqrt(double(share))) + 64;
+      for (uint32_t e = 0; e < table.engines(); ++e) table.partition(e).Reserve(share + slack);
+    }
     Membership membership = membership_;
     PARASOL_RETURN_IF_ERROR(
         membership.Merge(members).WithContext("checkpoint '" + name + "'"));
-    in.clear();
-    in.seekg(0, std::ios::beg);
-    PendingAggregates pending;
-    PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
+    const auto checked = std::chrono::steady_clock::now();
+    if (check_first) {
+      in.clear();
+      in.seekg(0, std::ios::beg);
+      PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
+      PARASOL_RETURN_IF_ERROR(WaitApplying());
+    }
+    FinishRestoredRows();
+    if (progress_) {
+      progress_->seconds_checking = std::chrono::duration<double>(checked - start).count();
+      progress_->seconds_applying =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - checked).count();
+    }
     // The ranks that had joined, before their clocks.
     membership_ = std::move(membership);
     for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
@@ -405,10 +452,11 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 }
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                          std::vector<int64_t>* clocks, std::vector<int64_t>* done,
+                          PendingAggregates* apply,
+                          std::vector<uint64_t>* sparse_rows, std::vector<int64_t>* clocks, std::vector<int64_t>* done,
                           int64_t* barrier, std::vector<int64_t>* incarnations,
                           PushRecord* record, std::vector<MemberEntry>* members,
-                          MigrationState* migration) const {
+                          MigrationState* migration) {
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
@@ -422,10 +470,13 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     SliceRange held, live;
   };
   std::vector<DenseHeld> dense_held(manifest_.tables.size());
+  sparse_rows->assign(manifest_.tables.size(), 0);
   auto check = [&](const CheckpointBlockHeader& b) -> Status {
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
     PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
+    AddProgress(kCheckpointBlockHeaderBytes + b.bytes);
+    if (KindOf(b) == Kind::kSparseRows) (*sparse_rows)[b.table] += b.count;
     if (KindOf(b) == Kind::kClocks) {
       if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
     } else if (KindOf(b) == Kind::kDone) {
@@ -534,7 +585,13 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     }
     return Status::Ok();
   };
-  const Status read = ReadCheckpoint(in, name, header, decode, check);
+  const Status read = ReadCheckpoint(
+      in, name, header,
+      [&](CheckpointBlock& b) -> Status {
+        PARASOL_RETURN_IF_ERROR(decode(b));
+        return apply ? ApplyBlock(b, apply) : Status::Ok();
+      },
+      check);
   if (!identity.ok()) return identity.WithContext("checkpoint '" + name + "'");
   PARASOL_RETURN_IF_ERROR(read);
   PARASOL_RETURN_IF_ERROR(CheckHeader(*header).WithContext("checkpoint '" + name + "'"));
@@ -610,15 +667,49 @@ Status ShardState::ApplyBlocks(std::istream& in, const std::string& name,
   CheckpointHeader header;
   return ReadCheckpoint(
       in, name, &header,
-      [&](const CheckpointBlock& b) -> Status {
-        if (KindOf(b) == Kind::kSparseRows) return ApplySparse(b);
-        if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) {
-          return ApplyDense(b);
-        }
-        if (IsPending(KindOf(b))) return ApplyPending(b, pending);
-        return Status::Ok();
+      [&](CheckpointBlock& b) -> Status {
+        AddProgress(kCheckpointBlockHeaderBytes + b.bytes.size());
+        return ApplyBlock(b, pending);
       },
       [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); });
+}
+
+Status ShardState::ApplyBlock(CheckpointBlock& b, PendingAggregates* pending) {
+  if (KindOf(b) == Kind::kSparseRows) {
+    // Applied on the engines while the next block is read (and checked).
+    PARASOL_RETURN_IF_ERROR(WaitApplying());
+    applying_block_.kind = b.kind;
+    applying_block_.table = b.table;
+    applying_block_.count = b.count;
+    std::swap(applying_block_.bytes, b.bytes);
+    applying_ = std::async(std::launch::async, [this] { return ApplySparse(applying_block_); });
+    return Status::Ok();
+  }
+  PARASOL_RETURN_IF_ERROR(WaitApplying());
+  if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) return ApplyDense(b);
+  if (IsPending(KindOf(b))) return ApplyPending(b, pending);
+  return Status::Ok();
+}
+
+Status ShardState::WaitApplying() {
+  if (!applying_.valid()) return Status::Ok();
+  try {
+    return applying_.get();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory while applying rows");
+  }
+}
+
+void ShardState::FinishRestoredRows() {
+  for (auto& table : sparse_) {
+    if (!table) continue;
+    auto finish = [&](uint32_t e) { table->partition(e).FinishRestoredRows(); };
+    if (run_engines_ && table->engines() > 1) {
+      run_engines_(finish);
+    } else {
+      for (uint32_t e = 0; e < table->engines(); ++e) finish(e);
+    }
+  }
 }
 
 Status ShardState::ApplySparse(const CheckpointBlock& b) {
@@ -631,19 +722,46 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   if (b.bytes.size() / stride != b.count || b.bytes.size() % stride != 0) {
     return Internal("table '" + t.options().name + "' rows do not match the table");
   }
-  std::vector<float> row(row_bytes / sizeof(float));
   const uint32_t engines = t.engines();
-  // The table may come in several blocks: room for this one's rows on top of what is in.
-  for (uint32_t e = 0; e < engines && !t.tiered(); ++e) {
-    t.partition(e).Reserve(t.partition(e).rows() + b.count / engines + b.count / 20 + 16);
-  }
-  for (uint64_t i = 0; i < b.count; ++i) {
-    const char* p = b.bytes.data() + i * stride;
+  // Rows start 8 bytes into the block and every stride is a multiple of 4: each row's floats
+  // are aligned where they lie, and are read in place.
+  auto key_at = [&](uint64_t i) {
     uint64_t key;
-    std::memcpy(&key, p, sizeof(key));
-    std::memcpy(row.data(), p + sizeof(key), row_bytes);
-    t.partition(EngineOfKey(key, engines)).RestoreRow(key, row.data());
+    std::memcpy(&key, b.bytes.data() + i * stride, sizeof(key));
+    return key;
+  };
+  auto row_at = [&](uint64_t i) {
+    return reinterpret_cast<const float*>(b.bytes.data() + i * stride + sizeof(uint64_t));
+  };
+  auto apply = [&](uint32_t e) {
+    SparseTable::Partition& part = t.partition(e);
+    // This engine's rows of the block, then restored with the index buckets of the keys
+    // ahead prefetched (their cache misses overlap).
+    std::vector<uint64_t> mine;
+    mine.reserve(b.count / engines + 64);
+    for (uint64_t i = 0; i < b.count; ++i) {
+      if (engines == 1 || EngineOfKey(key_at(i), engines) == e) {
+        mine.push_back(i);
+      }
+    }
+    size_t j = 0;
+    // Into an empty partition: appended, the index built at the end (FinishRestoredRows()).
+    while (j < mine.size() && part.AppendRestoredRow(key_at(mine[j]), row_at(mine[j]))) ++j;
+    // Else one by one, in two stages: a key's index bucket 16 rows ahead, then (its bucket in
+    // cache by then) the key of the row in it, which the insert compares, 8 ahead.
+    constexpr size_t kIndexAhead = 16, kKeyAhead = 8;
+    for (; j < mine.size(); ++j) {
+      if (j + kIndexAhead < mine.size()) part.PrefetchIndex(key_at(mine[j + kIndexAhead]));
+      if (j + kKeyAhead < mine.size()) part.PrefetchHomeKey(key_at(mine[j + kKeyAhead]));
+      part.RestoreRow(key_at(mine[j]), row_at(mine[j]));
+    }
+  };
+  if (run_engines_ && engines > 1) {
+    run_engines_(apply);
+  } else {
+    for (uint32_t e = 0; e < engines; ++e) apply(e);
   }
+  AddProgress(0, b.count);
   if (t.tiered()) {
     for (uint32_t e = 0; e < engines; ++e) t.partition(e).Settle();
     PARASOL_RETURN_IF_ERROR(t.DiskStatus().WithContext("table '" + t.options().name + "'"));

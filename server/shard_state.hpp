@@ -15,8 +15,12 @@
 // Thread-safety: none; the shard's request thread owns it.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <istream>
 #include <memory>
 #include <set>
@@ -127,19 +131,58 @@ class ShardState {
   // (reset them before trying another file).
   // The file's pending sums replace the shard's aggregates.
   // REQUIRES: the tables hold no rows yet (restored rows would mix with them).
-  Status Load(std::istream& in, const std::string& name, CheckpointHeader* header);
+  // `check_first`: true reads the file twice, checking all of it before applying anything (a
+  // refused file changes nothing); false reads it once, each block applied once it is checked
+  // (a refused file leaves the tables partly loaded: reset them before trying another file),
+  // which is what a restarting shard does.
+  // A block of rows is applied on the engines (set_engine_runner()) while the next is read.
+  Status Load(std::istream& in, const std::string& name, CheckpointHeader* header,
+              bool check_first = true);
+
+  // Runs fn(e) for every engine e and returns when all are done (the shard's EnginePool).
+  // Set, Load() applies each block of rows on the engines in parallel, each engine its own
+  // partitions' rows; unset, on the calling thread.
+  using EngineRunner = std::function<void(const std::function<void(uint32_t)>&)>;
+  void set_engine_runner(EngineRunner run) { run_engines_ = std::move(run); }
+  // What Load() has done so far, readable from any thread while it runs: bytes of the file
+  // read (each byte counts twice: once checked, once applied), and rows in the file (known
+  // once the first pass is done) and rows applied.
+  struct LoadProgress {
+    std::atomic<uint64_t> bytes_done{0};
+    std::atomic<uint64_t> bytes_total{0};  // what bytes_done goes to (set as the load starts)
+    std::atomic<uint64_t> rows_total{0};
+    std::atomic<uint64_t> rows_done{0};
+    // Once it is done: how long each pass took.
+    double seconds_checking = 0, seconds_applying = 0;
+  };
+  void set_progress(LoadProgress* progress) { progress_ = progress; }
+  // Each block of the file waits this long before it is checked, and again before it is
+  // applied (a test's stand-in for a huge table's load).
+  void set_block_delay(std::chrono::milliseconds delay) { block_delay_ = delay; }
 
  private:
   Status CheckHeader(const CheckpointHeader& h) const;
   // The first pass: checks the whole file, decodes the clocks and the push record.
+  // `sparse_rows`: per table, the rows the file holds. `apply`: each block is applied once it
+  // is checked, pending sums into *apply (null: only checked).
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                std::vector<int64_t>* clocks,
+                PendingAggregates* apply,
+                std::vector<uint64_t>* sparse_rows, std::vector<int64_t>* clocks,
                 std::vector<int64_t>* done, int64_t* barrier,
                 std::vector<int64_t>* incarnations, PushRecord* record,
-                std::vector<MemberEntry>* members, MigrationState* migration) const;
+                std::vector<MemberEntry>* members, MigrationState* migration);
   // The second pass: the rows and slices into the tables, the pending sums into `pending`.
   Status ApplyBlocks(std::istream& in, const std::string& name, PendingAggregates* pending);
   Status ApplySparse(const CheckpointBlock& b);
+  // A checked block into the tables (rows, slices) or *pending (sums). A block of rows is
+  // taken (its bytes swapped out) and applied on the engines in the background while the
+  // caller reads on; WaitApplying() returns its status.
+  Status ApplyBlock(CheckpointBlock& b, PendingAggregates* pending);
+  Status WaitApplying();
+  std::future<Status> applying_;
+  CheckpointBlock applying_block_;
+  // Builds the indexes of the rows ApplySparse() appended (on the engines).
+  void FinishRestoredRows();
   Status ApplyDense(const CheckpointBlock& b);
   // A dense table's block: a kDenseSlice of the listed shards' cut, or a kDenseRange.
   Status SaveDense(uint32_t t, const CheckpointBlockSink& sink) const;
@@ -162,6 +205,15 @@ class ShardState {
   MigrationState* migration_;
   // Which sparse rows a checkpoint holds (null: all).
   std::function<bool(uint64_t)> keeps_key_;
+  EngineRunner run_engines_;
+  LoadProgress* progress_ = nullptr;
+  std::chrono::milliseconds block_delay_{0};
+  void AddProgress(uint64_t bytes, uint64_t rows = 0) const {
+    if (block_delay_.count() > 0 && bytes > 0) std::this_thread::sleep_for(block_delay_);
+    if (!progress_) return;
+    progress_->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+    if (rows) progress_->rows_done.fetch_add(rows, std::memory_order_relaxed);
+  }
 };
 
 }  // namespace parasol

@@ -20,7 +20,7 @@ SparseTable::Partition::Partition(const TableOptions* options, const Optimizer* 
       row_words_(codec_.stored_words()),
       view_(codec_.view_floats()),
       max_rows_(max_rows),
-      index_(16),
+      index_(16, RandomIndexSeed()),
       pending_(16) {}
 
 uint32_t SparseTable::Partition::NewSlot() {
@@ -73,15 +73,44 @@ void SparseTable::Partition::RestoreRow(uint64_t key, const float* row) {
     const uint64_t one[1] = {key};
     if (Status st = Prefault(one); !st.ok()) DiskFailed(st);
   }
-  float* values = Find(key);
-  if (!values) {
-    values = Create(key, 0);
-    --counters_.admitted;  // restored, not admitted now
+  // The row is written whole from `row`: no initial values to compute first.
+  uint32_t slot = NewSlot();
+  KeyAt(slot) = key;
+  bool inserted = false;
+  const uint32_t found = index_.FindOrInsert(key, slot, keys(), &inserted);
+  if (!inserted) {  // the key twice: the later row wins
+    free_slots_.push_back(slot);
+    slot = found;
   }
-  std::memcpy(values - 1, row, sizeof(float) * codec_.view_floats());
-  if (!codec_.identity()) codec_.Encode(row, RowAt(view_slot_), nullptr);  // exact: no rounding
+  Touch(slot);
+  if (codec_.identity()) {
+    std::memcpy(RowAt(slot), row, sizeof(float) * codec_.view_floats());
+  } else {
+    codec_.Encode(row, RowAt(slot), nullptr);  // exact: no rounding
+  }
   // A tiered table restores more rows than memory holds: to disk in batches as it goes.
   if (disk_ && index_.size() >= memory_limit_ + 4096) Settle();
+}
+
+bool SparseTable::Partition::AppendRestoredRow(uint64_t key, const float* row) {
+  if (disk_ || index_.size() != 0 || (!appending_ && next_slot_ != 0)) return false;
+  appending_ = true;
+  const uint32_t slot = NewSlot();
+  KeyAt(slot) = key;
+  if (codec_.identity()) {
+    std::memcpy(RowAt(slot), row, sizeof(float) * codec_.view_floats());
+  } else {
+    codec_.Encode(row, RowAt(slot), nullptr);  // exact: no rounding
+  }
+  return true;
+}
+
+void SparseTable::Partition::FinishRestoredRows() {
+  if (!appending_) return;
+  appending_ = false;
+  std::vector<uint32_t> dropped;
+  index_.Build(next_slot_, keys(), &dropped);
+  free_slots_.insert(free_slots_.end(), dropped.begin(), dropped.end());
 }
 
 float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {

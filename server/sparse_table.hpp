@@ -132,6 +132,12 @@ class SparseTable {
       }
     }
 
+    // The key of the row in the key's home bucket (what an insert compares first).
+    void PrefetchHomeKey(uint64_t key) const {
+      const uint32_t slot = index_.HomeSlot(key);
+      if (slot != SlotIndex::kAbsent) __builtin_prefetch(&KeyAt(slot));
+    }
+
     // Calls fn(j, key_of(j)) for j in [0, n), in order, prefetching the index and rows of the
     // keys ahead so that the cache misses of many keys overlap.
     template <typename KeyOf, typename Fn>
@@ -153,8 +159,9 @@ class SparseTable {
           [&](size_t j, uint64_t key) { fn(positions[j], key); });
     }
 
-    // Calls fn(key, row) for every row, in memory and (tiered) on disk; `row` is the clock
-    // word followed by the values and state (row_floats() + 1 floats).
+    // Calls fn(key, row) for every row, in memory (in slot order: the rows' memory front to
+    // back) and (tiered) on disk; `row` is the clock word followed by the values and state
+    // (row_floats() + 1 floats).
     // `fn` may return bool: false stops the walk.
     template <typename Fn>
     Status ForEachRow(Fn&& fn) const {
@@ -167,14 +174,20 @@ class SparseTable {
         }
       };
       std::vector<float> view(codec_.view_floats());
-      for (size_t b = 0; b < index_.buckets(); ++b) {
-        if (!index_.BucketFull(b)) continue;
-        const float* row = RowAt(index_.BucketSlot(b));
+      std::vector<bool> free(next_slot_, false);
+      for (uint32_t slot : free_slots_) free[slot] = true;
+      for (uint32_t slot = 0; slot < next_slot_; ++slot) {
+        if (free[slot]) continue;
+        const float* row = RowAt(slot);
+        if (slot % kRowsPerBlock == 0 && slot + kRowsPerBlock < next_slot_) {
+          // The next block's first lines, while this one is read.
+          __builtin_prefetch(RowAt(slot + kRowsPerBlock));
+        }
         if (!codec_.identity()) {
           codec_.Decode(row, view.data());
           row = view.data();
         }
-        if (!call(KeyAt(index_.BucketSlot(b)), row)) return Status::Ok();
+        if (!call(KeyAt(slot), row)) return Status::Ok();
       }
       if (!disk_ || disk_rows_ == 0) return Status::Ok();
       std::vector<float> stored(row_words_);
@@ -237,6 +250,14 @@ class SparseTable {
     }
     // Creates (or overwrites) `key`'s row from `row` as ForEachRow() gave it.
     void RestoreRow(uint64_t key, const float* row);
+    // A restore of many rows into an empty partition that is not tiered: each row is written
+    // to the next slot as it comes, and the index is built once, when they are all in
+    // (SlotIndex::Build). Until FinishRestoredRows() the partition finds none of them.
+    // Returns false (doing nothing) when the partition is not empty or is tiered: use
+    // RestoreRow() then.
+    bool AppendRestoredRow(uint64_t key, const float* row);
+    // Builds the index over the appended rows; a key appended twice keeps its later row.
+    void FinishRestoredRows();
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
     void Reserve(uint64_t rows) { index_.Reserve(rows, keys()); }
@@ -244,6 +265,9 @@ class SparseTable {
     uint32_t stored_floats() const { return codec_.view_floats(); }
     // 32-bit words a row takes in memory and on disk.
     uint32_t stored_words() const { return row_words_; }
+
+    // Index buckets probed by inserts so far (see SlotIndex::insert_probes()).
+    uint64_t index_insert_probes() const { return index_.insert_probes(); }
 
     uint64_t rows() const { return index_.size() + disk_rows_; }
     uint64_t memory_rows() const { return index_.size(); }
@@ -326,6 +350,7 @@ class SparseTable {
     std::vector<std::unique_ptr<uint64_t[]>> key_blocks_;  // their keys
     std::vector<uint32_t> free_slots_;
     uint32_t next_slot_ = 0;
+    bool appending_ = false;  // AppendRestoredRow() rows not yet in the index
     Counters counters_;
     // Sweep state: where the last sweep stopped, the clock histogram of the pass in progress,
     // and the clock below which the current pass evicts to honour max_rows.

@@ -128,6 +128,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
   shard_membership_version_.assign(shards_.size(), 0);
   push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(shards_.size(), false);
+  restoring_.assign(shards_.size(), ShardRestore{});
   push_index_.assign(shards_.size(), 0);
   last_push_count_.assign(shards_.size(), 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
@@ -1081,6 +1082,18 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     ShardRequest& r = *in_flight_.at(id);
     const std::string where = "shard " + std::to_string(r.shard) + " at " +
                               manifest_.cluster.servers[r.shard].ToString();
+    // A shard loading its checkpoint that keeps moving is waited for: asked again (which also
+    // tells whether it is done) without spending an attempt.
+    const bool restoring = RestoringWithProgress(r.shard, later);
+    if (restoring) {
+      r.deadline = later + std::min<std::chrono::milliseconds>(r.timeout, kRestoringPoll);
+      std::vector<zmq::message_t> frames;
+      for (auto& k : r.kept) frames.push_back(CopyMessage(k));
+      if (Status st = SendFrames(shards_[r.shard], frames); !st.ok()) {
+        FailRequest(r, st.WithContext(where));
+      }
+      continue;
+    }
     if (r.attempts >= r.max_attempts) {
       // Refused each time: it cannot pass (a tick whose push never reached the shard).
       FailRequest(r, r.refused.ok()
@@ -1117,6 +1130,24 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
                  h.status().ToString());
     return;
   }
+  if (h->restore_total > 0) {
+    // Loading its checkpoint: nothing of this reply is the shard's state yet.
+    NoteRestoring(shard, *h);
+    auto it = in_flight_.find(h->request_id);
+    if (it != in_flight_.end() && it->second->shard == shard) {
+      it->second->deadline = Clock::now() + std::min<std::chrono::milliseconds>(
+                                                it->second->timeout, kRestoringPoll);
+      it->second->refused = Status(h->status, h->message);
+    } else if (h->op == Op::Step) {
+      // A Step's parts are tracked by their own ids: each waits alike.
+      for (auto& [id, r] : in_flight_) {
+        if (r->shard != shard) continue;
+        r->deadline = std::min(r->deadline, Clock::now() + kRestoringPoll);
+      }
+    }
+    return;
+  }
+  restoring_[shard] = ShardRestore{};  // it answers from its state: restored, or restarted
   NoteEpoch(shard, *h);
   NoteMembership(shard, *h);
   if (h->op == Op::Step) {
@@ -1147,6 +1178,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     FailRequest(r, Status(h->status, h->message));
     return;
   }
+  // A restarted shard's answer to a pull, read before this worker's replay reached it: dropped;
+  // the replay sends the pull again after the pushes the shard lost.
+  if (replay_due_[shard] && (r.op == Op::PullSparse || r.op == Op::PullDense)) return;
   Pending& p = *pending_.at(r.ticket);
   // Swapped, not moved: the caller's vector takes the slot's empty buffer back for reuse.
   p.replies[shard].clear();
@@ -1196,7 +1230,10 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   // A duplicate too: its first acknowledgement was lost, and a restart before the next
   // checkpoint needs it replayed like any other.
   if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
-    push_log_.Add(shard, r.clock, h->server_epoch, h->checkpoint_count, std::move(r.kept));
+    // In every checkpoint begun after this reply (one written in the background now holds the
+    // state from before it).
+    push_log_.Add(shard, r.clock, h->server_epoch,
+                  std::max(h->checkpoint_count, h->checkpoints_begun), std::move(r.kept));
   }
   RetireRequest(it);
 }
@@ -1259,6 +1296,34 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   shard_epochs_[shard] = reply.server_epoch;
   // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
   push_log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
+}
+
+void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
+  ShardRestore& r = restoring_[shard];
+  const auto now = Clock::now();
+  const bool first = r.heard == Clock::time_point{} ||
+                     now - r.heard > std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  if (first || reply.restore_done > r.done || reply.restore_total != r.total) {
+    r.progressed = now;
+  }
+  r.done = reply.restore_done;
+  r.total = reply.restore_total;
+  r.rows = reply.restore_rows;
+  r.rows_total = reply.restore_rows_total;
+  r.heard = now;
+  if (now - r.logged >= std::chrono::seconds(5)) {
+    r.logged = now;
+    spdlog::info("worker {}: shard {} is loading its checkpoint: {:.0f}% ({} of {} rows); "
+                 "waiting for it",
+                 worker_id_, shard, 100.0 * r.done / std::max<uint64_t>(1, r.total), r.rows,
+                 r.rows_total ? std::to_string(r.rows_total) : std::string("?"));
+  }
+}
+
+bool PsClient::RestoringWithProgress(uint32_t shard, Clock::time_point now) const {
+  const ShardRestore& r = restoring_[shard];
+  const auto window = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  return r.heard != Clock::time_point{} && now - r.heard <= window && now - r.progressed <= window;
 }
 
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {

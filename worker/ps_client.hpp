@@ -389,6 +389,21 @@ class PsClient {
   std::vector<uint64_t> shard_epochs_;
   PushLog push_log_;
   std::vector<bool> replay_due_;
+  // Shards that answer that they are loading their checkpoint (restore_total in a reply): how
+  // far each said it was, when it last said so, and when its progress last moved. Requests to
+  // a shard that is restoring and has moved within cluster.request_timeout are resent without
+  // spending their attempts; one whose progress stopped is waited for no longer than any
+  // silent shard.
+  struct ShardRestore {
+    uint64_t done = 0, total = 0, rows = 0, rows_total = 0;
+    std::chrono::steady_clock::time_point heard{}, progressed{}, logged{};
+  };
+  std::vector<ShardRestore> restoring_;
+  void NoteRestoring(uint32_t shard, const Header& reply);
+  // Whether `shard` said it is restoring, and moved, within cluster.request_timeout.
+  bool RestoringWithProgress(uint32_t shard, std::chrono::steady_clock::time_point now) const;
+  // How often a restoring shard is asked again.
+  static constexpr std::chrono::milliseconds kRestoringPoll{1000};
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
   std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by

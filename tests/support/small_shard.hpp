@@ -57,8 +57,12 @@ class SmallShard {
  public:
   static constexpr uint32_t kShard = 0;
 
-  SmallShard() {
-    Result<Manifest> m = ParseManifest(kSmallShardManifest, "small_shard");
+  // The job of `manifest_text` (kSmallShardManifest unless given; another job's shard has the
+  // push record window a server has).
+  explicit SmallShard(const char* manifest_text = kSmallShardManifest)
+      : window_(manifest_text == kSmallShardManifest ? kSmallShardWindow
+                                                     : PushRecord::kDefaultWindowClocks) {
+    Result<Manifest> m = ParseManifest(manifest_text, "small_shard");
     if (!m.ok()) std::abort();
     manifest_ = std::move(*m);
     Reset();
@@ -82,7 +86,7 @@ class SmallShard {
     controller_.emplace(manifest_.training, manifest_.cluster.workers,
                         ConsistencyController::SteadyClock::time_point(),
                         manifest_.cluster.max_workers);
-    record_ = PushRecord(kSmallShardWindow);
+    record_ = PushRecord(window_);
     pending_.clear();
     membership_ = JobMembership(manifest_);
     state_.emplace(manifest_, kShard, sparse_, dense_, *controller_, record_, pending_,
@@ -107,6 +111,7 @@ class SmallShard {
   }
 
  private:
+  uint32_t window_;
   Manifest manifest_;
   std::vector<std::unique_ptr<SparseTable>> sparse_;
   std::vector<std::unique_ptr<DenseTable>> dense_;

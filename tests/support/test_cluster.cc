@@ -86,15 +86,16 @@ TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml
 bool TestCluster::Start() {
   servers_.resize(shards_);
   for (int r = 0; r < shards_; ++r) {
-    if (!Respawn(r)) return false;
+    if (!Respawn(r, faults_)) return false;
   }
   return true;
 }
 
-bool TestCluster::Respawn(int rank) {
-  auto p = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", manifest_path_, "--rank",
-                              std::to_string(rank)},
-                             dir_ + "/server" + std::to_string(rank) + ".log");
+bool TestCluster::Respawn(int rank, const std::string& faults) {
+  std::vector<std::string> argv = {PARASOL_BINARY, "server", "--manifest", manifest_path_,
+                                   "--rank", std::to_string(rank)};
+  if (!faults.empty()) argv.insert(argv.begin(), {"/usr/bin/env", "PARASOL_FAULTS=" + faults});
+  auto p = Subprocess::Spawn(argv, dir_ + "/server" + std::to_string(rank) + ".log");
   if (!p.ok()) {
     ADD_FAILURE() << p.status().ToString();
     return false;

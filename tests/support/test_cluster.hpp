@@ -41,7 +41,10 @@ class TestCluster {
   std::unique_ptr<PsClient> Connect(uint32_t worker);
 
   // Starts server `rank` again (after it died or was killed), appending to its log.
-  bool Respawn(int rank);
+  // `faults`: its PARASOL_FAULTS (common/fault_points.hpp), if any.
+  bool Respawn(int rank, const std::string& faults = "");
+  // PARASOL_FAULTS of every server that Start() starts.
+  void set_faults(std::string faults) { faults_ = std::move(faults); }
 
   // The server log of `rank` (stdout and stderr).
   std::string ServerLog(int rank) const;
@@ -52,6 +55,7 @@ class TestCluster {
   std::string manifest_path_;
   Manifest manifest_;
   std::vector<Subprocess> servers_;
+  std::string faults_;
 };
 
 // The newest clock any worker of the job has reached, from every shard's stats (-1: none yet,

@@ -1,0 +1,269 @@
+// Checkpoints written in the background, and shards that answer while they load one.
+//
+// A checkpoint holds the shard's state at the moment it was begun, bit for bit, while another
+// worker keeps changing the same rows and tensor as it is written (the writer is slowed by a
+// fault point so that the changes land during the write; the test checks that they did). A
+// worker waits through a slow restore, told of its progress, and goes on with no error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/transport.hpp"
+#include "common/wire.hpp"
+#include "server/checkpoint.hpp"
+#include "tests/support/small_shard.hpp"
+#include "tests/support/test_cluster.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::TestCluster;
+
+constexpr const char* kTables =
+    "  - name: emb\n    dim: 8\n    optimizer: {kind: adagrad, lr: 0.1}\n"
+    "  - name: w\n    kind: dense\n    shape: [3000]\n    optimizer: {kind: adam, lr: 0.01}\n";
+constexpr uint32_t kDim = 8;
+constexpr uint32_t kRowFloats = 2 * kDim;   // values, then adagrad's per-element state
+constexpr uint64_t kDense = 3000;
+constexpr uint32_t kDenseFloats = 1 + 3;    // value, then adam's m, v and step
+
+std::vector<uint64_t> Seeds() {
+  std::vector<uint64_t> seeds = {1, 2};
+  seeds.push_back(static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count() % 100000));
+  return seeds;
+}
+
+// A field of a shard's stats line, as text (an integer or true/false).
+std::string StatsField(const std::string& json, const std::string& name) {
+  const std::string key = "\"" + name + "\":";
+  const size_t at = json.find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = json.find_first_of(",}", at + key.size());
+  return json.substr(at + key.size(), end - at - key.size());
+}
+
+class BackgroundCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ckpt_ = testing::MakeTempDir(); }
+  void TearDown() override { testing::RemoveTree(ckpt_); }
+
+  std::string Extra() const {
+    return "checkpoint:\n  dir: " + ckpt_ + "\n  keep: 100\n";
+  }
+
+  static void PushRandom(PsClient& c, const std::vector<uint64_t>& keys, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+    std::vector<float> grads(keys.size() * kDim);
+    for (float& x : grads) x = g(rng);
+    ASSERT_TRUE(c.PushSparse(0, keys, grads).ok());
+    std::vector<float> dense(kDense);
+    for (float& x : dense) x = g(rng);
+    ASSERT_TRUE(c.PushDense(1, dense).ok());
+  }
+
+  std::string ckpt_;
+};
+
+TEST_F(BackgroundCheckpointTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChanging) {
+  TestCluster cluster(1, 2, kTables, Extra());
+  cluster.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
+  ASSERT_TRUE(cluster.Start());
+  auto a = cluster.Connect(0);
+  auto b = cluster.Connect(1);
+  auto observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(observer, nullptr);
+  const std::string manifest_text = testing::ReadFile(cluster.manifest_path());
+  uint64_t checkpoints = 0;
+  for (uint64_t seed : Seeds()) {
+    std::mt19937_64 rng(seed);
+    std::set<uint64_t> drawn;
+    const size_t n = 200 + rng() % 800;
+    while (drawn.size() < n) drawn.insert(rng() % 5000);
+    const std::vector<uint64_t> keys(drawn.begin(), drawn.end());
+    const int before = 1 + static_cast<int>(rng() % 4), during = 1 + static_cast<int>(rng() % 4);
+    std::printf("[ seed     ] %llu: %zu keys, %d pushes before the checkpoint, %d while it is "
+                "written\n",
+                (unsigned long long)seed, keys.size(), before, during);
+    for (int i = 0; i < before; ++i) PushRandom(*a, keys, rng);
+    // The state at the checkpoint's moment: rows and tensor with their optimizer state.
+    std::vector<float> rows(keys.size() * kRowFloats), dense(kDense * kDenseFloats);
+    auto t = a->PullSparseAsync(0, keys, rows.data(), /*with_state=*/true);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(a->Wait(*t).ok());
+    auto d = a->PullDenseAsync(1, dense.data(), /*with_state=*/true);
+    ASSERT_TRUE(d.ok());
+    ASSERT_TRUE(a->Wait(*d).ok());
+
+    Status written;
+    std::thread writer([&] { written = a->Checkpoint(); });  // answered once it is durable
+    // Worker 1 changes the same rows once the write has begun, and before it has ended.
+    bool began = false;
+    for (int i = 0; i < 400 && !began; ++i) {
+      auto s = observer->StatsOf(0);
+      ASSERT_TRUE(s.ok());
+      began = StatsField(*s, "checkpoint_writing") == "true";
+      if (!began) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(began) << "the checkpoint was never seen being written";
+    for (int i = 0; i < during; ++i) PushRandom(*b, keys, rng);
+    auto s = observer->StatsOf(0);
+    ASSERT_TRUE(s.ok());
+    const bool still = StatsField(*s, "checkpoint_writing") == "true";
+    writer.join();
+    ASSERT_TRUE(written.ok()) << written.ToString();
+    ASSERT_TRUE(still) << "worker 1's pushes did not all land while the checkpoint was written";
+    ++checkpoints;
+
+    // The newest file holds the state of the moment, not the later pushes.
+    const std::vector<std::string> files = ListCheckpoints(ckpt_, 0);
+    ASSERT_FALSE(files.empty());
+    testing::SmallShard loaded(manifest_text.c_str());
+    std::ifstream in(files[0], std::ios::binary);
+    CheckpointHeader h;
+    const Status st = loaded.state().Load(in, files[0], &h);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    SparseTable& table = loaded.sparse(0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const float* row = table.partition(EngineOfKey(keys[i], table.engines())).Find(keys[i]);
+      ASSERT_NE(row, nullptr) << "key " << keys[i];
+      ASSERT_EQ(std::memcmp(row, &rows[i * kRowFloats], kRowFloats * sizeof(float)), 0)
+          << "key " << keys[i] << " (seed " << seed << ")";
+    }
+    std::vector<float> saved(kDense * kDenseFloats);
+    loaded.dense(1).ReadWithState(0, kDense, saved.data());
+    ASSERT_EQ(std::memcmp(saved.data(), dense.data(), saved.size() * sizeof(float)), 0)
+        << "seed " << seed;
+  }
+  auto stats = observer->StatsOf(0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(std::stoull(StatsField(*stats, "checkpoints")), checkpoints) << *stats;
+  EXPECT_NE(cluster.ServerLog(0).find("in the background"), std::string::npos);
+}
+
+TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) {
+  // Requests are resent after 1 s, once: a shard silent for 2 s fails them. The shard is
+  // killed and started again with a slow restore (each block of its checkpoint waits 500 ms);
+  // it answers meanwhile with its progress, and the worker, connected all along, waits, then
+  // replays what the checkpoint missed.
+  TestCluster cluster(1, 1, kTables,
+                      Extra() + "cluster:\n  request_timeout: 1s\n  request_retries: 1\n");
+  ASSERT_TRUE(cluster.Start());
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys(2000);
+  for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919;
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  PushRandom(*c, keys, rng);
+  ASSERT_TRUE(c->Checkpoint().ok());
+  PushRandom(*c, keys, rng);  // after the checkpoint: replayed by the worker
+  std::vector<float> saved(keys.size() * kDim);
+  ASSERT_TRUE(c->PullSparse(0, keys, saved.data()).ok());
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> got(keys.size() * kDim);
+  const Status pulled = c->PullSparse(0, keys, got.data());
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(got, saved);  // the checkpoint, and the replay of what came after it
+  // Longer than a silent shard is waited for: the progress kept the worker waiting.
+  EXPECT_GT(waited, 2.5) << "the restore was not slow: nothing was tested";
+  const std::string log = cluster.ServerLog(0);
+  EXPECT_NE(log.find("fault injected at shard.restore"), std::string::npos) << log;
+  EXPECT_NE(log.find("restored"), std::string::npos) << log;
+}
+
+// A plain DEALER socket speaking raw frames to one shard.
+class RawPeer {
+ public:
+  explicit RawPeer(const ServerAddress& a) : socket_(context_, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(TcpEndpoint(a.host, a.port));
+  }
+  // The reply to `op`, or a failed Result after 10 s.
+  Result<Header> Call(Op op, uint64_t id) {
+    Header h;
+    h.op = op;
+    h.worker_id = PsClient::kObserver;
+    h.request_id = id;
+    std::vector<zmq::message_t> frames;
+    frames.push_back(EncodeHeader(h));
+    PARASOL_RETURN_IF_ERROR(SendFrames(socket_, frames));
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(10000));
+    if (!(item.revents & ZMQ_POLLIN)) return Timeout("no reply within 10 s");
+    auto got = RecvFrames(socket_, true);
+    if (!got.ok() || !got->has_value()) return Internal("receive failed");
+    return DecodeHeader((**got)[0].data(), (**got)[0].size());
+  }
+
+ private:
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+TEST_F(BackgroundCheckpointTest, ARestoringShardAnswersHelloAndStatsWithItsProgress) {
+  TestCluster cluster(1, 1, kTables, Extra());
+  ASSERT_TRUE(cluster.Start());
+  {
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    std::mt19937_64 rng(3);
+    std::vector<uint64_t> keys(500);
+    for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i;
+    PushRandom(*c, keys, rng);
+    ASSERT_TRUE(c->Checkpoint().ok());
+  }
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  // The first answer may come before it has begun: asked until it says it is loading.
+  Result<Header> hello = Timeout("not asked");
+  for (uint64_t i = 1; i <= 50; ++i) {
+    hello = peer.Call(Op::Hello, i);
+    ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+    if (hello->restore_total > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(hello->restore_total, 0u);
+  EXPECT_EQ(hello->status, StatusCode::kUnavailable);
+  EXPECT_NE(hello->message.find("loading its checkpoint"), std::string::npos) << hello->message;
+  EXPECT_EQ(hello->server_epoch, 0u);  // no process to compare yet
+  Result<Header> first = peer.Call(Op::Stats, 100);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->status, StatusCode::kOk);
+  EXPECT_EQ(StatsField(first->message, "restoring"), "true") << first->message;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // two blocks or more
+  Result<Header> later = peer.Call(Op::Stats, 101);
+  ASSERT_TRUE(later.ok());
+  const std::string done = StatsField(later->message, "restore_bytes_done");
+  ASSERT_FALSE(done.empty()) << later->message;
+  EXPECT_GT(std::stoull(done), std::stoull(StatsField(first->message, "restore_bytes_done")))
+      << first->message << " then " << later->message;
+  EXPECT_EQ(StatsField(later->message, "restore_bytes_total"),
+            StatsField(first->message, "restore_bytes_total"));
+  // Once loaded, it answers as itself.
+  auto observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_NE(observer, nullptr);
+  auto stats = observer->StatsOf(0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(StatsField(*stats, "restoring"), "");
+  EXPECT_EQ(StatsField(*stats, "shard"), "0");
+}
+
+}  // namespace
+}  // namespace parasol
