@@ -1,3 +1,5 @@
+#include <signal.h>
+
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.hpp"
@@ -19,6 +21,9 @@ int RunServer(const std::string& manifest_path, uint32_t rank) {
                   manifest->cluster.servers.size());
     return 2;
   }
+  // Background checkpoints are child processes this one waits for: an inherited SIGCHLD
+  // disposition of "ignore" would reap them before it could.
+  ::signal(SIGCHLD, SIG_DFL);
   ShardServer server(*manifest, rank);
   // Bound first: while it loads its checkpoint (in Serve()), the shard answers every request
   // with how far it is, so that workers wait for it instead of counting it silent.

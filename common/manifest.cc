@@ -594,6 +594,7 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_reque
   PARASOL_RETURN_IF_ERROR(r.Unsigned("keep", 1, 1000, &c->keep));
   PARASOL_RETURN_IF_ERROR(r.Bool("restore", &c->restore));
   PARASOL_RETURN_IF_ERROR(r.Bool("background", &c->background));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("full_every", 1, 1000000, &c->full_every));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
   if (!c->dir.empty() && c->max_log_bytes / 2 < max_request_bytes) {
     return r.ErrorAt(root.Child("checkpoint"), "checkpoint.max_log_bytes",

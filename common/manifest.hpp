@@ -190,6 +190,9 @@ struct CheckpointOptions {
   // on serving (false: on the request thread, which stops serving meanwhile). Shards with a
   // tiered table always write in the foreground.
   bool background = true;
+  // Every full_every-th checkpoint is full; those between are deltas: the rows updated or
+  // removed since the checkpoint before, and the whole of everything else (1: all full).
+  uint32_t full_every = 1;
   // A worker's push log (what it must replay to a restarted shard) stays below this: a shard
   // also checkpoints whenever one worker has pushed max_log_bytes / (2 x shards) bytes to it
   // since its last checkpoint.

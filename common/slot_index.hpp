@@ -114,77 +114,74 @@ class SlotIndex {
   }
 
   // Fills this empty index with slots [0, n) at once, placing them in the order of their home
-  // buckets (a radix sort of (key, slot, bucket) records, then one walk of the buckets front to
-  // back), so that every memory access is sequential: what a restore of millions of rows does
-  // instead of inserting them one by one (a random access per row, and another per occupied
-  // bucket it compares). A key in two slots keeps the higher one; the others are appended to
-  // *dropped. Counts insert_probes() as inserts one by one would (a row's distance from its
-  // home bucket, plus one). Uses 32 bytes of scratch per slot while it runs.
-  // REQUIRES: size() == 0; n < kAbsent.
+  // buckets (a radix sort of (bucket, slot) pairs, then one walk of the buckets front to back),
+  // so that every memory access but a duplicate check is sequential: what a restore of millions
+  // of rows does instead of inserting them one by one (a random access per row, and another per
+  // occupied bucket it compares). A key in two slots keeps the higher one; the others are
+  // appended to *dropped. Counts insert_probes() as inserts one by one would (a row's distance
+  // from its home bucket, plus one). Uses 16 bytes of scratch per slot while it runs.
+  // REQUIRES: size() == 0; n < kAbsent; at most 2^32 buckets.
   template <typename KeyOf>
   void Build(uint32_t n, KeyOf&& key_of, std::vector<uint32_t>* dropped) {
     if (slots_.size() * 7 < size_t{n} * 10) Reset(n);
-    struct Record {
-      uint64_t key;
-      uint32_t slot;
-      uint32_t bucket;
-    };
-    std::vector<Record> records(n), sorted(n);
+    // (home bucket << 32 | slot): sorted by bucket, a bucket's slots in order.
+    std::vector<uint64_t> records(n), sorted(n);
     for (uint32_t s = 0; s < n; ++s) {
-      const uint64_t key = key_of(s);
-      records[s] = Record{key, s, static_cast<uint32_t>(Bucket(key))};
+      records[s] = (static_cast<uint64_t>(Bucket(key_of(s))) << 32) | s;
     }
     // LSD radix sort on the bucket, 11 bits a pass; stable, so a bucket's slots stay in order.
     const uint32_t bits = static_cast<uint32_t>(std::countr_zero(slots_.size()));
-    for (uint32_t shift = 0; shift < bits; shift += 11) {
+    for (uint32_t shift = 32; shift < 32 + bits; shift += 11) {
       std::vector<uint32_t> count(2049, 0);
-      for (const Record& r : records) ++count[((r.bucket >> shift) & 2047) + 1];
+      for (uint64_t r : records) ++count[((r >> shift) & 2047) + 1];
       for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
-      for (const Record& r : records) sorted[count[(r.bucket >> shift) & 2047]++] = r;
+      for (uint64_t r : records) sorted[count[(r >> shift) & 2047]++] = r;
       records.swap(sorted);
     }
-    std::vector<Record>().swap(sorted);
-    std::vector<uint32_t> wrapped;  // records (by index) whose run passes the last bucket
+    std::vector<uint64_t>().swap(sorted);
+    std::vector<uint32_t> wrapped;  // slots whose run passes the last bucket
     size_t pos = 0, run_start = 0;
     uint64_t run_bucket = ~uint64_t{0};
     for (uint32_t i = 0; i < n; ++i) {
-      const Record& r = records[i];
-      if (r.bucket != run_bucket) {
-        run_bucket = r.bucket;
-        run_start = std::max<size_t>(pos, r.bucket);
+      const uint64_t bucket = records[i] >> 32;
+      const uint32_t slot = static_cast<uint32_t>(records[i]);
+      if (bucket != run_bucket) {
+        run_bucket = bucket;
+        run_start = std::max<size_t>(pos, bucket);
       }
-      // The run of this home bucket so far: a key already in it is a duplicate.
+      // The run of this home bucket so far: a key already in it is a duplicate (the only
+      // random reads, for buckets that are home to two keys or more).
       bool duplicate = false;
-      for (size_t p = run_start; p < pos && p < slots_.size(); ++p) {
-        if (records[run_index_[p - run_start]].key == r.key) {
-          dropped->push_back(slots_[p]);  // the lower slot: records of a bucket are in order
-          slots_[p] = r.slot;
-          run_index_[p - run_start] = i;
-          duplicate = true;
-          break;
+      if (pos > run_start) {
+        const uint64_t key = key_of(slot);
+        for (size_t p = run_start; p < pos && p < slots_.size(); ++p) {
+          if (key_of(slots_[p]) == key) {
+            dropped->push_back(slots_[p]);  // the lower slot: a bucket's slots are in order
+            slots_[p] = slot;
+            duplicate = true;
+            break;
+          }
         }
       }
       if (duplicate) continue;
-      pos = std::max<size_t>(pos, r.bucket);
+      pos = std::max<size_t>(pos, bucket);
       if (pos >= slots_.size()) {
-        wrapped.push_back(i);
+        wrapped.push_back(slot);
         continue;
       }
-      if (pos - run_start >= run_index_.size()) run_index_.resize(pos - run_start + 1);
-      run_index_[pos - run_start] = i;
-      slots_[pos] = r.slot;
-      insert_probes_ += pos - r.bucket + 1;
+      slots_[pos] = slot;
+      insert_probes_ += pos - bucket + 1;
       ++size_;
       ++pos;
     }
-    std::vector<uint32_t>().swap(run_index_);
     // The few past the end go on from the first bucket, inserted one by one.
-    for (uint32_t i : wrapped) {
+    for (uint32_t slot : wrapped) {
       bool inserted = false;
-      const uint32_t had = FindOrInsert(records[i].key, records[i].slot, key_of, &inserted);
+      const uint64_t key = key_of(slot);
+      const uint32_t had = FindOrInsert(key, slot, key_of, &inserted);
       if (!inserted) {
-        dropped->push_back(std::min(had, records[i].slot));
-        if (had < records[i].slot) Replace(records[i].key, records[i].slot, key_of);
+        dropped->push_back(std::min(had, slot));
+        if (had < slot) Replace(key, slot, key_of);
       }
     }
   }
@@ -237,7 +234,6 @@ class SlotIndex {
   }
 
   std::vector<uint32_t> slots_;
-  std::vector<uint32_t> run_index_;  // Build(): the records of the current home bucket's run
   size_t mask_ = 0;
   size_t size_ = 0;
   uint64_t seed_ = 0;

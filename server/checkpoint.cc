@@ -127,7 +127,7 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
   h.fingerprint = header.fingerprint;
   h.clock = header.clock;
   h.sequence = header.sequence;
-  h.flags = header.final ? 1u : 0u;
+  h.flags = (header.final ? 1u : 0u) | (header.delta ? 2u : 0u);
   // The block count is known at the end: the header is written again then.
   Status st = WriteAll(fd, &h, sizeof(h), tmp);
   uint64_t all = 0, count = 0;
@@ -191,11 +191,12 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
   if (h.checksum != Checksum64(&h, offsetof(RawHeader, checksum))) {
     return damaged("header checksum", offsetof(RawHeader, checksum));
   }
-  if (h.version != kCheckpointVersion) {
+  if (h.version < kOldestCheckpointVersion || h.version > kCheckpointVersion) {
     return Status(StatusCode::kVersionMismatch,
                   "checkpoint '" + name + "' is format version " + std::to_string(h.version) +
-                      "; this build reads version " + std::to_string(kCheckpointVersion) +
-                      " only (at byte " + std::to_string(offsetof(RawHeader, version)) + ")");
+                      "; this build reads versions " + std::to_string(kOldestCheckpointVersion) +
+                      " to " + std::to_string(kCheckpointVersion) + " only (at byte " +
+                      std::to_string(offsetof(RawHeader, version)) + ")");
   }
   header->shard = h.shard;
   header->shards = h.shards;
@@ -203,6 +204,7 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
   header->clock = h.clock;
   header->sequence = h.sequence;
   header->final = (h.flags & 1u) != 0;
+  header->delta = (h.flags & 2u) != 0;
   if (c.left() < sizeof(RawFooter) ||
       h.blocks > (c.left() - sizeof(RawFooter)) / sizeof(RawBlock)) {
     return damaged(
@@ -290,11 +292,82 @@ std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard)
   return out;
 }
 
+namespace {
+
+// The sequence in a checkpoint file's name (0: not one).
+uint64_t SequenceOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string name = path.substr(slash == std::string::npos ? 0 : slash + 1);
+  if (name.rfind("ckpt-", 0) != 0) return 0;
+  return std::strtoull(name.c_str() + 5, nullptr, 10);
+}
+
+}  // namespace
+
+Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
+  RawHeader h{};
+  if (!in.read(reinterpret_cast<char*>(&h), sizeof(h))) {
+    return IoError("checkpoint '" + path + "' is damaged: the file ends inside the header");
+  }
+  if (std::memcmp(h.magic, kMagic, 8) != 0 ||
+      h.checksum != Checksum64(&h, offsetof(RawHeader, checksum))) {
+    return IoError("checkpoint '" + path + "' is damaged: its header does not verify");
+  }
+  if (h.version < kOldestCheckpointVersion || h.version > kCheckpointVersion) {
+    return Status(StatusCode::kVersionMismatch,
+                  "checkpoint '" + path + "' is format version " + std::to_string(h.version));
+  }
+  CheckpointHeader out;
+  out.shard = h.shard;
+  out.shards = h.shards;
+  out.fingerprint = h.fingerprint;
+  out.clock = h.clock;
+  out.sequence = h.sequence;
+  out.final = (h.flags & 1u) != 0;
+  out.delta = (h.flags & 2u) != 0;
+  return out;
+}
+
+Result<std::vector<std::string>> CheckpointChain(const std::string& dir, uint32_t shard,
+                                                 uint64_t sequence) {
+  std::vector<std::string> chain;
+  for (uint64_t s = sequence; s > 0; --s) {
+    const std::string path = CheckpointPath(dir, shard, s);
+    Result<CheckpointHeader> h = ReadCheckpointHeader(path);
+    if (!h.ok()) {
+      return Status(h.status().code(),
+                    (s == sequence ? std::string() : "checkpoint " + std::to_string(sequence) +
+                                                         " builds on " + std::to_string(s) + ": ") +
+                        h.status().message());
+    }
+    if (h->sequence != s) {
+      return IoError("checkpoint '" + path + "' says it is sequence " +
+                     std::to_string(h->sequence));
+    }
+    chain.push_back(path);
+    if (!h->delta) {
+      std::reverse(chain.begin(), chain.end());
+      return chain;
+    }
+  }
+  return NotFound("checkpoint " + std::to_string(sequence) + " of shard " +
+                  std::to_string(shard) + " is a delta with no full checkpoint before it");
+}
+
 void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep) {
   const std::vector<std::string> all = ListCheckpoints(dir, shard);
-  for (size_t i = keep; i < all.size(); ++i) {
+  if (all.size() <= keep || keep == 0) return;
+  // The oldest kept checkpoint, and the full one its chain starts from: nothing from there on
+  // goes (a chain that cannot be read is no checkpoint: then only the newest `keep` stay).
+  uint64_t first_kept = SequenceOf(all[keep - 1]);
+  Result<std::vector<std::string>> chain = CheckpointChain(dir, shard, first_kept);
+  if (chain.ok()) first_kept = SequenceOf(chain->front());
+  for (const std::string& path : all) {
+    if (SequenceOf(path) >= first_kept) continue;
     std::error_code ec;
-    std::filesystem::remove(all[i], ec);
+    std::filesystem::remove(path, ec);
   }
 }
 

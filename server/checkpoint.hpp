@@ -1,7 +1,8 @@
 // Checkpoint files of one shard: its tables with their optimizer state, and its clocks.
 //
 // Layout (little-endian):
-//   header   magic "PSOLCKPT", u32 version, u32 shard, u32 shards, u32 flags (bit 0: final),
+//   header   magic "PSOLCKPT", u32 version, u32 shard, u32 shards, u32 flags (bit 0: final,
+//            bit 1: a delta, holding only what changed since the checkpoint before it),
 //            u64 manifest fingerprint, i64 clock, u64 sequence, u64 blocks, u64 checksum
 //   blocks   each: u32 kind, u32 table, u64 count, u64 bytes, u64 payload checksum,
 //            u64 header checksum (of the 32 bytes before it, seeded with the block's index),
@@ -25,7 +26,8 @@
 // them (their resends after a restart were answered as duplicates). Files of other versions are
 // refused (kVersionMismatch). Version 4 changed the push record: pushes are identified by
 // (worker, clock, index within the clock), so a restarted worker's recomputed step is
-// recognised (server/push_record.hpp).
+// recognised (server/push_record.hpp). Version 5 added deltas (flag bit 1, and the block kinds
+// ShardState names for them); a version 4 file reads as a full checkpoint of version 5.
 #pragma once
 
 #include <cstddef>
@@ -39,7 +41,8 @@
 
 namespace parasol {
 
-inline constexpr uint32_t kCheckpointVersion = 4;
+inline constexpr uint32_t kCheckpointVersion = 5;
+inline constexpr uint32_t kOldestCheckpointVersion = 4;  // the oldest this build reads
 // Sizes of the file header and of a block header, in bytes (see the layout above).
 inline constexpr size_t kCheckpointHeaderBytes = 64;
 inline constexpr size_t kCheckpointBlockHeaderBytes = 40;
@@ -69,6 +72,9 @@ struct CheckpointHeader {
   // Written as the shard stopped cleanly: nothing was applied after it, so no worker has
   // anything to replay to a shard that starts from it.
   bool final = false;
+  // Holds only what changed since checkpoint sequence - 1 (which it is applied onto): the rows
+  // updated or removed since, and the whole of everything else.
+  bool delta = false;
 };
 
 // Refuses a block before its payload is read (say, a size that does not match its table).
@@ -104,9 +110,17 @@ Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
 
 // The checkpoints of shard `shard` under `dir` (dir/shard-N/ckpt-SEQUENCE.bin), newest first.
 std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard);
+// The header of the checkpoint at `path` (checked: magic, checksum, version).
+Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path);
+// The files checkpoint `sequence` of the shard is made of, oldest first: the full checkpoint it
+// builds on, then each delta after it up to `sequence` (just the file itself when it is full).
+// Fails naming the first that is missing or unreadable.
+Result<std::vector<std::string>> CheckpointChain(const std::string& dir, uint32_t shard,
+                                                 uint64_t sequence);
 // dir/shard-N/ckpt-SEQUENCE.bin
 std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequence);
-// Removes all but the newest `keep` checkpoints of the shard.
+// Removes all but the newest `keep` checkpoints of the shard and the files they build on (a
+// delta's full checkpoint and the deltas between them): a chain is never broken.
 void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep);
 
 }  // namespace parasol

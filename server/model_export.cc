@@ -29,8 +29,9 @@ std::string CheckpointOf(const std::string& dir, uint32_t shard, uint64_t sequen
   return all.empty() ? "" : all[0];
 }
 
-Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::string& path) {
-  ShardWeights w;
+// Reads one file of a shard's checkpoint into `w` (a delta onto what `w` holds).
+Status ReadShardFile(const Manifest& m, uint32_t shard, const std::string& path,
+                     ShardWeights& w) {
   CheckpointHeader h;
   const uint32_t shards = static_cast<uint32_t>(m.cluster.servers.size());
   auto ours = [&]() -> Status {
@@ -45,7 +46,14 @@ Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::str
     return CheckBlockHeader(m, shard, b);
   };
   PARASOL_RETURN_IF_ERROR(ReadCheckpointFile(path, &h, [&](const CheckpointBlock& b) -> Status {
-    if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRows)) {
+    if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kRemovedRows)) {
+      auto& rows = w.sparse[b.table];
+      for (uint64_t i = 0; i < b.count; ++i) {
+        uint64_t key;
+        std::memcpy(&key, b.bytes.data() + 8 * i, 8);
+        rows.erase(key);
+      }
+    } else if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRows)) {
       const TableOptions& t = m.tables[b.table];
       const size_t floats = 1 + t.dim + SparseStateFloats(t.optimizer, t.dim);
       auto& rows = w.sparse[b.table];
@@ -76,7 +84,17 @@ Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::str
     }
     return Status::Ok();
   }, check));
-  PARASOL_RETURN_IF_ERROR(ours());
+  return ours();
+}
+
+// A shard's checkpoint at `path`: its full checkpoint, then each delta up to it.
+Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::string& dir,
+                               const std::string& path) {
+  PARASOL_ASSIGN_OR_RETURN(CheckpointHeader h, ReadCheckpointHeader(path));
+  PARASOL_ASSIGN_OR_RETURN(std::vector<std::string> chain,
+                           CheckpointChain(dir, shard, h.sequence));
+  ShardWeights w;
+  for (const std::string& file : chain) PARASOL_RETURN_IF_ERROR(ReadShardFile(m, shard, file, w));
   return w;
 }
 
@@ -88,7 +106,7 @@ Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t
   for (uint32_t s = 0; s < shards; ++s) {
     const std::string path = CheckpointOf(dir, s, sequence);
     if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
-    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, path));
+    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, dir, path));
     for (auto& [t, rows] : w.sparse) {
       all.sparse[t].merge(rows);
       // What merge() left behind was in an earlier shard's checkpoint too: a key has one shard.

@@ -1,6 +1,7 @@
 // The checkpoint side of ShardServer: writing its tables, clocks, push record and pending BSP
 // sums, and loading them back.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -36,13 +37,14 @@ CheckpointHeader ShardServer::NextCheckpointHeader(bool final) const {
   h.clock = min_clock != std::numeric_limits<int64_t>::max() ? min_clock : controller_.MaxClock();
   // The count in replies moves on only once the file is in place: workers drop from their
   // logs what a checkpoint holds, so a failed one must not look written.
-  h.sequence = checkpoint_sequence_ + 1;
+  // Never a number used before: pushes acknowledged after a failed attempt said its number.
+  h.sequence = std::max(checkpoints_begun_, checkpoint_sequence_) + 1;
   h.final = final;
   return h;
 }
 
 Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& h,
-                               uint64_t* bytes) {
+                               const DeltaSpec* delta, uint64_t* bytes) {
   std::function<bool(uint64_t)> keeps;
   if (!membership_.server_changes().empty() || staged_rows_) {
     keeps = [this](uint64_t key) { return KeepsKey(key); };
@@ -52,19 +54,31 @@ Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& 
   // Streamed: each block is written as the state produces it (a tiered table's rows need not
   // fit in memory).
   return WriteCheckpointFile(path, h, [&](const CheckpointBlockSink& sink) {
-    return state.Save([&](const CheckpointBlock& b) {
-      *bytes += b.bytes.size();
-      return sink(b);
-    });
+    return state.Save(
+        [&](const CheckpointBlock& b) {
+          *bytes += b.bytes.size();
+          return sink(b);
+        },
+        ShardState::kRowBlockBytes, delta);
   });
 }
 
 void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                                     const std::string& reason, uint64_t stamp,
                                     const std::vector<uint64_t>& pushed_at_start, double seconds,
-                                    double pause_ms, uint64_t bytes) {
+                                    double pause_ms, uint64_t bytes, uint32_t begun_clock) {
   const CheckpointOptions& c = manifest_.checkpoint;
   checkpoint_sequence_ = h.sequence;
+  // The next delta holds the rows updated since this one's state was taken.
+  if (!h.delta) chain_base_ = h.sequence;
+  chain_since_clock_ = begun_clock;
+  force_full_ = false;
+  if (h.delta) {
+    ++counters_.delta_checkpoints;
+    counters_.delta_bytes_last = bytes;
+  } else {
+    counters_.full_bytes_last = bytes;
+  }
   checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
   checkpoint_owed_ = false;
   PruneCheckpoints(c.dir, rank_, c.keep);
@@ -73,14 +87,42 @@ void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string
   counters_.checkpoint_seconds_last = seconds;
   last_checkpoint_ = std::chrono::steady_clock::now();
   saved_stamp_ = stamp;
+  // A request for a checkpoint of this state is answered at once from now on.
+  requested_checkpoint_stamp_ = stamp;
   // What a worker pushed after the state was taken is not in this checkpoint.
   for (size_t w = 0; w < pushed_since_checkpoint_.size() && w < pushed_at_start.size(); ++w) {
     pushed_since_checkpoint_[w] -= std::min(pushed_since_checkpoint_[w], pushed_at_start[w]);
   }
   checkpoint_clock_ = h.clock;
-  spdlog::info("shard {}: checkpoint {} ({}) at clock {}: {:.1f} MB in {:.3f} s, serving "
+  spdlog::info("shard {}: {} {} ({}) at clock {}: {:.1f} MB in {:.3f} s, serving "
                "stopped for {:.1f} ms",
-               rank_, path, reason, h.clock, bytes / 1e6, seconds, pause_ms);
+               rank_, h.delta ? "delta checkpoint" : "checkpoint", path, reason, h.clock,
+               bytes / 1e6, seconds, pause_ms);
+}
+
+std::optional<DeltaSpec> ShardServer::NextDelta(uint64_t sequence) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  // What was removed since the last checkpoint began: taken whatever this one is (a full one
+  // holds no removed rows; the record starts again at its moment).
+  std::vector<std::vector<uint64_t>> removed(sparse_.size());
+  uint64_t removed_total = 0, rows = 0;
+  for (uint32_t t = 0; t < sparse_.size(); ++t) {
+    if (!sparse_[t]) continue;
+    rows += sparse_[t]->TotalRows();
+    for (uint32_t e = 0; e < sparse_[t]->engines(); ++e) {
+      std::vector<uint64_t> keys = sparse_[t]->partition(e).TakeRemoved();
+      removed_total += keys.size();
+      removed[t].insert(removed[t].end(), keys.begin(), keys.end());
+    }
+  }
+  // Rows that move between shards keep the clocks of the shard they came from: a change of
+  // the shard count starts a new chain.
+  const bool moving = !membership_.server_changes().empty() || staged_rows_;
+  if (c.full_every <= 1 || force_full_ || chain_base_ == 0 || checkpoint_sequence_ == 0 ||
+      sequence - chain_base_ >= c.full_every || moving || removed_total > rows / 2 + (1 << 20)) {
+    return std::nullopt;
+  }
+  return DeltaSpec{chain_base_, checkpoint_sequence_, chain_since_clock_, std::move(removed)};
 }
 
 Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
@@ -90,20 +132,24 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   WaitForBackgroundCheckpoint();
   FinishDeferredApply();  // a checkpoint holds whole clocks
   const auto start = std::chrono::steady_clock::now();
-  const CheckpointHeader h = NextCheckpointHeader(final);
+  CheckpointHeader h = NextCheckpointHeader(final);
+  const std::optional<DeltaSpec> delta = NextDelta(h.sequence);
+  h.delta = delta.has_value();
+  const uint32_t begun_clock = ShardClock();
   checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
   const std::string path = CheckpointPath(c.dir, rank_, h.sequence);
   uint64_t bytes = 0;
-  const Status st = WriteState(path, h, &bytes);
+  const Status st = WriteState(path, h, delta ? &*delta : nullptr, &bytes);
   if (!st.ok()) {
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    force_full_ = true;       // the rows it removed are recorded nowhere else
     last_checkpoint_failure_ = std::chrono::steady_clock::now();
     return st;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CheckpointWritten(h, path, reason, StateStamp(), pushed_since_checkpoint_, seconds,
-                    seconds * 1e3, bytes);
+                    seconds * 1e3, bytes, begun_clock);
   return Status::Ok();
 }
 
@@ -128,6 +174,9 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   const auto start = std::chrono::steady_clock::now();
   BackgroundCheckpoint bg;
   bg.header = NextCheckpointHeader(/*final=*/false);
+  const std::optional<DeltaSpec> delta = NextDelta(bg.header.sequence);
+  bg.header.delta = delta.has_value();
+  bg.begun_clock = ShardClock();
   bg.path = CheckpointPath(c.dir, rank_, bg.header.sequence);
   bg.reason = reason;
   bg.stamp = StateStamp();
@@ -135,8 +184,11 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.start = start;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return IoError(std::string("cannot make a pipe for a background checkpoint: ") +
-                   std::strerror(errno));
+    force_full_ = true;
+    spdlog::warn("shard {}: cannot make a pipe for a background checkpoint ({}); writing it "
+                 "in the foreground",
+                 rank_, std::strerror(errno));
+    return SaveCheckpoint(reason);
   }
   const pid_t parent = ::getpid();
   // The child is a copy of this process as it is now (its pages are shared copy-on-write):
@@ -148,7 +200,11 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     const int err = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return IoError(std::string("cannot fork a background checkpoint: ") + std::strerror(err));
+    force_full_ = true;  // the rows removed since the last one were taken for it
+    spdlog::warn("shard {}: cannot fork a background checkpoint ({}); writing it in the "
+                 "foreground",
+                 rank_, std::strerror(err));
+    return SaveCheckpoint(reason);
   }
   if (pid == 0) {
     ::close(fds[0]);
@@ -156,12 +212,30 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     // has started would be taken for one of its own.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(3);
+    // Nothing of the shard's but the pipe: its sockets stay with it (a shard restarted after
+    // its death binds them at once).
+    ::close_range(3, static_cast<unsigned>(fds[1]) - 1, 0);
+    ::close_range(static_cast<unsigned>(fds[1]) + 1, ~0u, 0);
+    // Should memory run short (pages copied as the shard writes them), this copy goes first.
+    if (const int adj = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
+      (void)!::write(adj, "1000", 4);
+      ::close(adj);
+    }
     FaultPoints::Get().set_kill_also(parent);
-    uint64_t bytes = 0;
-    const Status st = WriteState(bg.path, bg.header, &bytes);
-    const std::string said = st.ok() ? std::to_string(bytes) : "!" + st.ToString();
+    std::string said;
+    bool ok = false;
+    try {
+      uint64_t bytes = 0;
+      const Status st = WriteState(bg.path, bg.header, delta ? &*delta : nullptr, &bytes);
+      ok = st.ok();
+      said = ok ? std::to_string(bytes) : "!" + st.ToString();
+    } catch (const std::exception& e) {
+      said = std::string("!") + e.what();
+    } catch (...) {
+      said = "!an exception";
+    }
     (void)!::write(fds[1], said.data(), said.size());
-    ::_exit(st.ok() ? 0 : 1);
+    ::_exit(ok ? 0 : 1);
   }
   ::close(fds[1]);
   bg.pid = pid;
@@ -181,6 +255,11 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
     done = ::waitpid(background_->pid, &status, wait ? 0 : WNOHANG);
   } while (done < 0 && errno == EINTR);
   if (done == 0) return;  // still writing
+  if (done < 0 && !wait) {
+    // Not waitable (SIGCHLD ignored): done once its end of the pipe is closed.
+    pollfd p{background_->result_fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 0) return;
+  }
   BackgroundCheckpoint bg = std::move(*background_);
   background_.reset();
   std::string said;
@@ -191,7 +270,11 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - bg.start).count();
   Status st;
   if (done < 0) {
-    st = Internal("lost the background checkpoint's process: " + std::string(std::strerror(errno)));
+    // Not waitable (SIGCHLD ignored): the child's own word says how it went.
+    if (said.empty() || said[0] == '!') {
+      st = IoError("the background checkpoint " + bg.path + " failed: " +
+                   (said.size() > 1 ? said.substr(1) : "its process left no word"));
+    }
   } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || said.empty() || said[0] == '!') {
     st = IoError(
         "the background checkpoint " + bg.path + " failed: " +
@@ -203,11 +286,14 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
   }
   if (st.ok()) {
     CheckpointWritten(bg.header, bg.path, bg.reason + ", in the background", bg.stamp,
-                      bg.pushed_at_start, seconds, bg.pause_ms, std::strtoull(said.c_str(), nullptr, 10));
+                      bg.pushed_at_start, seconds, bg.pause_ms,
+                      std::strtoull(said.c_str(), nullptr, 10), bg.begun_clock);
   } else {
     std::error_code ec;
     std::filesystem::remove(bg.path + ".tmp", ec);
+    requested_checkpoint_stamp_ = ~uint64_t{0};  // a request asked again writes again
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    force_full_ = true;       // the rows it removed are recorded nowhere else
     last_checkpoint_failure_ = std::chrono::steady_clock::now();
     spdlog::error("shard {}: {}", rank_, st.ToString());
   }
@@ -242,7 +328,7 @@ void ShardServer::StartRequestedCheckpoint() {
 }
 
 // Never throws: Restore() tries the next file on any error.
-Status ShardServer::LoadCheckpoint(const std::string& path) {
+Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto) {
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
@@ -261,7 +347,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path) {
     CheckpointHeader h;
     // Read once, each block applied as soon as it is checked (Restore() resets the tables
     // when a file is refused part way).
-    PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h, /*check_first=*/false));
+    PARASOL_RETURN_IF_ERROR(state.Load(in, path, &h, /*check_first=*/false, onto));
     gains_rows_ = GainsRows();
     SettleUninvolved();
     if (!Entered()) {
@@ -290,7 +376,27 @@ Status ShardServer::Restore() {
   if (c.dir.empty() || !c.restore) return Status::Ok();
   const std::vector<std::string> files = ListCheckpoints(c.dir, rank_);
   for (const std::string& path : files) {
-    const Status st = LoadCheckpoint(path);
+    // A delta is its full checkpoint and every delta up to it, loaded in order.
+    Status st;
+    Result<CheckpointHeader> header = ReadCheckpointHeader(path);
+    Result<std::vector<std::string>> chain =
+        header.ok() ? CheckpointChain(c.dir, rank_, header->sequence)
+                    : Result<std::vector<std::string>>(header.status());
+    if (!chain.ok()) {
+      st = chain.status();
+    } else {
+      uint64_t onto = 0;
+      for (const std::string& file : *chain) {
+        st = LoadCheckpoint(file, onto);
+        if (!st.ok()) break;
+        Result<CheckpointHeader> loaded = ReadCheckpointHeader(file);
+        onto = loaded.ok() ? loaded->sequence : 0;
+      }
+      if (st.ok() && chain->size() > 1) {
+        spdlog::info("shard {}: {} is a delta: loaded {} files from {}", rank_, path,
+                     chain->size(), chain->front());
+      }
+    }
     if (st.ok()) {
       spdlog::info("shard {}: restored {} (worker clocks from it): {} rows, checked in {:.2f} s, "
                    "applied in {:.2f} s",

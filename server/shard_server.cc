@@ -97,6 +97,10 @@ Status ShardServer::ResetTables() {
     if (t.kind == TableKind::kSparse) {
       sparse_.push_back(std::make_unique<SparseTable>(t, engines));
       dense_.push_back(nullptr);
+      // Incremental checkpoints: a delta lists the rows removed since the one before it.
+      if (manifest_.checkpoint.full_every > 1 && !manifest_.checkpoint.dir.empty()) {
+        for (uint32_t e = 0; e < engines; ++e) sparse_.back()->partition(e).RecordRemovals(true);
+      }
       if (t.storage == TableOptions::Storage::kTiered) {
         tiered.emplace_back(static_cast<uint32_t>(sparse_.size() - 1),
                             static_cast<uint32_t>(families.size()));
@@ -263,6 +267,9 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
 }
 
 Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  // Nothing to load: nothing to wait for.
+  if (c.dir.empty() || !c.restore || ListCheckpoints(c.dir, rank_).empty()) return Restore();
   std::atomic<bool> done{false};
   Status restored;
   std::thread loader([&] {
@@ -297,14 +304,14 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
       spdlog::info("shard {}: asked to stop; it stops once its checkpoint is loaded", rank_);
     }
     try {
-      zmq::poll(items, 1, std::chrono::milliseconds(100));
+      zmq::poll(items, 1, std::chrono::milliseconds(20));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       failed = Unavailable(std::string("poll failed: ") + e.what());
       break;
     }
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
-    for (int i = 0; i < 256; ++i) {
+    for (int i = 0; i < 256 && !done.load(); ++i) {
       auto frames = RecvFrames(router_, /*dontwait=*/true);
       if (!frames.ok()) {
         failed = frames.status();
@@ -685,9 +692,11 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         reply->message = "nothing changed since the last requested checkpoint";
         return Status::Ok();
       }
-      requested_checkpoint_stamp_ = stamp;
       if (!CanCheckpointInBackground()) {
-        return SaveCheckpoint("requested by worker " + std::to_string(req.worker_id));
+        PARASOL_RETURN_IF_ERROR(
+            SaveCheckpoint("requested by worker " + std::to_string(req.worker_id)));
+        requested_checkpoint_stamp_ = stamp;
+        return Status::Ok();
       }
       // Answered once a checkpoint holding the state of now is durable: the one being written,
       // if it was begun with nothing new since, else the next.
@@ -1162,7 +1171,9 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
                       rank_, w, checkpoint_clock_);
       }
       if (!manifest_.checkpoint.dir.empty()) {
-        if (Status st = BeginCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
+        // In the foreground: the Hello is answered once the checkpoint is durable (nothing else
+        // holds those pushes).
+        if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
           spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
         }
       }
@@ -1812,6 +1823,9 @@ std::string ShardServer::StatsJson() const {
   s["checkpoint_pause_ms_max"] = counters_.checkpoint_pause_ms_max;
   s["checkpoint_seconds_last"] = counters_.checkpoint_seconds_last;
   s["checkpoint_log_waits"] = counters_.checkpoint_log_waits;
+  s["delta_checkpoints"] = counters_.delta_checkpoints;
+  s["delta_checkpoint_bytes_last"] = counters_.delta_bytes_last;
+  s["full_checkpoint_bytes_last"] = counters_.full_bytes_last;
   s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["pull_ahead_max"] = counters_.pull_ahead_max;

@@ -133,6 +133,9 @@ class ShardServer {
     uint64_t checkpoints = 0;
     double checkpoint_pause_ms_max = 0;   // the longest a checkpoint stopped serving
     double checkpoint_seconds_last = 0;   // how long the newest took to be durable
+    uint64_t delta_checkpoints = 0;       // of the checkpoints, deltas
+    uint64_t delta_bytes_last = 0;        // payload bytes of the newest delta
+    uint64_t full_bytes_last = 0;         // and of the newest full one
     // Pushes answered only once a background checkpoint was durable (a worker's push log
     // neared its bound, checkpoint.max_log_bytes).
     uint64_t checkpoint_log_waits = 0;
@@ -227,6 +230,7 @@ class ShardServer {
     std::vector<uint64_t> pushed_at_start;  // pushed_since_checkpoint_ then
     std::chrono::steady_clock::time_point start;
     double pause_ms = 0;                    // how long serving stopped to begin it
+    uint32_t begun_clock = 0;               // ShardClock() when it was begun
     std::vector<HeldReply> waiting;         // Checkpoint requests, answered once it is durable
   };
   std::optional<BackgroundCheckpoint> background_;
@@ -250,13 +254,21 @@ class ShardServer {
   void StartRequestedCheckpoint();
   CheckpointHeader NextCheckpointHeader(bool final) const;
   // Writes the shard's state as the checkpoint `h` at `path`; adds the payload bytes to *bytes.
-  Status WriteState(const std::string& path, const CheckpointHeader& h, uint64_t* bytes);
+  Status WriteState(const std::string& path, const CheckpointHeader& h, const DeltaSpec* delta,
+                    uint64_t* bytes);
+  // Incremental checkpoints (checkpoint.full_every > 1): the next checkpoint, `sequence`, is a
+  // delta (returned) when the chain allows it, else full. Takes the removed rows recorded.
+  std::optional<DeltaSpec> NextDelta(uint64_t sequence);
+  uint64_t chain_base_ = 0;         // the newest durable full checkpoint (0: none)
+  uint32_t chain_since_clock_ = 0;  // the shard clock when the newest durable one was begun
+  bool force_full_ = true;          // a failed checkpoint, or none yet: the next is full
   // A checkpoint is durable: the count moves on, older ones are pruned.
   void CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                          const std::string& reason, uint64_t stamp,
                          const std::vector<uint64_t>& pushed_at_start, double seconds,
-                         double pause_ms, uint64_t bytes);
-  Status LoadCheckpoint(const std::string& path);
+                         double pause_ms, uint64_t bytes, uint32_t begun_clock);
+  // `onto`: the checkpoint the tables hold (a delta is loaded onto it; 0: none).
+  Status LoadCheckpoint(const std::string& path, uint64_t onto = 0);
   // Empty tables (and an empty disk tier for the tiered ones).
   Status ResetTables();
   // The disk tier's folder of this shard.

@@ -99,6 +99,15 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
                                std::to_string(manifest.cluster.max_workers) + " worker ranks");
       }
       return CheckProduct(b.count, 3 * sizeof(int64_t), b.bytes, "membership");
+    case Kind::kDeltaOf:
+      if (b.count != 1) return InvalidArgument("a delta block of " + std::to_string(b.count));
+      return CheckProduct(b.count, 3 * sizeof(int64_t), b.bytes, "delta");
+    case Kind::kRemovedRows:
+      if (b.table >= manifest.tables.size() || manifest.tables[b.table].kind != TableKind::kSparse) {
+        return InvalidArgument("removed rows of table " + std::to_string(b.table) +
+                               ", not a sparse table of the manifest");
+      }
+      return CheckProduct(b.count, sizeof(uint64_t), b.bytes, "removed rows");
     case Kind::kMigration:
       if (b.count != 2) return InvalidArgument("a migration block of " + std::to_string(b.count));
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "migration");
@@ -196,7 +205,17 @@ Result<std::vector<CheckpointBlock>> ShardState::Save() const {
   return blocks;
 }
 
-Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes) const {
+Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
+                        const DeltaSpec* delta) const {
+  if (delta) {
+    CheckpointBlock d;
+    d.kind = static_cast<uint32_t>(Kind::kDeltaOf);
+    d.count = 1;
+    Append(d.bytes, delta->base);
+    Append(d.bytes, delta->previous);
+    Append(d.bytes, static_cast<int64_t>(delta->since));
+    PARASOL_RETURN_IF_ERROR(sink(d));
+  }
   for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
     CheckpointBlock b;
     b.table = t;
@@ -211,9 +230,16 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
         const SparseTable::Partition& part = table.partition(e);
         const size_t row_bytes = sizeof(float) * part.stored_floats();
         const size_t stride = sizeof(uint64_t) + row_bytes;
+        // A delta: the rows updated since the checkpoint before it (by their clock word).
+        const bool changed_only = delta && part.stores_clock();
         PARASOL_RETURN_IF_ERROR(part.ForEachRow([&](uint64_t key, const float* row) -> bool {
           if (!sink_status.ok()) return false;  // the file failed: no need to read on
           if (keeps_key_ && !keeps_key_(key)) return true;  // moved to another shard
+          if (changed_only) {
+            uint32_t last;
+            std::memcpy(&last, row, sizeof(last));
+            if (last < delta->since) return true;
+          }
           if (b.bytes.empty()) b.bytes.reserve(std::min<size_t>(row_block_bytes, part.rows() * stride));
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
@@ -230,6 +256,15 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes)
         PARASOL_RETURN_IF_ERROR(sink_status);
       }
       if (b.count > 0 || !sent) PARASOL_RETURN_IF_ERROR(sink(b));
+      if (delta && t < delta->removed.size() && !delta->removed[t].empty()) {
+        CheckpointBlock r;
+        r.kind = static_cast<uint32_t>(Kind::kRemovedRows);
+        r.table = t;
+        r.count = delta->removed[t].size();
+        r.bytes.resize(r.count * sizeof(uint64_t));
+        std::memcpy(r.bytes.data(), delta->removed[t].data(), r.bytes.size());
+        PARASOL_RETURN_IF_ERROR(sink(r));
+      }
       continue;
     }
     PARASOL_RETURN_IF_ERROR(SaveDense(t, sink));
@@ -362,12 +397,17 @@ Status ShardState::CheckHeader(const CheckpointHeader& h) const {
 }
 
 Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHeader* header,
-                        bool check_first) {
+                        bool check_first, uint64_t onto) {
   // Whatever happens, no block is still being applied when this returns.
   struct Waiter {
     ShardState* self;
     ~Waiter() {
       if (self->applying_.valid()) self->applying_.wait();
+      // Rows appended and not indexed (a failed load) are indexed: never invisible rows.
+      try {
+        (void)self->FinishRestoredRows();
+      } catch (...) {
+      }
       self->applying_ = {};
       std::vector<char>().swap(self->applying_block_.bytes);
     }
@@ -390,7 +430,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     std::vector<uint64_t> sparse_rows;
     const auto start = std::chrono::steady_clock::now();
     PendingAggregates pending;
-    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, check_first ? nullptr : &pending,
+    PARASOL_RETURN_IF_ERROR(Verify(in, name, header, check_first ? nullptr : &pending, onto,
                                    &sparse_rows, &clocks, &done, &barrier, &incarnations,
                                    &record, &members, &migration));
     if (!check_first) PARASOL_RETURN_IF_ERROR(WaitApplying());
@@ -405,7 +445,9 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
       const uint64_t share = sparse_rows[t] / table.engines();
       // Keys split among the engines by hash: a share within a few standard deviations.
       const uint64_t slack = 4 * static_cast<uint64_t>(std::sqrt(double(share))) + 64;
-      for (uint32_t e = 0; e < table.engines(); ++e) table.partition(e).Reserve(share + slack);
+      for (uint32_t e = 0; e < table.engines(); ++e) {
+        table.partition(e).Reserve(table.partition(e).rows() + share + slack);
+      }
     }
     Membership membership = membership_;
     PARASOL_RETURN_IF_ERROR(
@@ -417,7 +459,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
       PARASOL_RETURN_IF_ERROR(ApplyBlocks(in, name, &pending));
       PARASOL_RETURN_IF_ERROR(WaitApplying());
     }
-    FinishRestoredRows();
+    PARASOL_RETURN_IF_ERROR(FinishRestoredRows());
     if (progress_) {
       progress_->seconds_checking = std::chrono::duration<double>(checked - start).count();
       progress_->seconds_applying =
@@ -452,8 +494,9 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
 }
 
 Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                          PendingAggregates* apply,
-                          std::vector<uint64_t>* sparse_rows, std::vector<int64_t>* clocks, std::vector<int64_t>* done,
+                          PendingAggregates* apply, uint64_t onto,
+                          std::vector<uint64_t>* sparse_rows, std::vector<int64_t>* clocks,
+                          std::vector<int64_t>* done,
                           int64_t* barrier, std::vector<int64_t>* incarnations,
                           PushRecord* record, std::vector<MemberEntry>* members,
                           MigrationState* migration) {
@@ -463,6 +506,9 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
        incarnations_seen = false, members_seen = false, migration_seen = false;
   std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
+  uint64_t blocks_seen = 0;
+  bool delta_seen = false;
+  std::vector<char> removed_seen(manifest_.tables.size(), 0);
   // Per dense table, the elements of its block (its pending sums cover the same).
   std::vector<uint64_t> dense_count(manifest_.tables.size(), 0);
   // Per dense table, what its block holds and the elements it says the shard serves.
@@ -477,6 +523,31 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
     AddProgress(kCheckpointBlockHeaderBytes + b.bytes);
     if (KindOf(b) == Kind::kSparseRows) (*sparse_rows)[b.table] += b.count;
+    // A delta starts with what it is a delta of; a full checkpoint goes onto nothing.
+    if (blocks_seen++ == 0) {
+      if (header->delta != (KindOf(b) == Kind::kDeltaOf)) {
+        return InvalidArgument(header->delta ? "a delta whose first block does not say of what"
+                                             : "a full checkpoint that says it is a delta");
+      }
+      if (!header->delta && onto != 0) {
+        return FailedPrecondition("a full checkpoint, loaded onto checkpoint " +
+                                  std::to_string(onto));
+      }
+    }
+    if (KindOf(b) == Kind::kDeltaOf) {
+      if (std::exchange(delta_seen, true)) return InvalidArgument("a second delta block");
+      last_sparse = -1;
+      return Status::Ok();
+    }
+    if (KindOf(b) == Kind::kRemovedRows) {
+      if (!header->delta) return InvalidArgument("removed rows in a full checkpoint");
+      if (std::exchange(removed_seen[b.table], 1)) {
+        return InvalidArgument("a second block of removed rows of table '" +
+                               manifest_.tables[b.table].name + "'");
+      }
+      last_sparse = -1;
+      return Status::Ok();
+    }
     if (KindOf(b) == Kind::kClocks) {
       if (std::exchange(clocks_seen, true)) return InvalidArgument("a second block of clocks");
     } else if (KindOf(b) == Kind::kDone) {
@@ -514,6 +585,19 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     return Status::Ok();
   };
   auto decode = [&](const CheckpointBlock& b) -> Status {
+    if (KindOf(b) == Kind::kDeltaOf) {
+      int64_t v[3];
+      std::memcpy(v, b.bytes.data(), sizeof(v));
+      const uint64_t base = static_cast<uint64_t>(v[0]), previous = static_cast<uint64_t>(v[1]);
+      if (previous != onto || onto == 0 || base == 0 || base > previous ||
+          previous + 1 != header->sequence || v[2] < 0 || v[2] > int64_t{UINT32_MAX}) {
+        return FailedPrecondition(
+            "a delta of checkpoint " + std::to_string(previous) + " (chain from " +
+            std::to_string(base) + ", rows since clock " + std::to_string(v[2]) +
+            "), loaded onto " + (onto ? "checkpoint " + std::to_string(onto) : "no checkpoint"));
+      }
+      return Status::Ok();
+    }
     if (KindOf(b) == Kind::kClocks) {
       clocks->resize(b.count);
       std::memcpy(clocks->data(), b.bytes.data(), b.bytes.size());
@@ -592,6 +676,9 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
         return apply ? ApplyBlock(b, apply) : Status::Ok();
       },
       check);
+  if (read.ok() && header->delta && !delta_seen) {
+    return InvalidArgument("checkpoint '" + name + "' is a delta of nothing");
+  }
   if (!identity.ok()) return identity.WithContext("checkpoint '" + name + "'");
   PARASOL_RETURN_IF_ERROR(read);
   PARASOL_RETURN_IF_ERROR(CheckHeader(*header).WithContext("checkpoint '" + name + "'"));
@@ -686,6 +773,7 @@ Status ShardState::ApplyBlock(CheckpointBlock& b, PendingAggregates* pending) {
     return Status::Ok();
   }
   PARASOL_RETURN_IF_ERROR(WaitApplying());
+  if (KindOf(b) == Kind::kRemovedRows) return ApplyRemoved(b);
   if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) return ApplyDense(b);
   if (IsPending(KindOf(b))) return ApplyPending(b, pending);
   return Status::Ok();
@@ -700,16 +788,41 @@ Status ShardState::WaitApplying() {
   }
 }
 
-void ShardState::FinishRestoredRows() {
+Status ShardState::ApplyRemoved(const CheckpointBlock& b) {
+  if (b.table >= sparse_.size() || !sparse_[b.table] ||
+      b.bytes.size() != b.count * sizeof(uint64_t)) {
+    return Internal("removed rows of table " + std::to_string(b.table) + " do not match it");
+  }
+  SparseTable& t = *sparse_[b.table];
+  for (uint32_t e = 0; e < t.engines(); ++e) t.partition(e).FinishRestoredRows();
+  for (uint64_t i = 0; i < b.count; ++i) {
+    uint64_t key;
+    std::memcpy(&key, b.bytes.data() + i * sizeof(key), sizeof(key));
+    PARASOL_RETURN_IF_ERROR(t.partition(EngineOfKey(key, t.engines())).EraseKey(key));
+  }
+  return Status::Ok();
+}
+
+Status ShardState::FinishRestoredRows() {
   for (auto& table : sparse_) {
     if (!table) continue;
-    auto finish = [&](uint32_t e) { table->partition(e).FinishRestoredRows(); };
+    std::vector<Status> failed(table->engines());
+    auto finish = [&](uint32_t e) {
+      try {
+        table->partition(e).FinishRestoredRows();
+      } catch (const std::bad_alloc&) {
+        failed[e] = ResourceExhausted("table '" + table->options().name +
+                                      "': out of memory while indexing its rows");
+      }
+    };
     if (run_engines_ && table->engines() > 1) {
       run_engines_(finish);
     } else {
       for (uint32_t e = 0; e < table->engines(); ++e) finish(e);
     }
+    for (const Status& st : failed) PARASOL_RETURN_IF_ERROR(st);
   }
+  return Status::Ok();
 }
 
 Status ShardState::ApplySparse(const CheckpointBlock& b) {
@@ -733,7 +846,9 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   auto row_at = [&](uint64_t i) {
     return reinterpret_cast<const float*>(b.bytes.data() + i * stride + sizeof(uint64_t));
   };
-  auto apply = [&](uint32_t e) {
+  // Whatever an engine meets (out of memory) comes back as its status, not out of its thread.
+  std::vector<Status> failed(engines);
+  auto apply_one = [&](uint32_t e) {
     SparseTable::Partition& part = t.partition(e);
     // This engine's rows of the block, then restored with the index buckets of the keys
     // ahead prefetched (their cache misses overlap).
@@ -756,11 +871,21 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
       part.RestoreRow(key_at(mine[j]), row_at(mine[j]));
     }
   };
+  auto apply = [&](uint32_t e) {
+    try {
+      apply_one(e);
+    } catch (const std::bad_alloc&) {
+      failed[e] = ResourceExhausted("table '" + t.options().name + "': out of memory");
+    } catch (const std::exception& e2) {
+      failed[e] = Internal("table '" + t.options().name + "': " + e2.what());
+    }
+  };
   if (run_engines_ && engines > 1) {
     run_engines_(apply);
   } else {
     for (uint32_t e = 0; e < engines; ++e) apply(e);
   }
+  for (const Status& st : failed) PARASOL_RETURN_IF_ERROR(st);
   AddProgress(0, b.count);
   if (t.tiered()) {
     for (uint32_t e = 0; e < engines; ++e) t.partition(e).Settle();

@@ -58,6 +58,23 @@ enum class CheckpointBlockKind : uint32_t {
   // live end, then as kDenseSlice. Written for any table whose elements are not this shard's
   // slice among every listed shard.
   kDenseRange = 12,
+  // A delta's first block: count 1 x (u64 the full checkpoint it builds on, u64 the checkpoint
+  // it is applied onto, i64 the shard clock its rows were updated at or after).
+  kDeltaOf = 13,
+  // A delta's rows of a sparse table removed since the checkpoint before it (evicted, moved
+  // away): count keys x u64. At most one per table, after the table's rows.
+  kRemovedRows = 14,
+};
+
+// What a delta checkpoint holds besides the rows (ShardState::Save()).
+struct DeltaSpec {
+  uint64_t base = 0;      // the full checkpoint of the chain
+  uint64_t previous = 0;  // the checkpoint it is applied onto
+  // Rows whose stored clock word is at least this are written (a table whose rows keep no
+  // clock writes them all).
+  uint32_t since = 0;
+  // Per table id: the keys removed since the previous checkpoint.
+  std::vector<std::vector<uint64_t>> removed;
 };
 
 // The bytes before a kDenseRange block's arrays.
@@ -121,7 +138,9 @@ class ShardState {
   Result<std::vector<CheckpointBlock>> Save() const;
   // The same, block by block into `sink` (a table's rows in blocks of at most
   // kRowBlockBytes), so that a checkpoint of a table larger than memory streams to its file.
-  Status Save(const CheckpointBlockSink& sink, size_t row_block_bytes = kRowBlockBytes) const;
+  // `delta`: only what a delta holds (DeltaSpec); the header says delta.
+  Status Save(const CheckpointBlockSink& sink, size_t row_block_bytes = kRowBlockBytes,
+              const DeltaSpec* delta = nullptr) const;
   static constexpr size_t kRowBlockBytes = 64 << 20;
 
   // Loads the checkpoint in `in` (`name` names it in errors) and sets *header. Refuses a file
@@ -136,8 +155,10 @@ class ShardState {
   // (a refused file leaves the tables partly loaded: reset them before trying another file),
   // which is what a restarting shard does.
   // A block of rows is applied on the engines (set_engine_runner()) while the next is read.
+  // `onto`: the sequence of the checkpoint the tables hold (0: none, they are empty); a delta
+  // is taken only onto the checkpoint it names, a full checkpoint only onto nothing.
   Status Load(std::istream& in, const std::string& name, CheckpointHeader* header,
-              bool check_first = true);
+              bool check_first = true, uint64_t onto = 0);
 
   // Runs fn(e) for every engine e and returns when all are done (the shard's EnginePool).
   // Set, Load() applies each block of rows on the engines in parallel, each engine its own
@@ -166,7 +187,7 @@ class ShardState {
   // `sparse_rows`: per table, the rows the file holds. `apply`: each block is applied once it
   // is checked, pending sums into *apply (null: only checked).
   Status Verify(std::istream& in, const std::string& name, CheckpointHeader* header,
-                PendingAggregates* apply,
+                PendingAggregates* apply, uint64_t onto,
                 std::vector<uint64_t>* sparse_rows, std::vector<int64_t>* clocks,
                 std::vector<int64_t>* done, int64_t* barrier,
                 std::vector<int64_t>* incarnations, PushRecord* record,
@@ -182,7 +203,9 @@ class ShardState {
   std::future<Status> applying_;
   CheckpointBlock applying_block_;
   // Builds the indexes of the rows ApplySparse() appended (on the engines).
-  void FinishRestoredRows();
+  Status FinishRestoredRows();
+  // A delta's removed rows: taken out of the table.
+  Status ApplyRemoved(const CheckpointBlock& b);
   Status ApplyDense(const CheckpointBlock& b);
   // A dense table's block: a kDenseSlice of the listed shards' cut, or a kDenseRange.
   Status SaveDense(uint32_t t, const CheckpointBlockSink& sink) const;

@@ -113,6 +113,20 @@ void SparseTable::Partition::FinishRestoredRows() {
   free_slots_.insert(free_slots_.end(), dropped.begin(), dropped.end());
 }
 
+Status SparseTable::Partition::EraseKey(uint64_t key) {
+  FinishRestoredRows();
+  if (disk_) {
+    const uint64_t one[1] = {key};
+    PARASOL_RETURN_IF_ERROR(Prefault(one));  // a row on disk comes into memory, then goes
+  }
+  const uint32_t slot = index_.Erase(key, keys());
+  if (slot == SlotIndex::kAbsent) return Status::Ok();
+  NoteRemoved(key);
+  if (disk_) referenced_[slot] = kFreeSlot;
+  free_slots_.push_back(slot);
+  return Status::Ok();
+}
+
 float* SparseTable::Partition::FindOrCreate(uint64_t key, uint32_t clock) {
   const uint32_t slot = index_.Find(key, keys());
   if (slot != SlotIndex::kAbsent) {
@@ -251,6 +265,7 @@ void SparseTable::Partition::SweepDisk(size_t max_rows, uint32_t now) {
         if (expired || over) --total;
         if (expired || over) {
           gone.Delete(key);
+          NoteRemoved(key);
           ++(expired ? by_ttl : by_max);
         } else if (max_rows_ > 0) {
           ++pass_clocks_[last];
@@ -321,6 +336,7 @@ void SparseTable::Partition::SweepPending(size_t max_buckets, uint32_t now) {
 }
 
 void SparseTable::Partition::EvictBucket(size_t bucket, bool by_ttl) {
+  NoteRemoved(KeyAt(index_.BucketSlot(bucket)));
   if (disk_) referenced_[index_.BucketSlot(bucket)] = kFreeSlot;
   free_slots_.push_back(index_.BucketSlot(bucket));
   index_.EraseBucket(bucket, keys());

@@ -33,6 +33,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -238,6 +239,7 @@ class SparseTable {
       uint64_t erased = 0;
       for (size_t b = 0; b < index_.buckets();) {
         if (index_.BucketFull(b) && drop(KeyAt(index_.BucketSlot(b)))) {
+          NoteRemoved(KeyAt(index_.BucketSlot(b)));
           if (disk_) referenced_[index_.BucketSlot(b)] = kFreeSlot;
           free_slots_.push_back(index_.BucketSlot(b));
           index_.EraseBucket(b, keys());
@@ -258,6 +260,19 @@ class SparseTable {
     bool AppendRestoredRow(uint64_t key, const float* row);
     // Builds the index over the appended rows; a key appended twice keeps its later row.
     void FinishRestoredRows();
+    // Removes `key`'s row (in memory or on disk) if there is one; fails when the disk cannot
+    // be read.
+    Status EraseKey(uint64_t key);
+
+    // Removals are recorded (for the next delta checkpoint) while `on`; turning it off, or
+    // TakeRemoved(), empties the record.
+    void RecordRemovals(bool on) {
+      record_removed_ = on;
+      if (!on) std::vector<uint64_t>().swap(removed_);
+    }
+    // The keys whose rows were removed since the last call (evicted, erased, moved away).
+    std::vector<uint64_t> TakeRemoved() { return std::exchange(removed_, {}); }
+    uint64_t removed_count() const { return removed_.size(); }
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
     void Reserve(uint64_t rows) { index_.Reserve(rows, keys()); }
@@ -351,6 +366,11 @@ class SparseTable {
     std::vector<uint32_t> free_slots_;
     uint32_t next_slot_ = 0;
     bool appending_ = false;  // AppendRestoredRow() rows not yet in the index
+    bool record_removed_ = false;
+    std::vector<uint64_t> removed_;  // keys removed since TakeRemoved(), while recorded
+    void NoteRemoved(uint64_t key) {
+      if (record_removed_) removed_.push_back(key);
+    }
     Counters counters_;
     // Sweep state: where the last sweep stopped, the clock histogram of the pass in progress,
     // and the clock below which the current pass evicts to honour max_rows.

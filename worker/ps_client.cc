@@ -1086,7 +1086,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     // tells whether it is done) without spending an attempt.
     const bool restoring = RestoringWithProgress(r.shard, later);
     if (restoring) {
-      r.deadline = later + std::min<std::chrono::milliseconds>(r.timeout, kRestoringPoll);
+      r.deadline = later + RestoringPoll();
       std::vector<zmq::message_t> frames;
       for (auto& k : r.kept) frames.push_back(CopyMessage(k));
       if (Status st = SendFrames(shards_[r.shard], frames); !st.ok()) {
@@ -1130,24 +1130,28 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
                  h.status().ToString());
     return;
   }
-  if (h->restore_total > 0) {
-    // Loading its checkpoint: nothing of this reply is the shard's state yet.
+  if (h->restore_total > 0 && h->status == StatusCode::kUnavailable) {
+    // Loading its checkpoint: nothing of this reply is the shard's state yet. While it moves,
+    // it is asked again soon (without spending attempts, see Pump()); else the request waits
+    // out its time-out as for a silent shard.
     NoteRestoring(shard, *h);
+    const auto now = Clock::now();
+    const bool moving = RestoringWithProgress(shard, now);
     auto it = in_flight_.find(h->request_id);
     if (it != in_flight_.end() && it->second->shard == shard) {
-      it->second->deadline = Clock::now() + std::min<std::chrono::milliseconds>(
-                                                it->second->timeout, kRestoringPoll);
+      if (moving) it->second->deadline = now + RestoringPoll();
       it->second->refused = Status(h->status, h->message);
-    } else if (h->op == Op::Step) {
+    } else if (h->op == Op::Step && moving) {
       // A Step's parts are tracked by their own ids: each waits alike.
       for (auto& [id, r] : in_flight_) {
         if (r->shard != shard) continue;
-        r->deadline = std::min(r->deadline, Clock::now() + kRestoringPoll);
+        r->deadline = std::min(r->deadline, now + RestoringPoll());
       }
     }
     return;
   }
-  restoring_[shard] = ShardRestore{};  // it answers from its state: restored, or restarted
+  if (h->restore_total > 0) NoteRestoring(shard, *h);  // its Stats: answered, and moving
+  if (h->restore_total == 0) restoring_[shard] = ShardRestore{};  // answering from its state
   NoteEpoch(shard, *h);
   NoteMembership(shard, *h);
   if (h->op == Op::Step) {
@@ -1303,7 +1307,9 @@ void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
   const auto now = Clock::now();
   const bool first = r.heard == Clock::time_point{} ||
                      now - r.heard > std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
-  if (first || reply.restore_done > r.done || reply.restore_total != r.total) {
+  // Any change is progress (a chain of checkpoints counts each file from 0 again).
+  if (first || reply.restore_done != r.done || reply.restore_total != r.total ||
+      reply.restore_rows != r.rows) {
     r.progressed = now;
   }
   r.done = reply.restore_done;
@@ -1320,9 +1326,16 @@ void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
   }
 }
 
+std::chrono::milliseconds PsClient::RestoringPoll() const {
+  return std::clamp(std::chrono::milliseconds(manifest_.cluster.request_timeout_ms / 2),
+                    std::chrono::milliseconds(10), kRestoringPoll);
+}
+
 bool PsClient::RestoringWithProgress(uint32_t shard, Clock::time_point now) const {
   const ShardRestore& r = restoring_[shard];
-  const auto window = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  // A request's time-out, and the asking again: no progress for that long counts as silence.
+  const auto window =
+      std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) + 2 * RestoringPoll();
   return r.heard != Clock::time_point{} && now - r.heard <= window && now - r.progressed <= window;
 }
 

@@ -402,8 +402,9 @@ class PsClient {
   void NoteRestoring(uint32_t shard, const Header& reply);
   // Whether `shard` said it is restoring, and moved, within cluster.request_timeout.
   bool RestoringWithProgress(uint32_t shard, std::chrono::steady_clock::time_point now) const;
-  // How often a restoring shard is asked again.
+  // How often a restoring shard is asked again: every second, or half a request's time-out.
   static constexpr std::chrono::milliseconds kRestoringPoll{1000};
+  std::chrono::milliseconds RestoringPoll() const;
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
   std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by

@@ -264,6 +264,27 @@ TEST_F(DurabilityTest, AShardKilledWhileWritingACheckpointRestoresTheOneBefore) 
   }
 }
 
+TEST_F(DurabilityTest, AShardKilledWhileWritingADeltaRestoresTheChainBeforeIt) {
+  // Checkpoints every 20 of the 234 steps, a full one every 3rd and deltas between: the n-th
+  // write (a full one or a delta) is where the shard dies; its restart loads the newest whole
+  // chain, and the workers replay the rest.
+  for (uint64_t seed : Seeds()) {
+    const uint64_t n = Draw(seed, 2, 9);
+    const char* point = seed % 2 ? "checkpoint.write" : "checkpoint.rename";
+    std::printf("[ seed     ] %llu: %s=kill@%llu, full_every 3\n", (unsigned long long)seed,
+                point, (unsigned long long)n);
+    std::string log;
+    ExpectSameModel("delta" + std::to_string(seed), std::string(point) + "=kill@" +
+                    std::to_string(n), {point}, "every_steps: 20, full_every: 3", 2, &log);
+    EXPECT_NE(log.find("delta checkpoint"), std::string::npos) << "no delta was written";
+    // Checkpoint n - 1 is the newest whole one: a delta unless it is 1, 4 or 7 (full ones).
+    if ((n - 1) % 3 != 1) {
+      EXPECT_NE(log.find("is a delta: loaded"), std::string::npos)
+          << "the restart did not load a chain of deltas\n" << log;
+    }
+  }
+}
+
 TEST_F(DurabilityTest, AFailedCheckpointWriteLosesNothing) {
   // The first write fails (a full disk): the shard goes on, and the workers keep in their logs
   // what it would have held; then a shard dies, and what the logs kept is replayed.

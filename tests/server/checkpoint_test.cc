@@ -106,15 +106,24 @@ TEST_F(CheckpointReaderTest, ATableIdFlippedInABlockHeaderIsRefused) {
   EXPECT_NE(st.message().find("block 0 header checksum"), std::string::npos) << st.message();
 }
 
+TEST_F(CheckpointReaderTest, AFileOfTheVersionBeforeDeltasReadsAsAFullOne) {
+  std::string v4 = file_;
+  const uint32_t version = kOldestCheckpointVersion;
+  std::memcpy(v4.data() + kVersionAt, &version, 4);
+  Put64(v4, kHeaderChecksumAt, Checksum64(v4.data(), kHeaderChecksumAt));
+  EXPECT_TRUE(Read(v4).ok());
+}
+
 TEST_F(CheckpointReaderTest, AFileOfTheOldVersionIsRefusedNamingItsVersion) {
   std::string old = file_;
-  const uint32_t version = kCheckpointVersion - 1;
+  const uint32_t version = kOldestCheckpointVersion - 1;
   std::memcpy(old.data() + kVersionAt, &version, 4);
   Put64(old, kHeaderChecksumAt, Checksum64(old.data(), kHeaderChecksumAt));
   const Status st = Read(old);
   EXPECT_EQ(st.code(), StatusCode::kVersionMismatch);
   EXPECT_NE(st.message().find("checkpoint 'c.bin' is format version " + std::to_string(version) +
-                              "; this build reads version " +
+                              "; this build reads versions " +
+                              std::to_string(kOldestCheckpointVersion) + " to " +
                               std::to_string(kCheckpointVersion)),
             std::string::npos)
       << st.message();

@@ -1,0 +1,297 @@
+// Incremental checkpoints: a full checkpoint and the deltas after it load back exactly as a full
+// checkpoint of the same moment does, over random updates, new rows and removed rows (seeded,
+// printed); a delta holds only the rows changed since the one before it; a delta is refused
+// onto anything but the checkpoint it names; the chain of files is found, and pruning keeps
+// every chain whole.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/sharding.hpp"
+#include "server/checkpoint.hpp"
+#include "tests/support/small_shard.hpp"
+
+namespace parasol {
+namespace {
+
+using testing::SmallShard;
+
+// Every row (clock word, values, state) of every sparse table, by (table, key); every dense
+// slice as the file holds it; the clocks.
+struct Snapshot {
+  std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> rows;
+  std::map<uint32_t, std::vector<char>> dense;
+  std::vector<int64_t> clocks;
+  bool operator==(const Snapshot& o) const {
+    if (rows.size() != o.rows.size() || dense != o.dense || clocks != o.clocks) return false;
+    for (const auto& [k, v] : rows) {
+      auto it = o.rows.find(k);
+      if (it == o.rows.end() || std::memcmp(v.data(), it->second.data(), 4 * v.size()) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+Snapshot Take(SmallShard& s) {
+  Snapshot out;
+  for (uint32_t t = 0; t < s.manifest().tables.size(); ++t) {
+    if (s.manifest().tables[t].kind == TableKind::kSparse) {
+      SparseTable& table = s.sparse(t);
+      for (uint32_t e = 0; e < table.engines(); ++e) {
+        const SparseTable::Partition& p = table.partition(e);
+        EXPECT_TRUE(p.ForEachRow([&](uint64_t key, const float* row) {
+                      out.rows[{t, key}].assign(row, row + p.stored_floats());
+                    }).ok());
+      }
+    } else {
+      s.dense(t).AppendArrays(&out.dense[t]);
+    }
+  }
+  out.clocks = s.controller().clocks();
+  return out;
+}
+
+class IncrementalCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char name[] = "/tmp/parasol-incremental-XXXXXX";
+    ASSERT_NE(::mkdtemp(name), nullptr);
+    dir_ = name;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  CheckpointHeader HeaderOf(const SmallShard& s, uint64_t sequence, bool delta) const {
+    CheckpointHeader h;
+    h.shard = SmallShard::kShard;
+    h.shards = static_cast<uint32_t>(s.manifest().cluster.servers.size());
+    h.fingerprint = s.manifest().Fingerprint();
+    h.clock = 3;
+    h.sequence = sequence;
+    h.delta = delta;
+    return h;
+  }
+
+  // Writes shard `s` as checkpoint `sequence` of shard 0 under dir_; a delta with `delta`.
+  // Returns the payload bytes of its rows blocks.
+  uint64_t Write(SmallShard& s, uint64_t sequence, const DeltaSpec* delta) {
+    const std::string path = CheckpointPath(dir_, SmallShard::kShard, sequence);
+    uint64_t row_bytes = 0;
+    const Status st = WriteCheckpointFile(
+        path, HeaderOf(s, sequence, delta != nullptr), [&](const CheckpointBlockSink& sink) {
+          return s.state().Save(
+              [&](const CheckpointBlock& b) {
+                if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRows)) {
+                  row_bytes += b.bytes.size();
+                }
+                return sink(b);
+              },
+              ShardState::kRowBlockBytes, delta);
+        });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return row_bytes;
+  }
+
+  Status Load(SmallShard& s, const std::string& path, uint64_t onto) {
+    std::ifstream in(path, std::ios::binary);
+    CheckpointHeader h;
+    return s.state().Load(in, path, &h, /*check_first=*/onto % 2 == 0, onto);
+  }
+
+  // Rows of tables 0 and 1 updated at `clock` (new ones among them), some removed, the dense
+  // tensors and the clocks changed.
+  static void Change(SmallShard& s, std::mt19937_64& rng, uint32_t clock, size_t updates,
+                     size_t removals) {
+    for (size_t i = 0; i < updates; ++i) {
+      const uint32_t t = static_cast<uint32_t>(rng() % 2);
+      const uint64_t key = rng() % 400;
+      SparseTable& table = s.sparse(t);
+      SparseTable::Partition& p = table.partition(EngineOfKey(key, table.engines()));
+      float* v = p.FindOrCreate(key, clock);
+      v[0] = static_cast<float>(rng() % 1000) / 7.0f;
+      SparseTable::Partition::LastClock(v) = clock;
+      p.Store(v);
+    }
+    for (size_t i = 0; i < removals; ++i) {
+      const uint32_t t = static_cast<uint32_t>(rng() % 2);
+      const uint64_t key = rng() % 400;
+      SparseTable& table = s.sparse(t);
+      ASSERT_TRUE(table.partition(EngineOfKey(key, table.engines())).EraseKey(key).ok());
+    }
+    for (uint32_t t : {2u, 3u}) {
+      std::vector<char> bytes;
+      s.dense(t).AppendArrays(&bytes);
+      const float v = static_cast<float>(clock) + 0.25f;
+      std::memcpy(bytes.data() + 4 * (rng() % s.dense(t).slice().size()), &v, sizeof(v));
+      s.dense(t).RestoreArrays(bytes.data());
+    }
+    s.controller().SetClock(0, clock);
+    s.controller().SetClock(1, clock);
+    s.controller().SetClock(2, clock);
+  }
+
+  // The removed keys each partition recorded since the last call, by table.
+  static std::vector<std::vector<uint64_t>> TakeRemoved(SmallShard& s) {
+    std::vector<std::vector<uint64_t>> out(s.manifest().tables.size());
+    for (uint32_t t : {0u, 1u}) {
+      for (uint32_t e = 0; e < s.sparse(t).engines(); ++e) {
+        std::vector<uint64_t> keys = s.sparse(t).partition(e).TakeRemoved();
+        out[t].insert(out[t].end(), keys.begin(), keys.end());
+      }
+    }
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(IncrementalCheckpointTest, AFullCheckpointAndItsDeltasLoadAsAFullOneOfTheSameMoment) {
+  for (uint64_t seed : {1ull, 2ull, 3ull, 4ull, 5ull}) {
+    std::filesystem::remove_all(dir_);
+    std::mt19937_64 rng(seed);
+    const int deltas = 1 + static_cast<int>(rng() % 5);
+    std::printf("[ seed     ] %llu: a full checkpoint and %d deltas\n", (unsigned long long)seed,
+                deltas);
+    SmallShard s;
+    for (uint32_t t : {0u, 1u}) {
+      for (uint32_t e = 0; e < s.sparse(t).engines(); ++e) {
+        s.sparse(t).partition(e).RecordRemovals(true);
+      }
+    }
+    Change(s, rng, 1, 300, 0);
+    (void)TakeRemoved(s);
+    Write(s, 1, nullptr);
+    uint32_t since = 1;  // the clock when the checkpoint before was taken
+    for (int d = 0; d < deltas; ++d) {
+      const uint32_t clock = 2 + d;
+      Change(s, rng, clock, 20 + rng() % 60, rng() % 15);
+      DeltaSpec spec{1, 1 + static_cast<uint64_t>(d), since, TakeRemoved(s)};
+      Write(s, 2 + d, &spec);
+      since = clock;
+    }
+    const Snapshot want = Take(s);
+    // The chain, found from its newest file.
+    auto chain = CheckpointChain(dir_, SmallShard::kShard, 1 + deltas);
+    ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+    ASSERT_EQ(chain->size(), static_cast<size_t>(1 + deltas));
+    SmallShard loaded;
+    uint64_t onto = 0;
+    for (const std::string& file : *chain) {
+      const Status st = Load(loaded, file, onto);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ++onto;
+    }
+    // As a full checkpoint of the same moment loads.
+    Write(s, 100, nullptr);
+    SmallShard full;
+    ASSERT_TRUE(Load(full, CheckpointPath(dir_, SmallShard::kShard, 100), 0).ok());
+    const Snapshot got = Take(loaded), reference = Take(full);
+    EXPECT_EQ(got.rows.size(), want.rows.size());
+    EXPECT_TRUE(got == want) << "seed " << seed;
+    EXPECT_TRUE(reference == want) << "seed " << seed;
+  }
+}
+
+TEST_F(IncrementalCheckpointTest, ADeltaHoldsOnlyTheRowsChangedSinceTheCheckpointBefore) {
+  constexpr const char* kManifest = R"(
+cluster:
+  servers: ["127.0.0.1:1"]
+  workers: 1
+server:
+  engine_threads: 2
+tables:
+  - name: emb
+    dim: 16
+    optimizer: {kind: adagrad_rowwise, lr: 0.1}
+)";
+  SmallShard s(kManifest);
+  SparseTable& table = s.sparse(0);
+  for (uint64_t key = 0; key < 50000; ++key) {
+    table.partition(EngineOfKey(key, 2)).FindOrCreate(key, 1);
+  }
+  const uint64_t full = Write(s, 1, nullptr);
+  const uint64_t stride = 8 + 4 * (1 + 16 + 1);
+  EXPECT_EQ(full, 50000 * stride);
+  for (const uint64_t changed : {10ull, 1000ull}) {
+    for (uint64_t i = 0; i < changed; ++i) {
+      const uint64_t key = i * 37 % 50000;
+      float* v = table.partition(EngineOfKey(key, 2)).Find(key);
+      ASSERT_NE(v, nullptr);
+      v[0] += 1;
+      SparseTable::Partition::LastClock(v) = 2;
+    }
+    DeltaSpec spec{1, 1, 2, {}};
+    const uint64_t bytes = Write(s, 2, &spec);
+    EXPECT_EQ(bytes, changed * stride) << changed << " rows changed";
+    // The next round starts from the same full checkpoint: the rows go back to clock 1.
+    for (uint64_t i = 0; i < changed; ++i) {
+      const uint64_t key = i * 37 % 50000;
+      SparseTable::Partition::LastClock(table.partition(EngineOfKey(key, 2)).Find(key)) = 1;
+    }
+  }
+}
+
+TEST_F(IncrementalCheckpointTest, ADeltaIsRefusedOntoAnythingButTheCheckpointItNames) {
+  SmallShard s;
+  std::mt19937_64 rng(9);
+  Change(s, rng, 1, 100, 0);
+  Write(s, 1, nullptr);
+  Change(s, rng, 2, 30, 0);
+  DeltaSpec spec{1, 1, 1, TakeRemoved(s)};
+  Write(s, 2, &spec);
+  const std::string delta = CheckpointPath(dir_, SmallShard::kShard, 2);
+  // Onto nothing, and onto another checkpoint.
+  for (uint64_t onto : {0ull, 5ull}) {
+    SmallShard loaded;
+    const Status st = Load(loaded, delta, onto);
+    EXPECT_FALSE(st.ok()) << "onto " << onto;
+    EXPECT_NE(st.message().find("a delta of checkpoint 1"), std::string::npos) << st.ToString();
+  }
+  // A full checkpoint onto one.
+  SmallShard loaded;
+  ASSERT_TRUE(Load(loaded, CheckpointPath(dir_, SmallShard::kShard, 1), 0).ok());
+  const Status st = Load(loaded, CheckpointPath(dir_, SmallShard::kShard, 1), 1);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("a full checkpoint, loaded onto checkpoint 1"), std::string::npos)
+      << st.ToString();
+}
+
+TEST_F(IncrementalCheckpointTest, PruningNeverBreaksAChainAndAMissingLinkIsNamed) {
+  SmallShard s;
+  std::mt19937_64 rng(11);
+  Change(s, rng, 1, 50, 0);
+  // Sequences 1 (full), 2, 3, 4 (deltas), 5 (full), 6 (delta).
+  for (uint64_t seq = 1; seq <= 6; ++seq) {
+    const bool full = seq == 1 || seq == 5;
+    DeltaSpec spec{seq < 5 ? 1ull : 5ull, seq - 1, static_cast<uint32_t>(seq), {}};
+    Write(s, seq, full ? nullptr : &spec);
+  }
+  // Keeping 3 keeps 4, 5 and 6, and what 4 builds on: 1 to 3.
+  PruneCheckpoints(dir_, SmallShard::kShard, 3);
+  EXPECT_EQ(ListCheckpoints(dir_, SmallShard::kShard).size(), 6u);
+  // Keeping 2 keeps 5 and 6 only.
+  PruneCheckpoints(dir_, SmallShard::kShard, 2);
+  const auto left = ListCheckpoints(dir_, SmallShard::kShard);
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[1], CheckpointPath(dir_, SmallShard::kShard, 5));
+  auto chain = CheckpointChain(dir_, SmallShard::kShard, 6);
+  ASSERT_TRUE(chain.ok());
+  EXPECT_EQ(chain->size(), 2u);
+  // Without its full checkpoint, a delta's chain names what is missing.
+  std::filesystem::remove(CheckpointPath(dir_, SmallShard::kShard, 5));
+  chain = CheckpointChain(dir_, SmallShard::kShard, 6);
+  ASSERT_FALSE(chain.ok());
+  EXPECT_NE(chain.status().message().find("builds on 5"), std::string::npos)
+      << chain.status().ToString();
+}
+
+}  // namespace
+}  // namespace parasol
