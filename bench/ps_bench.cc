@@ -25,6 +25,8 @@
 #include <map>
 #include <optional>
 #include <random>
+
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -1192,7 +1194,8 @@ void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
   const std::string size = opt.quick ? "1e6" : "1e7";
   {
     BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
-                         1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir + "\n");
+                         1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir +
+                                "\n  full_every: 10\n");
     auto client = PsClient::Connect(cluster.manifest(), 0);
     auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
     if (!client.ok() || !observer.ok() || Fill(**client, 0, table_rows, 16, 100000) < 0) {
@@ -1222,6 +1225,8 @@ void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
       stop = true;
       t.join();
     }
+    // A tick: the rows filled are of clock 0, what comes after the checkpoint of clock 1 on.
+    if (!(*client)->Tick().ok()) return;
     stop = false;
     std::thread probe([&] { gap = longest_gap_ms(&answers); });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -1267,6 +1272,31 @@ void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
       rows->push_back({"restore_rows_per_s_" + size + "x16" + how, table_rows / rs, "rows/s",
                        read_rows, "file_read" + how, std::nullopt});
     }
+    // A delta after 1% of the rows changed (checkpoint.full_every: 10): its bytes per changed
+    // row, next to the least a row can take (its key and stored floats: 8 + 4 x (1 + 16 + 1)).
+    if (!(*client)->Tick().ok()) return;
+    const uint64_t changed = table_rows / 100;
+    {
+      std::vector<uint64_t> keys(10000);
+      std::vector<float> grads(keys.size() * 16, 0.01f);
+      // Distinct rows spread over the table (7919 is prime, so coprime to its size).
+      for (uint64_t done = 0; done < changed; done += keys.size()) {
+        for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = (done + i) * 7919 % table_rows;
+        if (!(*client)->PushSparse(0, keys, grads).ok()) return;
+      }
+    }
+    if (!(*client)->Checkpoint().ok()) return;
+    auto stats = observer->get()->StatsOf(0);
+    if (!stats.ok()) return;
+    const auto json = nlohmann::json::parse(*stats, nullptr, false);
+    const double delta = json.value("delta_checkpoint_bytes_last", 0.0);
+    const double full = json.value("full_checkpoint_bytes_last", 0.0);
+    rows->push_back({"incremental_checkpoint_bytes_per_changed_row", delta / changed, "B/row",
+                     8.0 + 4.0 * 18, "key_and_stored_row", std::nullopt});
+    rows->push_back({"full_checkpoint_bytes_per_row", full / table_rows, "B/row", std::nullopt,
+                     "", std::nullopt});
+    rows->push_back({"delta_vs_full_checkpoint_bytes_1pct_changed", full > 0 ? delta / full : 0,
+                     "ratio", std::nullopt, "", std::nullopt});
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -1341,6 +1371,160 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
                      JsonFigure(summary, "/workers/0/push_log_bytes_per_step"),
                      "B", std::nullopt, "", std::nullopt});
   }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The `scale` group: dlrm-small whose 26 fields draw ids (Zipf, s = 1.1) from fields of up to
+// 10^9 ids, on 2 shards whose embedding table is tiered under a memory budget, 2 workers, BSP.
+// Checkpoints every 150 steps (a full one every 4th, deltas between); shard 1 is killed
+// (kill -9) after its second checkpoint and started again by launch. An observer samples the
+// slowest worker's clock twice a second, and whether a shard is writing a checkpoint or
+// loading one, to give samples/s before the kill (outside and during checkpoints) and after
+// the restart; the restart's seconds (the kill to the shard answering from its state); and the
+// rows in each tier at the end.
+void ScaleRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-scale-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  GeneratorOptions g;
+  g.rows = opt.quick ? 300000 : 1500000;
+  g.vocabulary = 1000000000;
+  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  const std::vector<uint16_t> ports = *PickFreePorts(2);
+  const uint64_t budget = opt.memory_budget ? opt.memory_budget : (128ull << 20);
+  const uint32_t batch = 1024, workers = 2;
+  const std::string manifest = dir + "/scale.yaml";
+  std::ofstream(manifest)
+      << "cluster:\n  servers: [127.0.0.1:" << ports[0] << ", 127.0.0.1:" << ports[1]
+      << "]\n  workers: " << workers << "\n  request_timeout: 5s\n  request_retries: 3\n"
+      << "  restart_servers: true\n"
+      << "server: {engine_threads: 2, memory_budget: " << budget << ", disk_dir: " << dir
+      << "/disk}\n"
+      << "training: {consistency: bsp, batch_size: " << batch
+      << ", epochs: 1, progress_every: 1h}\n"
+      << "model: {kind: dlrm, embedding_dim: 16, bottom: [64, 16], top: [64, 1], "
+         "sparse_storage: tiered}\n"
+      << "data: {train: " << dir << "/train.tsv}\n"
+      << "checkpoint: {dir: " << dir << "/ckpt, every_steps: 150, full_every: 4, keep: 2}\n";
+  auto m = LoadManifest(manifest);
+  if (!m.ok()) {
+    spdlog::error("scale bench: {}", m.status().ToString());
+    return;
+  }
+  auto job = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", manifest,
+                                "--summary", dir + "/scale.json"},
+                               dir + "/scale.log");
+  if (!job.ok()) return;
+  // Observers: of shard 0 (never killed) for the clock; of shard 1, giving up fast.
+  Manifest quick_manifest = *m;
+  quick_manifest.cluster.request_timeout_ms = 500;
+  quick_manifest.cluster.request_retries = 0;
+  std::unique_ptr<PsClient> observer, probe;
+  struct Sample {
+    double t;
+    int64_t clock;
+    bool writing;   // a shard writes a checkpoint
+    bool down;      // shard 1 is dead or loading
+  };
+  std::vector<Sample> samples;
+  const auto start = std::chrono::steady_clock::now();
+  auto now_s = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double killed_at = -1, back_at = -1;
+  for (int i = 0; i < 20000 && !job->Poll(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (!observer) {
+      auto c = PsClient::Connect(quick_manifest, PsClient::kObserver);
+      if (c.ok()) observer = std::move(*c);
+      continue;
+    }
+    auto s0 = observer->StatsOf(0);
+    if (!s0.ok()) continue;
+    const auto j0 = nlohmann::json::parse(*s0, nullptr, false);
+    if (j0.is_discarded()) continue;
+    int64_t clock = INT64_MAX;
+    for (const auto& c : j0.value("worker_clocks", nlohmann::json::array())) {
+      clock = std::min<int64_t>(clock, c.get<int64_t>());
+    }
+    bool writing = j0.value("checkpoint_writing", false);
+    bool down = false;
+    auto s1 = observer->StatsOf(1);
+    if (s1.ok()) {
+      const auto j1 = nlohmann::json::parse(*s1, nullptr, false);
+      down = !j1.is_discarded() && j1.value("restoring", false);
+      writing = writing || (!j1.is_discarded() && j1.value("checkpoint_writing", false));
+      if (!down && killed_at >= 0 && back_at < 0) back_at = now_s();
+    } else {
+      down = true;  // dead: the request timed out (its socket reconnects by itself)
+    }
+    samples.push_back({now_s(), clock == INT64_MAX ? 0 : clock, writing, down});
+    // The kill, once shard 1 has written two checkpoints.
+    if (killed_at < 0 && ListCheckpoints(dir + "/ckpt", 1).size() >= 2) {
+      for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+        std::ifstream in(e.path() / "cmdline");
+        std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+        if (cmd.find("server --manifest " + manifest + " --rank 1") != std::string::npos &&
+            ::kill(std::stol(e.path().filename().string()), SIGKILL) == 0) {
+          killed_at = now_s();
+        }
+      }
+    }
+  }
+  auto status = job->Wait(std::chrono::minutes(30));
+  if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0 || killed_at < 0) {
+    spdlog::error("scale bench: the job failed or shard 1 was never killed (see {}/scale.log)",
+                  dir);
+    return;
+  }
+  // Samples/s over the samples in a window whose flags match.
+  auto rate = [&](double from, double to, int writing /* -1: any */) {
+    double seconds = 0, steps = 0;
+    for (size_t i = 1; i < samples.size(); ++i) {
+      const Sample& a = samples[i - 1];
+      const Sample& b = samples[i];
+      if (a.t < from || b.t > to || a.down || b.down) continue;
+      if (writing >= 0 && (a.writing || b.writing) != (writing == 1)) continue;
+      seconds += b.t - a.t;
+      steps += static_cast<double>(b.clock - a.clock);
+    }
+    return seconds > 0 ? steps * batch * workers / seconds : 0.0;
+  };
+  const double end = samples.empty() ? 0 : samples.back().t;
+  rows->push_back({"scale_train_samples_per_s_before_kill", rate(0, killed_at, 0), "samples/s",
+                   std::nullopt, "", std::nullopt});
+  rows->push_back({"scale_train_samples_per_s_during_checkpoint", rate(0, killed_at, 1),
+                   "samples/s", std::nullopt, "", std::nullopt});
+  if (back_at > 0) {
+    rows->push_back({"scale_shard_restart_seconds", back_at - killed_at, "s", std::nullopt, "",
+                     std::nullopt});
+    rows->push_back({"scale_train_samples_per_s_after_restart", rate(back_at, end, -1),
+                     "samples/s", std::nullopt, "", std::nullopt});
+  }
+  std::ifstream log_in(dir + "/scale.log");
+  const std::string log((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  for (const std::string shard : {"0", "1"}) {
+    // The final stats line of each shard ("shard N stopping: {...}").
+    const size_t at = log.rfind("shard " + shard + " stopping: ");
+    if (at == std::string::npos) continue;
+    const size_t open = log.find('{', at);
+    const size_t close = log.find('\n', open);
+    const auto j = nlohmann::json::parse(log.substr(open, close - open), nullptr, false);
+    if (j.is_discarded() || !j.contains("tables")) continue;
+    for (const auto& t : j["tables"]) {
+      if (t.value("storage", "") != "tiered") continue;
+      rows->push_back({"scale_shard" + shard + "_rows_in_memory", t.value("memory_rows", 0.0),
+                       "rows", std::nullopt, "", std::nullopt});
+      rows->push_back({"scale_shard" + shard + "_rows_on_disk", t.value("disk_rows", 0.0), "rows",
+                       std::nullopt, "", std::nullopt});
+    }
+  }
+  std::ifstream summary_in(dir + "/scale.json");
+  const std::string summary((std::istreambuf_iterator<char>(summary_in)),
+                            std::istreambuf_iterator<char>());
+  rows->push_back({"scale_eval_free_job_samples_per_s", JsonFigure(summary, "/samples_per_second"),
+                   "samples/s", std::nullopt, "", std::nullopt});
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
@@ -1556,10 +1740,12 @@ int Main(int argc, char** argv) {
                                                    "optimizer",   "consistency", "training",
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
-                                                   "capacity",    "elastic",  "reshard"};
+                                                   "capacity",    "elastic",  "reshard",
+                                                   "scale"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
-                         "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard)\n",
+                         "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard, "
+                         "scale)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -1612,6 +1798,7 @@ int Main(int argc, char** argv) {
     RestartRows(opt, &rows);
   }
   if (opt.only == "tiered") TieredRows(opt, &rows);  // opt-in: minutes, and disk space
+  if (opt.only == "scale") ScaleRows(opt, &rows);    // opt-in: minutes, and disk space
   // A 10^8-row table (about 9 GB over two shards): in the full run, not the quick one.
   if (opt.capacity || opt.only == "capacity" || (opt.only.empty() && !opt.quick)) {
     CapacityRows(&rows);

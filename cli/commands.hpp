@@ -54,6 +54,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
               const std::string& trace_rows = "", const std::string& step_times = "");
 
 // parasol gen-data --rows N --out FILE
-int RunGenData(uint64_t rows, const std::string& out, uint64_t seed);
+int RunGenData(uint64_t rows, const std::string& out, uint64_t seed,
+               uint64_t vocabulary = 2000000);
 
 }  // namespace parasol::cli

@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
   gen->add_option("--rows,-n", rows, "rows to write")->capture_default_str();
   gen->add_option("--out,-o", out, "output file")->required();
   gen->add_option("--seed", seed, "random seed")->capture_default_str();
+  uint64_t vocabulary = 2000000;
+  gen->add_option("--vocabulary", vocabulary,
+                  "the largest categorical field's cardinality (the others log-spaced from 10)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{10}, uint64_t{1} << 62));
 
   auto* stats = app.add_subcommand("stats", "print every shard's counters");
   stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -223,7 +228,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*scale) return parasol::cli::RunScale(manifest, scale_workers, key_path);
-  if (*gen) return parasol::cli::RunGenData(rows, out, seed);
+  if (*gen) return parasol::cli::RunGenData(rows, out, seed, vocabulary);
   if (*render) {
     auto text = target == "k8s" ? parasol::RenderKubernetes(manifest, render_options)
                                 : parasol::RenderSlurm(manifest, render_options);

@@ -194,10 +194,11 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   return 0;
 }
 
-int RunGenData(uint64_t rows, const std::string& out, uint64_t seed) {
+int RunGenData(uint64_t rows, const std::string& out, uint64_t seed, uint64_t vocabulary) {
   GeneratorOptions o;
   o.rows = rows;
   o.seed = seed;
+  o.vocabulary = vocabulary;
   Status st = GenerateCriteo(out, o);
   if (!st.ok()) {
     spdlog::error("{}", st.ToString());

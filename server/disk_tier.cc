@@ -4,6 +4,9 @@
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
+#include <rocksdb/write_buffer_manager.h>
+
+#include <algorithm>
 
 #include <cstring>
 #include <filesystem>
@@ -46,19 +49,32 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
   // Point lookups only: a bloom filter makes a key that is on neither tier (a new row) cheap;
   // index and filter blocks live in the bounded block cache, so memory stays within it.
   rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(std::max<uint64_t>(cache_bytes, 1 << 20));
+  // One cache with a strict capacity holds what the store keeps in memory: the blocks it
+  // reads, and (charged by the write buffer manager) its memtables, which may take half of it
+  // before writes wait for a flush. A read whose block finds no room is served without caching
+  // it (MultiGet below).
+  rocksdb::LRUCacheOptions cache_options;
+  cache_options.capacity = std::max<uint64_t>(cache_bytes, 2 << 20);
+  cache_options.num_shard_bits = 0;  // a strict capacity per shard of the cache: one shard
+  cache_options.strict_capacity_limit = true;
+  t->cache_ = rocksdb::NewLRUCache(cache_options);
+  table.block_cache = t->cache_;
+  options.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(
+      cache_options.capacity / 2, t->cache_, /*allow_stall=*/true);
   // Partitioned: a lookup loads a small filter and index partition, not a file's whole filter
   // (which, once the files' filters outgrow the cache, every lookup would read again).
   table.cache_index_and_filter_blocks = true;
   table.cache_index_and_filter_blocks_with_high_priority = true;
-  table.pin_top_level_index_and_filter = true;
+  // Nothing pinned: pinned blocks would hold the strict cache full.
+  table.pin_top_level_index_and_filter = false;
   table.index_type = rocksdb::BlockBasedTableOptions::IndexType::kTwoLevelIndexSearch;
   table.partition_filters = true;
   table.metadata_block_size = 4096;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   table.block_size = 4 * 1024;  // a lookup reads one block for one row of ~100 bytes
   cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  cf.write_buffer_size = 4 << 20;  // memtables: part of the slack over the memory budget
+  // Memtables: charged to the cache above; small ones, flushed often, for a small budget.
+  cf.write_buffer_size = std::clamp<uint64_t>(cache_options.capacity / 8, 256 << 10, 4 << 20);
   cf.max_write_buffer_number = 2;
   cf.compression = rocksdb::kNoCompression;  // rows of floats barely compress
   // A new store every time: the checkpoint, not this folder, holds the shard's state.
@@ -113,6 +129,19 @@ Status DiskTier::MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t
       values[i].Reset();
     }
     db_->MultiGet(o, families_.at(table), m, slices, values.data(), statuses.data());
+    // A block the full cache had no room for (Status::MemoryLimit, or Incomplete): read again
+    // without caching.
+    bool retry = false;
+    for (size_t i = 0; i < m; ++i) {
+      retry = retry || statuses[i].IsMemoryLimit() || statuses[i].IsIncomplete();
+    }
+    if (retry) {
+      rocksdb::ReadOptions uncached;
+      uncached.fill_cache = false;
+      for (size_t i = 0; i < m; ++i) values[i].Reset();
+      db_->MultiGet(uncached, families_.at(table), m, slices, values.data(), statuses.data());
+      uncached_reads_.fetch_add(1, std::memory_order_relaxed);
+    }
     for (size_t i = 0; i < m; ++i) {
       if (statuses[i].IsNotFound()) continue;
       if (!statuses[i].ok()) return ToStatus(statuses[i], "reading a row");
@@ -183,6 +212,9 @@ uint64_t DiskTier::DiskBytes() const {
   }
   return total;
 }
+
+uint64_t DiskTier::CacheBytes() const { return cache_ ? cache_->GetUsage() : 0; }
+uint64_t DiskTier::CacheCapacity() const { return cache_ ? cache_->GetCapacity() : 0; }
 
 uint64_t DiskTier::MemTableBytes() const {
   uint64_t total = 0;

@@ -12,6 +12,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
@@ -30,7 +31,8 @@ namespace parasol {
 class DiskTier {
  public:
   // Opens an empty store in `dir` (created; whatever it held is deleted) with one column
-  // family per name. `cache_bytes`: RocksDB's block cache (index and filter blocks included).
+  // family per name. `cache_bytes`: all the memory RocksDB keeps (blocks read, index and filter
+  // blocks, memtables), one cache with a strict capacity.
   static Result<std::unique_ptr<DiskTier>> Open(const std::string& dir,
                                                 const std::vector<std::string>& tables,
                                                 uint64_t cache_bytes);
@@ -85,6 +87,11 @@ class DiskTier {
   // Bytes on disk (SST files) and in memory (memtables) of the whole store.
   uint64_t DiskBytes() const;
   uint64_t MemTableBytes() const;
+  // What the cache holds (memtables charged to it included), and its capacity.
+  uint64_t CacheBytes() const;
+  uint64_t CacheCapacity() const;
+  // Lookups served without caching (the cache was full).
+  uint64_t uncached_reads() const { return uncached_reads_.load(std::memory_order_relaxed); }
   // Rows read by MultiGet and put by Write since Open.
   uint64_t rows_read() const { return rows_read_.load(std::memory_order_relaxed); }
   uint64_t rows_written() const { return rows_written_.load(std::memory_order_relaxed); }
@@ -102,6 +109,8 @@ class DiskTier {
   std::vector<rocksdb::ColumnFamilyHandle*> families_;  // by table index of Open()
   std::atomic<uint64_t> rows_read_{0};
   std::atomic<uint64_t> rows_written_{0};
+  std::atomic<uint64_t> uncached_reads_{0};
+  std::shared_ptr<rocksdb::Cache> cache_;
 };
 
 }  // namespace parasol

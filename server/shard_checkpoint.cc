@@ -59,7 +59,7 @@ Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& 
           *bytes += b.bytes.size();
           return sink(b);
         },
-        ShardState::kRowBlockBytes, delta);
+        checkpoint_block_bytes_, delta);
   });
 }
 

@@ -63,6 +63,19 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
   tables_status_ = ResetTables();
 }
 
+MemoryShares SplitMemoryBudget(const ServerOptions& server) {
+  const uint64_t budget = server.memory_budget;
+  MemoryShares m;
+  m.disk_cache = std::clamp<uint64_t>(budget / 8, 2 << 20, 256 << 20);
+  m.replies = std::min<uint64_t>(server.max_queued_reply_bytes,
+                                 std::clamp<uint64_t>(budget / 8, 1 << 20, 256 << 20));
+  // Two blocks at a time (one being read or written, one applied).
+  m.checkpoint_blocks = std::clamp<uint64_t>(budget / 32, 1 << 20, ShardState::kRowBlockBytes);
+  const uint64_t others = m.disk_cache + m.replies + 2 * m.checkpoint_blocks;
+  m.rows = budget > others ? budget - others : budget / 4;
+  return m;
+}
+
 std::string ShardServer::DiskDir() const {
   const std::string shard = "shard-" + std::to_string(rank_);
   if (!manifest_.server.disk_dir.empty()) return manifest_.server.disk_dir + "/" + shard;
@@ -117,18 +130,22 @@ Status ShardServer::ResetTables() {
     }
   }
   if (tiered.empty()) return Status::Ok();
-  // RocksDB's block cache (index and filter blocks in it): part of the slack over the budget.
-  constexpr uint64_t kDiskCacheBytes = 8 << 20;
-  PARASOL_ASSIGN_OR_RETURN(disk_, DiskTier::Open(DiskDir(), families, kDiskCacheBytes));
-  // The budget, shared equally among the tiered tables, in rows: a row's bytes in memory are
-  // its stored words (values, state, clock word), its index entry (4-byte buckets at a load of
+  // server.memory_budget covers all this shard holds for its tiered tables: RocksDB (one cache
+  // with a strict capacity: blocks read and memtables), replies queued for their peers, the
+  // blocks a checkpoint is written and read in, and the in-memory rows with their index.
+  const MemoryShares shares = SplitMemoryBudget(manifest_.server);
+  PARASOL_ASSIGN_OR_RETURN(disk_, DiskTier::Open(DiskDir(), families, shares.disk_cache));
+  // The rows' share, among the tiered tables equally, in rows: a row's bytes in memory are its
+  // stored words (values, state, clock word), its index entry (4-byte buckets at a load of
   // 0.35 or more: at most 12 bytes a row), its key and its referenced flag (for CLOCK).
-  const uint64_t share = manifest_.server.memory_budget / tiered.size();
+  const uint64_t share = shares.rows / tiered.size();
   for (const auto& [id, family] : tiered) {
     SparseTable& table = *sparse_[id];
     const uint64_t row_bytes = sizeof(float) * table.partition(0).stored_words() + 12 + 8 + 1;
     table.SetDiskTier(disk_.get(), family, std::max<uint64_t>(engines, share / row_bytes));
   }
+  max_queued_reply_bytes_ = shares.replies;
+  checkpoint_block_bytes_ = shares.checkpoint_blocks;
   spdlog::info("shard {}: disk tier of {} table(s) in {}, memory budget {} bytes", rank_,
                tiered.size(), disk_->dir(), manifest_.server.memory_budget);
   return Status::Ok();
@@ -1766,7 +1783,7 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   constexpr size_t kCountedHeaderBytes = 4096;
   uint64_t bytes = header.size() > kCountedHeaderBytes ? header.size() : 0;
   for (const auto& m : payload) bytes += m.size();
-  if (bytes > 0 && QueuedReplyBytes() + bytes > manifest_.server.max_queued_reply_bytes) {
+  if (bytes > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
     // Peers that do not take their replies hold this much already: drop this one (a real
     // worker resends its request).
     DroppedReply(reply, "replies waiting for their peers hold " +
@@ -1889,6 +1906,9 @@ std::string ShardServer::StatsJson() const {
     s["disk_dir"] = disk_->dir();
     s["disk_bytes"] = disk_->DiskBytes();
     s["disk_memtable_bytes"] = disk_->MemTableBytes();
+    s["disk_cache_bytes"] = disk_->CacheBytes();
+    s["disk_cache_capacity"] = disk_->CacheCapacity();
+    s["disk_uncached_reads"] = disk_->uncached_reads();
     s["disk_rows_read"] = disk_->rows_read();
     s["disk_rows_written"] = disk_->rows_written();
   }

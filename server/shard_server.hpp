@@ -68,6 +68,15 @@ struct DeferredBspApply {
   bool started = false;  // the second pass runs in the engines' background
 };
 
+// How a shard with tiered tables spends server.memory_budget.
+struct MemoryShares {
+  uint64_t disk_cache = 0;         // RocksDB's one cache: blocks read, memtables
+  uint64_t replies = 0;            // replies queued for their peers (server.max_queued_reply_bytes)
+  uint64_t checkpoint_blocks = 0;  // a checkpoint's blocks of rows (two at a time)
+  uint64_t rows = 0;               // the in-memory rows and their index
+};
+MemoryShares SplitMemoryBudget(const ServerOptions& server);
+
 class ShardServer {
  public:
   // REQUIRES: rank < manifest.cluster.servers.size().
@@ -505,6 +514,10 @@ class ShardServer {
   uint64_t QueuedReplyBytes() const {
     return queued_reply_bytes_->load() + retired_dense_bytes_->load();
   }
+  // server.max_queued_reply_bytes, or less for tiered tables (SplitMemoryBudget).
+  uint64_t max_queued_reply_bytes_ = manifest_.server.max_queued_reply_bytes;
+  // The most bytes of rows a checkpoint block holds.
+  uint64_t checkpoint_block_bytes_ = ShardState::kRowBlockBytes;
   // Changes whenever pushes, clocks or checkpoints change what a checkpoint would hold.
   uint64_t StateStamp() const;
   uint64_t requested_checkpoint_stamp_ = ~uint64_t{0};

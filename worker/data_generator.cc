@@ -28,8 +28,8 @@ struct FileCloser {
 
 }  // namespace
 
-uint64_t GeneratedCardinality(uint32_t field) {
-  const double lo = std::log(10.0), hi = std::log(2e6);
+uint64_t GeneratedCardinality(uint32_t field, uint64_t vocabulary) {
+  const double lo = std::log(10.0), hi = std::log(std::max<double>(10.0, vocabulary));
   return static_cast<uint64_t>(std::exp(lo + (hi - lo) * field / (kCriteoSparseFields - 1)));
 }
 
@@ -39,7 +39,7 @@ Status GenerateCriteo(const std::string& path, const GeneratorOptions& options) 
   std::mt19937_64 rng(options.seed);
   std::vector<ZipfSampler> fields;
   for (uint32_t f = 0; f < kCriteoSparseFields; ++f) {
-    fields.emplace_back(GeneratedCardinality(f), options.zipf_s);
+    fields.emplace_back(GeneratedCardinality(f, options.vocabulary), options.zipf_s);
   }
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::string line;

@@ -14,12 +14,15 @@ struct GeneratorOptions {
   uint64_t rows = 100000;
   uint64_t seed = 1;
   double zipf_s = 1.1;
+  // The largest field's cardinality (the others log-spaced from 10 up to it).
+  uint64_t vocabulary = 2000000;
 };
 
 // Writes `rows` Criteo TSV lines to `path`.
 Status GenerateCriteo(const std::string& path, const GeneratorOptions& options);
 
-// The cardinality of categorical field f (0..25): from 10 up to 2 million, log-spaced.
-uint64_t GeneratedCardinality(uint32_t field);
+// The cardinality of categorical field f (0..25): from 10 up to `vocabulary` (2 million
+// unless given), log-spaced.
+uint64_t GeneratedCardinality(uint32_t field, uint64_t vocabulary = 2000000);
 
 }  // namespace parasol

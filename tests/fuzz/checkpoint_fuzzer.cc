@@ -2,8 +2,9 @@
 // tests/support/small_shard.hpp, loaded by ShardState::Load into real tables (the reader, then
 // the code that applies the decoded blocks). Each input is tried twice: as it is, and
 // "resealed", its checksums recomputed wherever the sizes in it allow, so mutations reach the
-// checks behind the checksums (sizes, tables, clocks, push record, pending BSP sums) and the
-// tables and sums themselves.
+// checks behind the checksums (sizes, tables, clocks, push record, pending BSP sums, a delta's
+// links and removed rows) and the tables and sums themselves, both in the two passes of a
+// check-first load and in the one pass of a restarting shard.
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -53,12 +54,15 @@ std::string Reseal(std::string f) {
   return f;
 }
 
-// Loads `file`; when it is accepted, uses what was restored as a shard would.
-void Load(parasol::testing::SmallShard& shard, const std::string& file) {
+// Loads `file` (checked whole first, or in one pass as a restarting shard does, onto the
+// checkpoint `onto` when it says it is a delta); when it is accepted, uses what was restored as
+// a shard would.
+void Load(parasol::testing::SmallShard& shard, const std::string& file, bool check_first,
+          uint64_t onto) {
   shard.Reset();
   std::istringstream in(file);
   parasol::CheckpointHeader header;
-  if (!shard.state().Load(in, "fuzz", &header).ok()) return;
+  if (!shard.state().Load(in, "fuzz", &header, check_first, onto).ok()) return;
   for (uint32_t t : {0u, 1u}) {
     parasol::SparseTable& table = shard.sparse(t);
     for (uint32_t e = 0; e < table.engines(); ++e) {
@@ -94,7 +98,13 @@ void Load(parasol::testing::SmallShard& shard, const std::string& file) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static parasol::testing::SmallShard* shard = new parasol::testing::SmallShard();
   const std::string file(reinterpret_cast<const char*>(data), size);
-  Load(*shard, file);
-  Load(*shard, Reseal(file));
+  Load(*shard, file, /*check_first=*/true, 0);
+  const std::string resealed = Reseal(file);
+  Load(*shard, resealed, true, 0);
+  // The one pass a restarting shard makes, onto the checkpoint before the file's sequence (a
+  // delta's), or onto none.
+  const uint64_t sequence = resealed.size() >= 48 ? Get64(resealed, 40) : 0;
+  Load(*shard, resealed, /*check_first=*/false, sequence > 0 ? sequence - 1 : 0);
+  Load(*shard, resealed, /*check_first=*/false, 0);
   return 0;
 }
