@@ -908,6 +908,7 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
     PARASOL_RETURN_IF_ERROR(AddModelTables(&m));
+    for (TableOptions& t : m.tables) t.keep_clock = m.checkpoint.full_every > 1;
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }

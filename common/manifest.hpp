@@ -68,6 +68,9 @@ struct TableOptions {
   AdmissionOptions admission;       // sparse tables only
   EvictionOptions eviction;         // sparse tables only
   uint64_t seed = 0;                // default: derived from job.seed and the table name
+  // Rows keep the shard clock of their last update even when the table evicts nothing (set
+  // from checkpoint.full_every > 1: a delta holds the rows updated since a clock).
+  bool keep_clock = false;
 
   // Dense: product of shape. Sparse: dim.
   uint64_t NumElements() const;

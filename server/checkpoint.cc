@@ -360,10 +360,12 @@ void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep) {
   const std::vector<std::string> all = ListCheckpoints(dir, shard);
   if (all.size() <= keep || keep == 0) return;
   // The oldest kept checkpoint, and the full one its chain starts from: nothing from there on
-  // goes (a chain that cannot be read is no checkpoint: then only the newest `keep` stay).
+  // goes. A chain that cannot be read now prunes nothing (its base may be what a newer delta
+  // builds on); the next checkpoint tries again.
   uint64_t first_kept = SequenceOf(all[keep - 1]);
   Result<std::vector<std::string>> chain = CheckpointChain(dir, shard, first_kept);
-  if (chain.ok()) first_kept = SequenceOf(chain->front());
+  if (!chain.ok()) return;
+  first_kept = SequenceOf(chain->front());
   for (const std::string& path : all) {
     if (SequenceOf(path) >= first_kept) continue;
     std::error_code ec;

@@ -49,14 +49,15 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
   // Point lookups only: a bloom filter makes a key that is on neither tier (a new row) cheap;
   // index and filter blocks live in the bounded block cache, so memory stays within it.
   rocksdb::BlockBasedTableOptions table;
-  // One cache with a strict capacity holds what the store keeps in memory: the blocks it
-  // reads, and (charged by the write buffer manager) its memtables, which may take half of it
-  // before writes wait for a flush. A read whose block finds no room is served without caching
-  // it (MultiGet below).
+  // One cache holds what the store keeps in memory: the blocks it reads, and (charged by the
+  // write buffer manager) its memtables, which may take half of it before writes wait for a
+  // flush. Not a strict capacity: a flush that cannot insert the new file's index blocks fails
+  // and stops the store's writes for good; it exceeds its capacity only by the blocks reads
+  // hold at the moment (a MultiGet chunk per engine).
   rocksdb::LRUCacheOptions cache_options;
   cache_options.capacity = std::max<uint64_t>(cache_bytes, 2 << 20);
-  cache_options.num_shard_bits = 0;  // a strict capacity per shard of the cache: one shard
-  cache_options.strict_capacity_limit = true;
+  cache_options.num_shard_bits = 0;
+  cache_options.strict_capacity_limit = false;
   t->cache_ = rocksdb::NewLRUCache(cache_options);
   table.block_cache = t->cache_;
   options.write_buffer_manager = std::make_shared<rocksdb::WriteBufferManager>(

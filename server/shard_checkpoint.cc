@@ -106,11 +106,12 @@ std::optional<DeltaSpec> ShardServer::NextDelta(uint64_t sequence) {
   // holds no removed rows; the record starts again at its moment).
   std::vector<std::vector<uint64_t>> removed(sparse_.size());
   uint64_t removed_total = 0, rows = 0;
+  bool overflowed = false;
   for (uint32_t t = 0; t < sparse_.size(); ++t) {
     if (!sparse_[t]) continue;
     rows += sparse_[t]->TotalRows();
     for (uint32_t e = 0; e < sparse_[t]->engines(); ++e) {
-      std::vector<uint64_t> keys = sparse_[t]->partition(e).TakeRemoved();
+      std::vector<uint64_t> keys = sparse_[t]->partition(e).TakeRemoved(&overflowed);
       removed_total += keys.size();
       removed[t].insert(removed[t].end(), keys.begin(), keys.end());
     }
@@ -118,7 +119,8 @@ std::optional<DeltaSpec> ShardServer::NextDelta(uint64_t sequence) {
   // Rows that move between shards keep the clocks of the shard they came from: a change of
   // the shard count starts a new chain.
   const bool moving = !membership_.server_changes().empty() || staged_rows_;
-  if (c.full_every <= 1 || force_full_ || chain_base_ == 0 || checkpoint_sequence_ == 0 ||
+  if (c.full_every <= 1 || force_full_ || overflowed || chain_base_ == 0 ||
+      checkpoint_sequence_ == 0 ||
       sequence - chain_base_ >= c.full_every || moving || removed_total > rows / 2 + (1 << 20)) {
     return std::nullopt;
   }
@@ -328,7 +330,7 @@ void ShardServer::StartRequestedCheckpoint() {
 }
 
 // Never throws: Restore() tries the next file on any error.
-Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto) {
+Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint64_t base) {
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
@@ -344,6 +346,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto) {
       state.set_block_delay(std::chrono::milliseconds(500));
     }
     state.set_progress(&restore_progress_);
+    state.set_expected_base(base);
     CheckpointHeader h;
     // Read once, each block applied as soon as it is checked (Restore() resets the tables
     // when a file is refused part way).
@@ -373,8 +376,21 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto) {
 Status ShardServer::Restore() {
   restore_attempted_ = true;
   const CheckpointOptions& c = manifest_.checkpoint;
-  if (c.dir.empty() || !c.restore) return Status::Ok();
+  if (c.dir.empty()) return Status::Ok();
   const std::vector<std::string> files = ListCheckpoints(c.dir, rank_);
+  // New checkpoints are numbered past every file in the folder (ones not loaded, or refused,
+  // included): a delta never meets a file of another history under the number it names.
+  for (const std::string& path : files) {
+    if (Result<CheckpointHeader> h = ReadCheckpointHeader(path); h.ok()) {
+      checkpoints_begun_ = std::max(checkpoints_begun_, h->sequence);
+    }
+    const size_t at = path.rfind("ckpt-");
+    if (at != std::string::npos) {
+      checkpoints_begun_ =
+          std::max<uint64_t>(checkpoints_begun_, std::strtoull(path.c_str() + at + 5, nullptr, 10));
+    }
+  }
+  if (!c.restore) return Status::Ok();
   for (const std::string& path : files) {
     // A delta is its full checkpoint and every delta up to it, loaded in order.
     Status st;
@@ -386,8 +402,10 @@ Status ShardServer::Restore() {
       st = chain.status();
     } else {
       uint64_t onto = 0;
+      Result<CheckpointHeader> first = ReadCheckpointHeader(chain->front());
+      const uint64_t base = first.ok() ? first->sequence : 0;
       for (const std::string& file : *chain) {
-        st = LoadCheckpoint(file, onto);
+        st = LoadCheckpoint(file, onto, base);
         if (!st.ok()) break;
         Result<CheckpointHeader> loaded = ReadCheckpointHeader(file);
         onto = loaded.ok() ? loaded->sequence : 0;

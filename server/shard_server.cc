@@ -1783,7 +1783,9 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   constexpr size_t kCountedHeaderBytes = 4096;
   uint64_t bytes = header.size() > kCountedHeaderBytes ? header.size() : 0;
   for (const auto& m : payload) bytes += m.size();
-  if (bytes > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
+  // Over the limit only with others queued: a reply larger than the limit alone goes (it is
+  // bounded by the request it answers), or a large pull could never be answered.
+  if (bytes > 0 && QueuedReplyBytes() > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
     // Peers that do not take their replies hold this much already: drop this one (a real
     // worker resends its request).
     DroppedReply(reply, "replies waiting for their peers hold " +

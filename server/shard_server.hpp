@@ -277,7 +277,8 @@ class ShardServer {
                          const std::vector<uint64_t>& pushed_at_start, double seconds,
                          double pause_ms, uint64_t bytes, uint32_t begun_clock);
   // `onto`: the checkpoint the tables hold (a delta is loaded onto it; 0: none).
-  Status LoadCheckpoint(const std::string& path, uint64_t onto = 0);
+  // `base`: the full checkpoint its chain starts from (a delta must name it; 0: any).
+  Status LoadCheckpoint(const std::string& path, uint64_t onto = 0, uint64_t base = 0);
   // Empty tables (and an empty disk tier for the tiered ones).
   Status ResetTables();
   // The disk tier's folder of this shard.

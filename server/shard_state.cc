@@ -224,6 +224,17 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
       // larger than memory) is never copied whole.
       b.kind = static_cast<uint32_t>(Kind::kSparseRows);
       const SparseTable& table = *sparse_[t];
+      // A delta's removed rows come before its rows: a key removed and then created again
+      // since the checkpoint before is in both, and its new row must be what stays.
+      if (delta && t < delta->removed.size() && !delta->removed[t].empty()) {
+        CheckpointBlock r;
+        r.kind = static_cast<uint32_t>(Kind::kRemovedRows);
+        r.table = t;
+        r.count = delta->removed[t].size();
+        r.bytes.resize(r.count * sizeof(uint64_t));
+        std::memcpy(r.bytes.data(), delta->removed[t].data(), r.bytes.size());
+        PARASOL_RETURN_IF_ERROR(sink(r));
+      }
       bool sent = false;
       Status sink_status;
       for (uint32_t e = 0; e < table.engines(); ++e) {
@@ -256,15 +267,6 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
         PARASOL_RETURN_IF_ERROR(sink_status);
       }
       if (b.count > 0 || !sent) PARASOL_RETURN_IF_ERROR(sink(b));
-      if (delta && t < delta->removed.size() && !delta->removed[t].empty()) {
-        CheckpointBlock r;
-        r.kind = static_cast<uint32_t>(Kind::kRemovedRows);
-        r.table = t;
-        r.count = delta->removed[t].size();
-        r.bytes.resize(r.count * sizeof(uint64_t));
-        std::memcpy(r.bytes.data(), delta->removed[t].data(), r.bytes.size());
-        PARASOL_RETURN_IF_ERROR(sink(r));
-      }
       continue;
     }
     PARASOL_RETURN_IF_ERROR(SaveDense(t, sink));
@@ -590,6 +592,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       std::memcpy(v, b.bytes.data(), sizeof(v));
       const uint64_t base = static_cast<uint64_t>(v[0]), previous = static_cast<uint64_t>(v[1]);
       if (previous != onto || onto == 0 || base == 0 || base > previous ||
+          (expected_base_ != 0 && base != expected_base_) ||
           previous + 1 != header->sequence || v[2] < 0 || v[2] > int64_t{UINT32_MAX}) {
         return FailedPrecondition(
             "a delta of checkpoint " + std::to_string(previous) + " (chain from " +

@@ -62,7 +62,8 @@ enum class CheckpointBlockKind : uint32_t {
   // it is applied onto, i64 the shard clock its rows were updated at or after).
   kDeltaOf = 13,
   // A delta's rows of a sparse table removed since the checkpoint before it (evicted, moved
-  // away): count keys x u64. At most one per table, after the table's rows.
+  // away): count keys x u64. At most one per table, before the table's rows (a key removed and
+  // created again is in both: removed first, then its new row).
   kRemovedRows = 14,
 };
 
@@ -177,6 +178,8 @@ class ShardState {
     double seconds_checking = 0, seconds_applying = 0;
   };
   void set_progress(LoadProgress* progress) { progress_ = progress; }
+  // A delta loaded must name this full checkpoint as its chain's (0: not checked).
+  void set_expected_base(uint64_t base) { expected_base_ = base; }
   // Each block of the file waits this long before it is checked, and again before it is
   // applied (a test's stand-in for a huge table's load).
   void set_block_delay(std::chrono::milliseconds delay) { block_delay_ = delay; }
@@ -230,6 +233,7 @@ class ShardState {
   std::function<bool(uint64_t)> keeps_key_;
   EngineRunner run_engines_;
   LoadProgress* progress_ = nullptr;
+  uint64_t expected_base_ = 0;
   std::chrono::milliseconds block_delay_{0};
   void AddProgress(uint64_t bytes, uint64_t rows = 0) const {
     if (block_delay_.count() > 0 && bytes > 0) std::this_thread::sleep_for(block_delay_);

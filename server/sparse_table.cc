@@ -16,7 +16,8 @@ SparseTable::Partition::Partition(const TableOptions* options, const Optimizer* 
       codec_(options->dim, optimizer->SparseStateFloats(options->dim),
              options->optimizer.kind == OptimizerOptions::Kind::kAdam ? 1 : 0, options->dtype,
              options->state_dtype, options->rounding == TableOptions::Rounding::kStochastic,
-             /*keep_clock=*/options->eviction.ttl_clocks > 0 || options->eviction.max_rows > 0),
+             /*keep_clock=*/options->eviction.ttl_clocks > 0 || options->eviction.max_rows > 0 ||
+                 options->keep_clock),
       row_words_(codec_.stored_words()),
       view_(codec_.view_floats()),
       max_rows_(max_rows),

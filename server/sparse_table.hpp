@@ -271,7 +271,13 @@ class SparseTable {
       if (!on) std::vector<uint64_t>().swap(removed_);
     }
     // The keys whose rows were removed since the last call (evicted, erased, moved away).
-    std::vector<uint64_t> TakeRemoved() { return std::exchange(removed_, {}); }
+    // *overflowed: more were removed than the record holds (kMaxRemoved): the list is not all.
+    std::vector<uint64_t> TakeRemoved(bool* overflowed = nullptr) {
+      if (overflowed) *overflowed = *overflowed || removed_overflow_;
+      removed_overflow_ = false;
+      return std::exchange(removed_, {});
+    }
+    static constexpr size_t kMaxRemoved = size_t{1} << 22;  // 32 MiB of keys
     uint64_t removed_count() const { return removed_.size(); }
     // Sizes the index for `rows` rows (growing by doubling): rows restored in the index's own
     // (hash) order would otherwise pile up in a smaller, growing table.
@@ -367,9 +373,15 @@ class SparseTable {
     uint32_t next_slot_ = 0;
     bool appending_ = false;  // AppendRestoredRow() rows not yet in the index
     bool record_removed_ = false;
+    bool removed_overflow_ = false;
     std::vector<uint64_t> removed_;  // keys removed since TakeRemoved(), while recorded
     void NoteRemoved(uint64_t key) {
-      if (record_removed_) removed_.push_back(key);
+      if (!record_removed_) return;
+      if (removed_.size() >= kMaxRemoved) {
+        removed_overflow_ = true;  // the next checkpoint is full
+        return;
+      }
+      removed_.push_back(key);
     }
     Counters counters_;
     // Sweep state: where the last sweep stopped, the clock histogram of the pass in progress,

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -174,14 +175,28 @@ TEST(MemoryBudgetTest, ATieredShardInACgroupOfItsBudgetIsNeverOomKilled) {
     ASSERT_TRUE((*client)->PullSparse(0, keys, rows.data()).ok()) << "round " << round;
     sample();
   }
-  ASSERT_TRUE((*client)->Checkpoint().ok());
-  uint64_t read = 0;
+  // Every row as it is before the checkpoint (on either tier)...
+  std::vector<float> before(kRows * kDim);
   for (uint64_t first = 0; first < kRows; first += kBatch) {
     for (size_t i = 0; i < kBatch; ++i) keys[i] = first + i;
-    ASSERT_TRUE((*client)->PullSparse(0, keys, rows.data()).ok()) << "rows from " << first;
-    for (size_t i = 0; i < kBatch; ++i) read += rows[i * kDim] != 0.0f;
+    ASSERT_TRUE((*client)->PullSparse(0, keys, &before[first * kDim]).ok()) << first;
     sample();
   }
+  ASSERT_TRUE((*client)->Checkpoint().ok());
+  sample();
+  // ...and after it, in another order: the same values, bit for bit (a row lost between the
+  // tiers would come back as a new row's initial values).
+  uint64_t same = 0;
+  for (uint64_t first = kRows; first > 0; first -= kBatch) {
+    for (size_t i = 0; i < kBatch; ++i) keys[i] = first - kBatch + i;
+    ASSERT_TRUE((*client)->PullSparse(0, keys, rows.data()).ok()) << first;
+    same += std::memcmp(rows.data(), &before[(first - kBatch) * kDim],
+                        rows.size() * sizeof(float)) == 0
+                ? kBatch
+                : 0;
+    sample();
+  }
+  uint64_t read = same;
   auto stats = (*client)->StatsOf(0);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_EQ(read, kRows);
