@@ -1377,9 +1377,9 @@ void RestartRows(const Options& opt, std::vector<Row>* rows) {
 
 // The `scale` group: dlrm-small whose 26 fields draw ids (Zipf, s = 1.1) from fields of up to
 // 10^9 ids, on 2 shards whose embedding table is tiered under a memory budget, 2 workers, BSP.
-// Checkpoints every 150 steps (a full one every 4th, deltas between); shard 1 is killed
-// (kill -9) after its second checkpoint and started again by launch. An observer samples the
-// slowest worker's clock twice a second, and whether a shard is writing a checkpoint or
+// Checkpoints every 100 steps (30 with --quick; a full one every 4th, deltas between); shard 1
+// is killed (kill -9) after its second checkpoint and started again by launch. An observer
+// samples the slowest worker's clock five times a second, and whether a shard is writing a checkpoint or
 // loading one, to give samples/s before the kill (outside and during checkpoints) and after
 // the restart; the restart's seconds (the kill to the shard answering from its state); and the
 // rows in each tier at the end.
@@ -1389,9 +1389,13 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
   GeneratorOptions g;
   g.rows = opt.quick ? 300000 : 1500000;
   g.vocabulary = 1000000000;
-  if (!GenerateCriteo(dir + "/train.tsv", g).ok()) return;
+  if (Status st = GenerateCriteo(dir + "/train.tsv", g); !st.ok()) {
+    spdlog::error("scale bench: {}", st.ToString());
+    return;
+  }
   const std::vector<uint16_t> ports = *PickFreePorts(2);
-  const uint64_t budget = opt.memory_budget ? opt.memory_budget : (128ull << 20);
+  const uint64_t budget =
+      opt.memory_budget ? opt.memory_budget : (opt.quick ? 32ull << 20 : 128ull << 20);
   const uint32_t batch = 1024, workers = 2;
   const std::string manifest = dir + "/scale.yaml";
   std::ofstream(manifest)
@@ -1405,7 +1409,8 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
       << "model: {kind: dlrm, embedding_dim: 16, bottom: [64, 16], top: [64, 1], "
          "sparse_storage: tiered}\n"
       << "data: {train: " << dir << "/train.tsv}\n"
-      << "checkpoint: {dir: " << dir << "/ckpt, every_steps: 150, full_every: 4, keep: 2}\n";
+      << "checkpoint: {dir: " << dir << "/ckpt, every_steps: " << (opt.quick ? 30 : 100)
+      << ", full_every: 4, keep: 2}\n";
   auto m = LoadManifest(manifest);
   if (!m.ok()) {
     spdlog::error("scale bench: {}", m.status().ToString());
@@ -1414,7 +1419,10 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
   auto job = Subprocess::Spawn({BenchCluster::SelfDir() + "/parasol", "launch", manifest,
                                 "--summary", dir + "/scale.json"},
                                dir + "/scale.log");
-  if (!job.ok()) return;
+  if (!job.ok()) {
+    spdlog::error("scale bench: {}", job.status().ToString());
+    return;
+  }
   // Observers: of shard 0 (never killed) for the clock; of shard 1, giving up fast.
   Manifest quick_manifest = *m;
   quick_manifest.cluster.request_timeout_ms = 500;
@@ -1423,8 +1431,8 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
   struct Sample {
     double t;
     int64_t clock;
-    bool writing;   // a shard writes a checkpoint
-    bool down;      // shard 1 is dead or loading
+    int64_t checkpoints;  // written by both shards so far (a change: one was written between)
+    bool down;            // shard 1 is dead or loading
   };
   std::vector<Sample> samples;
   const auto start = std::chrono::steady_clock::now();
@@ -1432,8 +1440,8 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   double killed_at = -1, back_at = -1;
-  for (int i = 0; i < 20000 && !job->Poll(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int i = 0; i < 50000 && !job->Poll(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (!observer) {
       auto c = PsClient::Connect(quick_manifest, PsClient::kObserver);
       if (c.ok()) observer = std::move(*c);
@@ -1447,18 +1455,18 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
     for (const auto& c : j0.value("worker_clocks", nlohmann::json::array())) {
       clock = std::min<int64_t>(clock, c.get<int64_t>());
     }
-    bool writing = j0.value("checkpoint_writing", false);
+    int64_t checkpoints = j0.value("checkpoints", int64_t{0});
     bool down = false;
     auto s1 = observer->StatsOf(1);
     if (s1.ok()) {
       const auto j1 = nlohmann::json::parse(*s1, nullptr, false);
       down = !j1.is_discarded() && j1.value("restoring", false);
-      writing = writing || (!j1.is_discarded() && j1.value("checkpoint_writing", false));
+      if (!j1.is_discarded()) checkpoints += j1.value("checkpoints", int64_t{0});
       if (!down && killed_at >= 0 && back_at < 0) back_at = now_s();
     } else {
       down = true;  // dead: the request timed out (its socket reconnects by itself)
     }
-    samples.push_back({now_s(), clock == INT64_MAX ? 0 : clock, writing, down});
+    samples.push_back({now_s(), clock == INT64_MAX ? 0 : clock, checkpoints, down});
     // The kill, once shard 1 has written two checkpoints.
     if (killed_at < 0 && ListCheckpoints(dir + "/ckpt", 1).size() >= 2) {
       for (const auto& e : std::filesystem::directory_iterator("/proc")) {
@@ -1478,14 +1486,16 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
                   dir);
     return;
   }
-  // Samples/s over the samples in a window whose flags match.
-  auto rate = [&](double from, double to, int writing /* -1: any */) {
+  // Samples/s over the intervals between samples in a window (`writing`: 1 those in which a
+  // checkpoint was written, 0 the others, -1 all).
+  auto rate = [&](double from, double to, int writing) {
     double seconds = 0, steps = 0;
     for (size_t i = 1; i < samples.size(); ++i) {
       const Sample& a = samples[i - 1];
       const Sample& b = samples[i];
       if (a.t < from || b.t > to || a.down || b.down) continue;
-      if (writing >= 0 && (a.writing || b.writing) != (writing == 1)) continue;
+      const bool wrote = b.checkpoints != a.checkpoints;
+      if (writing >= 0 && wrote != (writing == 1)) continue;
       seconds += b.t - a.t;
       steps += static_cast<double>(b.clock - a.clock);
     }
@@ -1494,6 +1504,8 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
   const double end = samples.empty() ? 0 : samples.back().t;
   rows->push_back({"scale_train_samples_per_s_before_kill", rate(0, killed_at, 0), "samples/s",
                    std::nullopt, "", std::nullopt});
+  // Over the 200 ms intervals in which a shard wrote a checkpoint (tiered tables: in the
+  // foreground, so the job waits for it).
   rows->push_back({"scale_train_samples_per_s_during_checkpoint", rate(0, killed_at, 1),
                    "samples/s", std::nullopt, "", std::nullopt});
   if (back_at > 0) {
@@ -1512,6 +1524,9 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
     const size_t close = log.find('\n', open);
     const auto j = nlohmann::json::parse(log.substr(open, close - open), nullptr, false);
     if (j.is_discarded() || !j.contains("tables")) continue;
+    rows->push_back({"scale_shard" + shard + "_checkpoint_pause_ms_max",
+                     j.value("checkpoint_pause_ms_max", 0.0), "ms", std::nullopt, "",
+                     std::nullopt});
     for (const auto& t : j["tables"]) {
       if (t.value("storage", "") != "tiered") continue;
       rows->push_back({"scale_shard" + shard + "_rows_in_memory", t.value("memory_rows", 0.0),

@@ -17,6 +17,7 @@
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
 #include "tests/support/small_shard.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace parasol {
 namespace {
@@ -60,14 +61,8 @@ Snapshot Take(SmallShard& s) {
   return out;
 }
 
-class IncrementalCheckpointTest : public ::testing::Test {
+class IncrementalCheckpointTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    char name[] = "/tmp/parasol-incremental-XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   CheckpointHeader HeaderOf(const SmallShard& s, uint64_t sequence, bool delta) const {
     CheckpointHeader h;
@@ -158,7 +153,6 @@ class IncrementalCheckpointTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
 };
 
 TEST_F(IncrementalCheckpointTest, AFullCheckpointAndItsDeltasLoadAsAFullOneOfTheSameMoment) {

@@ -18,6 +18,7 @@
 #include "common/slot_index.hpp"
 #include "server/checkpoint.hpp"
 #include "tests/support/small_shard.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace parasol {
 namespace {
@@ -53,14 +54,8 @@ std::vector<uint64_t> KeysSharingLowHashBits(uint64_t n) {
   return keys;
 }
 
-class RestoreOrderTest : public ::testing::Test {
+class RestoreOrderTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    char name[] = "/tmp/parasol-restore-order-XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Fills a shard with `keys` (in that order), saves it, loads it into a fresh shard on two
   // engine threads, and returns the loaded shard's index probes per row.
@@ -116,7 +111,6 @@ class RestoreOrderTest : public ::testing::Test {
     return per_row;
   }
 
-  std::string dir_;
 };
 
 // Linear probing at a load of at most 0.7 averages about 2.2 probes per insert; 4 leaves
