@@ -83,6 +83,7 @@ struct Options {
   bool capacity = false;
   uint64_t tiered_rows = 0;     // --tiered-rows (0: 10^7, --quick 10^6)
   uint64_t memory_budget = 0;   // --memory-budget (0: 64 MiB)
+  uint64_t huge_rows = 100000000;  // --huge-rows
   std::string tiered_dtype = "f32";  // --tiered-dtype: the tiered table's values (f32, bf16, f16)
 };
 
@@ -117,7 +118,19 @@ class BenchCluster {
     std::filesystem::remove_all(dir_, ec);
   }
   const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
   pid_t server_pid(int rank) const { return servers_.at(rank).pid(); }
+  // Kills server `rank` (kill -9), waits for it, and starts it again (its log goes on).
+  bool Restart(int rank) {
+    servers_.at(rank).Signal(SIGKILL);
+    if (!servers_.at(rank).Wait(std::chrono::seconds(60))) return false;
+    auto p = Subprocess::Spawn({SelfDir() + "/parasol", "server", "--manifest", path_, "--rank",
+                                std::to_string(rank)},
+                               dir_ + "/server" + std::to_string(rank) + ".log");
+    if (!p.ok()) return false;
+    servers_.at(rank) = std::move(*p);
+    return true;
+  }
 
   static std::string SelfDir() {
     char buf[PATH_MAX];
@@ -1646,6 +1659,97 @@ void TieredRows(const Options& opt, std::vector<Row>* rows) {
                    "raw_key_clock_value_state", std::nullopt});
 }
 
+// The `huge` group (opt-in; --huge-rows N, default 10^8): one shard (2 engine threads) of N
+// rows of dim 16 (adagrad_rowwise). A checkpoint written in the background while an observer
+// sends Stats back to back (the longest gap: the pause), its write rate next to a sequential
+// write with fsync of the same size; then the shard is killed (kill -9) and started again: the
+// seconds until it answers from its state, and its restore rate (from its log) next to a
+// sequential read of the file from the disk (its pages dropped first).
+void HugeRows(const Options& opt, std::vector<Row>* rows) {
+  const uint64_t n = opt.huge_rows;
+  const std::string size = n == 100000000 ? "1e8" : std::to_string(n);
+  char tmpl[] = "/tmp/parasol-bench-huge-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  {
+    BenchCluster cluster(
+        "  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n", 1,
+        "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir + "\n");
+    auto client = PsClient::Connect(cluster.manifest(), 0);
+    Manifest quick = cluster.manifest();
+    quick.cluster.request_timeout_ms = 500;
+    quick.cluster.request_retries = 0;
+    quick.cluster.connect_timeout_ms = 600000;
+    auto observer = PsClient::Connect(quick, PsClient::kObserver);
+    if (!client.ok() || !observer.ok()) return;
+    const double fill = Fill(**client, 0, n, 16, 100000);
+    rows->push_back({"huge_fill_rows_per_s_" + size + "x16", fill, "rows/s", std::nullopt, "",
+                     std::nullopt});
+    std::atomic<bool> stop{false};
+    double gap = 0;
+    uint64_t answers = 0;
+    std::thread probe([&] {
+      auto last = std::chrono::steady_clock::now();
+      while (!stop.load()) {
+        if (!(*observer)->StatsOf(0).ok()) continue;
+        const auto now = std::chrono::steady_clock::now();
+        gap = std::max(gap, std::chrono::duration<double, std::milli>(now - last).count());
+        last = now;
+        ++answers;
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const Status written = (*client)->Checkpoint();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stop = true;
+    probe.join();
+    if (!written.ok()) {
+      spdlog::error("huge bench: {}", written.ToString());
+      return;
+    }
+    const auto files = ListCheckpoints(dir, 0);
+    const double bytes = files.empty() ? 0 : std::filesystem::file_size(files[0]);
+    rows->push_back({"checkpoint_longest_pause_ms_" + size + "x16", gap, "ms", std::nullopt,
+                     std::to_string(answers) + "_answers_during_it", std::nullopt});
+    const double disk = DiskWriteBandwidth(dir, static_cast<uint64_t>(bytes));
+    rows->push_back({"checkpoint_write_gbps_" + size + "x16", bytes / s / 1e9, "GB/s", disk,
+                     "disk_write_fsync", std::nullopt});
+    if (!files.empty()) DropFromCache(files[0]);
+    const double read = files.empty() ? 0 : FileReadBandwidth(files[0]);
+    if (!files.empty()) DropFromCache(files[0]);
+    client->reset();
+    const auto kill_at = std::chrono::steady_clock::now();
+    if (!cluster.Restart(0)) return;
+    // Until it answers Stats from its state (not its loading's progress).
+    double restart = -1;
+    for (int i = 0; i < 120000; ++i) {
+      auto st = (*observer)->StatsOf(0);
+      if (st.ok() && st->find("\"restoring\"") == std::string::npos) {
+        restart = std::chrono::duration<double>(std::chrono::steady_clock::now() - kill_at).count();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    rows->push_back({"shard_restart_seconds_" + size + "x16", restart, "s", std::nullopt, "",
+                     std::nullopt});
+    // The restore's own time, from the shard's log line.
+    std::ifstream in(cluster.dir() + "/server0.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = log.rfind("rows, checked in ");
+    if (at != std::string::npos) {
+      const double checked = std::strtod(log.c_str() + at + 17, nullptr);
+      const size_t applied_at = log.find("applied in ", at);
+      const double applied =
+          applied_at == std::string::npos ? 0 : std::strtod(log.c_str() + applied_at + 11, nullptr);
+      const double seconds = checked + applied;
+      rows->push_back({"restore_rows_per_s_" + size + "x16_from_disk", n / seconds, "rows/s",
+                       read > 0 ? std::optional<double>(n / (bytes / (read * 1e9))) : std::nullopt,
+                       "file_read_from_disk", std::nullopt});
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 void CapacityRows(std::vector<Row>* rows) {
   constexpr uint64_t kRows = 100000000;
   constexpr uint32_t kDim = 16;
@@ -1744,10 +1848,16 @@ int Main(int argc, char** argv) {
         return 2;
       }
       opt.memory_budget = *b;
+    } else if (a == "--huge-rows" && i + 1 < argc) {
+      opt.huge_rows = std::strtoull(argv[++i], nullptr, 10);
+      if (opt.huge_rows == 0) {
+        std::fprintf(stderr, "--huge-rows: a number of rows, at least 1\n");
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "usage: parasol_bench [--only GROUP] "
                            "[--json FILE] [--quick] [--capacity] [--tiered-rows N] "
-                           "[--memory-budget BYTES] [--tiered-dtype f32|bf16|f16]\n");
+                           "[--memory-budget BYTES] [--tiered-dtype f32|bf16|f16] [--huge-rows N]\n");
       return 2;
     }
   }
@@ -1756,11 +1866,11 @@ int Main(int argc, char** argv) {
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
                                                    "capacity",    "elastic",  "reshard",
-                                                   "scale"};
+                                                   "scale",       "huge"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
                          "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard, "
-                         "scale)\n",
+                         "scale, huge)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -1814,6 +1924,7 @@ int Main(int argc, char** argv) {
   }
   if (opt.only == "tiered") TieredRows(opt, &rows);  // opt-in: minutes, and disk space
   if (opt.only == "scale") ScaleRows(opt, &rows);    // opt-in: minutes, and disk space
+  if (opt.only == "huge") HugeRows(opt, &rows);      // opt-in: 10 GB of memory and of disk
   // A 10^8-row table (about 9 GB over two shards): in the full run, not the quick one.
   if (opt.capacity || opt.only == "capacity" || (opt.only.empty() && !opt.quick)) {
     CapacityRows(&rows);
