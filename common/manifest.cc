@@ -333,6 +333,7 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
   PARASOL_RETURN_IF_ERROR(r.String("bind", &c->bind));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("connect_timeout", &c->connect_timeout_ms));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("request_timeout", &c->request_timeout_ms));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("restore_timeout", &c->restore_timeout_ms));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("request_retries", 0, 1000, &c->request_retries));
   PARASOL_RETURN_IF_ERROR(r.Bool("restart_servers", &c->restart_servers));
   PARASOL_RETURN_IF_ERROR(r.Bool("restart_workers", &c->restart_workers));

@@ -101,6 +101,10 @@ struct ClusterOptions {
   int64_t connect_timeout_ms = 30000;  // how long a worker waits for its servers to answer
   int64_t request_timeout_ms = 30000;  // a request with no reply by then is resent
   uint32_t request_retries = 2;        // resends before a request fails
+  // How long a worker waits for a shard that is loading its checkpoint (and moving), counted
+  // from the first time it said so: a shard that restarts again and again while loading moves
+  // each time, and is given up on after this.
+  int64_t restore_timeout_ms = 3600000;
   bool restart_servers = false;        // launch: start a server again when it dies
   bool restart_workers = false;        // launch: start a worker again when it dies
 };

@@ -14,6 +14,12 @@
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
 #                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
+#                    [--vocabulary V] [--full-every N] [--min-table-rows N]
+# --vocabulary V: the generated data's largest field has V ids (gen-data --vocabulary), so the
+# embedding table grows far larger than the data's rows; --min-table-rows N: the undisturbed
+# run's table must end with at least N rows (over its shards), or the harness fails, saying so.
+# --full-every N: checkpoints are incremental (checkpoint.full_every), so kills land on deltas
+# and restarts load chains.
 # --wire: every run (the undisturbed one too) sends values in 16 bits (wire.compression), so
 # replays after a kill resend compressed pushes; under BSP the models must still be equal.
 # --tiered BYTES: the embedding table is tiered (model.sparse_storage) with that memory budget
@@ -47,6 +53,9 @@ WIRE=""
 PREFETCH_DEPTH=""
 RESHARD=""
 SERVERS=2
+VOCABULARY=2000000
+FULL_EVERY=1
+MIN_TABLE_ROWS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -63,6 +72,9 @@ while [ $# -gt 0 ]; do
     --prefetch-depth) PREFETCH_DEPTH="$2"; shift 2 ;;
     --servers) SERVERS="$2"; shift 2 ;;
     --reshard) RESHARD=1; shift ;;
+    --vocabulary) VOCABULARY="$2"; shift 2 ;;
+    --full-every) FULL_EVERY="$2"; shift 2 ;;
+    --min-table-rows) MIN_TABLE_ROWS="$2"; shift 2 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -130,8 +142,10 @@ free_port() {
   exit 1
 }
 
-"$PARASOL" gen-data --rows "$ROWS" --seed 1 --out "$work/train.tsv" >/dev/null
-"$PARASOL" gen-data --rows 20000 --seed 2 --out "$work/eval.tsv" >/dev/null
+"$PARASOL" gen-data --rows "$ROWS" --seed 1 --vocabulary "$VOCABULARY" \
+  --out "$work/train.tsv" >/dev/null
+"$PARASOL" gen-data --rows 20000 --seed 2 --vocabulary "$VOCABULARY" \
+  --out "$work/eval.tsv" >/dev/null
 
 write_manifest() {  # NAME
   local p0 p1 p2 servers
@@ -167,7 +181,7 @@ cluster:
 training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s}
 model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]$storage}
 data: {train: $work/train.tsv, eval: $work/eval.tsv}
-checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3}
+checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3, full_every: $FULL_EVERY}
 $server
 ${WIRE:+wire: {compression: $WIRE\}}
 YAML
@@ -330,6 +344,15 @@ if [ "$run_status" -ne 0 ]; then
   exit 1
 fi
 undisturbed_seconds="$run_seconds"
+# The embedding table's rows at the end, over the shards (their last stats lines).
+table_rows="$(grep -o 'stopping: {.*' "$work/ref.log" |
+  grep -o '"name":"model.embeddings","kind":"sparse","rows":[0-9]*' |
+  grep -o '[0-9]*$' | awk '{ s += $1 } END { print s + 0 }')"
+echo "undisturbed: the embedding table ended with $table_rows rows"
+if [ "$table_rows" -lt "$MIN_TABLE_ROWS" ]; then
+  echo "chaos: FAIL: the table has $table_rows rows, fewer than the $MIN_TABLE_ROWS asked for"
+  exit 1
+fi
 "$PARASOL" export --manifest "$work/ref.yaml" --out "$work/ref-model" >/dev/null
 ref_auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/ref.json" | head -n 1 | awk '{print $2}')"
 echo "undisturbed: ${undisturbed_seconds}s, eval AUC ${ref_auc}"

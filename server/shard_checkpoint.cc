@@ -216,8 +216,12 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     if (::getppid() != parent) ::_exit(3);
     // Nothing of the shard's but the pipe: its sockets stay with it (a shard restarted after
     // its death binds them at once).
-    ::close_range(3, static_cast<unsigned>(fds[1]) - 1, 0);
-    ::close_range(static_cast<unsigned>(fds[1]) + 1, ~0u, 0);
+    if (::close_range(3, static_cast<unsigned>(fds[1]) - 1, 0) != 0 ||
+        ::close_range(static_cast<unsigned>(fds[1]) + 1, ~0u, 0) != 0) {
+      for (int fd = 3, n = ::getdtablesize(); fd < n; ++fd) {
+        if (fd != fds[1]) ::close(fd);
+      }
+    }
     // Should memory run short (pages copied as the shard writes them), this copy goes first.
     if (const int adj = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
       (void)!::write(adj, "1000", 4);

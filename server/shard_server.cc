@@ -5,6 +5,8 @@
 #include "common/fault_points.hpp"
 
 #include <spdlog/spdlog.h>
+
+#include <thread>
 #include <signal.h>
 #include <unistd.h>
 
@@ -204,7 +206,21 @@ Status ShardServer::Bind() {
     router_.set(zmq::sockopt::router_mandatory, true);
     router_.set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(manifest_.server.max_request_bytes + kMaxHeaderBytes));
-    router_.bind(endpoint_);
+    // A process of this shard that was just killed may hold the port a moment longer (its
+    // background checkpoint's writer dies with it, and a large one takes time to go): tried
+    // again for up to 10 s while the address is in use.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        router_.bind(endpoint_);
+        break;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE || attempt >= 100) throw;
+        if (attempt == 0) {
+          spdlog::warn("shard {}: {} is in use; trying again for up to 10 s", rank_, endpoint_);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
   } catch (const zmq::error_t& e) {
     return Unavailable("shard " + std::to_string(rank_) + ": cannot bind " + endpoint_ + ": " +
                        e.what());

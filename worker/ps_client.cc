@@ -1312,6 +1312,7 @@ void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
       reply.restore_rows != r.rows) {
     r.progressed = now;
   }
+  if (r.began == Clock::time_point{}) r.began = now;
   r.done = reply.restore_done;
   r.total = reply.restore_total;
   r.rows = reply.restore_rows;
@@ -1336,7 +1337,8 @@ bool PsClient::RestoringWithProgress(uint32_t shard, Clock::time_point now) cons
   // A request's time-out, and the asking again: no progress for that long counts as silence.
   const auto window =
       std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) + 2 * RestoringPoll();
-  return r.heard != Clock::time_point{} && now - r.heard <= window && now - r.progressed <= window;
+  return r.heard != Clock::time_point{} && now - r.heard <= window && now - r.progressed <= window &&
+         now - r.began <= std::chrono::milliseconds(manifest_.cluster.restore_timeout_ms);
 }
 
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {

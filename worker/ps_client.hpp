@@ -397,6 +397,7 @@ class PsClient {
   struct ShardRestore {
     uint64_t done = 0, total = 0, rows = 0, rows_total = 0;
     std::chrono::steady_clock::time_point heard{}, progressed{}, logged{};
+    std::chrono::steady_clock::time_point began{};  // the first "loading" of this episode
   };
   std::vector<ShardRestore> restoring_;
   void NoteRestoring(uint32_t shard, const Header& reply);

@@ -513,3 +513,34 @@ TEST(ManifestTest, ThePushLogBoundMustHoldTheLargestPush) {
 
 }  // namespace
 }  // namespace parasol
+
+namespace parasol {
+namespace {
+
+TEST(ManifestTest, IncrementalAndBackgroundCheckpointsAndTheRestoreWait) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n", "min.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->checkpoint.full_every, 1u);
+  EXPECT_TRUE(m->checkpoint.background);
+  EXPECT_EQ(m->cluster.restore_timeout_ms, 3600000);
+  m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\n  restore_timeout: 20m\n"
+      "checkpoint: {dir: ckpt, full_every: 8, background: false}\n"
+      "tables:\n  - {name: emb, dim: 4, dtype: bf16}\n",
+      "job.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->checkpoint.full_every, 8u);
+  EXPECT_FALSE(m->checkpoint.background);
+  EXPECT_EQ(m->cluster.restore_timeout_ms, 20 * 60 * 1000);
+  // Rows keep their clock word for the deltas, 16-bit ones too.
+  EXPECT_TRUE(m->tables[0].keep_clock);
+  Result<Manifest> bad =
+      ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\ncheckpoint: {full_every: 0}\n",
+                    "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checkpoint.full_every"), std::string::npos)
+      << bad.status().ToString();
+}
+
+}  // namespace
+}  // namespace parasol

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -309,7 +310,9 @@ void RunReshardJob(uint64_t seed, Shards mode) {
 }
 
 TEST(ReshardTest, AShardJoinsAndLeavesWhileTrainingAndTheModelIsTheThreeShardJobsBitForBit) {
-  const uint64_t base = std::random_device{}();
+  // PARASOL_TEST_SEED repeats a printed run.
+  const char* given = std::getenv("PARASOL_TEST_SEED");
+  const uint64_t base = given ? std::strtoull(given, nullptr, 10) : std::random_device{}();
   std::printf("[ reshard  ] base seed %llu\n", static_cast<unsigned long long>(base));
   for (uint64_t i = 0; i < 3; ++i) {
     SCOPED_TRACE("seed " + std::to_string(base + i));
