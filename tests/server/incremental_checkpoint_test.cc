@@ -203,18 +203,7 @@ TEST_F(IncrementalCheckpointTest, AFullCheckpointAndItsDeltasLoadAsAFullOneOfThe
 }
 
 TEST_F(IncrementalCheckpointTest, ADeltaHoldsOnlyTheRowsChangedSinceTheCheckpointBefore) {
-  constexpr const char* kManifest = R"(
-cluster:
-  servers: ["127.0.0.1:1"]
-  workers: 1
-server:
-  engine_threads: 2
-tables:
-  - name: emb
-    dim: 16
-    optimizer: {kind: adagrad_rowwise, lr: 0.1}
-)";
-  SmallShard s(kManifest);
+  SmallShard s(testing::kOneTableManifest);
   SparseTable& table = s.sparse(0);
   for (uint64_t key = 0; key < 50000; ++key) {
     table.partition(EngineOfKey(key, 2)).FindOrCreate(key, 1);

@@ -25,17 +25,7 @@ namespace {
 
 using testing::SmallShard;
 
-constexpr const char* kManifest = R"(
-cluster:
-  servers: ["127.0.0.1:1"]
-  workers: 1
-server:
-  engine_threads: 2
-tables:
-  - name: emb
-    dim: 16
-    optimizer: {kind: adagrad_rowwise, lr: 0.1}
-)";
+constexpr const char* kManifest = testing::kOneTableManifest;
 
 // The inverse of Fmix64 (MurmurHash3's finaliser is a bijection).
 uint64_t InverseFmix64(uint64_t k) {

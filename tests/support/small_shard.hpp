@@ -50,6 +50,20 @@ tables:
     state_dtype: bf16
 )";
 
+// One shard, one worker, two engines, one sparse table of dim 16 (adagrad_rowwise): the shape
+// of the restore and incremental checkpoint tests' larger tables.
+inline constexpr const char* kOneTableManifest = R"(
+cluster:
+  servers: ["127.0.0.1:1"]
+  workers: 1
+server:
+  engine_threads: 2
+tables:
+  - name: emb
+    dim: 16
+    optimizer: {kind: adagrad_rowwise, lr: 0.1}
+)";
+
 // A small push record window keeps its checkpoints small (the shard keeps 64 clocks).
 inline constexpr uint32_t kSmallShardWindow = 8;
 
