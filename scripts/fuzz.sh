@@ -48,7 +48,9 @@ case "${1:-}" in
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
     set +e
+    # -error_exitcode=1: libFuzzer's own default, 77, is what ctest reads as "skipped".
     "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+      -error_exitcode=1 \
       -artifact_prefix="$fuzz_build/artifacts/$name-" "$@" "$work/corpus" >"$work/log" 2>&1
     rc=$?
     set -e

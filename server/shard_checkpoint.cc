@@ -159,6 +159,9 @@ bool ShardServer::CanCheckpointInBackground() const {
   // A tiered table's disk rows are read through RocksDB, whose threads a child process does
   // not have: those shards write their checkpoints in the foreground.
   if (disk_) return false;
+  // An in-process driver (a reply sink: the request fuzzer) has every answer at once, and its
+  // process is no shard to copy.
+  if (reply_sink_) return false;
   return manifest_.checkpoint.background;
 }
 

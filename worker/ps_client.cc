@@ -1151,7 +1151,10 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;
   }
   if (h->restore_total > 0) NoteRestoring(shard, *h);  // its Stats: answered, and moving
-  if (h->restore_total == 0) restoring_[shard] = ShardRestore{};  // answering from its state
+  // Answering from its state: whatever it said while loading is over.
+  if (h->restore_total == 0 && restoring_[shard].heard != Clock::time_point{}) {
+    restoring_[shard] = ShardRestore{};
+  }
   NoteEpoch(shard, *h);
   NoteMembership(shard, *h);
   if (h->op == Op::Step) {
