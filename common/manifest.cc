@@ -389,6 +389,9 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   PARASOL_RETURN_IF_ERROR(r.Bool("prefetch", &t->prefetch));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("accumulate", 1, 1 << 16, &t->accumulate));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("prefetch_depth", 1, 64, &t->prefetch_depth));
+  int nonfinite = static_cast<int>(t->on_nonfinite);
+  PARASOL_RETURN_IF_ERROR(r.Choice("on_nonfinite", {"fail", "skip"}, &nonfinite));
+  t->on_nonfinite = static_cast<TrainingOptions::OnNonfinite>(nonfinite);
   if (t->prefetch_depth > 1) {
     if (t->consistency == TrainingOptions::Consistency::kBsp) {
       return r.ErrorAt(node["prefetch_depth"], "training.prefetch_depth",
@@ -537,6 +540,16 @@ Status ParseSecurity(MapReader& root, SecurityOptions* s, size_t servers, uint32
   PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "server_keys", base, &s->server_keys));
   PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "allowed_clients", base, &s->allowed_clients));
   PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "worker_keys", base, &s->worker_keys));
+  PARASOL_RETURN_IF_ERROR(ParsePathList(r, node, "operator_keys", base, &s->operator_keys));
+  int mode = static_cast<int>(s->mode);
+  PARASOL_RETURN_IF_ERROR(r.Choice("mode", {"default", "insecure"}, &mode));
+  s->mode = static_cast<SecurityOptions::Mode>(mode);
+  if (s->curve && s->mode == SecurityOptions::Mode::kInsecure) {
+    return r.ErrorAt(node["mode"], "security.mode", "insecure contradicts curve: true");
+  }
+  if (!s->operator_keys.empty() && !s->curve) {
+    return r.ErrorAt(node["operator_keys"], "security.operator_keys", "operator keys need curve: true");
+  }
   std::string client;
   PARASOL_RETURN_IF_ERROR(r.String("client_key", &client));
   if (!client.empty()) s->client_key = Resolve(base, client);
@@ -597,6 +610,11 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_reque
   PARASOL_RETURN_IF_ERROR(r.Bool("background", &c->background));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("full_every", 1, 1000000, &c->full_every));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("min_interval", &c->min_interval_ms));
+  if (c->min_interval_ms < 0 || c->min_interval_ms > 3600 * 1000) {
+    return r.ErrorAt(root.Child("checkpoint")["min_interval"], "checkpoint.min_interval",
+                     "must be between 0 and 1 h");
+  }
   if (!c->dir.empty() && c->max_log_bytes / 2 < max_request_bytes) {
     return r.ErrorAt(root.Child("checkpoint"), "checkpoint.max_log_bytes",
                      std::to_string(c->max_log_bytes) + " must be at least twice "

@@ -145,6 +145,10 @@ struct TrainingOptions {
   uint32_t prefetch_depth = 1;
   uint32_t accumulate = 1;                // micro-batches of batch_size per push and per clock
   int64_t progress_ms = 5000;             // a progress line this often
+  // A step whose loss or gradients are not finite: fail stops the worker with an error naming
+  // the step and table; skip pushes nothing for it and counts it (as loss scaling does).
+  enum class OnNonfinite { kFail, kSkip };
+  OnNonfinite on_nonfinite = OnNonfinite::kFail;
 };
 
 struct ModelOptions {
@@ -178,6 +182,13 @@ struct SecurityOptions {
   // Set: worker r connects with worker_keys[r], the servers admit these keys too, and a request
   // naming worker r is served only from worker r's key; allowed_clients keys act only as tools.
   std::vector<std::string> worker_keys;
+  // Key pair PATHs of the operators' tools (checkpoint, scale, migrate, shutdown, export): with
+  // curve, only these keys may send the operator's requests.
+  std::vector<std::string> operator_keys;
+  // Without curve a shard bound to an address other than loopback starts only with insecure,
+  // stated: anyone who reaches its port then controls the job.
+  enum class Mode { kDefault, kInsecure };
+  Mode mode = Mode::kDefault;
 };
 
 struct MetricsOptions {
@@ -204,6 +215,9 @@ struct CheckpointOptions {
   // also checkpoints whenever one worker has pushed max_log_bytes / (2 x shards) bytes to it
   // since its last checkpoint.
   uint64_t max_log_bytes = 2ull << 30;
+  // Forced checkpoints (a Checkpoint request, a restarted worker, the push log bound) begin at
+  // most once per this many ms; those asked sooner wait for it.
+  int64_t min_interval_ms = 1000;
 };
 
 struct WorkerOptions {
