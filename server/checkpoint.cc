@@ -113,6 +113,10 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
 
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
                            const CheckpointBlockProducer& produce) {
+  if (std::string problem = CheckpointSequenceProblem(header.sequence, "checkpoint '" + path + "'");
+      !problem.empty()) {
+    return FailedPrecondition("cannot write " + problem);
+  }
   const std::filesystem::path target(path);
   std::error_code ec;
   std::filesystem::create_directories(target.parent_path(), ec);
@@ -198,6 +202,10 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
                       " to " + std::to_string(kCheckpointVersion) + " only (at byte " +
                       std::to_string(offsetof(RawHeader, version)) + ")");
   }
+  if (std::string problem = CheckpointSequenceProblem(h.sequence, "checkpoint '" + name + "'");
+      !problem.empty()) {
+    return damaged(problem, offsetof(RawHeader, sequence));
+  }
   header->shard = h.shard;
   header->shards = h.shards;
   header->fingerprint = h.fingerprint;
@@ -270,6 +278,30 @@ Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
   return ReadCheckpoint(in, path, header, block, check);
 }
 
+std::string CheckpointSequenceProblem(uint64_t sequence, const std::string& what) {
+  if (sequence <= kMaxCheckpointSequence) return "";
+  return what + " has sequence " + std::to_string(sequence) + ", beyond the largest a checkpoint "
+         "may have (" + std::to_string(kMaxCheckpointSequence) + ": 10 digits in its file name)";
+}
+
+Result<uint64_t> CheckpointSequenceOfName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string name = path.substr(slash == std::string::npos ? 0 : slash + 1);
+  const size_t digits = name.size() >= 9 ? name.size() - 9 : 0;
+  if (name.rfind("ckpt-", 0) != 0 || name.size() <= 9 ||
+      name.compare(name.size() - 4, 4, ".bin") != 0 ||
+      name.find_first_not_of("0123456789", 5) != 5 + digits) {
+    return InvalidArgument("'" + path + "' is not named ckpt-SEQUENCE.bin");
+  }
+  // More digits than the largest sequence has: beyond it without converting (no overflow).
+  if (digits > 10) {
+    return InvalidArgument("checkpoint file '" + path + "' names a sequence of " +
+                           std::to_string(digits) + " digits, beyond the largest a checkpoint "
+                           "may have (" + std::to_string(kMaxCheckpointSequence) + ")");
+  }
+  return std::stoull(name.substr(5, digits));
+}
+
 std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequence) {
   char name[64];
   std::snprintf(name, sizeof(name), "/shard-%u/ckpt-%010llu.bin", shard,
@@ -283,8 +315,10 @@ std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard)
   const std::string folder = dir + "/shard-" + std::to_string(shard);
   for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
     const std::string name = e.path().filename().string();
+    // ckpt-DIGITS.bin only (a name with too many digits is listed, for Restore to refuse).
     if (name.rfind("ckpt-", 0) == 0 && name.size() > 9 &&
-        name.compare(name.size() - 4, 4, ".bin") == 0) {
+        name.compare(name.size() - 4, 4, ".bin") == 0 &&
+        name.find_first_not_of("0123456789", 5) == name.size() - 4) {
       out.push_back(e.path().string());
     }
   }
@@ -318,6 +352,10 @@ Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path) {
   if (h.version < kOldestCheckpointVersion || h.version > kCheckpointVersion) {
     return Status(StatusCode::kVersionMismatch,
                   "checkpoint '" + path + "' is format version " + std::to_string(h.version));
+  }
+  if (std::string problem = CheckpointSequenceProblem(h.sequence, "checkpoint '" + path + "'");
+      !problem.empty()) {
+    return IoError(problem);
   }
   CheckpointHeader out;
   out.shard = h.shard;

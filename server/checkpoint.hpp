@@ -63,6 +63,17 @@ struct CheckpointBlockHeader {
   uint64_t bytes = 0;  // payload size, at most what the file has left
 };
 
+// The largest checkpoint sequence: file names hold it in 10 zero-padded digits
+// (ckpt-0000000042.bin), which sort in sequence order only while they stay 10 digits. A
+// header or file name beyond it is refused, and so is writing one (rather than wrapping or
+// sorting an 11-digit name before the older ones).
+inline constexpr uint64_t kMaxCheckpointSequence = 9999999999ull;
+// Why `sequence` cannot be a checkpoint's (empty: it can), naming `what` holds it.
+std::string CheckpointSequenceProblem(uint64_t sequence, const std::string& what);
+// The sequence in a checkpoint file's name (dir/shard-N/ckpt-SEQUENCE.bin), or an error naming
+// the file when it is not one or is beyond kMaxCheckpointSequence.
+Result<uint64_t> CheckpointSequenceOfName(const std::string& path);
+
 struct CheckpointHeader {
   uint32_t shard = 0;
   uint32_t shards = 0;

@@ -391,11 +391,10 @@ Status ShardServer::Restore() {
     if (Result<CheckpointHeader> h = ReadCheckpointHeader(path); h.ok()) {
       checkpoints_begun_ = std::max(checkpoints_begun_, h->sequence);
     }
-    const size_t at = path.rfind("ckpt-");
-    if (at != std::string::npos) {
-      checkpoints_begun_ =
-          std::max<uint64_t>(checkpoints_begun_, std::strtoull(path.c_str() + at + 5, nullptr, 10));
-    }
+    // A name beyond the largest sequence would make every later number wrap: refused.
+    Result<uint64_t> named = CheckpointSequenceOfName(path);
+    if (!named.ok()) return named.status();
+    checkpoints_begun_ = std::max(checkpoints_begun_, *named);
   }
   if (!c.restore) return Status::Ok();
   for (const std::string& path : files) {

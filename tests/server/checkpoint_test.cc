@@ -168,5 +168,57 @@ TEST_F(CheckpointReaderTest, ARefusalOfTheCheckNamesTheBlockAndStopsBeforeThePay
                 "): no table 1 here");
 }
 
+
+constexpr size_t kSequenceAt = 40;
+
+TEST_F(CheckpointReaderTest, ASequenceBeyondTenDigitsIsRefusedInTheHeader) {
+  std::string wrapped = file_;
+  Put64(wrapped, kSequenceAt, UINT64_MAX);
+  Put64(wrapped, kHeaderChecksumAt, Checksum64(wrapped.data(), kHeaderChecksumAt));
+  const Status st = Read(wrapped);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_NE(st.message().find("checkpoint 'c.bin' is damaged: checkpoint 'c.bin' has sequence "
+                              "18446744073709551615, beyond the largest a checkpoint may have "
+                              "(9999999999: 10 digits in its file name) (at byte 40)"),
+            std::string::npos)
+      << st.message();
+  {
+    std::ofstream out(dir_ + "/wrapped.bin", std::ios::binary);
+    out << wrapped;
+  }
+  Result<CheckpointHeader> h = ReadCheckpointHeader(dir_ + "/wrapped.bin");
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("wrapped.bin' has sequence 18446744073709551615"),
+            std::string::npos)
+      << h.status().message();
+  // The largest sequence itself is a checkpoint's.
+  Put64(wrapped, kSequenceAt, kMaxCheckpointSequence);
+  Put64(wrapped, kHeaderChecksumAt, Checksum64(wrapped.data(), kHeaderChecksumAt));
+  EXPECT_TRUE(Read(wrapped).ok());
+}
+
+TEST_F(CheckpointReaderTest, ASequenceBeyondTheLargestIsNotWritten) {
+  CheckpointHeader h;
+  h.sequence = kMaxCheckpointSequence + 1;
+  const std::string path = CheckpointPath(dir_, 0, h.sequence);
+  const Status st = WriteCheckpointFile(path, h, std::vector<CheckpointBlock>{});
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("has sequence 10000000000, beyond the largest"), std::string::npos)
+      << st.message();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(CheckpointNameTest, AFileNameBeyondTheLargestSequenceIsRefusedNamingIt) {
+  EXPECT_EQ(*CheckpointSequenceOfName("/d/shard-0/ckpt-0000000042.bin"), 42u);
+  EXPECT_EQ(*CheckpointSequenceOfName("ckpt-9999999999.bin"), kMaxCheckpointSequence);
+  Result<uint64_t> wrapped = CheckpointSequenceOfName("/d/shard-0/ckpt-18446744073709551615.bin");
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_EQ(wrapped.status().message(),
+            "checkpoint file '/d/shard-0/ckpt-18446744073709551615.bin' names a sequence of 20 "
+            "digits, beyond the largest a checkpoint may have (9999999999)");
+  EXPECT_FALSE(CheckpointSequenceOfName("/d/ckpt-12x.bin").ok());
+  EXPECT_FALSE(CheckpointSequenceOfName("/d/ckpt-.bin").ok());
+}
+
 }  // namespace
 }  // namespace parasol
