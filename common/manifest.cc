@@ -1,9 +1,13 @@
 #include "common/manifest.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <algorithm>
@@ -18,6 +22,74 @@
 
 namespace parasol {
 namespace {
+
+// `text` for an error message: bytes outside printable ASCII as \xNN, and at most 64 of them
+// shown (a hostile name may be long or binary).
+std::string PrintableName(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 64; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      out += hex;
+    }
+  }
+  if (text.size() > 64) out += "...";
+  return out;
+}
+
+std::string Where(const std::string& file, const YAML::Mark& m) {
+  if (m.line < 0) return file;
+  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// The tags a manifest may carry: none ("?" plain, "!" quoted) and YAML's core schema. Any other
+// (!!python/object, !foo) asks for a type this reader does not have: refused rather than read
+// as a plain string.
+bool StandardTag(const std::string& tag) {
+  static const std::set<std::string> kCore = {
+      "", "?", "!",
+      "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+      "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null", "tag:yaml.org,2002:map",
+      "tag:yaml.org,2002:seq"};
+  return kCore.count(tag) > 0;
+}
+
+// The most nodes the check below visits, each use of an alias counted again: a manifest is a
+// few hundred; aliases of aliases can make a small file expand to billions.
+constexpr uint64_t kMaxManifestNodes = uint64_t{1} << 20;
+
+// Checks what yaml-cpp lets through: a key twice in one mapping (it keeps both and a lookup
+// sees only the first, so the second would be silently ignored) and non-standard tags.
+Status CheckYamlTree(const YAML::Node& node, const std::string& file, uint64_t* visited) {
+  if (++*visited > kMaxManifestNodes) {
+    return InvalidArgument(Where(file, node.Mark()) + ": the manifest has more than " +
+                           std::to_string(kMaxManifestNodes) +
+                           " nodes (counting each use of an alias)");
+  }
+  if (!StandardTag(node.Tag())) {
+    return InvalidArgument(Where(file, node.Mark()) + ": tag '" + PrintableName(node.Tag()) +
+                           "' is not allowed in a manifest (only YAML's standard tags are)");
+  }
+  if (node.IsSequence()) {
+    for (const YAML::Node& child : node) PARASOL_RETURN_IF_ERROR(CheckYamlTree(child, file, visited));
+  } else if (node.IsMap()) {
+    std::set<std::string> keys;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->first, file, visited));
+      if (it->first.IsScalar() && !keys.insert(it->first.Scalar()).second) {
+        return InvalidArgument(Where(file, it->first.Mark()) + ": duplicate key '" +
+                               PrintableName(it->first.Scalar()) +
+                               "' (it appears earlier in the same mapping)");
+      }
+      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->second, file, visited));
+    }
+  }
+  return Status::Ok();
+}
 
 // Every field any optimizer reads.
 const char* const kOptimizerKeys[] = {"lr",    "weight_decay", "eps",   "initial_accumulator",
@@ -758,6 +830,27 @@ Status ParseEviction(MapReader& table, const std::string& path, EvictionOptions*
   return r.Finish();
 }
 
+// Why a table name breaks the rule (empty: it keeps it). Names become file names in an
+// export (NAME.rows) and appear in logs and errors: '/', '..' or a NUL would write outside
+// the export folder or cut the name short.
+std::string TableNameProblem(const std::string& name) {
+  if (name.empty()) return "must not be empty";
+  if (name.size() > kMaxTableNameLength) {
+    return "is " + std::to_string(name.size()) + " characters long, over the limit of " +
+           std::to_string(kMaxTableNameLength);
+  }
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  if (!letter(name[0]) && name[0] != '_') return "must start with a letter or '_'";
+  for (char c : name) {
+    if (!letter(c) && !digit(c) && c != '_' && c != '.' && c != '-') {
+      return "may hold only letters, digits, '_', '.' and '-'";
+    }
+  }
+  if (name.find("..") != std::string::npos) return "must not contain '..'";
+  return "";
+}
+
 Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, TableOptions* t,
                   const std::string& file) {
   const std::string path = "tables[" + std::to_string(index) + "]";
@@ -765,7 +858,13 @@ Status ParseTable(const YAML::Node& node, size_t index, const JobOptions& job, T
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
   if (!r.Has("name")) return r.ErrorAt(node, path + ".name", "missing: every table needs a name");
   PARASOL_RETURN_IF_ERROR(r.String("name", &t->name));
-  if (t->name.empty()) return r.ErrorAt(node["name"], path + ".name", "must not be empty");
+  if (const std::string problem = TableNameProblem(t->name); !problem.empty()) {
+    return r.ErrorAt(node["name"], path + ".name",
+                     "table name '" + PrintableName(t->name) + "' " + problem +
+                         " (a name is letters, digits, '_', '.' and '-', starts with a letter "
+                         "or '_', has no '..' and at most " +
+                         std::to_string(kMaxTableNameLength) + " characters)");
+  }
   int kind = 0;
   PARASOL_RETURN_IF_ERROR(r.Choice("kind", {"sparse", "dense"}, &kind));
   t->kind = kind == 0 ? TableKind::kSparse : TableKind::kDense;
@@ -857,21 +956,10 @@ int Manifest::FindTable(const std::string& name) const {
   return -1;
 }
 
-uint64_t Manifest::Fingerprint() const {
-  std::ostringstream s;
-  s << "servers=";
-  for (const auto& a : cluster.servers) s << a.ToString() << ",";
-  s << ";curve=" << security.curve;
-  s << ";workers=" << cluster.workers << ";consistency="
-    << static_cast<int>(training.consistency) << "," << training.staleness << ";";
-  // Only when set: the fingerprints of manifests without it stay as they were.
-  if (cluster.max_workers > cluster.workers) s << "max_workers=" << cluster.max_workers << ";";
-  if (cluster.InitialServers() < cluster.servers.size()) {
-    s << "initial_servers=" << cluster.InitialServers() << ";";
-  }
-  if (training.prefetch && training.prefetch_depth > 1) {
-    s << "prefetch_depth=" << training.prefetch_depth << ";";
-  }
+namespace {
+
+// What defines the tables' values (not where they are served from), one line each.
+void AppendTableDefinitions(const std::vector<TableOptions>& tables, std::ostringstream& s) {
   for (const auto& t : tables) {
     s << "table=" << t.name << "|" << static_cast<int>(t.kind) << "|" << t.dim << "|";
     for (uint64_t d : t.shape) s << d << "x";
@@ -889,6 +977,32 @@ uint64_t Manifest::Fingerprint() const {
       << "," << t.optimizer.l1 << "," << t.optimizer.l2 << "|" << t.admission.min_count << ","
       << t.eviction.ttl_clocks << "," << t.eviction.max_rows << ";";
   }
+}
+
+}  // namespace
+
+uint64_t Manifest::Fingerprint() const {
+  std::ostringstream s;
+  s << "servers=";
+  for (const auto& a : cluster.servers) s << a.ToString() << ",";
+  s << ";curve=" << security.curve;
+  s << ";workers=" << cluster.workers << ";consistency="
+    << static_cast<int>(training.consistency) << "," << training.staleness << ";";
+  // Only when set: the fingerprints of manifests without it stay as they were.
+  if (cluster.max_workers > cluster.workers) s << "max_workers=" << cluster.max_workers << ";";
+  if (cluster.InitialServers() < cluster.servers.size()) {
+    s << "initial_servers=" << cluster.InitialServers() << ";";
+  }
+  if (training.prefetch && training.prefetch_depth > 1) {
+    s << "prefetch_depth=" << training.prefetch_depth << ";";
+  }
+  AppendTableDefinitions(tables, s);
+  return HashBytes(s.str());
+}
+
+uint64_t Manifest::TablesFingerprint() const {
+  std::ostringstream s;
+  AppendTableDefinitions(tables, s);
   return HashBytes(s.str());
 }
 
@@ -899,6 +1013,12 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ":" +
                            std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  try {
+    uint64_t visited = 0;
+    PARASOL_RETURN_IF_ERROR(CheckYamlTree(doc, source, &visited));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   Manifest m;
   m.source = source;
@@ -935,13 +1055,39 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
 }
 
 Result<Manifest> LoadManifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return NotFound("cannot read manifest '" + path + "': " + std::strerror(errno));
+  // Read in bounded pieces, at most the cap and one byte more: a manifest named /dev/zero or a
+  // huge file is refused after that much, not read until memory runs out. O_NONBLOCK: opening
+  // a FIFO without a writer does not wait for one (cleared below for the reads).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return NotFound("cannot read manifest '" + path + "': " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return IoError("cannot read manifest '" + path + "': " + std::strerror(errno));
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseManifest(buf.str(), path);
+  if (S_ISDIR(st.st_mode)) return InvalidArgument("manifest '" + path + "' is a directory");
+  const std::string too_large = "manifest '" + path + "' is larger than the limit of " +
+                                std::to_string(kMaxManifestBytes) + " bytes (" +
+                                std::to_string(kMaxManifestBytes >> 20) + " MiB)";
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxManifestBytes) {
+    return InvalidArgument(too_large);
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::string text;
+  char piece[64 * 1024];
+  while (text.size() <= kMaxManifestBytes) {
+    const ssize_t n = ::read(fd, piece, sizeof(piece));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("cannot read manifest '" + path + "': " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(piece, static_cast<size_t>(n));
+  }
+  if (text.size() > kMaxManifestBytes) return InvalidArgument(too_large);
+  return ParseManifest(text, path);
 }
 
 Result<int64_t> ParseDurationMs(const std::string& text) {

@@ -282,7 +282,18 @@ struct Manifest {
   // Hash of the job-defining fields (cluster layout and tables; not bind or timeouts). A
   // worker and a shard talk only when their fingerprints agree.
   uint64_t Fingerprint() const;
+  // Hash of the tables' definitions alone (the part of Fingerprint() that decides their
+  // values): the same for jobs that differ only in where they run, so that their exported
+  // models can be compared.
+  uint64_t TablesFingerprint() const;
 };
+
+// The largest manifest file LoadManifest() reads; a larger one (or a device such as
+// /dev/zero) is refused after at most this many bytes and one more.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{16} << 20;
+// Table names: letters, digits, '_', '.' and '-', starting with a letter or '_', no "..", at
+// most this long (they name the files of an export).
+inline constexpr size_t kMaxTableNameLength = 128;
 
 Result<Manifest> LoadManifest(const std::string& path);
 Result<Manifest> ParseManifest(const std::string& text, const std::string& source);

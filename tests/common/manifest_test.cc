@@ -1,6 +1,12 @@
 #include "common/manifest.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 namespace parasol {
 namespace {
@@ -540,6 +546,106 @@ TEST(ManifestTest, IncrementalAndBackgroundCheckpointsAndTheRestoreWait) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("checkpoint.full_every"), std::string::npos)
       << bad.status().ToString();
+}
+
+
+constexpr const char* kCluster = "cluster:\n  servers: [127.0.0.1:7000]\n";
+
+std::string WithTable(const std::string& name) {
+  return std::string(kCluster) + "tables:\n  - {name: emb}\n  - name: \"" + name + "\"\n";
+}
+
+TEST(ManifestTest, DeviceManifestIsRefusedAfterTheCapPromptly) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Manifest> m = LoadManifest("/dev/zero");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("manifest '/dev/zero' is larger than the limit of " +
+                                      std::to_string(kMaxManifestBytes) + " bytes (16 MiB)"),
+            std::string::npos)
+      << m.status().message();
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST(ManifestTest, OversizedRegularFileIsRefusedBeforeItIsRead) {
+  const std::string path = ::testing::TempDir() + "/parasol_huge_manifest.yaml";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << kCluster;
+  }
+  // Sparse: the size says it is too large without a byte of it read.
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(kMaxManifestBytes + 1)), 0);
+  Result<Manifest> m = LoadManifest(path);
+  std::remove(path.c_str());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("manifest '" + path + "' is larger than the limit"),
+            std::string::npos)
+      << m.status().message();
+}
+
+TEST(ManifestTest, DirectoryAsManifestIsNamed) {
+  Result<Manifest> m = LoadManifest("/tmp");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().message(), "manifest '/tmp' is a directory");
+}
+
+TEST(ManifestTest, TableNamesInUseStayValid) {
+  for (const char* name : {"emb2", "model.embeddings", "model.bottom.0.weight", "lin.bias",
+                           "_private", "mlp_top", "a-b"}) {
+    EXPECT_EQ(ErrorOf(WithTable(name)), "") << name;
+  }
+}
+
+TEST(ManifestTest, TableNamesThatCouldEscapeAFolderAreRefused) {
+  const std::string rule = "(a name is letters, digits, '_', '.' and '-', starts with a letter";
+  for (const std::string& name :
+       {std::string("../../esc"), std::string("a/b"), std::string("a..b"), std::string(".hidden"),
+        std::string("1st"), std::string("has space"), std::string(129, 'x')}) {
+    const std::string error = ErrorOf(WithTable(name));
+    EXPECT_NE(error.find("job.yaml:5:"), std::string::npos) << name << ": " << error;
+    EXPECT_NE(error.find("key 'tables[1].name': table name '"), std::string::npos) << error;
+    EXPECT_NE(error.find(rule), std::string::npos) << error;
+  }
+  EXPECT_NE(ErrorOf(WithTable(std::string(129, 'x'))).find("129 characters long"),
+            std::string::npos);
+  // A NUL (YAML's "\0" escape) is shown, not cut at.
+  const std::string nul = ErrorOf(std::string(kCluster) + "tables:\n  - name: \"a\\0b\"\n");
+  EXPECT_NE(nul.find("table name 'a\\x00b' may hold only letters"), std::string::npos) << nul;
+}
+
+TEST(ManifestTest, DuplicateKeysAreRefusedWithTheirLine) {
+  EXPECT_EQ(ErrorOf(std::string(kCluster) + "tables:\n  - name: emb\n    dim: 8\n    dim: 16\n"),
+            "job.yaml:6:5: duplicate key 'dim' (it appears earlier in the same mapping)");
+  EXPECT_EQ(ErrorOf(std::string(kCluster) + "cluster:\n  workers: 2\n"),
+            "job.yaml:3:1: duplicate key 'cluster' (it appears earlier in the same mapping)");
+}
+
+TEST(ManifestTest, CustomTagsAreRefusedWithTheirLine) {
+  const std::string python = ErrorOf(std::string(kCluster) +
+                                     "job:\n  name: !!python/object:os.system ls\n");
+  EXPECT_EQ(python, "job.yaml:4:9: tag 'tag:yaml.org,2002:python/object:os.system' is not "
+                    "allowed in a manifest (only YAML's standard tags are)");
+  const std::string custom = ErrorOf(std::string(kCluster) + "job: !foo {name: x}\n");
+  EXPECT_NE(custom.find("job.yaml:3:6: tag '!foo' is not allowed"), std::string::npos) << custom;
+  // The standard ones mean what the plain value means.
+  EXPECT_EQ(ErrorOf(std::string(kCluster) + "job: {name: !!str x, seed: !!int 3}\n"), "");
+}
+
+TEST(ManifestTest, AliasesThatExpandWithoutBoundAreRefused) {
+  // Each level 8 uses of the one before: 8^9 nodes from 9 lines.
+  std::ostringstream yaml;
+  yaml << kCluster << "a0: &a0 [x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    yaml << 'a' << i << ": &a" << i << " [";
+    for (int j = 0; j < 8; ++j) yaml << (j ? ", " : "") << "*a" << i - 1;
+    yaml << "]\n";
+  }
+  const std::string text = yaml.str();
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = ErrorOf(text);
+  EXPECT_NE(error.find("nodes (counting each use of an alias)"), std::string::npos) << error;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
 }
 
 }  // namespace
