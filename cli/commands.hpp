@@ -32,8 +32,12 @@ int RunCheckpoint(const std::string& manifest_path, const std::string& key_path)
 // pairs NAME0 .. NAME<N-1> (one per worker rank, for security.worker_keys).
 int RunKeygen(const std::string& dir, const std::string& name, uint32_t count);
 
+// The most processes (servers and workers together) `parasol launch` starts on one machine.
+inline constexpr uint64_t kMaxLaunchProcesses = 256;
+
 // parasol launch --manifest M: every server and worker of the job on this machine, their output
-// prefixed with their role; everything stops if one fails.
+// prefixed with their role; everything stops if one fails. A job of more than
+// kMaxLaunchProcesses roles is refused.
 int RunLaunch(const std::string& self_path, const std::string& manifest_path,
               const WorkloadOptions& options, const std::string& summary,
               const std::string& metrics_log);

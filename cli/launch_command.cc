@@ -152,6 +152,17 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
     spdlog::error("{}", manifest.status().message());
     return 2;
   }
+  // Every role is a process on this machine: a manifest listing thousands would start them
+  // all. A job that large runs across machines (parasol render), one role per host.
+  const uint64_t processes = manifest->cluster.servers.size() + uint64_t{manifest->cluster.workers};
+  if (processes > kMaxLaunchProcesses) {
+    spdlog::error("launch: {} lists {} servers and {} workers: {} processes, over the limit of {} "
+                  "that launch starts on one machine (run a job this large across machines: "
+                  "parasol render k8s|slurm)",
+                  manifest_path, manifest->cluster.servers.size(), manifest->cluster.workers,
+                  processes, kMaxLaunchProcesses);
+    return 2;
+  }
   const bool training =
       manifest->model.kind != ModelOptions::Kind::kNone || !manifest->worker.command.empty();
   char tmpl[] = "/tmp/parasol-launch-XXXXXX";

@@ -5,10 +5,16 @@
 #include <unistd.h>
 
 #include <climits>
+#include <exception>
+#include <new>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/strict_numbers.hpp"
 #include "common/cluster_render.hpp"
+#include "server/checkpoint.hpp"
 #include "server/model_export.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
@@ -24,22 +30,34 @@ std::string SelfPath(const char* argv0) {
 
 // The checked push/pull workload's options, listed under `group` in --help.
 void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w, const std::string& group) {
-  cmd->add_option("--steps", w->steps, "push/pull rounds")->capture_default_str()->group(group);
+  using parasol::cli::Count;
+  cmd->add_option("--steps", w->steps, "push/pull rounds")
+      ->capture_default_str()
+      ->check(Count(0, 1000000000))
+      ->group(group);
   cmd->add_option("--batch-keys", w->batch_keys, "sparse keys per round")
       ->capture_default_str()
+      ->check(Count(1, uint64_t{1} << 24))
       ->group(group);
   cmd->add_option("--key-space", w->key_space, "distinct keys drawn from")
       ->capture_default_str()
+      ->check(Count(1, uint64_t{1} << 62))
       ->group(group);
   cmd->add_option("--zipf", w->zipf_s, "Zipf exponent of the key draws")
       ->capture_default_str()
+      ->check(parasol::cli::FiniteNumber(0, 100))
       ->group(group);
-  cmd->add_option("--seed", w->seed, "random seed")->capture_default_str()->group(group);
+  cmd->add_option("--seed", w->seed, "random seed")
+      ->capture_default_str()
+      ->check(Count(0, UINT64_MAX))
+      ->group(group);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
+  using parasol::cli::Count;
+  using parasol::cli::FiniteNumber;
+  // Ranks are checked against the manifest once it is read; this bounds the text.
+  const CLI::Validator kRank = Count(0, UINT32_MAX);
   parasol::TuneAllocatorForLargeMessages();
   spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
   spdlog::flush_on(spdlog::level::info);  // logs reach a pipe or file as they happen
@@ -55,11 +73,13 @@ int main(int argc, char** argv) {
 
   auto* server = app.add_subcommand("server", "run one server shard");
   server->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
-  server->add_option("--rank,-r", rank, "this shard's index in cluster.servers")->required();
+  server->add_option("--rank,-r", rank, "this shard's index in cluster.servers")
+      ->required()
+      ->check(kRank);
 
   auto* loadgen = app.add_subcommand("loadgen", "push and pull a generated workload, checked");
   loadgen->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
-  loadgen->add_option("--worker,-w", worker, "worker id")->capture_default_str();
+  loadgen->add_option("--worker,-w", worker, "worker id")->capture_default_str()->check(kRank);
   AddWorkloadOptions(loadgen, &workload, "Options");
 
   std::string summary;
@@ -75,7 +95,8 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--rank,-r", rank,
                          "this worker's id, 0 .. cluster.workers-1; a rank up to "
                          "cluster.max_workers-1 joins the running job")
-      ->required();
+      ->required()
+      ->check(kRank);
   bool join = false;
   worker_cmd->add_flag("--join", join,
                        "join the running job (implied by a rank of cluster.workers or more)");
@@ -96,14 +117,17 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   std::string out;
   auto* gen = app.add_subcommand("gen-data", "write Criteo-format synthetic data");
-  gen->add_option("--rows,-n", rows, "rows to write")->capture_default_str();
+  // 10^10 rows are about 2 TB of text.
+  gen->add_option("--rows,-n", rows, "rows to write")
+      ->capture_default_str()
+      ->check(Count(1, 10000000000ull));
   gen->add_option("--out,-o", out, "output file")->required();
-  gen->add_option("--seed", seed, "random seed")->capture_default_str();
+  gen->add_option("--seed", seed, "random seed")->capture_default_str()->check(Count(0, UINT64_MAX));
   uint64_t vocabulary = 2000000;
   gen->add_option("--vocabulary", vocabulary,
                   "the largest categorical field's cardinality (the others log-spaced from 10)")
       ->capture_default_str()
-      ->check(CLI::Range(uint64_t{10}, uint64_t{1} << 62));
+      ->check(Count(10, uint64_t{1} << 62));
 
   auto* stats = app.add_subcommand("stats", "print every shard's counters");
   stats->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -116,14 +140,18 @@ int main(int argc, char** argv) {
                "clock shard 0 names; start joining workers with `parasol worker --rank R`) or "
                "its shard count (rows move to their new shards while it trains)");
   scale->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
-  auto* scale_w = scale->add_option("--workers,-w", scale_workers, "the number of workers wanted");
+  // A job has at least one worker and one shard; the manifest bounds them further.
+  auto* scale_w = scale->add_option("--workers,-w", scale_workers, "the number of workers wanted")
+                      ->check(Count(1, UINT32_MAX));
   auto* scale_s = scale->add_option("--servers,-s", scale_servers,
-                                    "the number of shards wanted, of those cluster.servers lists");
+                                    "the number of shards wanted, of those cluster.servers lists")
+                      ->check(Count(1, UINT32_MAX));
   scale_w->excludes(scale_s);
   scale->add_option("--timeout", scale_timeout,
                     "seconds a change of the shard count may take before the tool gives up "
                     "(running it again finishes the change)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(FiniteNumber(0.001, 1e9));
 
   auto* shutdown = app.add_subcommand("shutdown", "stop every shard of a running job");
   shutdown->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -141,12 +169,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   render->add_option("--binary", render_options.binary, "path of parasol in the image or on nodes")
       ->capture_default_str();
-  render->add_option("--server-cpus", render_options.server_cpus)->capture_default_str();
+  render->add_option("--server-cpus", render_options.server_cpus)
+      ->capture_default_str()
+      ->check(Count(1, 1 << 16));
   render->add_option("--server-memory", render_options.server_memory)->capture_default_str();
-  render->add_option("--worker-cpus", render_options.worker_cpus)->capture_default_str();
+  render->add_option("--worker-cpus", render_options.worker_cpus)
+      ->capture_default_str()
+      ->check(Count(1, 1 << 16));
   render->add_option("--worker-memory", render_options.worker_memory)->capture_default_str();
   render->add_option("--worker-gpus", render_options.worker_gpus, "GPUs per worker")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Count(0, 1 << 10));
   render->add_option("--time", render_options.time, "slurm: the job's time limit (sbatch --time)");
   render->add_option("--partition", render_options.partition, "slurm: sbatch --partition");
   render->add_option("--account", render_options.account, "slurm: sbatch --account");
@@ -165,7 +198,8 @@ int main(int argc, char** argv) {
   uint32_t key_count = 0;
   keygen->add_option("--count", key_count,
                      "write N pairs NAME0 .. NAME<N-1> (e.g. one per worker, for "
-                     "security.worker_keys)");
+                     "security.worker_keys)")
+      ->check(Count(0, 1 << 16));
 
   auto* checkpoint = app.add_subcommand("checkpoint", "ask every shard to write a checkpoint now");
   checkpoint->add_option("--manifest,-m", manifest, "job manifest (YAML)")->required();
@@ -176,9 +210,11 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--checkpoint", export_options.checkpoint_dir,
                          "checkpoint folder (default checkpoint.dir)");
   export_cmd->add_option("--sequence", export_options.sequence,
-                         "checkpoint sequence (default: each shard's newest)");
+                         "checkpoint sequence (default: each shard's newest)")
+      ->check(Count(0, parasol::kMaxCheckpointSequence));
   export_cmd->add_option("--since", export_options.since,
-                         "only the rows changed since this checkpoint sequence");
+                         "only the rows changed since this checkpoint sequence")
+      ->check(Count(0, parasol::kMaxCheckpointSequence));
   export_cmd->add_option("--out,-o", out, "output folder")->required();
 
   std::string model_a, model_b;
@@ -190,7 +226,8 @@ int main(int argc, char** argv) {
   compare->add_option("b", model_b, "exported model folder to compare against")->required();
   compare->add_option("--tolerance", tolerance,
                       "exit 1 when the largest relative difference is above this")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(FiniteNumber(0, std::numeric_limits<double>::max()));
 
   std::string key_path;
   for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint, scale}) {
@@ -254,6 +291,10 @@ int main(int argc, char** argv) {
       spdlog::error("{}", (a.ok() ? b : a).status().ToString());
       return 2;
     }
+    if (parasol::Status st = parasol::CheckComparable(*a, model_a, *b, model_b); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 2;
+    }
     const parasol::ModelDifference d = parasol::CompareModels(*a, *b);
     std::printf("%s\n", d.ToJson().c_str());
     return d.max_relative > tolerance ? 1 : 0;
@@ -269,4 +310,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Any command: a failed allocation or another escaped exception is reported, not an abort().
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory (an allocation failed)");
+  } catch (const std::exception& e) {
+    spdlog::error("stopped by an error: {}", e.what());
+  }
+  return 1;
 }

@@ -2,14 +2,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <new>
+
 #include "cli/commands.hpp"
 #include "common/manifest.hpp"
 #include "common/stop_signal.hpp"
 #include "server/shard_server.hpp"
+#include "server/startup_checks.hpp"
 
 namespace parasol::cli {
 
-int RunServer(const std::string& manifest_path, uint32_t rank) {
+namespace {
+
+int Serve(const std::string& manifest_path, uint32_t rank) {
   StopSignal stop;
   Result<Manifest> manifest = LoadManifest(manifest_path);
   if (!manifest.ok()) {
@@ -19,6 +25,17 @@ int RunServer(const std::string& manifest_path, uint32_t rank) {
   if (rank >= manifest->cluster.servers.size()) {
     spdlog::error("--rank {} is out of range: {} lists {} servers", rank, manifest_path,
                   manifest->cluster.servers.size());
+    return 2;
+  }
+  // Refused before anything is allocated or bound: tables that cannot fit would end in an
+  // allocation failure part way, and a checkpoint.dir that cannot hold files only at the
+  // first checkpoint.
+  if (Status st = CheckTablesFitInMemory(*manifest, rank, DetectMachineMemory()); !st.ok()) {
+    spdlog::error("{}", st.message());
+    return 2;
+  }
+  if (Status st = CheckCheckpointDir(*manifest, rank); !st.ok()) {
+    spdlog::error("shard {}: {}", rank, st.message());
     return 2;
   }
   // Background checkpoints are child processes this one waits for: an inherited SIGCHLD
@@ -37,6 +54,20 @@ int RunServer(const std::string& manifest_path, uint32_t rank) {
   }
   if (stop.signal() != 0) spdlog::info("shard {}: stopped by signal {}", rank, stop.signal());
   return 0;
+}
+
+}  // namespace
+
+int RunServer(const std::string& manifest_path, uint32_t rank) {
+  // An allocation that fails (a table, a request) ends the shard with its reason, not abort().
+  try {
+    return Serve(manifest_path, rank);
+  } catch (const std::bad_alloc&) {
+    spdlog::error("shard {}: out of memory (an allocation failed); the shard stops", rank);
+  } catch (const std::exception& e) {
+    spdlog::error("shard {}: stopped by an error: {}", rank, e.what());
+  }
+  return 1;
 }
 
 }  // namespace parasol::cli

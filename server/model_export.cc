@@ -1,6 +1,11 @@
 #include "server/model_export.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -160,6 +165,7 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
   std::filesystem::create_directories(out, ec);
   Json json;
   json["fingerprint"] = m.Fingerprint();
+  json["tables_fingerprint"] = m.TablesFingerprint();
   json["incremental"] = o.since > 0;
   json["since"] = o.since;
   Json& tables = json["tables"] = Json::array();
@@ -202,43 +208,244 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
     }
     tables.push_back(std::move(entry));
   }
-  std::ofstream(out + "/model.json") << SpacedJson(json) << "\n";
+  std::ofstream f(out + "/model.json");
+  f << SpacedJson(json) << "\n";
+  f.close();
+  if (!f) return IoError("cannot write " + out + "/model.json");
   return Status::Ok();
 }
 
-Result<ExportedModel> LoadExportedModel(const Manifest& m, const std::string& dir) {
+namespace {
+
+// Reads `dir`/`file` from disk for LoadExportedModel: refuses what is not a regular file (a
+// device or FIFO would be read without end, or block) and what is longer than `max_bytes`,
+// before reading it.
+Result<std::string> ReadExportFile(const std::string& dir, const std::string& file,
+                                   uint64_t max_bytes) {
+  const std::string path = dir + "/" + file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return NotFound("cannot read " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return IoError("cannot read " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + " is not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    return InvalidArgument(path + " has " + std::to_string(size) + " bytes, more than the " +
+                           std::to_string(max_bytes) + " it may have");
+  }
+  std::string bytes(size, '\0');
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return IoError("cannot read " + path + ": " + std::strerror(errno));
+    if (n == 0) break;  // shrank while read: the length check below names it
+    done += static_cast<uint64_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+// The bytes of NAME.rows: u64 count, u32 dim, then count x (u64 key, dim x f32).
+constexpr uint64_t kRowsHeaderBytes = 12;
+
+// What model.json says of one table, checked against the manifest's.
+struct ListedTable {
+  const TableOptions* table = nullptr;
+  uint64_t rows = 0;  // sparse: the row count
+};
+
+Result<std::vector<ListedTable>> CheckModelJson(const Manifest& m, const std::string& where,
+                                                const std::string& text, uint64_t* tables_fp) {
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(where + ": not valid JSON");
+  if (!j.is_object()) return InvalidArgument(where + ": expected a JSON object");
+  auto unsigned_field = [&](const Json& o, const char* key, const std::string& at,
+                            uint64_t* out) -> Status {
+    const auto it = o.find(key);
+    if (it == o.end() || !it->is_number_unsigned()) {
+      return InvalidArgument(where + ": " + at + "\"" + key + "\" must be an unsigned integer");
+    }
+    *out = it->get<uint64_t>();
+    return Status::Ok();
+  };
+  uint64_t fingerprint = 0;
+  PARASOL_RETURN_IF_ERROR(unsigned_field(j, "fingerprint", "", &fingerprint));
+  if (j.contains("tables_fingerprint")) {
+    PARASOL_RETURN_IF_ERROR(unsigned_field(j, "tables_fingerprint", "", tables_fp));
+    if (*tables_fp != m.TablesFingerprint()) {
+      return FailedPrecondition(where + ": made for other tables (tables_fingerprint " +
+                                std::to_string(*tables_fp) + "; " + m.source + "'s tables have " +
+                                std::to_string(m.TablesFingerprint()) + ")");
+    }
+  } else if (fingerprint != m.Fingerprint()) {
+    // Exports before tables_fingerprint: only the job's own manifest can vouch for them.
+    return FailedPrecondition(where + ": made by another job (fingerprint " +
+                              std::to_string(fingerprint) + "; " + m.source + "'s is " +
+                              std::to_string(m.Fingerprint()) + ")");
+  } else {
+    *tables_fp = m.TablesFingerprint();
+  }
+  const auto tables = j.find("tables");
+  if (tables == j.end() || !tables->is_array()) {
+    return InvalidArgument(where + ": \"tables\" must be a list");
+  }
+  std::vector<ListedTable> listed(m.tables.size());
+  for (size_t i = 0; i < tables->size(); ++i) {
+    const Json& e = (*tables)[i];
+    const std::string at = "tables[" + std::to_string(i) + "].";
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string()) {
+      return InvalidArgument(where + ": " + at + "\"name\" must be a string");
+    }
+    const std::string name = e["name"].get<std::string>();
+    const int t = m.FindTable(name);
+    if (t < 0) {
+      return InvalidArgument(where + ": " + at + "name: " + m.source + " has no table '" +
+                             CompactJson(Json(name)) + "'");
+    }
+    if (listed[t].table != nullptr) {
+      return InvalidArgument(where + ": " + at + "name: table '" + name + "' is listed twice");
+    }
+    const TableOptions& table = m.tables[t];
+    const bool sparse = table.kind == TableKind::kSparse;
+    const std::string kind = sparse ? "sparse" : "dense";
+    const std::string file = table.name + (sparse ? ".rows" : ".f32");
+    if (!e.contains("kind") || e["kind"] != kind) {
+      return InvalidArgument(where + ": " + at + "kind: table '" + name + "' is " + kind);
+    }
+    // The file is the table's own: a name from the JSON (../x, /dev/zero) is never opened.
+    if (!e.contains("file") || e["file"] != file) {
+      return InvalidArgument(where + ": " + at + "file: table '" + name + "' is in " + file);
+    }
+    ListedTable& l = listed[t];
+    l.table = &table;
+    if (sparse) {
+      if (!e.contains("dim") || e["dim"] != table.dim) {
+        return InvalidArgument(where + ": " + at + "dim: table '" + name + "' has dim " +
+                               std::to_string(table.dim));
+      }
+      PARASOL_RETURN_IF_ERROR(unsigned_field(e, "rows", at, &l.rows));
+    } else if (!e.contains("shape") || e["shape"] != Json(table.shape)) {
+      return InvalidArgument(where + ": " + at + "shape: table '" + name + "' has shape " +
+                             CompactJson(Json(table.shape)));
+    }
+  }
+  for (size_t t = 0; t < listed.size(); ++t) {
+    if (listed[t].table == nullptr) {
+      return InvalidArgument(where + ": table '" + m.tables[t].name + "' is not listed");
+    }
+  }
+  return listed;
+}
+
+// NAME.rows, exactly `rows` rows of `dim` floats with keys strictly ascending, into `out`.
+Status ParseRows(const std::string& where, const std::string& bytes, uint64_t rows, uint32_t dim,
+                 std::map<uint64_t, std::vector<float>>* out) {
+  const uint64_t row_bytes = 8 + 4 * uint64_t{dim};
+  if (bytes.size() < kRowsHeaderBytes) {
+    return InvalidArgument(where + ": " + std::to_string(bytes.size()) +
+                           " bytes, shorter than its 12-byte header");
+  }
+  uint64_t count = 0;
+  uint32_t file_dim = 0;
+  std::memcpy(&count, bytes.data(), 8);
+  std::memcpy(&file_dim, bytes.data() + 8, 4);
+  if (count != rows) {
+    return InvalidArgument(where + ": holds " + std::to_string(count) + " rows; model.json says " +
+                           std::to_string(rows));
+  }
+  if (file_dim != dim) {
+    return InvalidArgument(where + ": has dim " + std::to_string(file_dim) + ", the table " +
+                           std::to_string(dim));
+  }
+  // The length was bounded before the read; a count that does not match it is refused here.
+  if ((bytes.size() - kRowsHeaderBytes) / row_bytes != count ||
+      (bytes.size() - kRowsHeaderBytes) % row_bytes != 0) {
+    return InvalidArgument(where + ": " + std::to_string(bytes.size()) + " bytes; " +
+                           std::to_string(count) + " rows of dim " + std::to_string(dim) +
+                           " take " + std::to_string(kRowsHeaderBytes) + " + " +
+                           std::to_string(count) + " x " + std::to_string(row_bytes));
+  }
+  const char* p = bytes.data() + kRowsHeaderBytes;
+  for (uint64_t i = 0; i < count; ++i, p += row_bytes) {
+    uint64_t key;
+    std::memcpy(&key, p, 8);
+    if (!out->empty() && key <= out->rbegin()->first) {
+      return InvalidArgument(where + ": row " + std::to_string(i) + " has key " +
+                             std::to_string(key) + ", not above the key before it (" +
+                             std::to_string(out->rbegin()->first) + ")");
+    }
+    std::vector<float> v(dim);
+    std::memcpy(v.data(), p + 8, 4 * uint64_t{dim});
+    out->emplace_hint(out->end(), key, std::move(v));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ExportedModel> LoadExportedModel(const Manifest& m, const std::string& dir,
+                                        const ExportFileReader& read) {
+  const std::string folder = "exported model " + dir;
   ExportedModel model;
-  for (const TableOptions& t : m.tables) {
+  PARASOL_ASSIGN_OR_RETURN(const std::string json, read("model.json", kMaxModelJsonBytes));
+  PARASOL_ASSIGN_OR_RETURN(
+      const std::vector<ListedTable> listed,
+      CheckModelJson(m, folder + ": model.json", json, &model.tables_fingerprint));
+  for (const ListedTable& l : listed) {
+    const TableOptions& t = *l.table;
     if (t.kind == TableKind::kSparse) {
-      std::ifstream f(dir + "/" + t.name + ".rows", std::ios::binary);
-      uint64_t count = 0;
-      uint32_t dim = 0;
-      if (!f.read(reinterpret_cast<char*>(&count), 8) || !f.read(reinterpret_cast<char*>(&dim), 4)) {
-        return NotFound("cannot read " + dir + "/" + t.name + ".rows");
+      const std::string file = t.name + ".rows";
+      const uint64_t row_bytes = 8 + 4 * uint64_t{t.dim};
+      // The length model.json's row count implies, bounded before anything is read: a count
+      // that would take more than 2^50 bytes is no export of ours.
+      if (l.rows > ((uint64_t{1} << 50) - kRowsHeaderBytes) / row_bytes) {
+        return InvalidArgument(folder + ": model.json: table '" + t.name + "' lists " +
+                               std::to_string(l.rows) + " rows, more than a file may hold");
       }
-      if (dim != t.dim) return InvalidArgument(t.name + ".rows has dim " + std::to_string(dim));
-      auto& rows = model.sparse[t.name];
-      for (uint64_t i = 0; i < count; ++i) {
-        uint64_t key;
-        std::vector<float> v(dim);
-        if (!f.read(reinterpret_cast<char*>(&key), 8) ||
-            !f.read(reinterpret_cast<char*>(v.data()), 4 * dim)) {
-          return InvalidArgument(dir + "/" + t.name + ".rows is truncated at row " +
-                                 std::to_string(i));
-        }
-        rows[key] = std::move(v);
-      }
+      PARASOL_ASSIGN_OR_RETURN(const std::string bytes,
+                               read(file, kRowsHeaderBytes + l.rows * row_bytes));
+      PARASOL_RETURN_IF_ERROR(
+          ParseRows(folder + ": " + file, bytes, l.rows, t.dim, &model.sparse[t.name]));
     } else {
-      std::vector<float> v(t.NumElements());
-      std::ifstream f(dir + "/" + t.name + ".f32", std::ios::binary);
-      if (!f.read(reinterpret_cast<char*>(v.data()), 4 * v.size())) {
-        return NotFound("cannot read " + dir + "/" + t.name + ".f32 (" +
-                        std::to_string(v.size()) + " floats)");
+      const std::string file = t.name + ".f32";
+      const uint64_t want = 4 * t.NumElements();
+      PARASOL_ASSIGN_OR_RETURN(const std::string bytes, read(file, want));
+      if (bytes.size() != want) {
+        return InvalidArgument(folder + ": " + file + ": " + std::to_string(bytes.size()) +
+                               " bytes; the table's " + std::to_string(t.NumElements()) +
+                               " floats take " + std::to_string(want));
       }
+      std::vector<float> v(t.NumElements());
+      if (want > 0) std::memcpy(v.data(), bytes.data(), want);
       model.dense[t.name] = std::move(v);
     }
   }
   return model;
+}
+
+Result<ExportedModel> LoadExportedModel(const Manifest& m, const std::string& dir) {
+  return LoadExportedModel(m, dir, [&](const std::string& file, uint64_t max_bytes) {
+    Result<std::string> bytes = ReadExportFile(dir, file, max_bytes);
+    if (!bytes.ok()) {
+      return Result<std::string>(
+          Status(bytes.status().code(), "exported model " + dir + ": " + bytes.status().message()));
+    }
+    return bytes;
+  });
+}
+
+Status CheckComparable(const ExportedModel& a, const std::string& dir_a, const ExportedModel& b,
+                       const std::string& dir_b) {
+  if (a.tables_fingerprint == b.tables_fingerprint) return Status::Ok();
+  return FailedPrecondition("exported models " + dir_a + " and " + dir_b +
+                            " were made for different tables (tables fingerprints " +
+                            std::to_string(a.tables_fingerprint) + " and " +
+                            std::to_string(b.tables_fingerprint) + ")");
 }
 
 namespace {

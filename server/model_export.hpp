@@ -2,8 +2,8 @@
 // Parasol's servers.
 //
 // `parasol export` writes into DIR:
-//   model.json     {"fingerprint", "incremental", "since", "tables": [{"name", "kind", "dim" or
-//                   "shape", "file", "rows"}]}
+//   model.json     {"fingerprint", "tables_fingerprint", "incremental", "since", "tables":
+//                   [{"name", "kind", "dim" or "shape", "file", "rows"}]}
 //   NAME.rows      sparse table: u64 count, u32 dim, then count x (u64 key, dim x f32), keys
 //                  ascending (optimizer state left out)
 //   NAME.f32       dense table: the whole tensor, row-major f32
@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,10 +33,33 @@ Status ExportModel(const Manifest& manifest, const ExportOptions& options,
 
 // An exported model, loaded: sparse rows by key and dense tensors, by table name.
 struct ExportedModel {
+  uint64_t tables_fingerprint = 0;  // Manifest::TablesFingerprint() of the job it came from
   std::map<std::string, std::map<uint64_t, std::vector<float>>> sparse;
   std::map<std::string, std::vector<float>> dense;
 };
+
+// The most bytes model.json may have (it lists the tables: kilobytes).
+inline constexpr uint64_t kMaxModelJsonBytes = uint64_t{16} << 20;
+
+// Reads `file` (a name in the model's folder): its bytes, or an error naming it when it is
+// missing, not a regular file, or longer than `max_bytes`.
+using ExportFileReader =
+    std::function<Result<std::string>(const std::string& file, uint64_t max_bytes)>;
+
+// Loads the model exported into `dir`, checked against `manifest` before it is used:
+// model.json is valid JSON of at most kMaxModelJsonBytes, made for these tables
+// (tables_fingerprint, or for older exports the manifest's fingerprint) and lists each table
+// once with its kind, dim or shape and its own file name; each NAME.rows is exactly as long as
+// its row count says, with keys strictly ascending; each NAME.f32 exactly the tensor. Every
+// error names the folder and the file.
 Result<ExportedModel> LoadExportedModel(const Manifest& manifest, const std::string& dir);
+// The same, reading the folder's files with `read` (a fuzzer's or a test's in-memory files).
+Result<ExportedModel> LoadExportedModel(const Manifest& manifest, const std::string& dir,
+                                        const ExportFileReader& read);
+
+// Refuses to compare models made for different tables (their tables fingerprints differ).
+Status CheckComparable(const ExportedModel& a, const std::string& dir_a, const ExportedModel& b,
+                       const std::string& dir_b);
 
 // How far model `a` is from model `b`: the largest relative L2 difference ||a - b|| / ||b|| of
 // any sparse row or dense tensor (a row only one of them has counts as 1), where it is, and
