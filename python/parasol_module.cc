@@ -10,7 +10,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -35,10 +37,43 @@ namespace {
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using KeyArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
+// `text` as valid UTF-8: each byte that is not part of a well-formed sequence becomes \xNN.
+// Python builds its exceptions' and strings' text from UTF-8; a message quoting a row of
+// binary data would otherwise raise UnicodeDecodeError in place of the error itself.
+std::string ValidUtf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len > 1) {
+      // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
+      uint32_t cp = c & (0xff >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3f);
+      static constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kLeast[len] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (ok) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      out += hex;
+      ++i;
+    }
+  }
+  return out;
+}
+
 // A failed Status as a Python exception carrying its text.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const Status& s) : std::runtime_error(s.ToString()) {}
+  explicit Error(const Status& s) : std::runtime_error(ValidUtf8(s.ToString())) {}
 };
 
 void Check(const Status& s) {
@@ -123,6 +158,27 @@ KeyArray Keys(const py::array& keys) {
   return KeyArray::ensure(keys);
 }
 
+// Refuses a sparse request whose bytes no set of shards would take, before its arrays are
+// made or anything is sent: the client splits a request by shard, and each shard refuses a
+// share over server.max_request_bytes (the keys it carries, or the rows of its reply), so a
+// request over that limit times every shard has a share no shard would take. (Checked here
+// on the key count; a request under it may still be refused by a shard that holds more than
+// its share of the keys.)
+void CheckRequestSize(const PsClient& c, const TableOptions& t, uint64_t keys, const char* op,
+                      uint64_t bytes_per_key) {
+  const uint64_t limit = c.manifest().server.max_request_bytes;
+  const uint64_t shards = std::max<uint32_t>(1, c.num_shards());
+  uint64_t all = 0, bytes = 0;
+  if (__builtin_mul_overflow(limit, shards, &all)) all = UINT64_MAX;
+  const bool wraps = __builtin_mul_overflow(keys, bytes_per_key, &bytes);
+  if (!wraps && bytes <= all) return;
+  throw Error(ResourceExhausted(
+      std::string(op) + " of " + std::to_string(keys) + " keys of table '" + t.name + "' takes " +
+      (wraps ? std::string("over 2^64") : std::to_string(bytes)) + " bytes (" + std::to_string(bytes_per_key) + " a key), over the limit of " +
+      std::to_string(limit) + " bytes (server.max_request_bytes) on each of its " +
+      std::to_string(shards) + " shards; split it into smaller requests"));
+}
+
 class Client {
  public:
   Client(const Manifest& manifest, uint32_t worker_id, const std::string& key_path) {
@@ -165,6 +221,9 @@ class Client {
         throw Error(InvalidArgument("table '" + t.name + "' is dense"));
       }
       const size_t n = static_cast<size_t>(keys.size());
+      // A key goes out as 8 bytes and its row comes back as dim floats.
+      CheckRequestSize(c, t, n, prefetch ? "prefetch_sparse" : "pull_sparse",
+                       std::max<uint64_t>(8, uint64_t{4} * t.dim));
       FloatArray rows = OutArray(out, {static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(t.dim)},
                                  n * t.dim, t.name);
       auto ticket = NewTicket(rows);
@@ -186,6 +245,7 @@ class Client {
       if (t.kind != TableKind::kSparse) {
         throw Error(InvalidArgument("table '" + t.name + "' is dense"));
       }
+      CheckRequestSize(c, t, n, "push_sparse", 8 + uint64_t{4} * t.dim);
       if (static_cast<size_t>(grads.size()) != n * t.dim) {
         throw Error(InvalidArgument("grads: expected " + std::to_string(n) + " x " +
                                     std::to_string(t.dim) + " floats for table '" + t.name +
@@ -467,7 +527,7 @@ class Reader {
 
   uint64_t bad_rows() const { return reader_->bad_rows(); }
   uint64_t rows_read() const { return reader_->rows_read(); }
-  std::string first_bad_row() const { return reader_->first_bad_row(); }
+  std::string first_bad_row() const { return ValidUtf8(reader_->first_bad_row()); }
 
  private:
   std::mutex mu_;

@@ -3,9 +3,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <filesystem>
+
 #include "common/manifest.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
+#include "server/startup_checks.hpp"
 #include "kernels/cuda_check.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/ps_client.hpp"
@@ -181,6 +185,139 @@ TEST_F(CliTest, AServerHostThatDoesNotResolveIsNamed) {
   EXPECT_NE(WEXITSTATUS(server.status), 0);
   EXPECT_NE(server.output.find("cannot resolve 'no-such-host.invalid'"), std::string::npos)
       << server.output;
+}
+
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST_F(CliTest, ServerRefusesAManifestThatIsADeviceNamingTheCap) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcessRun r = RunParasol({"server", "--manifest", "/dev/zero", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("manifest '/dev/zero' is larger than the limit of 16777216 bytes "
+                          "(16 MiB)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(SecondsSince(start), 20.0);
+}
+
+TEST_F(CliTest, LaunchRefusesMoreProcessesThanItsLimitBeforeStartingAny) {
+  std::string y = "cluster:\n  servers:\n";
+  for (int s = 0; s < 300; ++s) y += "    - 127.0.0.1:" + std::to_string(20000 + s) + "\n";
+  y += "  workers: 2\ntables:\n  - {name: emb, dim: 8}\n";
+  WriteFile(dir_ + "/big.yaml", y);
+  const auto start = std::chrono::steady_clock::now();
+  ProcessRun r = RunParasol({"launch", dir_ + "/big.yaml"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("big.yaml lists 300 servers and 2 workers: 302 processes, over the "
+                          "limit of 256 that launch starts on one machine"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[server 0]"), std::string::npos) << r.output;
+  EXPECT_LT(SecondsSince(start), 20.0);
+}
+
+TEST_F(CliTest, ServerRefusesDenseTablesLargerThanTheMachine) {
+  // 2^34 elements with Adam's three state arrays: 256 GiB.
+  const uint64_t need = (uint64_t{1} << 34) * 16;
+  const MachineMemory memory = DetectMachineMemory();
+  if (memory.bytes >= need) GTEST_SKIP() << "this machine has " << memory.bytes << " bytes";
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1) +
+                                  "  - {name: huge, kind: dense, shape: [131072, 131072], "
+                                  "optimizer: {kind: adam}}\n");
+  ProcessRun r = RunParasol({"server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 2) << r.output;
+  EXPECT_NE(r.output.find("shard 0: dense table 'huge' needs " + std::to_string(need) +
+                          " bytes (256.0 GiB) for its values and optimizer state on this shard"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("more than this machine has: " + std::to_string(memory.bytes)),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(CliTest, AServerWhoseAllocationFailsSaysSoInsteadOfAborting) {
+  // 8 GB of table under a 4 GB address-space limit: the check against the machine's memory
+  // passes (where it has 8 GB), the allocation fails.
+  if (DetectMachineMemory().bytes < (uint64_t{9} << 30)) GTEST_SKIP() << "under 9 GiB of memory";
+  WriteFile(dir_ + "/m.yaml",
+            PortsManifest(1, 1) + "  - {name: big, kind: dense, shape: [100000, 20000]}\n");
+  auto p = Subprocess::Spawn({"/bin/bash", "-c",
+                              std::string("ulimit -v 4000000; exec ") + PARASOL_BINARY +
+                                  " server --manifest " + dir_ + "/m.yaml --rank 0"},
+                             dir_ + "/s.log");
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(st.has_value()) << ReadFile(dir_ + "/s.log");
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << DescribeWaitStatus(*st);
+  EXPECT_NE(ReadFile(dir_ + "/s.log").find("shard 0: out of memory (an allocation failed)"),
+            std::string::npos)
+      << ReadFile(dir_ + "/s.log");
+}
+
+TEST_F(CliTest, ServerRefusesACheckpointDirThatIsNotADirectoryAtStart) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1) + "checkpoint: {dir: /dev/null}\n");
+  ProcessRun r = RunParasol({"server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.output.find("shard 0: checkpoint.dir '/dev/null' is not a directory"),
+            std::string::npos)
+      << r.output;
+  // A folder it can create is made, with the shard's own in it.
+  WriteFile(dir_ + "/ok.yaml", PortsManifest(1, 1) + "checkpoint: {dir: " + dir_ + "/new/ckpt}\n");
+  ASSERT_TRUE(CheckCheckpointDir(*LoadManifest(dir_ + "/ok.yaml"), 0).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/new/ckpt/shard-0"));
+}
+
+TEST_F(CliTest, ServerRefusesACheckpointNamedBeyondTheLargestSequence) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1) + "checkpoint: {dir: " + dir_ + "/ckpt}\n");
+  std::filesystem::create_directories(dir_ + "/ckpt/shard-0");
+  WriteFile(dir_ + "/ckpt/shard-0/ckpt-18446744073709551615.bin", "x");
+  ProcessRun r = RunParasol({"server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_);
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+  EXPECT_NE(WEXITSTATUS(r.status), 0);
+  EXPECT_NE(r.output.find("ckpt-18446744073709551615.bin' names a sequence of 20 digits, beyond "
+                          "the largest a checkpoint may have (9999999999)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(CliTest, CountsAreParsedStrictlyNamingTheFlag) {
+  const std::string m = dir_ + "/m.yaml";
+  WriteFile(m, PortsManifest(1, 1));
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"gen-data", "--rows=-5", "--out", dir_ + "/d.tsv"},
+       "--rows: expected a count in [1, 10000000000] (digits only), got '-5'"},
+      {{"gen-data", "--rows", "99999999999999999999", "--out", dir_ + "/d.tsv"},
+       "--rows: value 99999999999999999999 is above the limit of 10000000000"},
+      {{"gen-data", "--rows", "0x10", "--out", dir_ + "/d.tsv"}, "--rows: expected a count"},
+      {{"gen-data", "--rows", "10", "--seed", "18446744073709551616", "--out", dir_ + "/d.tsv"},
+       "--seed: value 18446744073709551616 is above the limit of 18446744073709551615"},
+      {{"scale", "--manifest", m, "--workers", "0"},
+       "--workers: value 0 is below the least allowed, 1"},
+      {{"scale", "--manifest", m, "--servers=-1"}, "--servers: expected a count"},
+      {{"server", "--manifest", m, "--rank", "4294967296"},
+       "--rank: value 4294967296 is above the limit of 4294967295"},
+      {{"export", "--manifest", m, "--out", dir_ + "/x", "--sequence", "10000000000"},
+       "--sequence: value 10000000000 is above the limit of 9999999999"},
+      {{"loadgen", "--manifest", m, "--zipf", "inf"}, "--zipf: expected a finite number, got 'inf'"},
+  };
+  for (const Case& c : cases) {
+    ProcessRun r = RunParasol(c.args, dir_);
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.output;
+    EXPECT_NE(WEXITSTATUS(r.status), 0) << c.args[0] << " " << c.args[1];
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.expected << "\n" << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/d.tsv"));
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstring>
+#include <filesystem>
+
 #include "common/initializer.hpp"
+#include "common/json_text.hpp"
 #include "common/key_index.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
@@ -103,6 +107,188 @@ TEST(ExportTest, TheExportedModelPredictsExactlyAsTheServers) {
   EXPECT_GT(from_export, 0u);
   servers.clear();
   testing::RemoveTree(dir);
+}
+
+
+// A hand-written export of a small job's tables, for the loader's refusals.
+class ExportedModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    manifest_ = *ParseManifest("cluster: {servers: [127.0.0.1:7000]}\n"
+                               "tables:\n  - {name: emb, dim: 2}\n"
+                               "  - {name: w, kind: dense, shape: [3]}\n",
+                               dir_ + "/job.yaml");
+    testing::WriteFile(dir_ + "/job.yaml", "cluster: {servers: [127.0.0.1:7000]}\n"
+                                           "tables:\n  - {name: emb, dim: 2}\n"
+                                           "  - {name: w, kind: dense, shape: [3]}\n");
+    WriteModel(dir_ + "/a", {1, 5, 9});
+  }
+  void TearDown() override { testing::RemoveTree(dir_); }
+
+  Json ModelJson(uint64_t rows) const {
+    Json j;
+    j["fingerprint"] = manifest_.Fingerprint();
+    j["tables_fingerprint"] = manifest_.TablesFingerprint();
+    j["incremental"] = false;
+    j["since"] = 0;
+    Json emb;
+    emb["name"] = "emb";
+    emb["kind"] = "sparse";
+    emb["dim"] = 2;
+    emb["file"] = "emb.rows";
+    emb["rows"] = rows;
+    Json w;
+    w["name"] = "w";
+    w["kind"] = "dense";
+    w["shape"] = std::vector<uint64_t>{3};
+    w["file"] = "w.f32";
+    j["tables"] = Json::array({emb, w});
+    return j;
+  }
+
+  static std::string Rows(const std::vector<uint64_t>& keys) {
+    std::string bytes(12 + keys.size() * 16, '\0');
+    const uint64_t count = keys.size();
+    const uint32_t dim = 2;
+    std::memcpy(bytes.data(), &count, 8);
+    std::memcpy(bytes.data() + 8, &dim, 4);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const float v[2] = {float(keys[i]), 0.5f};
+      std::memcpy(bytes.data() + 12 + 16 * i, &keys[i], 8);
+      std::memcpy(bytes.data() + 20 + 16 * i, v, 8);
+    }
+    return bytes;
+  }
+
+  void WriteModel(const std::string& dir, const std::vector<uint64_t>& keys) const {
+    std::filesystem::create_directories(dir);
+    testing::WriteFile(dir + "/model.json", SpacedJson(ModelJson(keys.size())));
+    testing::WriteFile(dir + "/emb.rows", Rows(keys));
+    testing::WriteFile(dir + "/w.f32", std::string(12, '\0'));
+  }
+
+  // The error of loading the model in `dir`, or "" when it loads.
+  std::string ErrorOf(const std::string& dir) const {
+    auto m = LoadExportedModel(manifest_, dir);
+    return m.ok() ? "" : m.status().message();
+  }
+
+  std::string dir_;
+  Manifest manifest_;
+};
+
+TEST_F(ExportedModelTest, AGoodExportLoads) {
+  auto m = LoadExportedModel(manifest_, dir_ + "/a");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->sparse["emb"].size(), 3u);
+  EXPECT_EQ(m->dense["w"].size(), 3u);
+  EXPECT_EQ(m->tables_fingerprint, manifest_.TablesFingerprint());
+}
+
+TEST_F(ExportedModelTest, ModelJsonThatIsNotJsonIsRefusedNamingFolderAndFile) {
+  testing::WriteFile(dir_ + "/a/model.json", "{\"fingerprint\": ");
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ + "/a: model.json: not valid JSON");
+}
+
+TEST_F(ExportedModelTest, ModelJsonOfOtherTablesIsRefused) {
+  Json j = ModelJson(3);
+  j["tables_fingerprint"] = manifest_.TablesFingerprint() + 1;
+  testing::WriteFile(dir_ + "/a/model.json", SpacedJson(j));
+  EXPECT_NE(ErrorOf(dir_ + "/a").find("exported model " + dir_ +
+                                      "/a: model.json: made for other tables (tables_fingerprint"),
+            std::string::npos)
+      << ErrorOf(dir_ + "/a");
+  // An older export (no tables_fingerprint) must carry the manifest's own fingerprint.
+  j.erase("tables_fingerprint");
+  j["fingerprint"] = 12345;
+  testing::WriteFile(dir_ + "/a/model.json", SpacedJson(j));
+  EXPECT_NE(ErrorOf(dir_ + "/a").find("model.json: made by another job (fingerprint 12345"),
+            std::string::npos)
+      << ErrorOf(dir_ + "/a");
+}
+
+TEST_F(ExportedModelTest, AFileNamedInModelJsonIsNeverOpened) {
+  Json j = ModelJson(3);
+  j["tables"][0]["file"] = "/dev/zero";
+  testing::WriteFile(dir_ + "/a/model.json", SpacedJson(j));
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ +
+                                      "/a: model.json: tables[0].file: table 'emb' is in emb.rows");
+}
+
+TEST_F(ExportedModelTest, AFileThatIsNotARegularFileIsRefused) {
+  std::filesystem::remove(dir_ + "/a/emb.rows");
+  std::filesystem::create_symlink("/dev/zero", dir_ + "/a/emb.rows");
+  EXPECT_EQ(ErrorOf(dir_ + "/a"),
+            "exported model " + dir_ + "/a: " + dir_ + "/a/emb.rows is not a regular file");
+  std::filesystem::remove(dir_ + "/a/model.json");
+  std::filesystem::create_symlink("/dev/zero", dir_ + "/a/model.json");
+  EXPECT_EQ(ErrorOf(dir_ + "/a"),
+            "exported model " + dir_ + "/a: " + dir_ + "/a/model.json is not a regular file");
+}
+
+TEST_F(ExportedModelTest, RowsFilesOfTheWrongLengthAreRefused) {
+  testing::WriteFile(dir_ + "/a/emb.rows", Rows({1, 5, 9}) + "x");
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ + "/a: " + dir_ +
+                                      "/a/emb.rows has 61 bytes, more than the 60 it may have");
+  testing::WriteFile(dir_ + "/a/emb.rows", Rows({1, 5, 9}).substr(0, 59));
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ +
+                                      "/a: emb.rows: 59 bytes; 3 rows of dim 2 take 12 + 3 x 16");
+  testing::WriteFile(dir_ + "/a/w.f32", std::string(16, '\0'));
+  testing::WriteFile(dir_ + "/a/emb.rows", Rows({1, 5, 9}));
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ + "/a: " + dir_ +
+                                      "/a/w.f32 has 16 bytes, more than the 12 it may have");
+}
+
+TEST_F(ExportedModelTest, KeysOutOfOrderOrTwiceAreRefused) {
+  testing::WriteFile(dir_ + "/a/emb.rows", Rows({1, 9, 5}));
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ +
+                                      "/a: emb.rows: row 2 has key 5, not above the key before "
+                                      "it (9)");
+  testing::WriteFile(dir_ + "/a/emb.rows", Rows({1, 5, 5}));
+  EXPECT_EQ(ErrorOf(dir_ + "/a"), "exported model " + dir_ +
+                                      "/a: emb.rows: row 2 has key 5, not above the key before "
+                                      "it (5)");
+}
+
+TEST_F(ExportedModelTest, ModelsOfDifferentTablesAreNotCompared) {
+  auto a = LoadExportedModel(manifest_, dir_ + "/a");
+  ASSERT_TRUE(a.ok());
+  ExportedModel b = *a;
+  b.tables_fingerprint ^= 1;
+  const Status st = CheckComparable(*a, dir_ + "/a", b, dir_ + "/b");
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("exported models " + dir_ + "/a and " + dir_ +
+                              "/b were made for different tables"),
+            std::string::npos)
+      << st.message();
+  EXPECT_TRUE(CheckComparable(*a, dir_ + "/a", *a, dir_ + "/a").ok());
+}
+
+TEST_F(ExportedModelTest, CompareModelsNamesTheFolderAndChecksItsTolerance) {
+  WriteModel(dir_ + "/b", {1, 5});
+  testing::WriteFile(dir_ + "/b/model.json", "not json");
+  auto p = Subprocess::Spawn({PARASOL_BINARY, "compare-models", "--manifest", dir_ + "/job.yaml",
+                              dir_ + "/a", dir_ + "/b"},
+                             dir_ + "/compare.log");
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  EXPECT_NE(ReadFile(dir_ + "/compare.log")
+                .find("exported model " + dir_ + "/b: model.json: not valid JSON"),
+            std::string::npos)
+      << ReadFile(dir_ + "/compare.log");
+  auto nan = Subprocess::Spawn({PARASOL_BINARY, "compare-models", "--manifest", dir_ + "/job.yaml",
+                                dir_ + "/a", dir_ + "/a", "--tolerance", "nan"},
+                               dir_ + "/nan.log");
+  ASSERT_TRUE(nan.ok());
+  st = nan->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_NE(WEXITSTATUS(*st), 0);
+  EXPECT_NE(ReadFile(dir_ + "/nan.log").find("--tolerance: expected a finite number, got 'nan'"),
+            std::string::npos)
+      << ReadFile(dir_ + "/nan.log");
 }
 
 }  // namespace
