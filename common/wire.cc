@@ -268,6 +268,33 @@ FramePlan PlanValueFrames(uint64_t rows, uint32_t dim, uint64_t frame_bytes) {
   return plan;
 }
 
+uint64_t PayloadView::FirstNonfinite() const {
+  const uint64_t dim = dim_;
+  for (size_t f = 0; f < value_frames_.size(); ++f) {
+    const uint64_t first = f * rows_per_frame_;
+    const uint64_t n = std::min(rows_per_frame_, rows_ - first) * dim;
+    const std::byte* bytes = value_frames_[f];
+    // A float is NaN or infinite when its exponent bits are all set. Blocks of 1,024 are tested
+    // with a branch-free OR (it vectorizes); only a block with one is searched.
+    for (uint64_t at = 0; at < n; at += 1024) {
+      const uint64_t len = std::min<uint64_t>(1024, n - at);
+      uint32_t any = 0;
+      for (uint64_t i = 0; i < len; ++i) {
+        uint32_t b;
+        std::memcpy(&b, bytes + (at + i) * sizeof(float), sizeof(b));
+        any |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+      }
+      if (any == 0) continue;
+      for (uint64_t i = 0; i < len; ++i) {
+        uint32_t b;
+        std::memcpy(&b, bytes + (at + i) * sizeof(float), sizeof(b));
+        if ((b & 0x7f800000u) == 0x7f800000u) return first * dim + at + i;
+      }
+    }
+  }
+  return kAllFinite;
+}
+
 Result<PayloadView> PayloadView::Parse(const Header& h, std::span<zmq::message_t> frames,
                                        uint64_t max_bytes) {
   return Parse(h, frames, max_bytes, PayloadView());

@@ -181,6 +181,10 @@ class PayloadView {
     const uint64_t f = i / rows_per_frame_;
     return value_frames_[f] + (i - f * rows_per_frame_) * dim_ * sizeof(float);
   }
+  // The index (row x dim + element) of the first value that is NaN or infinite, or
+  // kAllFinite. Reads the values once, as bits.
+  static constexpr uint64_t kAllFinite = ~uint64_t{0};
+  uint64_t FirstNonfinite() const;
   // Calls fn(first_row, bytes, row_count) for each value frame in order.
   template <typename Fn>
   void ForEachValueFrame(Fn&& fn) const {

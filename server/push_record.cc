@@ -8,6 +8,8 @@
 namespace parasol {
 namespace {
 constexpr uint64_t kRecordMagic = 0x5053524543524431ull;  // "PSRECRD1"
+// The same, followed by each worker's checksums of applied payloads.
+constexpr uint64_t kRecordMagicWithChecksums = 0x5053524543524432ull;  // "PSRECRD2"
 constexpr uint64_t kMaxClock = uint64_t{1} << 62;  // clocks are >= 0 and far below this
 }  // namespace
 
@@ -15,13 +17,23 @@ PushRecord::PushRecord(uint32_t window_clocks, uint32_t max_out_of_order)
     : window_clocks_(std::max<uint32_t>(2, window_clocks)),
       max_out_of_order_(std::max<uint32_t>(1, max_out_of_order)) {}
 
-PushRecord::Verdict PushRecord::Check(uint32_t worker, int64_t clock, uint64_t index) const {
+PushRecord::Verdict PushRecord::Check(uint32_t worker, int64_t clock, uint64_t index,
+                                      uint64_t checksum, uint64_t incarnation) const {
   auto w = workers_.find(worker);
   if (w == workers_.end()) return Verdict::kNew;
   if (clock < w->second.floor) return Verdict::kTooOld;
   auto c = w->second.clocks.find(clock);
   if (c == w->second.clocks.end()) return Verdict::kNew;
-  if (index < c->second.next || c->second.beyond.count(index)) return Verdict::kApplied;
+  if (index < c->second.next || c->second.beyond.count(index)) {
+    if (checksum != 0) {
+      auto s = w->second.checksums.find({clock, index});
+      if (s != w->second.checksums.end() && s->second.first != checksum &&
+          s->second.second == incarnation) {
+        return Verdict::kConflict;
+      }
+    }
+    return Verdict::kApplied;
+  }
   return Verdict::kNew;
 }
 
@@ -56,9 +68,14 @@ Status PushRecord::CanMark(uint32_t worker, int64_t clock, uint64_t index) const
   return Status::Ok();
 }
 
-Status PushRecord::Mark(uint32_t worker, int64_t clock, uint64_t index) {
+Status PushRecord::Mark(uint32_t worker, int64_t clock, uint64_t index, uint64_t checksum,
+                        uint64_t incarnation) {
   PARASOL_RETURN_IF_ERROR(CanMark(worker, clock, index));
   WorkerRecord& w = workers_[worker];
+  if (checksum != 0) {
+    w.checksums[{clock, index}] = {checksum, incarnation};
+    if (w.checksums.size() > kMaxChecksums) w.checksums.erase(w.checksums.begin());
+  }
   ClockEntry& e = w.clocks[clock];
   if (index == e.next) {
     ++e.next;
@@ -75,6 +92,8 @@ Status PushRecord::Mark(uint32_t worker, int64_t clock, uint64_t index) {
   if (floor > w.floor) {
     w.floor = floor;
     w.clocks.erase(w.clocks.begin(), w.clocks.lower_bound(floor));
+    w.checksums.erase(w.checksums.begin(),
+                      w.checksums.lower_bound({floor, uint64_t{0}}));
   }
   return Status::Ok();
 }
@@ -95,7 +114,7 @@ std::vector<char> PushRecord::Save() const {
     out.resize(at + 8);
     std::memcpy(out.data() + at, &v, 8);
   };
-  put(kRecordMagic);
+  put(kRecordMagicWithChecksums);
   put(window_clocks_);
   put(max_out_of_order_);
   // Workers in id order, so equal records give equal bytes.
@@ -114,6 +133,13 @@ std::vector<char> PushRecord::Save() const {
       put(e.beyond.size());
       for (uint64_t i : e.beyond) put(i);
     }
+    put(w.checksums.size());
+    for (const auto& [at, sum] : w.checksums) {
+      put(static_cast<uint64_t>(at.first));
+      put(at.second);
+      put(sum.first);
+      put(sum.second);
+    }
   }
   return out;
 }
@@ -127,7 +153,8 @@ bool PushRecord::Load(const std::vector<char>& bytes) {
     return true;
   };
   uint64_t magic = 0, window = 0, out_of_order = 0, count = 0;
-  if (!get(&magic) || magic != kRecordMagic || !get(&window) || window != window_clocks_ ||
+  if (!get(&magic) || (magic != kRecordMagic && magic != kRecordMagicWithChecksums) ||
+      !get(&window) || window != window_clocks_ ||
       !get(&out_of_order) || out_of_order != max_out_of_order_ || !get(&count)) {
     return false;
   }
@@ -163,6 +190,22 @@ bool PushRecord::Load(const std::vector<char>& bytes) {
     // The window holds the newest clocks only.
     if (!w.clocks.empty() && w.clocks.rbegin()->first - w.floor >= int64_t(window_clocks_)) {
       return false;
+    }
+    if (magic == kRecordMagicWithChecksums) {
+      uint64_t sums = 0;
+      if (!get(&sums) || sums > kMaxChecksums) return false;
+      std::pair<int64_t, uint64_t> last{std::numeric_limits<int64_t>::min(), 0};
+      for (uint64_t k = 0; k < sums; ++k) {
+        uint64_t clock = 0, index = 0, sum = 0, incarnation = 0;
+        if (!get(&clock) || !get(&index) || !get(&sum) || sum == 0 || !get(&incarnation) ||
+            clock > kMaxClock) {
+          return false;
+        }
+        const std::pair<int64_t, uint64_t> at{static_cast<int64_t>(clock), index};
+        if (at.first < w.floor || (k > 0 && at <= last)) return false;  // increasing
+        last = at;
+        w.checksums.emplace_hint(w.checksums.end(), at, std::make_pair(sum, incarnation));
+      }
     }
     workers.emplace(static_cast<uint32_t>(id), std::move(w));
   }

@@ -18,6 +18,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.hpp"
@@ -28,17 +29,24 @@ class PushRecord {
  public:
   static constexpr uint32_t kDefaultWindowClocks = 64;
   static constexpr uint32_t kDefaultMaxOutOfOrder = 4096;
+  // Checksums kept per worker (the newest pushes'); an applied push older than these is
+  // answered as a duplicate unchecked.
+  static constexpr size_t kMaxChecksums = 16384;
 
   explicit PushRecord(uint32_t window_clocks = kDefaultWindowClocks,
                       uint32_t max_out_of_order = kDefaultMaxOutOfOrder);
 
-  enum class Verdict { kNew, kApplied, kTooOld };
-  Verdict Check(uint32_t worker, int64_t clock, uint64_t index) const;
+  enum class Verdict { kNew, kApplied, kTooOld, kConflict };
+  // kConflict: applied, sent by process `incarnation` with a payload whose checksum was not
+  // `checksum` (0: not checked).
+  Verdict Check(uint32_t worker, int64_t clock, uint64_t index, uint64_t checksum = 0,
+                uint64_t incarnation = 0) const;
 
-  // Records the push as applied. Fails (and records nothing) when the clock is older than the
+  // Records the push as applied, with its payload's checksum (0: none) and its sender. Fails (and records nothing) when the clock is older than the
   // window or when `index` would be the (max_out_of_order + 1)-th index past the clock's
   // contiguous prefix; call it before applying the push, so a refused push is not applied.
-  Status Mark(uint32_t worker, int64_t clock, uint64_t index);
+  Status Mark(uint32_t worker, int64_t clock, uint64_t index, uint64_t checksum = 0,
+              uint64_t incarnation = 0);
   // Whether Mark would succeed, without recording.
   Status CanMark(uint32_t worker, int64_t clock, uint64_t index) const;
 
@@ -60,6 +68,9 @@ class PushRecord {
   struct WorkerRecord {
     int64_t floor = 0;  // clocks < floor are forgotten
     std::map<int64_t, ClockEntry> clocks;
+    // (clock, index) -> (checksum of the applied payload, its sender's incarnation); at most
+    // kMaxChecksums, the newest kept.
+    std::map<std::pair<int64_t, uint64_t>, std::pair<uint64_t, uint64_t>> checksums;
   };
 
   uint32_t window_clocks_;

@@ -27,6 +27,7 @@
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
 #include "common/initializer.hpp"
+#include "server/checkpoint.hpp"
 #include "server/optimizer.hpp"
 
 namespace parasol {
@@ -641,7 +642,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       if (in_job) ObserveWait(0);
       return HandlePull(req, *view, reply, payload);
     case Op::PushSparse:
-    case Op::PushDense:
+    case Op::PushDense: {
       if (!in_job) {
         return InvalidArgument(std::string(OpName(req.op)) + ": worker " +
                                std::to_string(req.worker_id) + " is not in this job (cluster." +
@@ -661,18 +662,31 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         reply->duplicate = true;
         return Status::Ok();
       }
-      if (const PushRecord::Verdict v = push_record_.Check(req.worker_id, req.clock, req.seq);
-          v == PushRecord::Verdict::kApplied ||
-          (v == PushRecord::Verdict::kTooOld && !controller_.Restored(req.worker_id) &&
-           req.clock < controller_.clocks()[req.worker_id])) {
+      const uint64_t checksum = PushChecksum(req, frames);
+      if (const PushRecord::Verdict v =
+              push_record_.Check(req.worker_id, req.clock, req.seq, checksum, req.incarnation);
+          v == PushRecord::Verdict::kConflict) {
+        // The same name from the same worker process with another payload: a client that
+        // reuses a push's name, or a forgery. Neither is applied over the first.
+        ++counters_.conflicting_resends;
+        return FailedPrecondition(std::string(OpName(req.op)) + " " + std::to_string(req.seq) +
+                                  " of clock " + std::to_string(req.clock) + " of worker " +
+                                  std::to_string(req.worker_id) + " to table " +
+                                  TableName(req.table_id) + " was applied before with another "
+                                  "payload; this resend is refused");
+      } else if (v == PushRecord::Verdict::kApplied ||
+                 (v == PushRecord::Verdict::kTooOld && !controller_.Restored(req.worker_id) &&
+                  req.clock < controller_.clocks()[req.worker_id])) {
         ++counters_.duplicate_pushes;
         reply->duplicate = true;
         return Status::Ok();
       }
       PARASOL_RETURN_IF_ERROR(push_record_.CanMark(req.worker_id, req.clock, req.seq));
       PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
+      PARASOL_RETURN_IF_ERROR(CheckFinite(req, *view));
       PARASOL_RETURN_IF_ERROR(HandlePush(req, *view, reply));
-      PARASOL_RETURN_IF_ERROR(push_record_.Mark(req.worker_id, req.clock, req.seq));
+      PARASOL_RETURN_IF_ERROR(
+          push_record_.Mark(req.worker_id, req.clock, req.seq, checksum, req.incarnation));
       for (size_t f = 2; f < frames.size(); ++f) {
         pushed_since_checkpoint_[req.worker_id] += frames[f].size();
       }
@@ -693,6 +707,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       (void)FaultPoints::Get().Hit("shard.applied");
       if (req.replay) (void)FaultPoints::Get().Hit("shard.replay_applied");
       return Status::Ok();
+    }
     case Op::Clock:
       PARASOL_RETURN_IF_ERROR(HandleClock(req));
       // Before anything is released: a worker passes the last barrier and exits, its push log
@@ -774,6 +789,36 @@ Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* 
   reply->dtype = req.dtype;
   reply->value_scale = static_cast<int16_t>(scale);
   return Status::Ok();
+}
+
+std::string ShardServer::TableName(uint32_t table_id) const {
+  if (table_id < manifest_.tables.size()) return "'" + manifest_.tables[table_id].name + "'";
+  return "#" + std::to_string(table_id);
+}
+
+uint64_t ShardServer::PushChecksum(const Header& req, const std::vector<zmq::message_t>& frames) {
+  // What names the push's effect: its table, place and payload as they travelled.
+  const uint64_t where[4] = {req.table_id, req.key_count, req.offset,
+                             static_cast<uint64_t>(req.dtype)};
+  uint64_t h = Checksum64(where, sizeof(where), static_cast<uint64_t>(req.op));
+  for (size_t f = 2; f < frames.size(); ++f) h = Checksum64(frames[f].data(), frames[f].size(), h);
+  return h == 0 ? 1 : h;  // 0 means "not checked"
+}
+
+Status ShardServer::CheckFinite(const Header& req, const PayloadView& p) {
+  const uint64_t bad = p.FirstNonfinite();
+  if (bad == PayloadView::kAllFinite) return Status::Ok();
+  ++counters_.nonfinite_pushes;
+  const uint64_t dim = std::max<uint32_t>(1, p.dim());
+  const std::string what =
+      req.op == Op::PushSparse && p.has_keys()
+          ? "row of key " + std::to_string(p.Key(bad / dim)) + ", element " +
+                std::to_string(bad % dim)
+          : "element " + std::to_string(req.offset + bad);
+  return InvalidArgument(std::string(OpName(req.op)) + " of worker " +
+                         std::to_string(req.worker_id) + " at clock " +
+                         std::to_string(req.clock) + " to table " + TableName(req.table_id) +
+                         ": the " + what + " is not finite; the push is refused whole");
 }
 
 Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* /*reply*/) {
@@ -1431,6 +1476,14 @@ std::string ShardServer::MetricsText() const {
          "Pushes answered as already applied (a resend or a replay).");
   t.Sample("parasol_duplicate_pushes_total", static_cast<double>(counters_.duplicate_pushes),
            shard);
+  t.Type("parasol_conflicting_resends_total", "counter",
+         "Pushes refused: applied before under the same name with another payload.");
+  t.Sample("parasol_conflicting_resends_total",
+           static_cast<double>(counters_.conflicting_resends), shard);
+  t.Type("parasol_nonfinite_pushes_total", "counter",
+         "Pushes refused whole for a NaN or infinite value.");
+  t.Sample("parasol_nonfinite_pushes_total", static_cast<double>(counters_.nonfinite_pushes),
+           shard);
   t.Type("parasol_worker_restarts_total", "counter",
          "Workers that said Hello again with a new incarnation (they restarted).");
   t.Sample("parasol_worker_restarts_total", static_cast<double>(counters_.worker_restarts), shard);
@@ -1863,6 +1916,8 @@ std::string ShardServer::StatsJson() const {
   s["full_checkpoint_bytes_last"] = counters_.full_bytes_last;
   s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
+  s["conflicting_resends"] = counters_.conflicting_resends;
+  s["nonfinite_pushes"] = counters_.nonfinite_pushes;
   s["pull_ahead_max"] = counters_.pull_ahead_max;
   s["replayed_pushes"] = counters_.replayed_pushes;
   s["replayed_clocks"] = counters_.replayed_clocks;

@@ -123,6 +123,8 @@ class ShardServer {
     uint64_t bad_messages = 0;
     uint64_t errors = 0;
     uint64_t duplicate_pushes = 0;
+    uint64_t conflicting_resends = 0;  // a push's name again with another payload: refused
+    uint64_t nonfinite_pushes = 0;     // pushes with a NaN or Inf: refused whole
     int64_t pull_ahead_max = 0;  // the most clocks a pull was ahead of its sender's (prefetch)
     uint64_t replayed_pushes = 0;    // pushes and clocks of workers' replays after a restart
     uint64_t replayed_clocks = 0;
@@ -192,6 +194,12 @@ class ShardServer {
   Status HandlePull(const Header& req, const PayloadView& p, Header* reply,
                     std::vector<zmq::message_t>* payload);
   Status HandlePush(const Header& req, const PayloadView& p, Header* reply);
+  // A push carrying a NaN or an infinity is refused whole, naming the table, row or element
+  // and worker (a diverging or hostile worker would poison the rows every worker reads).
+  Status CheckFinite(const Header& req, const PayloadView& p);
+  // The checksum a push is recorded with: its table, place and payload bytes (never 0).
+  static uint64_t PushChecksum(const Header& req, const std::vector<zmq::message_t>& frames);
+  std::string TableName(uint32_t table_id) const;  // 'name', or #id when out of range
 
   // After any change of clocks or live workers: applies finished BSP clocks, then answers the
   // held pulls and barriers the bound now allows.

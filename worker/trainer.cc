@@ -1,6 +1,7 @@
 #include "worker/trainer.hpp"
 
 #include <array>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+
+#include <spdlog/spdlog.h>
 
 #include "common/json_text.hpp"
 #include "common/key_index.hpp"
@@ -17,6 +20,37 @@
 
 namespace parasol {
 namespace {
+
+// The index of the first NaN or infinity in `v`, or v.size().
+size_t FirstNonfinite(std::span<const float> v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return v.size();
+}
+
+// What is not finite in a step (its loss, a row gradient or a dense gradient), or "".
+std::string NonfiniteIn(const Manifest& m, double loss, const Model& model,
+                        std::span<const float> rows,
+                        const std::vector<std::vector<float>>* dense_sums) {
+  auto name = [&m](uint32_t table) {
+    return table < m.tables.size() ? "'" + m.tables[table].name + "'" : std::to_string(table);
+  };
+  if (!std::isfinite(loss)) return "the loss is " + std::to_string(loss);
+  if (size_t i = FirstNonfinite(rows); i < rows.size()) {
+    return "the gradient of table " + name(model.sparse_table()) + " is not finite at value " +
+           std::to_string(i) + " of the step's rows";
+  }
+  for (size_t t = 0; t < model.dense_tables().size(); ++t) {
+    const std::span<const float> g =
+        dense_sums ? std::span<const float>((*dense_sums)[t]) : model.DenseGrads()[t];
+    if (size_t i = FirstNonfinite(g); i < g.size()) {
+      return "the gradient of table " + name(model.dense_tables()[t]) +
+             " is not finite at element " + std::to_string(i);
+    }
+  }
+  return "";
+}
 
 // The training thread's allocations from Start() on, less the excluded stretches
 // (TrainReport::allocations_per_step). Without a counter, nothing is counted.
@@ -152,6 +186,7 @@ std::string TrainReport::ToJson() const {
   s["samples_per_second"] = samples_per_second;
   s["train_loss"] = last_loss;
   s["bad_rows"] = bad_rows;
+  s["nonfinite_steps"] = nonfinite_steps;
   s["pushes"] = pushes;
   s["push_log_peak_bytes"] = push_log_peak_bytes;
   s["first_step"] = first_step;
@@ -186,6 +221,9 @@ std::string TrainReport::Summary() const {
                 static_cast<unsigned long long>(train_samples), train_seconds,
                 samples_per_second, last_loss, static_cast<unsigned long long>(bad_rows));
   std::string out = buf;
+  if (nonfinite_steps > 0) {
+    out += ", " + std::to_string(nonfinite_steps) + " steps skipped (a non-finite loss or gradient)";
+  }
   if (evaluated) {
     std::snprintf(buf, sizeof(buf), "; eval over %llu samples: logloss %.4f, AUC %.4f",
                   static_cast<unsigned long long>(eval_samples), eval_logloss, eval_auc);
@@ -660,7 +698,27 @@ Result<TrainReport> Trainer::Run() {
     pushes.clear();
     const bool acc_on = accumulate > 1;
     if (fuse) client_->BeginStep();
-    const bool push_nothing = acc_on ? acc.samples == 0 : cur->size == 0;
+    bool push_nothing = acc_on ? acc.samples == 0 : cur->size == 0;
+    if (!push_nothing) {
+      // A step whose loss or gradients are not finite would poison rows every worker reads:
+      // it stops the worker, or (on_nonfinite: skip) pushes nothing and is counted.
+      std::string bad = NonfiniteIn(manifest_, loss, *model, acc_on ? std::span<const float>(acc.rows)
+                                                         : model->RowGrads(),
+                                    acc_on ? &acc.dense : nullptr);
+      if (!bad.empty()) {
+        if (t.on_nonfinite == TrainingOptions::OnNonfinite::kFail) {
+          return FailedPrecondition(
+              "step " + std::to_string(report.steps) + ": " + bad +
+              "; nothing of it was pushed (training.on_nonfinite: skip would skip such steps)");
+        }
+        ++report.nonfinite_steps;
+        if (report.nonfinite_steps == 1 || (report.nonfinite_steps & (report.nonfinite_steps - 1)) == 0) {
+          spdlog::warn("worker {}: step {}: {}; skipped ({} such steps so far)", rank_,
+                       report.steps, bad, report.nonfinite_steps);
+        }
+        push_nothing = true;
+      }
+    }
     Status sent = [&]() -> Status {
       if (push_nothing) return Status::Ok();
       PARASOL_ASSIGN_OR_RETURN(

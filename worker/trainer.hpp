@@ -43,6 +43,7 @@ struct TrainReport : StepTimes {
   double samples_per_second = 0;
   double last_loss = 0;       // mean log loss of the last 100 steps
   uint64_t bad_rows = 0;
+  uint64_t nonfinite_steps = 0;  // steps skipped for a non-finite loss or gradient
   uint64_t pushes = 0;        // push requests acknowledged by the shards
   uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
   int64_t first_step = 0;             // the clock it started at (joined, or resumed)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -251,6 +252,85 @@ TEST_F(HostileInputTest, ARepeatedPushIsAppliedOnce) {
   auto stats = client_->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_NE((*stats)[0].find("\"duplicate_pushes\":2"), std::string::npos) << (*stats)[0];
+}
+
+TEST_F(HostileInputTest, APushWithANonfiniteValueIsRefusedWholeAndNamed) {
+  // Two rows, the second with a NaN: neither is applied.
+  const uint64_t keys[2] = {61, 62};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float grads[8] = {1, 1, 1, 1, 2, 2, nan, 2};
+  std::vector<zmq::message_t> f = Frames(Push(/*seq=*/1, 2));
+  f.push_back(Bytes(keys, sizeof(keys)));
+  f.push_back(Bytes(grads, sizeof(grads)));
+  ExpectError(std::move(f), "table 'emb': the row of key 62, element 2 is not finite");
+  // A dense push with an infinity, at element 3 of the slice.
+  Header dense = Push(/*seq=*/2, 0);
+  dense.op = Op::PushDense;
+  dense.table_id = 1;
+  dense.key_count = 4;
+  dense.value_dim = 1;
+  dense.rows_per_frame = 4;
+  dense.value_frames = 1;
+  dense.offset = 2;
+  const float inf[4] = {0.5f, 0.5f, 0.5f, std::numeric_limits<float>::infinity()};
+  f = Frames(dense);
+  f.push_back(Bytes(inf, sizeof(inf)));
+  ExpectError(std::move(f), "table 'bias': the element 5 is not finite");
+  // Nothing of either was applied, and the same names with finite values are new pushes.
+  std::vector<uint64_t> pulled = {61, 62};
+  std::vector<float> rows(8);
+  ASSERT_TRUE(client_->PullSparse(0, pulled, rows.data()).ok());
+  EXPECT_EQ(rows, std::vector<float>(8, 1.0f));
+  std::vector<float> bias(10, -1.0f);
+  ASSERT_TRUE(client_->PullDense(1, bias.data()).ok());
+  EXPECT_EQ(bias, std::vector<float>(10, 0.0f));
+  const float fine[8] = {1, 1, 1, 1, 2, 2, 2, 2};
+  f = Frames(Push(/*seq=*/1, 2));
+  f.push_back(Bytes(keys, sizeof(keys)));
+  f.push_back(Bytes(fine, sizeof(fine)));
+  peer_->Send(std::move(f));
+  Result<Header> r = peer_->Reply();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+  EXPECT_FALSE(r->duplicate);
+  ASSERT_TRUE(client_->PullSparse(0, pulled, rows.data()).ok());
+  EXPECT_EQ(rows, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0}));
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonAt((*stats)[0], "/nonfinite_pushes", -1), 2) << (*stats)[0];
+}
+
+TEST_F(HostileInputTest, AResendWithAnotherPayloadIsRefusedAndATrueDuplicateIsNot) {
+  const uint64_t key = 71;
+  const float first[4] = {1, 1, 1, 1};
+  const float other[4] = {-8, -8, -8, -8};
+  auto send = [&](const float* grad) {
+    std::vector<zmq::message_t> f = Frames(Push(/*seq=*/4, 1));
+    f.push_back(Bytes(&key, 8));
+    f.push_back(Bytes(grad, 4 * sizeof(float)));
+    peer_->Send(std::move(f));
+    return peer_->Reply();
+  };
+  Result<Header> r = send(first);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+  r = send(other);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
+      << r->message;
+  r = send(first);  // the very push again: a duplicate, answered as one
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+  EXPECT_TRUE(r->duplicate);
+  std::vector<uint64_t> keys = {key};
+  std::vector<float> row(4);
+  ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
+  EXPECT_EQ(row, std::vector<float>(4, 0.5f));  // 1.0 - 0.5 x 1, once
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonAt((*stats)[0], "/conflicting_resends", -1), 1) << (*stats)[0];
+  EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
 }
 
 TEST_F(HostileInputTest, BadMessagesAreCounted) {

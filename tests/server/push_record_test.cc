@@ -95,5 +95,41 @@ TEST(PushRecordTest, SaveAndLoadRoundTripAndRefuseDamage) {
   }
 }
 
+TEST(PushRecordTest, AResendWithAnotherPayloadIsAConflictAndSurvivesSaveAndLoad) {
+  PushRecord r(8, 16);
+  ASSERT_TRUE(r.Mark(2, 4, 0, 0xabc).ok());
+  ASSERT_TRUE(r.Mark(2, 4, 1).ok());  // recorded without a checksum
+  EXPECT_EQ(r.Check(2, 4, 0, 0xabc), V::kApplied);  // a true duplicate
+  EXPECT_EQ(r.Check(2, 4, 0, 0xabd), V::kConflict);
+  EXPECT_EQ(r.Check(2, 4, 0), V::kApplied);          // not checked
+  EXPECT_EQ(r.Check(2, 4, 1, 0x123), V::kApplied);   // nothing to compare with
+  EXPECT_EQ(r.Check(2, 4, 2, 0x123), V::kNew);
+  // Another process of the worker recomputed the step (ssp, asp: from rows that changed).
+  ASSERT_TRUE(r.Mark(2, 4, 3, 0x555, /*incarnation=*/9).ok());
+  EXPECT_EQ(r.Check(2, 4, 3, 0x556, 9), V::kConflict);
+  EXPECT_EQ(r.Check(2, 4, 3, 0x556, 10), V::kApplied);
+  PushRecord back(8, 16);
+  ASSERT_TRUE(back.Load(r.Save()));
+  EXPECT_EQ(back.Check(2, 4, 0, 0xabd), V::kConflict);
+  EXPECT_EQ(back.Check(2, 4, 0, 0xabc), V::kApplied);
+  EXPECT_EQ(back.Check(2, 4, 3, 0x556, 9), V::kConflict);
+  // Clocks leaving the window take their checksums with them.
+  for (int64_t c = 5; c < 20; ++c) ASSERT_TRUE(r.Mark(2, c, 0, 7).ok());
+  EXPECT_EQ(r.Check(2, 4, 0, 0xabd), V::kTooOld);
+  EXPECT_LE(r.Save().size(), 8u * (4 + 3 + 8 * 3 + 1 + 8 * 4));  // 8 clocks, 8 checksums
+}
+
+TEST(PushRecordTest, ChecksumsPerWorkerAreBounded) {
+  PushRecord r(4, 1 << 20);
+  const uint64_t n = PushRecord::kMaxChecksums + 100;
+  for (uint64_t i = 0; i < n; ++i) ASSERT_TRUE(r.Mark(0, 1, i, i + 1).ok());
+  EXPECT_EQ(r.Check(0, 1, 0, 999999), V::kApplied);      // its checksum was dropped
+  EXPECT_EQ(r.Check(0, 1, n - 1, 999999), V::kConflict);  // the newest are kept
+  const std::vector<char> bytes = r.Save();
+  EXPECT_LE(bytes.size(), 8u * (4 + 3 + 3 + 1 + 4 * PushRecord::kMaxChecksums));
+  PushRecord back(4, 1 << 20);
+  EXPECT_TRUE(back.Load(bytes));
+}
+
 }  // namespace
 }  // namespace parasol
