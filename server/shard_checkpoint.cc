@@ -307,17 +307,36 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
     spdlog::error("shard {}: {}", rank_, st.ToString());
   }
   // The requests that asked for it, answered now that it is durable (or failed).
-  for (HeldReply& w : bg.waiting) {
-    Header reply = ReplyTo(w.request, st.ok() ? Status::Ok()
-                                              : st.WithContext("shard " + std::to_string(rank_)));
-    SendReply(w.identity, reply, {});
+  for (HeldReply& w : bg.waiting) AnswerHeld(w, st);
+}
+
+void ShardServer::AnswerHeld(HeldReply& held, const Status& st) {
+  if (st.ok() && held.reply) {
+    SendReply(held.identity, *held.reply, {});
+    return;
   }
+  SendReply(held.identity,
+            ReplyTo(held.request, st.ok() ? st : st.WithContext("shard " + std::to_string(rank_))),
+            {});
+}
+
+bool ShardServer::ForcedCheckpointDue() const {
+  // An in-process driver (reply_sink_) answers every request at once.
+  if (reply_sink_ || last_forced_checkpoint_ == std::chrono::steady_clock::time_point{}) {
+    return true;
+  }
+  return std::chrono::steady_clock::now() - last_forced_checkpoint_ >=
+         std::chrono::milliseconds(manifest_.checkpoint.min_interval_ms);
 }
 
 void ShardServer::WaitForBackgroundCheckpoint() { PollBackgroundCheckpoint(/*wait=*/true); }
 
 void ShardServer::StartRequestedCheckpoint() {
   if ((checkpoint_waiters_.empty() && next_checkpoint_reason_.empty()) || background_) return;
+  // Requested or for a restarted worker: at most one per checkpoint.min_interval (RunPeriodic
+  // calls again). One due after a background checkpoint that ran long begins at once.
+  if (!checkpoint_waiters_.empty() && !ForcedCheckpointDue()) return;
+  if (!checkpoint_waiters_.empty()) NoteForcedCheckpoint();
   std::vector<HeldReply> waiters = std::move(checkpoint_waiters_);
   checkpoint_waiters_.clear();
   const std::string reason =
@@ -329,11 +348,7 @@ void ShardServer::StartRequestedCheckpoint() {
     return;
   }
   // Written in the foreground, or failed: answered now.
-  for (HeldReply& w : waiters) {
-    SendReply(w.identity,
-              ReplyTo(w.request, st.ok() ? st : st.WithContext("shard " + std::to_string(rank_))),
-              {});
-  }
+  for (HeldReply& w : waiters) AnswerHeld(w, st);
 }
 
 // Never throws: Restore() tries the next file on any error.

@@ -288,12 +288,7 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       spdlog::error("shard {}: the last checkpoint failed: {}", rank_, last.ToString());
     }
     // Requests waiting for a checkpoint: this one holds everything.
-    for (HeldReply& w : checkpoint_waiters_) {
-      SendReply(w.identity,
-                ReplyTo(w.request, last.ok() ? last
-                                             : last.WithContext("shard " + std::to_string(rank_))),
-                {});
-    }
+    for (HeldReply& w : checkpoint_waiters_) AnswerHeld(w, last);
     checkpoint_waiters_.clear();
   }
   spdlog::info("shard {} stopping: {}", rank_, StatsJson());
@@ -617,7 +612,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
   PARASOL_RETURN_IF_ERROR(Admit(req));
   switch (req.op) {
     case Op::Hello:
-      return HandleHello(req, reply);
+      return HandleHello(req, frames[0], reply, held);
     case Op::PullSparse:
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound. A shard that serves nothing
@@ -740,7 +735,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         reply->message = "nothing changed since the last requested checkpoint";
         return Status::Ok();
       }
-      if (!CanCheckpointInBackground()) {
+      if (!CanCheckpointInBackground() && ForcedCheckpointDue()) {
+        NoteForcedCheckpoint();
         PARASOL_RETURN_IF_ERROR(
             SaveCheckpoint("requested by worker " + std::to_string(req.worker_id)));
         requested_checkpoint_stamp_ = stamp;
@@ -760,6 +756,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       if (background_ && background_->stamp == stamp) {
         background_->waiting.push_back(std::move(waiter));
       } else {
+        // Begun now, or once checkpoint.min_interval has passed since the last forced one.
         checkpoint_waiters_.push_back(std::move(waiter));
         StartRequestedCheckpoint();
       }
@@ -1185,14 +1182,16 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
   return Status::Ok();
 }
 
-Status ShardServer::HandleHello(const Header& req, Header* reply) {
+Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identity,
+                                Header* reply, bool* held) {
   reply->shard_rank = rank_;
   reply->shard_count = num_shards_;
   reply->manifest_hash = fingerprint_;
   if (req.manifest_hash != fingerprint_) {
+    // The shard's own fingerprint is not told: a peer learns only that its manifest differs.
     return FailedPrecondition("manifest mismatch: worker " + std::to_string(req.worker_id) +
-                              " runs manifest " + Hex(req.manifest_hash) + ", this shard runs " +
-                              Hex(fingerprint_) + "; start every role with the same manifest");
+                              " runs manifest " + Hex(req.manifest_hash) + ", which is not this "
+                              "shard's; start every role with the same manifest");
   }
   const uint32_t w = req.worker_id;
   if (req.join) {
@@ -1234,8 +1233,13 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
       // last checkpoint are only in memory here. Checkpoint them now, so that a later restart
       // of this shard does not need a replay that nobody can send.
       ++counters_.worker_restarts;
-      spdlog::warn("shard {}: worker {} restarted at clock {}{}", rank_, w, reply->worker_clock,
-                   manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed");
+      uint64_t left_out = 0;
+      if (restart_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+        spdlog::warn("shard {}: worker {} restarted at clock {}{}{}", rank_, w,
+                     reply->worker_clock,
+                     manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed",
+                     left_out ? " (" + std::to_string(left_out) + " restarts not logged)" : "");
+      }
       if (controller_.AbandonReplay(w)) {
         // Two failures overlapped: this shard restarted, and the worker died before its replay
         // reached it. The new process has no log; take its word for the clock.
@@ -1249,10 +1253,32 @@ Status ShardServer::HandleHello(const Header& req, Header* reply) {
                       rank_, w, checkpoint_clock_);
       }
       if (!manifest_.checkpoint.dir.empty()) {
-        // In the foreground: the Hello is answered once the checkpoint is durable (nothing else
-        // holds those pushes).
-        if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " restarted"); !st.ok()) {
-          spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+        // The Hello is answered once a checkpoint holding those pushes is durable (nothing else
+        // holds them): written now in the foreground, or, within checkpoint.min_interval of
+        // the last forced one, by the next (the reply waits for it).
+        const std::string why = "worker " + std::to_string(w) + " restarted";
+        if (ForcedCheckpointDue()) {
+          NoteForcedCheckpoint();
+          if (Status st = SaveCheckpoint(why); !st.ok()) {
+            spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+          }
+        } else {
+          if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
+              kMaxCheckpointWaiters) {
+            return Unavailable("shard " + std::to_string(rank_) + ": " +
+                               std::to_string(kMaxCheckpointWaiters) +
+                               " requests wait for a checkpoint already; say Hello again later");
+          }
+          if (req.membership_version < membership_.version()) {
+            reply->members = membership_.Entries();
+          }
+          HeldReply waiter;
+          waiter.identity.rebuild(identity.data(), identity.size());
+          waiter.request = req;
+          waiter.reply = *reply;
+          checkpoint_waiters_.push_back(std::move(waiter));
+          if (next_checkpoint_reason_.empty()) next_checkpoint_reason_ = why;
+          *held = true;
         }
       }
     }

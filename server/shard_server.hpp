@@ -158,7 +158,10 @@ class ShardServer {
   struct HeldReply {
     zmq::message_t identity;
     Header request;
+    std::optional<Header> reply;  // the answer prepared (a Hello's), else ReplyTo(request)
   };
+  // Sends a held request's answer: its prepared reply, or one with `st` (a failed checkpoint).
+  void AnswerHeld(HeldReply& held, const Status& st);
   // A pull waiting for the read bound: its frames, kept until it is answered.
   struct HeldPull {
     std::vector<zmq::message_t> frames;
@@ -256,6 +259,12 @@ class ShardServer {
   static constexpr size_t kMaxCheckpointWaiters = 1024;
   // Why a checkpoint is due once the one being written is (empty: none is).
   std::string next_checkpoint_reason_;
+  // Forced checkpoints (requested, or for a restarted worker) begin at most once per
+  // checkpoint.min_interval; those asked sooner wait (StartRequestedCheckpoint).
+  std::chrono::steady_clock::time_point last_forced_checkpoint_{};
+  bool ForcedCheckpointDue() const;
+  void NoteForcedCheckpoint() { last_forced_checkpoint_ = std::chrono::steady_clock::now(); }
+  LogLimiter restart_log_;  // "worker W restarted" lines (a Hello may claim a restart)
   // Checkpoints whose state was taken (durable or being written): checkpoints_begun in replies.
   uint64_t checkpoints_begun_ = 0;
   // Whether checkpoints may be written in the background (not with a tiered table).
@@ -295,7 +304,9 @@ class ShardServer {
   // the request changes anything; fails (changing nothing) when the disk cannot be read.
   Status PrefaultKeys(SparseTable& table, const PayloadView& p);
 
-  Status HandleHello(const Header& req, Header* reply);
+  // `identity`: the sender's, for a reply held until a checkpoint is durable (*held).
+  Status HandleHello(const Header& req, const zmq::message_t& identity, Header* reply,
+                     bool* held);
   Status HandlePullSparse(const Header& req, const PayloadView& p, Header* reply,
                           std::vector<zmq::message_t>* payload);
   Status HandlePushSparse(const Header& req, const PayloadView& p);

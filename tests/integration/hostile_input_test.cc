@@ -931,5 +931,68 @@ TEST(HostileCheckpointTest, AFloodOfCheckpointRequestsWritesOnlyWhatChanged) {
   EXPECT_EQ(JsonAt(call(Request(Op::Stats, 1000, 0)).message, "/checkpoints", -1), 2);
 }
 
+TEST(HostileCheckpointTest, RequestsAndRestartsCheckpointAtMostOncePerMinInterval) {
+  // Each round changes the state (a push), claims a restart of worker 0 (a Hello of a new
+  // process) and asks for a checkpoint: before, each round wrote two checkpoints.
+  TestCluster cluster(1, 1, kTables, "checkpoint:\n  dir: ckpt\n  min_interval: 500ms\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  auto call = [&](std::vector<zmq::message_t> f) {
+    peer.Send(std::move(f));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  };
+  const uint64_t key = 9;
+  const float g[4] = {1, 1, 1, 1};
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t rounds = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
+    std::vector<zmq::message_t> f = Frames(Push(1000 + rounds, 1));
+    f.push_back(Bytes(&key, 8));
+    f.push_back(Bytes(g, sizeof(g)));
+    ASSERT_EQ(call(std::move(f)).status, StatusCode::kOk);
+    Header hello = Request(Op::Hello, 0, 0, 2000 + rounds);
+    hello.incarnation = 100 + rounds;
+    hello.manifest_hash = cluster.manifest().Fingerprint();
+    const Header hi = call(Frames(hello));
+    ASSERT_EQ(hi.status, StatusCode::kOk) << hi.message;
+    EXPECT_EQ(hi.op, Op::Hello);
+    ASSERT_EQ(call(Frames(Request(Op::Checkpoint, 1000, 0, 3000 + rounds))).status,
+              StatusCode::kOk);
+    ++rounds;
+  }
+  const std::string stats = call(Frames(Request(Op::Stats, 1000, 0))).message;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%llu rounds in %.2f s: %.0f checkpoints\n", (unsigned long long)rounds, seconds,
+              JsonAt(stats, "/checkpoints", -1));
+  EXPECT_GE(rounds, 2u);
+  EXPECT_EQ(JsonAt(stats, "/worker_restarts", -1), static_cast<double>(rounds)) << stats;
+  // One per 0.5 s at most, the first at once.
+  EXPECT_LE(JsonAt(stats, "/checkpoints", -1), seconds / 0.5 + 1) << stats;
+  EXPECT_GE(JsonAt(stats, "/checkpoints", -1), 2) << stats;
+  // Every request was answered once its checkpoint was durable: none is being written.
+  EXPECT_NE(stats.find("\"checkpoint_writing\":false"), std::string::npos) << stats;
+}
+
+TEST(HostileCheckpointTest, AHelloOfAnotherManifestDoesNotLearnTheShardsFingerprint) {
+  TestCluster cluster(1, 1, kTables);
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  Header hello = Request(Op::Hello, 1000, 0, 1);
+  hello.manifest_hash = 0x1234;
+  peer.Send(Frames(hello));
+  Result<Header> r = peer.Reply();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r->message.find("manifest mismatch"), std::string::npos) << r->message;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(cluster.manifest().Fingerprint()));
+  EXPECT_EQ(r->message.find(hex), std::string::npos) << r->message;
+  EXPECT_NE(r->manifest_hash, cluster.manifest().Fingerprint());
+}
+
 }  // namespace
 }  // namespace parasol

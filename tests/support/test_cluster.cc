@@ -62,17 +62,42 @@ TestCluster::TestCluster(int shards, int workers, const std::string& tables_yaml
                          const std::string& extra_yaml, std::vector<uint16_t> ports,
                          uint32_t max_workers)
     : shards_(shards), dir_(MakeTempDir()) {
+  // A `cluster:` section of extra_yaml goes into the one made here (a manifest refuses a key
+  // given twice); its keys replace the defaults below.
+  std::string extra, cluster_extra;
+  {
+    std::istringstream lines(extra_yaml);
+    bool in_cluster = false;
+    for (std::string line; std::getline(lines, line);) {
+      if (line == "cluster:") {
+        in_cluster = true;
+        continue;
+      }
+      if (in_cluster && line.rfind("  ", 0) == 0) {
+        cluster_extra += line + "\n";
+        continue;
+      }
+      in_cluster = false;
+      extra += line + "\n";
+    }
+  }
+  auto overridden = [&cluster_extra](const std::string& key) {
+    return cluster_extra.find("  " + key + ":") != std::string::npos;
+  };
   std::ostringstream y;
   y << "job:\n  name: test\n  seed: 7\ncluster:\n  servers:\n";
   if (ports.empty()) ports = PickFreePorts(shards).value();
   for (int s = 0; s < shards; ++s) y << "    - 127.0.0.1:" << ports[s] << "\n";
-  y << "  workers: " << workers << "\n  connect_timeout: 20s\n  request_timeout: 20s\n";
+  y << "  workers: " << workers << "\n";
+  if (!overridden("connect_timeout")) y << "  connect_timeout: 20s\n";
+  if (!overridden("request_timeout")) y << "  request_timeout: 20s\n";
   if (max_workers > 0) y << "  max_workers: " << max_workers << "\n";
+  y << cluster_extra;
   // Tests of the tables themselves see pushes applied on arrival; consistency tests say so.
   if (extra_yaml.find("training:") == std::string::npos) {
     y << "training:\n  consistency: asp\n";
   }
-  y << "tables:\n" << tables_yaml << extra_yaml;
+  y << "tables:\n" << tables_yaml << extra;
   manifest_path_ = dir_ + "/manifest.yaml";
   WriteFile(manifest_path_, y.str());
   Result<Manifest> m = LoadManifest(manifest_path_);
