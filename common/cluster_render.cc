@@ -65,6 +65,17 @@ Result<std::string> RewriteManifest(const std::string& path, const std::vector<s
   make_absolute("security", "client_key");
   make_absolute("security", "allowed_clients");
   make_absolute("security", "worker_keys");
+  make_absolute("security", "operator_keys");
+  // The servers bind every address: without CURVE keys a shard starts only when the manifest
+  // says plainly that anyone who reaches its port controls the job (security.mode).
+  bool curve = false;
+  try {
+    curve = doc["security"] && doc["security"].IsMap() && doc["security"]["curve"] &&
+            doc["security"]["curve"].as<bool>();
+  } catch (const YAML::Exception&) {
+    curve = false;  // LoadManifest names the bad value
+  }
+  if (!curve) doc["security"]["mode"] = "insecure";
   // A worker.command runs where the original manifest is, not where the copy lives.
   if (doc["worker"] && doc["worker"].IsMap() && doc["worker"]["command"]) {
     if (doc["worker"]["command_dir"]) {

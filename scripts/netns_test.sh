@@ -72,6 +72,10 @@ done
 
 "$PARASOL" gen-data --rows "$ROWS" --seed 1 --out "$work/train.tsv" >/dev/null
 "$PARASOL" gen-data --rows 8000 --seed 2 --out "$work/eval.tsv" >/dev/null
+# Shards reachable from other hosts run with CURVE keys (without them a shard bound to a
+# non-loopback address refuses to start).
+"$PARASOL" keygen --out "$work/keys" --name server --count 2 >/dev/null
+"$PARASOL" keygen --out "$work/keys" --name client >/dev/null
 write_manifest() {  # NAME
   cat > "$work/$1.yaml" <<YAML
 job: {name: netns, seed: 7}
@@ -95,6 +99,11 @@ data:
   train: $work/train.tsv
   eval: $work/eval.tsv
 checkpoint: {dir: $work/$1-ckpt}   # the servers' last checkpoint, on SIGTERM, holds the model
+security:
+  curve: true
+  server_keys: [$work/keys/server0, $work/keys/server1]
+  client_key: $work/keys/client
+  allowed_clients: [$work/keys/client.pub]
 YAML
 }
 

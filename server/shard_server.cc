@@ -179,8 +179,17 @@ Status ShardServer::Bind() {
   }
   const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
   if (!sec.curve && !loopback) {
-    spdlog::warn("shard {}: binds {} without security: any host that reaches it may read, push "
-                 "and stop this job (set security.curve: true)",
+    // As Redis's protected mode: a shard reachable from other hosts without keys lets anyone
+    // who reaches the port control the job; it starts so only when the manifest says so.
+    if (sec.mode != SecurityOptions::Mode::kInsecure) {
+      return FailedPrecondition(
+          "shard " + std::to_string(rank_) + ": refusing to bind " + endpoint_ +
+          " without security: anyone who reaches it could read, push, checkpoint and stop this "
+          "job. Set security.curve: true with keys (parasol keygen), bind loopback, or state "
+          "security.mode: insecure to accept that");
+    }
+    spdlog::warn("shard {}: binds {} without security (security.mode: insecure): any host that "
+                 "reaches it may read, push and stop this job",
                  rank_, endpoint_);
   }
   try {
@@ -194,6 +203,7 @@ Status ShardServer::Bind() {
       }
       PARASOL_ASSIGN_OR_RETURN(worker_keys_, WorkerKeyBinding::Load(sec));
       allowed.insert(worker_keys_.keys().begin(), worker_keys_.keys().end());
+      allowed.insert(worker_keys_.operator_keys().begin(), worker_keys_.operator_keys().end());
       zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
                                           "shard " + std::to_string(rank_));
       PARASOL_RETURN_IF_ERROR(zap_->Start(router_));

@@ -1,5 +1,6 @@
 #include "server/worker_key_binding.hpp"
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
 
@@ -15,12 +16,22 @@ std::string Claim(const Header& request) {
 
 }  // namespace
 
-WorkerKeyBinding::WorkerKeyBinding(std::vector<std::string> keys) : keys_(std::move(keys)) {
+WorkerKeyBinding::WorkerKeyBinding(std::vector<std::string> keys,
+                                   std::vector<std::string> operator_keys)
+    : keys_(std::move(keys)), operator_keys_(std::move(operator_keys)) {
   for (uint32_t r = 0; r < keys_.size(); ++r) rank_of_.emplace(keys_[r], r);
 }
 
+bool WorkerKeyBinding::IsOperatorRequest(const Header& request) {
+  return request.op == Op::Shutdown || request.op == Op::Checkpoint ||
+         request.op == Op::Migrate ||
+         (request.op == Op::Membership && (request.key_count > 0 || request.shard_count > 0));
+}
+
 Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security) {
-  if (!security.curve || security.worker_keys.empty()) return WorkerKeyBinding();
+  if (!security.curve || (security.worker_keys.empty() && security.operator_keys.empty())) {
+    return WorkerKeyBinding();
+  }
   std::vector<std::string> keys;
   std::map<std::string, size_t> rank_of;
   for (size_t r = 0; r < security.worker_keys.size(); ++r) {
@@ -33,28 +44,54 @@ Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security)
     }
     keys.push_back(std::move(key));
   }
-  return WorkerKeyBinding(std::move(keys));
+  WorkerKeyBinding binding(std::move(keys));
+  for (size_t i = 0; i < security.operator_keys.size(); ++i) {
+    PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(security.operator_keys[i]));
+    if (auto w = rank_of.find(key); w != rank_of.end()) {
+      return InvalidArgument("security.operator_keys[" + std::to_string(i) +
+                             "] is worker " + std::to_string(w->second) +
+                             "'s key too; an operator needs a key of its own");
+    }
+    binding.operator_keys_.push_back(std::move(key));
+  }
+  return binding;
 }
 
 Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const {
-  if (keys_.empty()) return Status::Ok();
+  if (!enabled()) return Status::Ok();
   const std::string_view key = user_id != nullptr ? user_id : "";
   if (key.empty()) {
     return FailedPrecondition(Claim(request) +
                               "the connection carries no CURVE key, and security.worker_keys "
-                              "binds every request to one");
+                              "or operator_keys bind every request to one");
   }
   const uint32_t id = request.worker_id;
   const auto owner = rank_of_.find(key);
+  const bool operator_key =
+      std::find(operator_keys_.begin(), operator_keys_.end(), key) != operator_keys_.end();
+  if (!operator_keys_.empty()) {
+    if (IsOperatorRequest(request) && !operator_key) {
+      return FailedPrecondition(Claim(request) + OpName(request.op) +
+                                " is an operator's request, and this connection's CURVE key is "
+                                "not one of security.operator_keys");
+    }
+    if (operator_key) {
+      // A tool: an observer id, never a worker of the job.
+      if (id < keys_.size()) {
+        return FailedPrecondition(Claim(request) + "an operator key acts only as a tool (an "
+                                  "observer), not as a worker of the job");
+      }
+      return Status::Ok();
+    }
+    if (keys_.empty()) return Status::Ok();  // no worker keys: any other key may be any worker
+  }
   if (id < keys_.size()) {
     if (key == keys_[id]) {
       // A worker trains; stopping or checkpointing the job is for tools (observer ids), so a
       // stolen worker key cannot do either.
-      if (request.op == Op::Shutdown || request.op == Op::Checkpoint ||
-          (request.op == Op::Membership && request.key_count > 0)) {
+      if (IsOperatorRequest(request)) {
         return FailedPrecondition(Claim(request) + "a worker's key may not ask for " +
-                                  OpName(request.op) + "; a tool key (security.allowed_clients) "
-                                  "may, as an observer");
+                                  OpName(request.op) + "; an operator's key may, as an observer");
       }
       return Status::Ok();
     }

@@ -8,7 +8,19 @@
 //   - an observer or tool id (worker_id >= cluster.workers: stats, checkpoint, shutdown,
 //     reads) only from a key that is no worker's (an allowed_clients key): a worker key acts
 //     only as its own worker, so a stolen one cannot stop or checkpoint the job either.
-// Without worker keys the binding is off and every request passes.
+// With security.operator_keys, the operator's requests (Checkpoint, Shutdown, Migrate, and a
+// Membership that scales the job) are served only from an operator key, and an operator key
+// acts only as a tool (an observer id). Without operator keys, any key that is no worker's may
+// send them (allowed_clients keys are the tools' keys).
+// Without worker keys and operator keys the binding is off and every request passes.
+//
+// Which role may send which op (with CURVE):
+//   worker r (worker_keys[r]): Hello, pulls, pushes, Clock, Barrier, Step, Stats, and a
+//     Membership about itself (join, leave), each naming worker r;
+//   operator (operator_keys): Checkpoint, Shutdown, Migrate, a scaling Membership, Stats and
+//     reads, as an observer;
+//   other admitted keys (allowed_clients): reads and Stats as an observer; the operator's
+//     requests too, while no operator_keys are set.
 // Thread-safety: immutable once built; Check() may be called from any thread.
 #pragma once
 
@@ -28,15 +40,21 @@ class WorkerKeyBinding {
   // Off: Check() passes every request.
   WorkerKeyBinding() = default;
   // keys[r]: worker r's Z85 public key. REQUIRES: no key appears twice.
-  explicit WorkerKeyBinding(std::vector<std::string> keys);
+  explicit WorkerKeyBinding(std::vector<std::string> keys,
+                            std::vector<std::string> operator_keys = {});
 
-  // The binding of security.worker_keys (each PATH.pub is read); off when curve is off or the
-  // list is empty. Refuses an unreadable or malformed key file, and two workers sharing a key.
+  // The binding of security.worker_keys and operator_keys (each PATH.pub is read); off when
+  // curve is off or both lists are empty. Refuses an unreadable or malformed key file, two
+  // workers sharing a key, and a key that is both a worker's and an operator's.
   static Result<WorkerKeyBinding> Load(const SecurityOptions& security);
 
-  bool enabled() const { return !keys_.empty(); }
+  bool enabled() const { return !keys_.empty() || !operator_keys_.empty(); }
   // The worker keys by rank: a shard admits them as well as allowed_clients.
   const std::vector<std::string>& keys() const { return keys_; }
+  // The operator keys: admitted too.
+  const std::vector<std::string>& operator_keys() const { return operator_keys_; }
+  // Whether `request` is one of the operator's (checkpoint, shutdown, migrate, scale).
+  static bool IsOperatorRequest(const Header& request);
 
   // OK when `request` may be served from a connection whose ZAP User-Id is `user_id` (null or
   // empty: the message carries none). Otherwise FailedPrecondition naming the worker id the
@@ -45,6 +63,7 @@ class WorkerKeyBinding {
 
  private:
   std::vector<std::string> keys_;                         // by worker rank
+  std::vector<std::string> operator_keys_;
   std::map<std::string, uint32_t, std::less<>> rank_of_;  // key -> worker rank
 };
 

@@ -301,6 +301,69 @@ TEST_F(WorkerKeysTest, EachKeyActsOnlyAsItsOwnRole) {
   EXPECT_TRUE(stats.ok()) << stats.status().ToString();
 }
 
+TEST_F(CurveTest, WithOperatorKeysOnlyAnOperatorCheckpointsOrStopsTheJob) {
+  auto k = GenerateCurveKeyPair();
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE(WriteCurveKeyPair(keys_, "operator", *k).ok());
+  TestCluster cluster(2, 1, kTables,
+                      security_ + "  operator_keys: [" + keys_ + "/operator]\n" +
+                          "checkpoint:\n  dir: ckpt\n");
+  ASSERT_TRUE(cluster.Start());
+  // The workers' key (also the tools' default): trains, reads stats, and controls nothing.
+  auto worker = cluster.Connect(0);
+  ASSERT_NE(worker, nullptr);
+  auto tool = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+  ASSERT_TRUE(tool.ok()) << tool.status().ToString();
+  EXPECT_TRUE((*tool)->Stats().ok());
+  for (const Status& st : {(*tool)->Checkpoint(), (*tool)->Shutdown()}) {
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find("is an operator's request, and this connection's CURVE key is "
+                                "not one of security.operator_keys"),
+              std::string::npos)
+        << st.ToString();
+  }
+  auto stats = (*tool)->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const std::string& shard : *stats) {
+    EXPECT_NE(shard.find("\"checkpoints\":0"), std::string::npos) << shard;
+  }
+  // The operator's key does both.
+  auto op = PsClient::Connect(cluster.manifest(), PsClient::kObserver, keys_ + "/operator");
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  EXPECT_TRUE((*op)->Checkpoint().ok());
+  stats = (*tool)->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const std::string& shard : *stats) {
+    EXPECT_NE(shard.find("\"checkpoints\":1"), std::string::npos) << shard;
+  }
+  // ... but is no worker.
+  auto as_worker = PsClient::Connect(cluster.manifest(), 0, keys_ + "/operator");
+  EXPECT_TRUE(as_worker.ok()) << "without worker keys any admitted key may be a worker: "
+                              << as_worker.status().ToString();
+}
+
+TEST(ProtectedModeTest, AShardThatWouldServeOtherHostsWithoutKeysRefusesToStart) {
+  const std::string dir = testing::MakeTempDir();
+  const uint16_t port = PickFreePorts(1).value()[0];
+  const std::string m = dir + "/m.yaml";
+  testing::WriteFile(m, "cluster:\n  servers: [127.0.0.1:" + std::to_string(port) +
+                            "]\n  workers: 1\n  bind: 0.0.0.0\n"
+                            "tables:\n  - {name: emb, kind: sparse, dim: 8}\n");
+  auto server = Subprocess::Spawn({PARASOL_BINARY, "server", "--manifest", m, "--rank", "0"},
+                                  dir + "/server.log");
+  ASSERT_TRUE(server.ok());
+  auto status = server->Wait(std::chrono::seconds(30));
+  const std::string log = testing::ReadFile(dir + "/server.log");
+  ASSERT_TRUE(status.has_value()) << "the shard started: " << log;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << log;
+  EXPECT_NE(log.find("refusing to bind tcp://0.0.0.0:" + std::to_string(port) +
+                     " without security"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("security.mode: insecure"), std::string::npos) << log;
+  testing::RemoveTree(dir);
+}
+
 TEST_F(WorkerKeysTest, KeygenWritesOneKeyPairPerWorker) {
   auto p = Subprocess::Spawn(
       {PARASOL_BINARY, "keygen", "--out", keys_ + "/made", "--name", "worker", "--count", "2"},

@@ -158,5 +158,41 @@ TEST(WorkerKeyBindingTest, AWorkerKeyMayNotStopOrCheckpointTheJobEvenAsItself) {
   }
 }
 
+TEST(WorkerKeyBindingTest, OnlyAnOperatorKeySendsTheOperatorsRequests) {
+  const std::string op = "operator-public-key";
+  Header scale = Request(Op::Membership, kObserver);
+  scale.shard_count = 1;
+  const std::vector<Header> control = {Request(Op::Checkpoint, kObserver),
+                                       Request(Op::Shutdown, kObserver),
+                                       Request(Op::Migrate, kObserver), scale};
+  for (const WorkerKeyBinding& b :
+       {WorkerKeyBinding({kWorker0, kWorker1}, {op}), WorkerKeyBinding({}, {op})}) {
+    EXPECT_TRUE(b.enabled());
+    for (const Header& h : control) {
+      EXPECT_TRUE(b.Check(h, op.c_str()).ok()) << OpName(h.op);
+      const Status tool = b.Check(h, kTool.c_str());
+      EXPECT_EQ(tool.code(), StatusCode::kFailedPrecondition) << OpName(h.op);
+      EXPECT_NE(tool.message().find("is an operator's request, and this connection's CURVE key "
+                                    "is not one of security.operator_keys"),
+                std::string::npos)
+          << tool.message();
+      // A worker's own key, as itself, may not either.
+      Header as_worker = h;
+      as_worker.worker_id = 0;
+      EXPECT_FALSE(b.Check(as_worker, kWorker0.c_str()).ok()) << OpName(h.op);
+    }
+    // Stats and reads from any admitted key; a worker's data requests from the workers' keys.
+    EXPECT_TRUE(b.Check(Request(Op::Stats, kObserver), kTool.c_str()).ok());
+    EXPECT_TRUE(b.Check(Request(Op::PullSparse, kObserver), op.c_str()).ok());
+    EXPECT_TRUE(b.Check(Request(Op::PushSparse, 0), kWorker0.c_str()).ok());
+  }
+  // With worker keys, an operator key is no worker.
+  const Status st = WorkerKeyBinding({kWorker0, kWorker1}, {op})
+                        .Check(Request(Op::PushSparse, 1), op.c_str());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("an operator key acts only as a tool"), std::string::npos)
+      << st.message();
+}
+
 }  // namespace
 }  // namespace parasol
