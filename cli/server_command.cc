@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <spdlog/spdlog.h>
 
@@ -37,6 +38,23 @@ int Serve(const std::string& manifest_path, uint32_t rank) {
   if (Status st = CheckCheckpointDir(*manifest, rank); !st.ok()) {
     spdlog::error("shard {}: {}", rank, st.message());
     return 2;
+  }
+  // Every connection takes a descriptor: the soft open-file limit (often 1,024) is raised to
+  // the hard one, so that idle peers cannot take the last descriptors the job's workers need.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    const rlim_t before = files.rlim_cur;
+    files.rlim_cur = files.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &files) == 0) {
+      spdlog::info("shard {}: open-file limit raised from {} to {}", rank, before,
+                   files.rlim_cur);
+    }
+  }
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 4096) {
+    spdlog::warn("shard {}: the open-file limit is {} (hard limit); a few thousand idle "
+                 "connections would stop this shard from accepting its workers (raise it: "
+                 "ulimit -Hn, LimitNOFILE=)",
+                 rank, files.rlim_cur);
   }
   // Background checkpoints are child processes this one waits for: an inherited SIGCHLD
   // disposition of "ignore" would reap them before it could.

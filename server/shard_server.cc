@@ -212,6 +212,11 @@ Status ShardServer::Bind() {
       router_.set(zmq::sockopt::zap_domain, "parasol");
     }
     ConfigureDataSocket(router_);
+    // Peers that went away without closing (half-open) or never finish the handshake are
+    // dropped: a ping every 10 s, gone after 30 s unanswered; 10 s for a handshake.
+    router_.set(zmq::sockopt::heartbeat_ivl, 10000);
+    router_.set(zmq::sockopt::heartbeat_timeout, 30000);
+    router_.set(zmq::sockopt::handshake_ivl, 10000);
     router_.set(zmq::sockopt::sndhwm, static_cast<int>(manifest_.server.socket_hwm));
     router_.set(zmq::sockopt::rcvhwm, static_cast<int>(manifest_.server.socket_hwm));
     router_.set(zmq::sockopt::router_mandatory, true);
@@ -453,6 +458,7 @@ uint64_t ShardServer::StateStamp() const {
 
 void ShardServer::RunPeriodic() {
   FinishDeferredApply();  // before anything else reads the tables
+  if (peers_.size() > 1024) ForgetIdlePeers();
   PollBackgroundCheckpoint(/*wait=*/false);
   StartRequestedCheckpoint();
   MaybeSweep();
@@ -492,6 +498,27 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     return;
   }
   const zmq::message_t& identity = frames[0];
+  if (!reply_sink_) {
+    // A peer over its share of queued replies is not served until it reads them: nothing it
+    // asks adds to what it holds.
+    PeerAccount* peer = Peer(identity, /*create=*/true);
+    peer->last_seen = std::chrono::steady_clock::now();
+    const uint64_t mine = peer->queued->load();
+    if (mine >= PeerShare(*peer) && mine > 0) {
+      ++counters_.peer_refusals;
+      uint64_t left_out = 0;
+      if (peer->log.Allow(peer->last_seen, &left_out)) {
+        spdlog::warn("shard {}: a peer{} has not read {} bytes of replies (its share: {}); its "
+                     "requests are not served until it does{}",
+                     rank_,
+                     peer->member_of >= 0 ? " (worker " + std::to_string(peer->member_of) + ")"
+                                          : std::string(),
+                     mine, PeerShare(*peer),
+                     left_out ? " (" + std::to_string(left_out) + " more not logged)" : "");
+      }
+      return;
+    }
+  }
   Result<Header> decoded = DecodeHeader(frames[1].data(), frames[1].size());
   if (!decoded.ok()) {
     ++counters_.bad_messages;
@@ -1214,6 +1241,8 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     }
   }
   if (!controller_.InJob(w)) return Status::Ok();
+  // Its connection is the worker's now: a member's share of the queued replies.
+  if (!reply_sink_) MarkMember(identity, w);
   // A shard that serves nothing does not know where the worker is; it keeps which process
   // greeted it (a later Hello of the same one is no restart).
   if (!Entered()) {
@@ -1635,20 +1664,31 @@ std::string ShardServer::MetricsText() const {
 namespace {
 
 // A reply frame that counts its bytes in `queued` until ZeroMQ has sent (or dropped) it.
+// A reply frame counted while ZeroMQ holds it: in the shard's total, its peer's and (for a
+// peer outside the job) all such peers' (null counters are not kept).
 struct QueuedFrame {
-  QueuedFrame(zmq::message_t m, std::shared_ptr<std::atomic<uint64_t>> q)
-      : message(std::move(m)), queued(std::move(q)) {
-    queued->fetch_add(message.size());
+  QueuedFrame(zmq::message_t m, std::shared_ptr<std::atomic<uint64_t>> q,
+              std::shared_ptr<std::atomic<uint64_t>> p, std::shared_ptr<std::atomic<uint64_t>> g)
+      : message(std::move(m)), queued(std::move(q)), peer(std::move(p)), group(std::move(g)) {
+    for (auto* c : {&queued, &peer, &group}) {
+      if (*c) (*c)->fetch_add(message.size());
+    }
   }
-  ~QueuedFrame() { queued->fetch_sub(message.size()); }
+  ~QueuedFrame() {
+    for (auto* c : {&queued, &peer, &group}) {
+      if (*c) (*c)->fetch_sub(message.size());
+    }
+  }
   zmq::message_t message;
-  std::shared_ptr<std::atomic<uint64_t>> queued;
+  std::shared_ptr<std::atomic<uint64_t>> queued, peer, group;
 };
 
 }  // namespace
 
-zmq::message_t ShardServer::QueuedReplyFrame(zmq::message_t m) {
-  auto frame = std::make_shared<QueuedFrame>(std::move(m), queued_reply_bytes_);
+zmq::message_t ShardServer::QueuedReplyFrame(zmq::message_t m, PeerAccount* peer) {
+  auto frame = std::make_shared<QueuedFrame>(
+      std::move(m), queued_reply_bytes_, peer ? peer->queued : nullptr,
+      peer && peer->member_of < 0 ? other_peers_queued_ : nullptr);
   const void* data = frame->message.data();
   const size_t size = frame->message.size();
   return SharedMessage(std::move(frame), data, size);
@@ -1884,23 +1924,45 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   frames.reserve(2 + payload.size());
   frames.emplace_back(identity.data(), identity.size());
   zmq::message_t header = EncodeHeader(Stamped(reply));
-  // Large headers (stats) count like payloads; small ones are bounded by server.socket_hwm.
-  constexpr size_t kCountedHeaderBytes = 4096;
-  uint64_t bytes = header.size() > kCountedHeaderBytes ? header.size() : 0;
+  // Every reply counts at its size, header included.
+  uint64_t bytes = header.size();
   for (const auto& m : payload) bytes += m.size();
-  // Over the limit only with others queued: a reply larger than the limit alone goes (it is
+  PeerAccount* peer = reply_sink_ ? nullptr : Peer(identity, /*create=*/false);
+  // Over a limit only with others queued: a reply larger than the limit alone goes (it is
   // bounded by the request it answers), or a large pull could never be answered.
-  if (bytes > 0 && QueuedReplyBytes() > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
+  if (QueuedReplyBytes() > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
     // Peers that do not take their replies hold this much already: drop this one (a real
     // worker resends its request).
-    DroppedReply(reply, "replies waiting for their peers hold " +
-                            std::to_string(QueuedReplyBytes()) +
-                            " bytes (server.max_queued_reply_bytes)");
+    DroppedReply(reply,
+                 "replies waiting for their peers hold " + std::to_string(QueuedReplyBytes()) +
+                     " bytes (server.max_queued_reply_bytes)",
+                 peer);
     return;
   }
-  frames.push_back(header.size() > kCountedHeaderBytes ? QueuedReplyFrame(std::move(header))
-                                                       : std::move(header));
-  for (auto& m : payload) frames.push_back(QueuedReplyFrame(std::move(m)));
+  if (peer) {
+    const uint64_t mine = peer->queued->load();
+    const uint64_t share = PeerShare(*peer);
+    if (mine > 0 && mine + bytes > share) {
+      DroppedReply(reply,
+                   "its peer has not read " + std::to_string(mine) + " bytes of replies (its "
+                   "share: " + std::to_string(share) + " bytes)",
+                   peer);
+      return;
+    }
+    // A non-member's small reply with nothing else queued for it always goes (a tool's stats
+    // is not held up by another peer that does not read).
+    const uint64_t others = other_peers_queued_->load();
+    if (peer->member_of < 0 && (mine > 0 || bytes > kOtherPeerShare / 16) && others > 0 &&
+        others + bytes > max_queued_reply_bytes_ / 8) {
+      DroppedReply(reply,
+                   "peers outside the job hold " + std::to_string(others) + " bytes of replies "
+                   "(an eighth of server.max_queued_reply_bytes)",
+                   peer);
+      return;
+    }
+  }
+  frames.push_back(QueuedReplyFrame(std::move(header), peer));
+  for (auto& m : payload) frames.push_back(QueuedReplyFrame(std::move(m), peer));
   if (reply_sink_) {
     reply_sink_(frames);
     return;
@@ -1911,10 +1973,66 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   if (!st.ok()) DroppedReply(reply, st.ToString());
 }
 
-void ShardServer::DroppedReply(const Header& reply, const std::string& why) {
+ShardServer::PeerAccount* ShardServer::Peer(const zmq::message_t& identity, bool create) {
+  const std::string id(static_cast<const char*>(identity.data()), identity.size());
+  auto it = peers_.find(id);
+  if (it != peers_.end()) return &it->second;
+  if (!create) return nullptr;
+  if (peers_.size() >= kMaxPeers) ForgetIdlePeers();
+  if (peers_.size() >= kMaxPeers) return &overflow_peer_;
+  return &peers_[id];
+}
+
+uint64_t ShardServer::PeerShare(const PeerAccount& peer) const {
+  if (peer.member_of >= 0) return max_queued_reply_bytes_ / std::max<uint32_t>(1, members_);
+  return std::min<uint64_t>(kOtherPeerShare, max_queued_reply_bytes_ / 64);
+}
+
+void ShardServer::MarkMember(const zmq::message_t& identity, uint32_t worker) {
+  PeerAccount* peer = Peer(identity, /*create=*/true);
+  if (peer == &overflow_peer_ || peer->member_of == static_cast<int64_t>(worker)) return;
+  if (member_identity_.size() <= worker) member_identity_.resize(worker + 1);
+  // One connection per worker is a member: a restarted worker's new one replaces the old.
+  if (!member_identity_[worker].empty()) {
+    auto old = peers_.find(member_identity_[worker]);
+    if (old != peers_.end() && old->second.member_of == static_cast<int64_t>(worker)) {
+      old->second.member_of = -1;
+      --members_;
+    }
+  }
+  if (peer->member_of >= 0) {
+    member_identity_[peer->member_of].clear();
+    --members_;
+  }
+  peer->member_of = worker;
+  member_identity_[worker].assign(static_cast<const char*>(identity.data()), identity.size());
+  ++members_;
+}
+
+void ShardServer::ForgetIdlePeers() {
+  // Peers outside the job with nothing queued, unheard for a minute (or any such, when the
+  // table is full): what is left of them is their next request.
+  const auto now = std::chrono::steady_clock::now();
+  const bool full = peers_.size() >= kMaxPeers;
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    const PeerAccount& p = it->second;
+    if (p.member_of < 0 && p.queued->load() == 0 &&
+        (full || now - p.last_seen > std::chrono::minutes(1))) {
+      it = peers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ShardServer::DroppedReply(const Header& reply, const std::string& why, PeerAccount* peer) {
   ++replies_dropped_;
   uint64_t left_out = 0;
-  if (undelivered_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+  const auto now = std::chrono::steady_clock::now();
+  // Counted in the shard's total; the line is rate-limited per peer, so one peer that never
+  // reads cannot silence what the others' drops say.
+  const bool shard_allows = undelivered_log_.Allow(now, &left_out);
+  if (peer ? peer->log.Allow(now, &left_out) : shard_allows) {
     spdlog::warn("shard {}: reply to worker {} dropped: {}{}", rank_, reply.worker_id, why,
                  left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
                           : std::string());
@@ -1952,6 +2070,9 @@ std::string ShardServer::StatsJson() const {
   s["full_checkpoint_bytes_last"] = counters_.full_bytes_last;
   s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
+  s["peer_refusals"] = counters_.peer_refusals;
+  s["peers"] = peers_.size();
+  s["members"] = members_;
   s["conflicting_resends"] = counters_.conflicting_resends;
   s["nonfinite_pushes"] = counters_.nonfinite_pushes;
   s["pull_ahead_max"] = counters_.pull_ahead_max;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <zmq.hpp>
@@ -123,6 +124,7 @@ class ShardServer {
     uint64_t bad_messages = 0;
     uint64_t errors = 0;
     uint64_t duplicate_pushes = 0;
+    uint64_t peer_refusals = 0;  // requests of peers over their reply share, not served
     uint64_t conflicting_resends = 0;  // a push's name again with another payload: refused
     uint64_t nonfinite_pushes = 0;     // pushes with a NaN or Inf: refused whole
     int64_t pull_ahead_max = 0;  // the most clocks a pull was ahead of its sender's (prefetch)
@@ -521,12 +523,36 @@ class ShardServer {
   std::vector<uint64_t> held_worker_bytes_;
   // Per worker: since when a reply to it was dropped (it counts as waiting until it resends).
   std::vector<std::optional<std::chrono::steady_clock::time_point>> reply_dropped_since_;
-  void DroppedReply(const Header& reply, const std::string& why);
+  struct PeerAccount;
+  void DroppedReply(const Header& reply, const std::string& why, PeerAccount* peer = nullptr);
   void HeardAfterDrop(uint32_t worker);
   // Bytes of reply frames handed to ZeroMQ and not yet sent: released on ZeroMQ's I/O thread.
   std::shared_ptr<std::atomic<uint64_t>> queued_reply_bytes_ =
       std::make_shared<std::atomic<uint64_t>>(0);
-  zmq::message_t QueuedReplyFrame(zmq::message_t m);
+  // A peer (a connection, by its routing identity) and the replies queued for it. Each peer's
+  // queued bytes are bounded by its share: a job's worker that said Hello (a member) gets an
+  // equal part of server.max_queued_reply_bytes; any other peer a small fixed share, and all
+  // of those together an eighth. A peer over its share is not served until it reads.
+  struct PeerAccount {
+    std::shared_ptr<std::atomic<uint64_t>> queued = std::make_shared<std::atomic<uint64_t>>(0);
+    int64_t member_of = -1;  // the job worker whose Hello came over it, or -1
+    LogLimiter log{3, std::chrono::seconds(10)};  // its own lines: one peer cannot use up all
+    std::chrono::steady_clock::time_point last_seen{};
+  };
+  static constexpr size_t kMaxPeers = 1 << 16;
+  static constexpr uint64_t kOtherPeerShare = 1 << 20;  // a non-member's, at most
+  std::unordered_map<std::string, PeerAccount> peers_;
+  PeerAccount overflow_peer_;  // every peer past kMaxPeers shares this one
+  std::vector<std::string> member_identity_;  // by worker: the identity of its Hello
+  uint32_t members_ = 0;
+  // Queued bytes of all non-member peers together.
+  std::shared_ptr<std::atomic<uint64_t>> other_peers_queued_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  PeerAccount* Peer(const zmq::message_t& identity, bool create);
+  uint64_t PeerShare(const PeerAccount& peer) const;
+  void MarkMember(const zmq::message_t& identity, uint32_t worker);
+  void ForgetIdlePeers();
+  zmq::message_t QueuedReplyFrame(zmq::message_t m, PeerAccount* peer = nullptr);
   // Dense value buffers that a push replaced while replies held them (see DenseTable).
   std::shared_ptr<std::atomic<uint64_t>> retired_dense_bytes_ =
       std::make_shared<std::atomic<uint64_t>>(0);

@@ -791,8 +791,97 @@ TEST_F(HostileClientTest, APeerThatNeverReadsCannotStallTheShard) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_GE(JsonAt(stats, "/requests", 0), 600) << stats;
-  EXPECT_GT(JsonAt(stats, "/replies_dropped", -1), 0) << stats;
+  // Its replies past its share are dropped, and its requests refused until it reads.
+  EXPECT_GT(JsonAt(stats, "/replies_dropped", 0) + JsonAt(stats, "/peer_refusals", 0), 0)
+      << stats;
   ExpectShardServesAndStops(kShardRss);
+}
+
+TEST(HostileFairShareTest, PeersThatNeverReadGetTheirShareAndTheWorkersKeepTraining) {
+  // Three peers ask for 128 KiB pulls and never read; 200 more ask for stats and never read.
+  // Two workers of the job train meanwhile, and each attacker holds at most its share.
+  TestCluster cluster(1, 2, kTables,
+                      "training:\n  consistency: bsp\n  worker_timeout: 60s\n"
+                      "server:\n  socket_hwm: 1000\n  max_request_bytes: 4MiB\n"
+                      "  max_queued_reply_bytes: 8MiB\n");
+  ASSERT_TRUE(cluster.Start());
+  auto w0 = cluster.Connect(0);
+  auto w1 = cluster.Connect(1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  auto stats = [&] {
+    peer.Send(Frames(Request(Op::Stats, 1000, 0)));
+    Result<Header> r = peer.Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->message : std::string();
+  };
+  const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
+  zmq::context_t ctx(1);
+  std::vector<zmq::socket_t> pullers, talkers;
+  std::vector<uint64_t> keys(8192);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  for (int a = 0; a < 3; ++a) {
+    pullers.push_back(NonReadingPeer(ctx, cluster.manifest().cluster.servers[0]));
+    for (uint64_t i = 0; i < 300; ++i) {
+      Header pull = Request(Op::PullSparse, 1000 + a, 0, i);
+      pull.table_id = 0;
+      pull.key_count = keys.size();
+      pull.value_dim = 4;
+      std::vector<zmq::message_t> f = Frames(pull);
+      f.push_back(Bytes(keys.data(), keys.size() * 8));
+      ASSERT_TRUE(SendFrames(pullers.back(), f).ok());
+    }
+  }
+  for (int a = 0; a < 200; ++a) {
+    talkers.push_back(NonReadingPeer(ctx, cluster.manifest().cluster.servers[0]));
+    for (uint64_t i = 0; i < 50; ++i) {
+      std::vector<zmq::message_t> f = Frames(Request(Op::Stats, 2000 + a, 0, i));
+      ASSERT_TRUE(SendFrames(talkers.back(), f).ok());
+    }
+  }
+  // The workers: 20 BSP steps each, a push and a pull of 64 rows and a tick.
+  const auto start = std::chrono::steady_clock::now();
+  auto train = [&](PsClient& c, uint64_t first) {
+    std::vector<uint64_t> mine(64);
+    std::vector<float> grads(64 * 4, 0.01f), rows(64 * 4);
+    for (int step = 0; step < 20; ++step) {
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] = first + i;
+      if (Status st = c.PushSparse(0, mine, grads); !st.ok()) return st;
+      if (Status st = c.Tick(); !st.ok()) return st;
+      if (Status st = c.PullSparse(0, mine, rows.data()); !st.ok()) return st;
+    }
+    return Status::Ok();
+  };
+  Status s1;
+  std::thread other([&] { s1 = train(*w1, 100000); });
+  const Status s0 = train(*w0, 200000);
+  other.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  EXPECT_LT(seconds, 30.0) << "the workers' 20 steps took " << seconds << " s";
+  std::string text;
+  for (int i = 0; i < 100 && JsonAt(text, "/requests", 0) < 3 * 300 + 200 * 50; ++i) {
+    text = stats();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::printf("workers' steps in %.2f s; %s\n", seconds, text.substr(0, 400).c_str());
+  EXPECT_EQ(JsonAt(text, "/worker_clocks/0", -1), 20) << text;
+  EXPECT_EQ(JsonAt(text, "/members", -1), 2) << text;
+  // Peers outside the job hold at most an eighth of the 8 MiB, plus one reply each.
+  EXPECT_LE(JsonAt(text, "/queued_reply_bytes", -1), (8 << 20) / 8 + 203 * (128 << 10)) << text;
+  EXPECT_GT(JsonAt(text, "/replies_dropped", 0) + JsonAt(text, "/peer_refusals", 0), 0) << text;
+  EXPECT_LT(ResidentBytes(cluster.server(0).pid()), baseline + (96u << 20));
+  // Once they close, what they held is released.
+  pullers.clear();
+  talkers.clear();
+  for (int i = 0; i < 100 && JsonAt(text, "/queued_reply_bytes", -1) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    text = stats();
+  }
+  EXPECT_EQ(JsonAt(text, "/queued_reply_bytes", -1), 0) << text;
 }
 
 TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) {
@@ -838,7 +927,8 @@ TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) 
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_GE(JsonAt(stats, "/requests", 0), 301) << stats;
-  EXPECT_GT(JsonAt(stats, "/replies_dropped", -1), 0) << stats;
+  EXPECT_GT(JsonAt(stats, "/replies_dropped", 0) + JsonAt(stats, "/peer_refusals", 0), 0)
+      << stats;
   EXPECT_LE(JsonAt(stats, "/queued_reply_bytes", -1), 32 << 20) << stats;
   ExpectGrewLessAndStops(cluster, baseline, 96ull << 20);
 }
