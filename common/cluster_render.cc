@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -75,7 +76,19 @@ Result<std::string> RewriteManifest(const std::string& path, const std::vector<s
   } catch (const YAML::Exception&) {
     curve = false;  // LoadManifest names the bad value
   }
-  if (!curve) doc["security"]["mode"] = "insecure";
+  if (!curve) {
+    if (doc["security"] && !doc["security"].IsMap()) {
+      return InvalidArgument(path + ": key 'security' must be a mapping");
+    }
+    if (!doc["security"] || !doc["security"]["mode"]) {
+      doc["security"]["mode"] = "insecure";
+      std::fprintf(stderr,
+                   "parasol render: %s has no CURVE keys, so the rendered manifest says "
+                   "security.mode: insecure (anyone who reaches the servers' ports controls the "
+                   "job); give it keys (parasol keygen, security.curve) to make it secure\n",
+                   path.c_str());
+    }
+  }
   // A worker.command runs where the original manifest is, not where the copy lives.
   if (doc["worker"] && doc["worker"].IsMap() && doc["worker"]["command"]) {
     if (doc["worker"]["command_dir"]) {

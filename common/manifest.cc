@@ -64,7 +64,17 @@ constexpr uint64_t kMaxManifestNodes = uint64_t{1} << 20;
 
 // Checks what yaml-cpp lets through: a key twice in one mapping (it keeps both and a lookup
 // sees only the first, so the second would be silently ignored) and non-standard tags.
-Status CheckYamlTree(const YAML::Node& node, const std::string& file, uint64_t* visited) {
+// The deepest a manifest nests (it needs 4 or 5 levels); an alias of a node inside itself
+// (`a: &x [*x]`) is a cycle, which this depth ends.
+constexpr int kMaxManifestDepth = 64;
+
+Status CheckYamlTree(const YAML::Node& node, const std::string& file, uint64_t* visited,
+                     int depth = 0) {
+  if (depth > kMaxManifestDepth) {
+    return InvalidArgument(Where(file, node.Mark()) + ": the manifest nests deeper than " +
+                           std::to_string(kMaxManifestDepth) +
+                           " levels (an alias inside the node it names is a cycle)");
+  }
   if (++*visited > kMaxManifestNodes) {
     return InvalidArgument(Where(file, node.Mark()) + ": the manifest has more than " +
                            std::to_string(kMaxManifestNodes) +
@@ -75,17 +85,19 @@ Status CheckYamlTree(const YAML::Node& node, const std::string& file, uint64_t* 
                            "' is not allowed in a manifest (only YAML's standard tags are)");
   }
   if (node.IsSequence()) {
-    for (const YAML::Node& child : node) PARASOL_RETURN_IF_ERROR(CheckYamlTree(child, file, visited));
+    for (const YAML::Node& child : node) {
+      PARASOL_RETURN_IF_ERROR(CheckYamlTree(child, file, visited, depth + 1));
+    }
   } else if (node.IsMap()) {
     std::set<std::string> keys;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->first, file, visited));
+      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->first, file, visited, depth + 1));
       if (it->first.IsScalar() && !keys.insert(it->first.Scalar()).second) {
         return InvalidArgument(Where(file, it->first.Mark()) + ": duplicate key '" +
                                PrintableName(it->first.Scalar()) +
                                "' (it appears earlier in the same mapping)");
       }
-      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->second, file, visited));
+      PARASOL_RETURN_IF_ERROR(CheckYamlTree(it->second, file, visited, depth + 1));
     }
   }
   return Status::Ok();
@@ -683,7 +695,7 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_reque
   PARASOL_RETURN_IF_ERROR(r.Unsigned("full_every", 1, 1000000, &c->full_every));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("min_interval", &c->min_interval_ms));
-  if (c->min_interval_ms < 0 || c->min_interval_ms > 3600 * 1000) {
+  if (r.Has("min_interval") && (c->min_interval_ms < 0 || c->min_interval_ms > 3600 * 1000)) {
     return r.ErrorAt(root.Child("checkpoint")["min_interval"], "checkpoint.min_interval",
                      "must be between 0 and 1 h");
   }
@@ -1043,6 +1055,17 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
       return InvalidArgument(m.source + ": key 'cluster.restart_servers': a restarted server "
                              "needs checkpoint.dir with checkpoint.restore: true, or it comes back "
                              "empty and every update it held is lost");
+    }
+    if (m.checkpoint.min_interval_ms < 0) {
+      m.checkpoint.min_interval_ms = std::min<int64_t>(1000, m.cluster.request_timeout_ms / 2);
+    } else if (!m.checkpoint.dir.empty() &&
+               m.checkpoint.min_interval_ms >= m.cluster.request_timeout_ms) {
+      // A restarted worker's Hello waits for the next forced checkpoint: within one request.
+      return InvalidArgument(m.source + ": key 'checkpoint.min_interval': " +
+                             std::to_string(m.checkpoint.min_interval_ms) +
+                             " ms must be below cluster.request_timeout (" +
+                             std::to_string(m.cluster.request_timeout_ms) +
+                             " ms), which a restarted worker's Hello may wait it out within");
     }
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());

@@ -215,9 +215,10 @@ struct CheckpointOptions {
   // also checkpoints whenever one worker has pushed max_log_bytes / (2 x shards) bytes to it
   // since its last checkpoint.
   uint64_t max_log_bytes = 2ull << 30;
-  // Forced checkpoints (a Checkpoint request, a restarted worker, the push log bound) begin at
-  // most once per this many ms; those asked sooner wait for it.
-  int64_t min_interval_ms = 1000;
+  // Forced checkpoints (a Checkpoint request, a restarted worker) begin at most once per this
+  // many ms; those asked sooner wait for it. Unset (-1): 1 s, or half of
+  // cluster.request_timeout if that is less.
+  int64_t min_interval_ms = -1;
 };
 
 struct WorkerOptions {

@@ -311,7 +311,9 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
 }
 
 void ShardServer::AnswerHeld(HeldReply& held, const Status& st) {
-  if (st.ok() && held.reply) {
+  if (held.reply) {
+    // A restarted worker's Hello: answered as when its checkpoint is written at once (a
+    // failed checkpoint is logged, and retried; the worker goes on).
     SendReply(held.identity, *held.reply, {});
     return;
   }

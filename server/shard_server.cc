@@ -201,7 +201,9 @@ Status ShardServer::Bind() {
         PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(path));
         allowed.insert(key);
       }
-      PARASOL_ASSIGN_OR_RETURN(worker_keys_, WorkerKeyBinding::Load(sec));
+      PARASOL_ASSIGN_OR_RETURN(worker_keys_,
+                               WorkerKeyBinding::Load(sec, std::max(manifest_.cluster.max_workers,
+                                                             manifest_.cluster.workers)));
       allowed.insert(worker_keys_.keys().begin(), worker_keys_.keys().end());
       allowed.insert(worker_keys_.operator_keys().begin(), worker_keys_.operator_keys().end());
       zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
@@ -503,8 +505,10 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     // asks adds to what it holds.
     PeerAccount* peer = Peer(identity, /*create=*/true);
     peer->last_seen = std::chrono::steady_clock::now();
+    // (Outside the job: once it holds half its share, as a peer that reads holds almost none.)
     const uint64_t mine = peer->queued->load();
-    if (mine >= PeerShare(*peer) && mine > 0) {
+    const uint64_t share = PeerShare(*peer);
+    if (mine > 0 && mine >= (peer->member_of >= 0 ? share : share / 2)) {
       ++counters_.peer_refusals;
       uint64_t left_out = 0;
       if (peer->log.Allow(peer->last_seen, &left_out)) {
@@ -516,6 +520,17 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
                      mine, PeerShare(*peer),
                      left_out ? " (" + std::to_string(left_out) + " more not logged)" : "");
       }
+      // Told so in a reply of a few bytes, sent only while its ZeroMQ queue takes it.
+      Header refused;
+      refused.op = Op::Error;
+      refused.is_reply = true;
+      refused.status = StatusCode::kUnavailable;
+      refused.message = "shard " + std::to_string(rank_) + ": this connection has " +
+                        std::to_string(mine) + " bytes of replies unread; read them first";
+      std::vector<zmq::message_t> f;
+      f.emplace_back(identity.data(), identity.size());
+      f.push_back(EncodeHeader(Stamped(refused)));
+      (void)SendFrames(router_, f, /*dontwait=*/true);
       return;
     }
   }
@@ -1260,6 +1275,34 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
                  reply->worker_clock);
   }
+  auto hold = [&](const std::string& why) -> Status {
+    if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
+        kMaxCheckpointWaiters) {
+      return Unavailable("shard " + std::to_string(rank_) + ": " +
+                         std::to_string(kMaxCheckpointWaiters) +
+                         " requests wait for a checkpoint already; say Hello again later");
+    }
+    if (req.membership_version < membership_.version()) reply->members = membership_.Entries();
+    HeldReply waiter;
+    waiter.identity.rebuild(identity.data(), identity.size());
+    waiter.request = req;
+    waiter.reply = *reply;
+    checkpoint_waiters_.push_back(std::move(waiter));
+    if (next_checkpoint_reason_.empty()) next_checkpoint_reason_ = why;
+    *held = true;
+    return Status::Ok();
+  };
+  // A Hello again from a restarted worker whose first one waits for its checkpoint (a resend):
+  // it waits for the same checkpoint.
+  auto awaiting = [&](const std::vector<HeldReply>& waiters) {
+    return std::any_of(waiters.begin(), waiters.end(), [&](const HeldReply& h) {
+      return h.reply && h.request.worker_id == w && h.request.incarnation == req.incarnation;
+    });
+  };
+  if (req.incarnation != 0 && controller_.incarnation(w) == req.incarnation &&
+      (awaiting(checkpoint_waiters_) || (background_ && awaiting(background_->waiting)))) {
+    return hold("worker " + std::to_string(w) + " restarted");
+  }
   if (req.incarnation != 0 && controller_.incarnation(w) != req.incarnation) {
     const bool restarted = controller_.incarnation(w) != 0;
     if (!restarted && req.known_epoch == 0 && controller_.AbandonReplay(w)) {
@@ -1302,22 +1345,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
             spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
           }
         } else {
-          if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
-              kMaxCheckpointWaiters) {
-            return Unavailable("shard " + std::to_string(rank_) + ": " +
-                               std::to_string(kMaxCheckpointWaiters) +
-                               " requests wait for a checkpoint already; say Hello again later");
-          }
-          if (req.membership_version < membership_.version()) {
-            reply->members = membership_.Entries();
-          }
-          HeldReply waiter;
-          waiter.identity.rebuild(identity.data(), identity.size());
-          waiter.request = req;
-          waiter.reply = *reply;
-          checkpoint_waiters_.push_back(std::move(waiter));
-          if (next_checkpoint_reason_.empty()) next_checkpoint_reason_ = why;
-          *held = true;
+          return hold(why);
         }
       }
     }
@@ -1928,38 +1956,43 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   uint64_t bytes = header.size();
   for (const auto& m : payload) bytes += m.size();
   PeerAccount* peer = reply_sink_ ? nullptr : Peer(identity, /*create=*/false);
-  // Over a limit only with others queued: a reply larger than the limit alone goes (it is
+  // Each limit holds only with others queued: a reply larger than a limit alone goes (it is
   // bounded by the request it answers), or a large pull could never be answered.
-  if (QueuedReplyBytes() > 0 && QueuedReplyBytes() + bytes > max_queued_reply_bytes_) {
-    // Peers that do not take their replies hold this much already: drop this one (a real
-    // worker resends its request).
-    DroppedReply(reply,
-                 "replies waiting for their peers hold " + std::to_string(QueuedReplyBytes()) +
-                     " bytes (server.max_queued_reply_bytes)",
-                 peer);
-    return;
+  const uint64_t max = max_queued_reply_bytes_;
+  const uint64_t total = QueuedReplyBytes();
+  const uint64_t others = other_peers_queued_->load();  // of peers outside the job
+  const bool member = peer && peer->member_of >= 0;
+  std::string over;
+  if (peer == nullptr || member) {
+    // The job's workers (and replies with no peer account): 11/16 of the bytes, which peers
+    // outside the job cannot take.
+    const uint64_t members = total - std::min(total, others);
+    if (members > 0 && members + bytes > max / 16 * 11) {
+      over = "replies waiting for the job's workers hold " + std::to_string(members) +
+             " bytes (11/16 of server.max_queued_reply_bytes)";
+    }
+  } else {
+    // Peers outside the job: a quarter together, and a sixteenth more for a small reply to a
+    // peer with nothing queued (a tool's stats is not held up by peers that do not read).
+    const bool small = peer->queued->load() == 0 && bytes <= kSmallReplyBytes;
+    const uint64_t cap = max / 4 + (small ? max / 16 : 0);
+    if (others > 0 && others + bytes > cap) {
+      over = "replies waiting for peers outside the job hold " + std::to_string(others) +
+             " bytes (a quarter of server.max_queued_reply_bytes)";
+    }
   }
-  if (peer) {
+  if (over.empty() && peer) {
     const uint64_t mine = peer->queued->load();
     const uint64_t share = PeerShare(*peer);
     if (mine > 0 && mine + bytes > share) {
-      DroppedReply(reply,
-                   "its peer has not read " + std::to_string(mine) + " bytes of replies (its "
-                   "share: " + std::to_string(share) + " bytes)",
-                   peer);
-      return;
+      over = "its peer has not read " + std::to_string(mine) + " bytes of replies (its share: " +
+             std::to_string(share) + " bytes)";
     }
-    // A non-member's small reply with nothing else queued for it always goes (a tool's stats
-    // is not held up by another peer that does not read).
-    const uint64_t others = other_peers_queued_->load();
-    if (peer->member_of < 0 && (mine > 0 || bytes > kOtherPeerShare / 16) && others > 0 &&
-        others + bytes > max_queued_reply_bytes_ / 8) {
-      DroppedReply(reply,
-                   "peers outside the job hold " + std::to_string(others) + " bytes of replies "
-                   "(an eighth of server.max_queued_reply_bytes)",
-                   peer);
-      return;
-    }
+  }
+  if (!over.empty()) {
+    // A real worker resends its request.
+    DroppedReply(reply, over, peer);
+    return;
   }
   frames.push_back(QueuedReplyFrame(std::move(header), peer));
   for (auto& m : payload) frames.push_back(QueuedReplyFrame(std::move(m), peer));
@@ -1984,8 +2017,10 @@ ShardServer::PeerAccount* ShardServer::Peer(const zmq::message_t& identity, bool
 }
 
 uint64_t ShardServer::PeerShare(const PeerAccount& peer) const {
-  if (peer.member_of >= 0) return max_queued_reply_bytes_ / std::max<uint32_t>(1, members_);
-  return std::min<uint64_t>(kOtherPeerShare, max_queued_reply_bytes_ / 64);
+  if (peer.member_of >= 0) {
+    return max_queued_reply_bytes_ / 16 * 11 / std::max<uint32_t>(1, members_);
+  }
+  return max_queued_reply_bytes_ / 16;
 }
 
 void ShardServer::MarkMember(const zmq::message_t& identity, uint32_t worker) {
@@ -2072,6 +2107,7 @@ std::string ShardServer::StatsJson() const {
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["peer_refusals"] = counters_.peer_refusals;
   s["peers"] = peers_.size();
+  s["other_peers_queued_bytes"] = other_peers_queued_->load();
   s["members"] = members_;
   s["conflicting_resends"] = counters_.conflicting_resends;
   s["nonfinite_pushes"] = counters_.nonfinite_pushes;

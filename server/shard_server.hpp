@@ -531,8 +531,9 @@ class ShardServer {
       std::make_shared<std::atomic<uint64_t>>(0);
   // A peer (a connection, by its routing identity) and the replies queued for it. Each peer's
   // queued bytes are bounded by its share: a job's worker that said Hello (a member) gets an
-  // equal part of server.max_queued_reply_bytes; any other peer a small fixed share, and all
-  // of those together an eighth. A peer over its share is not served until it reads.
+  // equal part of 11/16 of server.max_queued_reply_bytes, which the others cannot take; any
+  // other peer a sixteenth, and all of those together a quarter (a sixteenth more for small
+  // replies). A peer holding its whole share is not served until it reads.
   struct PeerAccount {
     std::shared_ptr<std::atomic<uint64_t>> queued = std::make_shared<std::atomic<uint64_t>>(0);
     int64_t member_of = -1;  // the job worker whose Hello came over it, or -1
@@ -540,7 +541,7 @@ class ShardServer {
     std::chrono::steady_clock::time_point last_seen{};
   };
   static constexpr size_t kMaxPeers = 1 << 16;
-  static constexpr uint64_t kOtherPeerShare = 1 << 20;  // a non-member's, at most
+  static constexpr uint64_t kSmallReplyBytes = 16 << 10;  // a stats reply, an error
   std::unordered_map<std::string, PeerAccount> peers_;
   PeerAccount overflow_peer_;  // every peer past kMaxPeers shares this one
   std::vector<std::string> member_identity_;  // by worker: the identity of its Hello

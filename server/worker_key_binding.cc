@@ -17,8 +17,10 @@ std::string Claim(const Header& request) {
 }  // namespace
 
 WorkerKeyBinding::WorkerKeyBinding(std::vector<std::string> keys,
-                                   std::vector<std::string> operator_keys)
-    : keys_(std::move(keys)), operator_keys_(std::move(operator_keys)) {
+                                   std::vector<std::string> operator_keys, uint32_t max_workers)
+    : keys_(std::move(keys)),
+      operator_keys_(std::move(operator_keys)),
+      max_workers_(std::max<uint32_t>(max_workers, static_cast<uint32_t>(keys_.size()))) {
   for (uint32_t r = 0; r < keys_.size(); ++r) rank_of_.emplace(keys_[r], r);
 }
 
@@ -28,7 +30,8 @@ bool WorkerKeyBinding::IsOperatorRequest(const Header& request) {
          (request.op == Op::Membership && (request.key_count > 0 || request.shard_count > 0));
 }
 
-Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security) {
+Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security,
+                                                uint32_t max_workers) {
   if (!security.curve || (security.worker_keys.empty() && security.operator_keys.empty())) {
     return WorkerKeyBinding();
   }
@@ -44,7 +47,7 @@ Result<WorkerKeyBinding> WorkerKeyBinding::Load(const SecurityOptions& security)
     }
     keys.push_back(std::move(key));
   }
-  WorkerKeyBinding binding(std::move(keys));
+  WorkerKeyBinding binding(std::move(keys), {}, max_workers);
   for (size_t i = 0; i < security.operator_keys.size(); ++i) {
     PARASOL_ASSIGN_OR_RETURN(std::string key, ReadCurvePublicKey(security.operator_keys[i]));
     if (auto w = rank_of.find(key); w != rank_of.end()) {
@@ -77,7 +80,7 @@ Status WorkerKeyBinding::Check(const Header& request, const char* user_id) const
     }
     if (operator_key) {
       // A tool: an observer id, never a worker of the job.
-      if (id < keys_.size()) {
+      if (id < max_workers_) {
         return FailedPrecondition(Claim(request) + "an operator key acts only as a tool (an "
                                   "observer), not as a worker of the job");
       }

@@ -40,13 +40,17 @@ class WorkerKeyBinding {
   // Off: Check() passes every request.
   WorkerKeyBinding() = default;
   // keys[r]: worker r's Z85 public key. REQUIRES: no key appears twice.
+  // `max_workers`: the job's worker ranks (an operator key may claim none of them; 0: the
+  // worker keys' count).
   explicit WorkerKeyBinding(std::vector<std::string> keys,
-                            std::vector<std::string> operator_keys = {});
+                            std::vector<std::string> operator_keys = {},
+                            uint32_t max_workers = 0);
 
   // The binding of security.worker_keys and operator_keys (each PATH.pub is read); off when
   // curve is off or both lists are empty. Refuses an unreadable or malformed key file, two
   // workers sharing a key, and a key that is both a worker's and an operator's.
-  static Result<WorkerKeyBinding> Load(const SecurityOptions& security);
+  static Result<WorkerKeyBinding> Load(const SecurityOptions& security,
+                                       uint32_t max_workers = 0);
 
   bool enabled() const { return !keys_.empty() || !operator_keys_.empty(); }
   // The worker keys by rank: a shard admits them as well as allowed_clients.
@@ -64,6 +68,7 @@ class WorkerKeyBinding {
  private:
   std::vector<std::string> keys_;                         // by worker rank
   std::vector<std::string> operator_keys_;
+  uint32_t max_workers_ = 0;
   std::map<std::string, uint32_t, std::less<>> rank_of_;  // key -> worker rank
 };
 

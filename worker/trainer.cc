@@ -774,13 +774,16 @@ Result<TrainReport> Trainer::Run() {
 
     ++report.steps;
     report.train_samples += step_samples;
-    // The mean loss of the last (up to) 100 steps, in a ring.
-    if (recent_count < recent_losses.size()) ++recent_count;
-    recent_losses[recent_next] = loss;
-    recent_next = (recent_next + 1) % recent_losses.size();
-    report.last_loss =
-        std::accumulate(recent_losses.begin(), recent_losses.begin() + recent_count, 0.0) /
-        recent_count;
+    // The mean loss of the last (up to) 100 steps, in a ring (a skipped step's is not finite,
+    // and left out).
+    if (std::isfinite(loss)) {
+      if (recent_count < recent_losses.size()) ++recent_count;
+      recent_losses[recent_next] = loss;
+      recent_next = (recent_next + 1) % recent_losses.size();
+      report.last_loss =
+          std::accumulate(recent_losses.begin(), recent_losses.begin() + recent_count, 0.0) /
+          recent_count;
+    }
     if (report.steps == counted_from) warm.Start();
     // What follows (progress, evaluation) is reporting: its allocations are not the step's.
     const uint64_t reporting_from = warm.Now();

@@ -648,5 +648,12 @@ TEST(ManifestTest, AliasesThatExpandWithoutBoundAreRefused) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
 }
 
+TEST(ManifestTest, AnAliasInsideTheNodeItNamesIsACycleAndRefused) {
+  for (const char* cycle : {"foo: &a [*a]\n", "foo: &a {k: *a}\n", "foo: &a [1, [2, *a]]\n"}) {
+    const std::string error = ErrorOf(std::string(kCluster) + cycle);
+    EXPECT_NE(error.find("nests deeper than 64 levels"), std::string::npos) << cycle << error;
+  }
+}
+
 }  // namespace
 }  // namespace parasol

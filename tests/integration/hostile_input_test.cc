@@ -870,9 +870,13 @@ TEST(HostileFairShareTest, PeersThatNeverReadGetTheirShareAndTheWorkersKeepTrain
   std::printf("workers' steps in %.2f s; %s\n", seconds, text.substr(0, 400).c_str());
   EXPECT_EQ(JsonAt(text, "/worker_clocks/0", -1), 20) << text;
   EXPECT_EQ(JsonAt(text, "/members", -1), 2) << text;
-  // Peers outside the job hold at most an eighth of the 8 MiB, plus one reply each.
-  EXPECT_LE(JsonAt(text, "/queued_reply_bytes", -1), (8 << 20) / 8 + 203 * (128 << 10)) << text;
-  EXPECT_GT(JsonAt(text, "/replies_dropped", 0) + JsonAt(text, "/peer_refusals", 0), 0) << text;
+  // Peers outside the job hold at most a quarter of the 8 MiB (a sixteenth more for small
+  // replies), plus the one reply that found nothing queued; each at most a sixteenth.
+  EXPECT_LE(JsonAt(text, "/other_peers_queued_bytes", -1),
+            (8 << 20) / 4 + (8 << 20) / 16 + (128 << 10))
+      << text;
+  EXPECT_GT(JsonAt(text, "/other_peers_queued_bytes", -1), 0) << text;
+  EXPECT_GT(JsonAt(text, "/peer_refusals", 0), 0) << text;
   EXPECT_LT(ResidentBytes(cluster.server(0).pid()), baseline + (96u << 20));
   // Once they close, what they held is released.
   pullers.clear();

@@ -338,8 +338,10 @@ TEST_F(CurveTest, WithOperatorKeysOnlyAnOperatorCheckpointsOrStopsTheJob) {
   }
   // ... but is no worker.
   auto as_worker = PsClient::Connect(cluster.manifest(), 0, keys_ + "/operator");
-  EXPECT_TRUE(as_worker.ok()) << "without worker keys any admitted key may be a worker: "
-                              << as_worker.status().ToString();
+  ASSERT_FALSE(as_worker.ok());
+  EXPECT_NE(as_worker.status().message().find("an operator key acts only as a tool"),
+            std::string::npos)
+      << as_worker.status().ToString();
 }
 
 TEST(ProtectedModeTest, AShardThatWouldServeOtherHostsWithoutKeysRefusesToStart) {

@@ -186,12 +186,14 @@ TEST(WorkerKeyBindingTest, OnlyAnOperatorKeySendsTheOperatorsRequests) {
     EXPECT_TRUE(b.Check(Request(Op::PullSparse, kObserver), op.c_str()).ok());
     EXPECT_TRUE(b.Check(Request(Op::PushSparse, 0), kWorker0.c_str()).ok());
   }
-  // With worker keys, an operator key is no worker.
-  const Status st = WorkerKeyBinding({kWorker0, kWorker1}, {op})
-                        .Check(Request(Op::PushSparse, 1), op.c_str());
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("an operator key acts only as a tool"), std::string::npos)
-      << st.message();
+  // An operator key is no worker, with worker keys or without them.
+  for (const WorkerKeyBinding& b : {WorkerKeyBinding({kWorker0, kWorker1}, {op}),
+                                    WorkerKeyBinding({}, {op}, /*max_workers=*/2)}) {
+    const Status st = b.Check(Request(Op::PushSparse, 1), op.c_str());
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("an operator key acts only as a tool"), std::string::npos)
+        << st.message();
+  }
 }
 
 }  // namespace
