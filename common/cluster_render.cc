@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/curve_keys.hpp"
 #include "common/manifest.hpp"
 
 namespace parasol {
@@ -25,9 +26,21 @@ std::string DnsName(const std::string& s) {
   return out.empty() ? "parasol" : out.substr(0, 40);
 }
 
+// Where a rendered job without keys of its own finds the ones made for it: key pairs
+// DIR/server0 .. DIR/server<N-1> and DIR/client.
+struct GeneratedKeys {
+  std::string dir;
+  size_t servers = 0;
+};
+
 // The manifest file's YAML with cluster.servers replaced by `servers` and cluster.bind set.
+// A manifest without CURVE gets the generated keys (secure by default), unless it states
+// security.mode itself; without `keys` it is marked security.mode: insecure. Sets *secured when
+// the generated keys are used.
 Result<std::string> RewriteManifest(const std::string& path, const std::vector<std::string>& servers,
-                                    const std::string& bind) {
+                                    const std::string& bind, const GeneratedKeys* keys,
+                                    bool* secured) {
+  *secured = false;
   YAML::Node doc;
   try {
     doc = YAML::LoadFile(path);
@@ -81,12 +94,28 @@ Result<std::string> RewriteManifest(const std::string& path, const std::vector<s
       return InvalidArgument(path + ": key 'security' must be a mapping");
     }
     if (!doc["security"] || !doc["security"]["mode"]) {
-      doc["security"]["mode"] = "insecure";
-      std::fprintf(stderr,
-                   "parasol render: %s has no CURVE keys, so the rendered manifest says "
-                   "security.mode: insecure (anyone who reaches the servers' ports controls the "
-                   "job); give it keys (parasol keygen, security.curve) to make it secure\n",
-                   path.c_str());
+      if (keys) {
+        YAML::Node sec = doc["security"];
+        sec["curve"] = true;
+        YAML::Node server_keys(YAML::NodeType::Sequence);
+        for (size_t i = 0; i < keys->servers; ++i) {
+          server_keys.push_back(keys->dir + "/server" + std::to_string(i));
+        }
+        sec["server_keys"] = server_keys;
+        sec["client_key"] = keys->dir + "/client";
+        YAML::Node allowed(YAML::NodeType::Sequence);
+        allowed.push_back(keys->dir + "/client.pub");
+        sec["allowed_clients"] = allowed;
+        *secured = true;
+      } else {
+        doc["security"]["mode"] = "insecure";
+        std::fprintf(stderr,
+                     "parasol render: %s has no CURVE keys, so the rendered manifest says "
+                     "security.mode: insecure (anyone who reaches the servers' ports controls "
+                     "the job); give it keys (parasol keygen, security.curve) to make it "
+                     "secure\n",
+                     path.c_str());
+      }
     }
   }
   // A worker.command runs where the original manifest is, not where the copy lives.
@@ -148,13 +177,28 @@ void PodSpec(YAML::Emitter& y, const std::string& name, const std::string& comma
   y << YAML::Key << "volumeMounts" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
   y << YAML::Key << "name" << YAML::Value << "manifest";
   y << YAML::Key << "mountPath" << YAML::Value << "/etc/parasol";
-  y << YAML::EndMap << YAML::EndSeq;
+  y << YAML::EndMap;
+  if (!o.keys_secret.empty()) {
+    y << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "keys";
+    y << YAML::Key << "mountPath" << YAML::Value << "/etc/parasol-keys";
+    y << YAML::Key << "readOnly" << YAML::Value << true << YAML::EndMap;
+  }
+  y << YAML::EndSeq;
   y << YAML::EndMap << YAML::EndSeq;
   y << YAML::Key << "volumes" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
   y << YAML::Key << "name" << YAML::Value << "manifest";
   y << YAML::Key << "configMap" << YAML::Value << YAML::BeginMap;
   y << YAML::Key << "name" << YAML::Value << config_map;
-  y << YAML::EndMap << YAML::EndMap << YAML::EndSeq;
+  y << YAML::EndMap << YAML::EndMap;
+  if (!o.keys_secret.empty()) {
+    // Secret key files must not be readable by group or others: 0400.
+    y << YAML::BeginMap << YAML::Key << "name" << YAML::Value << "keys";
+    y << YAML::Key << "secret" << YAML::Value << YAML::BeginMap;
+    y << YAML::Key << "secretName" << YAML::Value << o.keys_secret;
+    y << YAML::Key << "defaultMode" << YAML::Value << 0400;
+    y << YAML::EndMap << YAML::EndMap;
+  }
+  y << YAML::EndSeq;
   y << YAML::EndMap;
 }
 
@@ -171,8 +215,15 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
     servers.push_back(service + "-" + std::to_string(i) + "." + service + ":" +
                       std::to_string(port));
   }
-  PARASOL_ASSIGN_OR_RETURN(std::string text, RewriteManifest(manifest_path, servers, "0.0.0.0"));
+  // A job without keys gets its own, in a Secret every pod mounts read-only for its owner.
+  const GeneratedKeys made{"/etc/parasol-keys", m.cluster.servers.size()};
+  bool secured = false;
+  PARASOL_ASSIGN_OR_RETURN(std::string text, RewriteManifest(manifest_path, servers, "0.0.0.0",
+                                                             &made, &secured));
   const std::string manifest_file = "/etc/parasol/manifest.yaml";
+  const std::string secret = name + "-keys";
+  RenderOptions pods = o;
+  if (secured) pods.keys_secret = secret;
 
   YAML::Emitter y;
   // ConfigMap: the manifest every pod reads.
@@ -183,6 +234,23 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
   y << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   y << YAML::Key << "manifest.yaml" << YAML::Value << YAML::Literal << text;
   y << YAML::EndMap << YAML::EndMap;
+  if (secured) {
+    // Secret: the job's CURVE key pairs, made now (kubectl get secret NAME-keys gives the
+    // client's to the tools: parasol stats|checkpoint|shutdown --key).
+    y << YAML::BeginDoc << YAML::BeginMap;
+    y << YAML::Key << "apiVersion" << YAML::Value << "v1";
+    y << YAML::Key << "kind" << YAML::Value << "Secret";
+    Metadata(y, secret, o.k8s_namespace, name);
+    y << YAML::Key << "type" << YAML::Value << "Opaque";
+    y << YAML::Key << "stringData" << YAML::Value << YAML::BeginMap;
+    for (size_t i = 0; i <= made.servers; ++i) {
+      PARASOL_ASSIGN_OR_RETURN(CurveKeyPair k, GenerateCurveKeyPair());
+      const std::string pair = i < made.servers ? "server" + std::to_string(i) : "client";
+      y << YAML::Key << pair + ".key" << YAML::Value << k.secret_key + "\n";
+      y << YAML::Key << pair + ".pub" << YAML::Value << k.public_key + "\n";
+    }
+    y << YAML::EndMap << YAML::EndMap;
+  }
   // Headless Service: stable DNS names for the server pods.
   y << YAML::BeginDoc << YAML::BeginMap;
   y << YAML::Key << "apiVersion" << YAML::Value << "v1";
@@ -218,7 +286,7 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
     << YAML::EndMap << YAML::EndMap;
   PodSpec(y, "server",
           "exec " + o.binary + " server --manifest " + manifest_file + " --rank ${HOSTNAME##*-}",
-          o, config_map, o.server_cpus, o.server_memory, 0, port, false);
+          pods, config_map, o.server_cpus, o.server_memory, 0, port, false);
   y << YAML::EndMap << YAML::EndMap << YAML::EndMap;
   // Indexed Job: worker j runs with JOB_COMPLETION_INDEX = j.
   y << YAML::BeginDoc << YAML::BeginMap;
@@ -234,7 +302,7 @@ Result<std::string> RenderKubernetes(const std::string& manifest_path, const Ren
   PodSpec(y, "worker",
           "exec " + o.binary + " worker --manifest " + manifest_file +
               " --rank ${JOB_COMPLETION_INDEX}",
-          o, config_map, o.worker_cpus, o.worker_memory, o.worker_gpus, 0, true);
+          pods, config_map, o.worker_cpus, o.worker_memory, o.worker_gpus, 0, true);
   y << YAML::EndMap << YAML::EndMap << YAML::EndMap;
   if (!y.good()) return Internal(std::string("rendering failed: ") + y.GetLastError());
   return std::string(y.c_str()) + "\n";
@@ -331,8 +399,13 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
                              "Slurm script uses for the servers' hosts");
     }
   }
-  PARASOL_ASSIGN_OR_RETURN(std::string text, RewriteManifest(manifest_path, hosts, "0.0.0.0"));
-  // Inside an unquoted here-document nothing but the hosts may expand.
+  // A job without keys gets its own, made at its start in its folder (mode 600).
+  const std::string job_dir_marker = "@@parasol-job-dir@@";
+  const GeneratedKeys made{job_dir_marker + "/keys", servers};
+  bool secured = false;
+  PARASOL_ASSIGN_OR_RETURN(std::string text, RewriteManifest(manifest_path, hosts, "0.0.0.0",
+                                                             &made, &secured));
+  // Inside an unquoted here-document nothing but the hosts and the job's folder may expand.
   std::string escaped;
   for (char c : text) {
     if (c == '$' || c == '`' || c == '\\') escaped += '\\';
@@ -343,6 +416,9 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
     const size_t at = escaped.find(from);
     if (at == std::string::npos) return Internal("rendering lost server " + std::to_string(i));
     escaped.replace(at, from.size(), to);
+  }
+  for (size_t at; (at = escaped.find(job_dir_marker)) != std::string::npos;) {
+    escaped.replace(at, job_dir_marker.size(), "${JOB_DIR}");
   }
   // A bash single-quoted word.
   auto quoted = [](const std::string& v) {
@@ -386,7 +462,15 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
     << "trap '[ \"${PARASOL_KEEP_JOB_DIR:-0}\" = 1 ] || rm -rf \"$JOB_DIR\"' EXIT\n"
     << "# scancel, a time limit or preemption: SIGTERM; exiting runs the EXIT trap.\n"
     << "trap 'exit 143' TERM INT\n"
-    << "MANIFEST=\"$JOB_DIR/manifest.yaml\"\n\n"
+    << "MANIFEST=\"$JOB_DIR/manifest.yaml\"\n\n";
+  if (secured) {
+    s << "# The job's CURVE key pairs (the manifest had none): made now, readable by the job's\n"
+      << "# user only, removed with the job's folder.\n"
+      << "\"$PARASOL\" keygen --out \"$JOB_DIR/keys\" --name server --count " << servers
+      << " >/dev/null\n"
+      << "\"$PARASOL\" keygen --out \"$JOB_DIR/keys\" --name client >/dev/null\n\n";
+  }
+  s
     << "# The servers' hosts are the nodes of component 0, in rank order, at the address Slurm\n"
     << "# reaches each node by (NodeAddr; the node's name unless slurm.conf says otherwise).\n"
     << "SERVER_HOSTS=()\n"

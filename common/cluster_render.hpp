@@ -15,6 +15,7 @@ struct RenderOptions {
   std::string image = "parasol:latest";   // k8s: the container image holding `parasol`
   std::string k8s_namespace = "default";
   std::string binary = "parasol";          // the program's path in the image / on the nodes
+  std::string keys_secret;                 // k8s, set by the renderer: the Secret of the job's keys
   uint32_t server_cpus = 4;
   std::string server_memory = "16Gi";
   uint32_t worker_cpus = 4;

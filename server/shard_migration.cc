@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -595,6 +596,20 @@ Status ShardServer::InstallRows(const Header& req, const PayloadView& p,
                              std::to_string(i) + ") does not move to shard " +
                              std::to_string(rank_) + " in a change to " +
                              std::to_string(after.count()) + " shards");
+    }
+  }
+  // The rows' values must be finite, as a push's must (nothing is installed otherwise).
+  const uint32_t dim = table.dim();
+  for (uint64_t i = 0; i < p.rows(); ++i) {
+    float v[1];
+    for (uint32_t d = 0; d < dim; ++d) {
+      std::memcpy(v, p.Row(i) + d * sizeof(float), sizeof(float));
+      if (!std::isfinite(v[0])) {
+        ++counters_.nonfinite_pushes;
+        return InvalidArgument("Migrate: row of key " + std::to_string(p.Key(i)) + " of table '" +
+                               table.options().name + "': element " + std::to_string(d) +
+                               " is not finite; nothing is installed");
+      }
     }
   }
   std::vector<float> row(floats);

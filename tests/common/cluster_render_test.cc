@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "common/manifest.hpp"
 #include "common/subprocess.hpp"
@@ -41,8 +42,8 @@ TEST_F(ClusterRenderTest, TheServerReplicasAreTheInitialShards) {
   Result<std::string> text = RenderKubernetes(dir_ + "/grow.yaml", RenderOptions{});
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   std::vector<YAML::Node> docs = YAML::LoadAll(*text);
-  ASSERT_EQ(docs.size(), 4u);
-  EXPECT_EQ(docs[2]["spec"]["replicas"].as<int>(), 2);
+  ASSERT_EQ(docs.size(), 5u);  // with the Secret of the job's keys
+  EXPECT_EQ(docs[3]["spec"]["replicas"].as<int>(), 2);
   Result<Manifest> m = ParseManifest(docs[0]["data"]["manifest.yaml"].as<std::string>(), "cm");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->cluster.servers.size(), 3u);
@@ -56,24 +57,41 @@ TEST_F(ClusterRenderTest, KubernetesObjectsHaveTheExpectedStructure) {
   Result<std::string> text = RenderKubernetes(dir_ + "/job.yaml", o);
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   std::vector<YAML::Node> docs = YAML::LoadAll(*text);
-  ASSERT_EQ(docs.size(), 4u);
+  ASSERT_EQ(docs.size(), 5u);
   EXPECT_EQ(docs[0]["kind"].as<std::string>(), "ConfigMap");
-  EXPECT_EQ(docs[1]["kind"].as<std::string>(), "Service");
-  EXPECT_EQ(docs[2]["kind"].as<std::string>(), "StatefulSet");
-  EXPECT_EQ(docs[3]["kind"].as<std::string>(), "Job");
+  EXPECT_EQ(docs[1]["kind"].as<std::string>(), "Secret");
+  EXPECT_EQ(docs[2]["kind"].as<std::string>(), "Service");
+  EXPECT_EQ(docs[3]["kind"].as<std::string>(), "StatefulSet");
+  EXPECT_EQ(docs[4]["kind"].as<std::string>(), "Job");
+  // Secure by default: the manifest had no keys, so the job gets its own, one pair per server
+  // and the client's, in a Secret every pod mounts for its owner alone.
+  const YAML::Node keys = docs[1]["stringData"];
+  for (const char* pair : {"server0", "server1", "server2", "client"}) {
+    for (const char* ext : {".key", ".pub"}) {
+      ASSERT_TRUE(keys[std::string(pair) + ext].IsDefined()) << pair << ext;
+      EXPECT_EQ(keys[std::string(pair) + ext].as<std::string>().size(), 41u) << pair << ext;
+    }
+  }
+  EXPECT_NE(keys["server0.key"].as<std::string>(), keys["server1.key"].as<std::string>());
+  // The other objects, in order (YAML::Node copies refer to the same node: no erase).
+  const std::vector<YAML::Node> objects{docs[0], docs[2], docs[3], docs[4]};
 
   // The manifest in the ConfigMap names the servers by their stable DNS names.
-  const std::string carried = docs[0]["data"]["manifest.yaml"].as<std::string>();
+  const std::string carried = objects[0]["data"]["manifest.yaml"].as<std::string>();
   Result<Manifest> m = ParseManifest(carried, "configmap");
   ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << carried;
   ASSERT_EQ(m->cluster.servers.size(), 3u);
   EXPECT_EQ(m->cluster.servers[2].host, "ctr-job-server-2.ctr-job-server");
   EXPECT_EQ(m->cluster.bind, "0.0.0.0");
   EXPECT_EQ(m->data.train[0], dir_ + "/data/train.tsv");  // made absolute
+  EXPECT_TRUE(m->security.curve);
+  ASSERT_EQ(m->security.server_keys.size(), 3u);
+  EXPECT_EQ(m->security.server_keys[2], "/etc/parasol-keys/server2");
+  EXPECT_EQ(m->security.client_key, "/etc/parasol-keys/client");
 
-  EXPECT_EQ(docs[1]["spec"]["clusterIP"].as<std::string>(), "None");
-  EXPECT_EQ(docs[1]["metadata"]["name"].as<std::string>(), "ctr-job-server");
-  const YAML::Node sts = docs[2]["spec"];
+  EXPECT_EQ(objects[1]["spec"]["clusterIP"].as<std::string>(), "None");
+  EXPECT_EQ(objects[1]["metadata"]["name"].as<std::string>(), "ctr-job-server");
+  const YAML::Node sts = objects[2]["spec"];
   EXPECT_EQ(sts["replicas"].as<int>(), 3);
   EXPECT_EQ(sts["serviceName"].as<std::string>(), "ctr-job-server");
   const YAML::Node server = sts["template"]["spec"]["containers"][0];
@@ -81,7 +99,7 @@ TEST_F(ClusterRenderTest, KubernetesObjectsHaveTheExpectedStructure) {
   EXPECT_NE(server["command"][2].as<std::string>().find("server --manifest"), std::string::npos);
   EXPECT_TRUE(server["resources"]["requests"]["cpu"].IsDefined());
   EXPECT_TRUE(server["resources"]["requests"]["memory"].IsDefined());
-  const YAML::Node job = docs[3]["spec"];
+  const YAML::Node job = objects[3]["spec"];
   EXPECT_EQ(job["completionMode"].as<std::string>(), "Indexed");
   EXPECT_EQ(job["completions"].as<int>(), 4);
   EXPECT_EQ(job["parallelism"].as<int>(), 4);
@@ -92,6 +110,31 @@ TEST_F(ClusterRenderTest, KubernetesObjectsHaveTheExpectedStructure) {
   EXPECT_EQ(worker["resources"]["limits"]["nvidia.com/gpu"].as<std::string>(), "1");
   EXPECT_EQ(job["template"]["spec"]["volumes"][0]["configMap"]["name"].as<std::string>(),
             "ctr-job-manifest");
+  for (const YAML::Node& pod : {sts["template"]["spec"], job["template"]["spec"]}) {
+    EXPECT_EQ(pod["volumes"][1]["secret"]["secretName"].as<std::string>(), "ctr-job-keys");
+    EXPECT_EQ(pod["volumes"][1]["secret"]["defaultMode"].as<int>(), 0400);
+    EXPECT_EQ(pod["containers"][0]["volumeMounts"][1]["mountPath"].as<std::string>(),
+              "/etc/parasol-keys");
+  }
+}
+
+TEST_F(ClusterRenderTest, AManifestThatStatesInsecureStaysSoWithoutKeys) {
+  std::ifstream in(dir_ + "/job.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  testing::WriteFile(dir_ + "/open.yaml", text.str() + "security: {mode: insecure}\n");
+  Result<std::string> k8s = RenderKubernetes(dir_ + "/open.yaml", RenderOptions());
+  ASSERT_TRUE(k8s.ok()) << k8s.status().ToString();
+  std::vector<YAML::Node> docs = YAML::LoadAll(*k8s);
+  ASSERT_EQ(docs.size(), 4u);
+  for (const YAML::Node& d : docs) EXPECT_NE(d["kind"].as<std::string>(), "Secret");
+  Result<Manifest> m = ParseManifest(docs[0]["data"]["manifest.yaml"].as<std::string>(), "cm");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_FALSE(m->security.curve);
+  EXPECT_EQ(m->security.mode, SecurityOptions::Mode::kInsecure);
+  Result<std::string> slurm = RenderSlurm(dir_ + "/open.yaml", RenderOptions());
+  ASSERT_TRUE(slurm.ok()) << slurm.status().ToString();
+  EXPECT_EQ(slurm->find("keygen"), std::string::npos);
 }
 
 TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
@@ -117,6 +160,10 @@ TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
     const std::string ph = "${SERVER_HOSTS[" + std::to_string(i) + "]}";
     manifest.replace(manifest.find(ph), ph.size(), "node" + std::to_string(i));
   }
+  // (bash expands the job's folder)
+  for (size_t at; (at = manifest.find("${JOB_DIR}")) != std::string::npos;) {
+    manifest.replace(at, 10, "/jobdir");
+  }
   Result<Manifest> m = ParseManifest(manifest, "sbatch");
   ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << manifest;
   EXPECT_EQ(m->cluster.servers[1].ToString(), "node1:7001");
@@ -127,6 +174,14 @@ TEST_F(ClusterRenderTest, SlurmScriptIsAValidHeterogeneousJob) {
   EXPECT_EQ(m->data.train[0], dir_ + "/data/train.tsv");
   EXPECT_EQ(m->data.eval, "/abs/eval.tsv");
   EXPECT_TRUE(m->worker.command.empty());
+  // Secure by default: the job's key pairs are made at its start in its folder.
+  EXPECT_TRUE(m->security.curve);
+  ASSERT_EQ(m->security.server_keys.size(), 3u);
+  EXPECT_EQ(m->security.server_keys[1], "/jobdir/keys/server1");
+  EXPECT_EQ(m->security.client_key, "/jobdir/keys/client");
+  EXPECT_NE(s.find("\"$PARASOL\" keygen --out \"$JOB_DIR/keys\" --name server --count 3"),
+            std::string::npos);
+  EXPECT_LT(s.find("keygen --out"), s.find("srun --het-group=0"));
   // A clean stop, the job's own folder, the servers' nodes its alone, no requeue.
   EXPECT_NE(s.find("\"$PARASOL\" shutdown --manifest \"$MANIFEST\""), std::string::npos);
   EXPECT_NE(s.find("scancel --signal=TERM"), std::string::npos);
