@@ -7,6 +7,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <limits>
 #include <regex>
 #include <thread>
 
@@ -262,6 +263,130 @@ TEST_F(WorkerKeysTest, WorkerOnesKeyClaimingWorkerZeroIsRefusedAndChangesNothing
   ASSERT_TRUE(worker0->Tick().ok());
   EXPECT_EQ(WorkerClocks(**observer), "[1,0]");
   EXPECT_NE(cluster.ServerLog(0).find("PushSparse as worker 0 refused"), std::string::npos);
+}
+
+TEST_F(WorkerKeysTest, UnderCurveAWorkersOwnNonfiniteOrConflictingPushIsRefused) {
+  // The guards hold whoever sends: here worker 0's own key, over CURVE.
+  TestCluster cluster(1, 2, kTables, security_);
+  ASSERT_TRUE(cluster.Start());
+  CurvePeer w0(cluster.manifest(), 0, keys_ + "/worker0");
+  auto push = [&](uint64_t seq, float value) {
+    Header h;
+    h.op = Op::PushSparse;
+    h.worker_id = 0;
+    h.request_id = seq;
+    h.seq = seq;
+    h.incarnation = 11;
+    h.table_id = 0;
+    h.key_count = 1;
+    h.value_dim = 4;
+    h.rows_per_frame = 1;
+    h.value_frames = 1;
+    const uint64_t key = 77;
+    const float row[4] = {value, value, value, value};
+    std::vector<zmq::message_t> payload;
+    payload.emplace_back(&key, 8);
+    payload.emplace_back(row, sizeof(row));
+    return w0.Call(h, std::move(payload));
+  };
+  Result<Header> r = push(1, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kInvalidArgument);
+  EXPECT_NE(r->message.find("the row of key 77, element 0 is not finite"), std::string::npos)
+      << r->message;
+  r = push(2, 0.5f);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+  r = push(2, -0.5f);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
+      << r->message;
+  auto tool = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+  ASSERT_TRUE(tool.ok()) << tool.status().ToString();
+  auto stats = (*tool)->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_NE((*stats)[0].find("\"nonfinite_pushes\":1"), std::string::npos) << (*stats)[0];
+  EXPECT_NE((*stats)[0].find("\"conflicting_resends\":1"), std::string::npos) << (*stats)[0];
+}
+
+TEST_F(WorkerKeysTest, UnderCurveAdmittedPeersThatNeverReadGetTheirShareAndWorkersTrain) {
+  TestCluster cluster(1, 2, kTables,
+                      security_ + "training:\n  consistency: bsp\n  worker_timeout: 60s\n"
+                                  "server:\n  max_request_bytes: 4MiB\n"
+                                  "  max_queued_reply_bytes: 8MiB\n");
+  ASSERT_TRUE(cluster.Start());
+  auto w0 = cluster.Connect(0);
+  auto w1 = cluster.Connect(1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  // Three peers with the tools' admitted key ask for 128 KiB pulls and never read.
+  const Manifest& m = cluster.manifest();
+  Result<CurveKeyPair> tool = ReadCurveKeyPair(keys_ + "/tool");
+  Result<std::string> server = ReadCurvePublicKey(m.security.server_keys[0] + ".pub");
+  ASSERT_TRUE(tool.ok() && server.ok());
+  zmq::context_t ctx(1);
+  std::vector<zmq::socket_t> sinks;
+  std::vector<uint64_t> keys(8192);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  for (int a = 0; a < 3; ++a) {
+    zmq::socket_t sink(ctx, zmq::socket_type::dealer);
+    sink.set(zmq::sockopt::rcvhwm, 1);
+    sink.set(zmq::sockopt::rcvbuf, 4096);
+    sink.set(zmq::sockopt::linger, 0);
+    sink.set(zmq::sockopt::curve_serverkey, *server);
+    sink.set(zmq::sockopt::curve_publickey, tool->public_key);
+    sink.set(zmq::sockopt::curve_secretkey, tool->secret_key);
+    sink.connect(TcpEndpoint(m.cluster.servers[0].host, m.cluster.servers[0].port));
+    for (uint64_t i = 0; i < 200; ++i) {
+      Header pull;
+      pull.op = Op::PullSparse;
+      pull.worker_id = PsClient::kObserver - a;
+      pull.request_id = i;
+      pull.table_id = 0;
+      pull.key_count = keys.size();
+      pull.value_dim = 4;
+      std::vector<zmq::message_t> f;
+      f.push_back(EncodeHeader(pull));
+      f.emplace_back(keys.data(), keys.size() * 8);
+      ASSERT_TRUE(SendFrames(sink, f).ok());
+    }
+    sinks.push_back(std::move(sink));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto train = [&](PsClient& c, uint64_t first) {
+    std::vector<uint64_t> mine(64);
+    std::vector<float> grads(64 * 4, 0.01f), rows(64 * 4);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = first + i;
+    for (int step = 0; step < 20; ++step) {
+      if (Status st = c.PushSparse(0, mine, grads); !st.ok()) return st;
+      if (Status st = c.Tick(); !st.ok()) return st;
+      if (Status st = c.PullSparse(0, mine, rows.data()); !st.ok()) return st;
+    }
+    return Status::Ok();
+  };
+  Status s1;
+  std::thread other([&] { s1 = train(*w1, 100000); });
+  const Status s0 = train(*w0, 200000);
+  other.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  EXPECT_LT(seconds, 30.0);
+  auto observer = PsClient::Connect(m, PsClient::kObserver);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*observer)->Stats();
+    ASSERT_TRUE(st.ok());
+    text = (*st)[0];
+    if (text.find("\"peer_refusals\":0,") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(text.find("\"peer_refusals\":0,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"members\":2"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"worker_clocks\":[20,20]"), std::string::npos) << text;
 }
 
 TEST_F(WorkerKeysTest, AJobWhoseWorkersHaveTheirOwnKeysTrains) {
