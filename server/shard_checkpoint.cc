@@ -438,6 +438,9 @@ Status ShardServer::Restore() {
                      chain->size(), chain->front());
       }
     }
+    // Stopped while it loaded: nothing more is tried (the tables are partly loaded, and the
+    // shard stops without writing).
+    if (!st.ok() && restore_progress_.cancel.load()) return st;
     if (st.ok()) {
       spdlog::info("shard {}: restored {} (worker clocks from it): {} rows, checked in {:.2f} s, "
                    "applied in {:.2f} s",

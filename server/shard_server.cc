@@ -259,6 +259,12 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   // Started without a restore (parasol server): the checkpoint is loaded now, on a thread of
   // its own, while this thread answers every request with how far it is.
   if (!restore_attempted_) PARASOL_RETURN_IF_ERROR(RestoreWhileAnswering(stop));
+  if (restore_abandoned_) {
+    spdlog::info("shard {}: stopped while loading its checkpoint ({}); its checkpoints are as "
+                 "they were",
+                 rank_, RestoreProgressText());
+    return Status::Ok();
+  }
   if (metrics_) {
     metrics_->SetHealthNote("");
     metrics_->SetHealthy(true);
@@ -346,8 +352,13 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
       }
     }
     if (stop.load() && !said_stop) {
-      said_stop = true;  // the load is not cut short: a stop then writes a whole checkpoint
-      spdlog::info("shard {}: asked to stop; it stops once its checkpoint is loaded", rank_);
+      // The load is abandoned at its next block: this process has taken no update yet, so
+      // its checkpoints hold everything, and it stops without writing one.
+      said_stop = true;
+      restore_progress_.cancel.store(true);
+      spdlog::info("shard {}: asked to stop while loading its checkpoint; the load is "
+                   "abandoned and nothing is written",
+                   rank_);
     }
     try {
       zmq::poll(items, 1, std::chrono::milliseconds(20));
@@ -370,6 +381,10 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
   }
   loader.join();
   PARASOL_RETURN_IF_ERROR(failed);
+  if (!restored.ok() && restore_progress_.cancel.load()) {
+    restore_abandoned_ = true;
+    return Status::Ok();
+  }
   return restored;
 }
 

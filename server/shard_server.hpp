@@ -512,6 +512,7 @@ class ShardServer {
   // Restore() on a thread of its own while this thread answers every request with its progress
   // (Unavailable; Stats with a JSON of it), until it is done.
   Status RestoreWhileAnswering(const std::atomic<bool>& stop);
+  bool restore_abandoned_ = false;  // stopped while loading: nothing more is done
   void AnswerWhileRestoring(std::vector<zmq::message_t>& frames);
   std::string RestoreProgressText() const;
   std::string RestoringMetricsText() const;

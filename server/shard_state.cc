@@ -523,7 +523,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     identity = CheckHeader(*header);
     if (!identity.ok()) return identity;
     PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
-    AddProgress(kCheckpointBlockHeaderBytes + b.bytes);
+    PARASOL_RETURN_IF_ERROR(AddProgress(kCheckpointBlockHeaderBytes + b.bytes));
     if (KindOf(b) == Kind::kSparseRows) (*sparse_rows)[b.table] += b.count;
     // A delta starts with what it is a delta of; a full checkpoint goes onto nothing.
     if (blocks_seen++ == 0) {
@@ -758,7 +758,7 @@ Status ShardState::ApplyBlocks(std::istream& in, const std::string& name,
   return ReadCheckpoint(
       in, name, &header,
       [&](CheckpointBlock& b) -> Status {
-        AddProgress(kCheckpointBlockHeaderBytes + b.bytes.size());
+        PARASOL_RETURN_IF_ERROR(AddProgress(kCheckpointBlockHeaderBytes + b.bytes.size()));
         return ApplyBlock(b, pending);
       },
       [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); });
@@ -889,7 +889,7 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
     for (uint32_t e = 0; e < engines; ++e) apply(e);
   }
   for (const Status& st : failed) PARASOL_RETURN_IF_ERROR(st);
-  AddProgress(0, b.count);
+  PARASOL_RETURN_IF_ERROR(AddProgress(0, b.count));
   if (t.tiered()) {
     for (uint32_t e = 0; e < engines; ++e) t.partition(e).Settle();
     PARASOL_RETURN_IF_ERROR(t.DiskStatus().WithContext("table '" + t.options().name + "'"));

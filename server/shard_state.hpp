@@ -174,6 +174,9 @@ class ShardState {
     std::atomic<uint64_t> bytes_total{0};  // what bytes_done goes to (set as the load starts)
     std::atomic<uint64_t> rows_total{0};
     std::atomic<uint64_t> rows_done{0};
+    // Set from any thread: the load stops at its next block (Unavailable), the tables partly
+    // loaded (the shard then stops without writing anything).
+    std::atomic<bool> cancel{false};
     // Once it is done: how long each pass took.
     double seconds_checking = 0, seconds_applying = 0;
   };
@@ -235,11 +238,16 @@ class ShardState {
   LoadProgress* progress_ = nullptr;
   uint64_t expected_base_ = 0;
   std::chrono::milliseconds block_delay_{0};
-  void AddProgress(uint64_t bytes, uint64_t rows = 0) const {
+  // Unavailable once the load is cancelled (LoadProgress::cancel).
+  Status AddProgress(uint64_t bytes, uint64_t rows = 0) const {
     if (block_delay_.count() > 0 && bytes > 0) std::this_thread::sleep_for(block_delay_);
-    if (!progress_) return;
+    if (!progress_) return Status::Ok();
     progress_->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
     if (rows) progress_->rows_done.fetch_add(rows, std::memory_order_relaxed);
+    if (progress_->cancel.load(std::memory_order_relaxed)) {
+      return Unavailable("the load of the checkpoint was stopped");
+    }
+    return Status::Ok();
   }
 };
 

@@ -5,12 +5,15 @@
 // fault point so that the changes land during the write; the test checks that they did). A
 // worker waits through a slow restore, told of its progress, and goes on with no error.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -263,6 +266,63 @@ TEST_F(BackgroundCheckpointTest, ARestoringShardAnswersHelloAndStatsWithItsProgr
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(StatsField(*stats, "restoring"), "");
   EXPECT_EQ(StatsField(*stats, "shard"), "0");
+}
+
+TEST_F(BackgroundCheckpointTest, AShardStoppedWhileLoadingStopsAtOnceAndWritesNothing) {
+  TestCluster cluster(1, 1, kTables, Extra());
+  ASSERT_TRUE(cluster.Start());
+  std::vector<uint64_t> keys(500);
+  for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  std::vector<float> saved(keys.size() * kDim);
+  {
+    auto c = cluster.Connect(0);
+    ASSERT_NE(c, nullptr);
+    std::mt19937_64 rng(5);
+    PushRandom(*c, keys, rng);
+    ASSERT_TRUE(c->Checkpoint().ok());
+    ASSERT_TRUE(c->PullSparse(0, keys, saved.data()).ok());
+  }
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  // The checkpoints as they are before the slow load.
+  auto listing = [&] {
+    std::map<std::string, uintmax_t> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(ckpt_)) {
+      if (e.is_regular_file()) files[e.path().string()] = e.file_size();
+    }
+    return files;
+  };
+  const auto before = listing();
+  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  Result<Header> hello = Timeout("not asked");
+  for (uint64_t i = 1; i <= 50; ++i) {
+    hello = peer.Call(Op::Hello, i);
+    ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+    if (hello->restore_total > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(hello->restore_total, 0u) << "it never said it was loading";
+  const auto asked = std::chrono::steady_clock::now();
+  cluster.server(0).Signal(SIGTERM);
+  auto status = cluster.server(0).Wait(std::chrono::seconds(20));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  const std::string log = cluster.ServerLog(0);
+  ASSERT_TRUE(status.has_value()) << log;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;
+  // Within a block or two (each waits 500 ms twice), not the whole slow load.
+  EXPECT_LT(seconds, 3.0) << log;
+  EXPECT_NE(log.find("stopped while loading its checkpoint"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(on stop)"), std::string::npos) << log;
+  EXPECT_EQ(listing(), before);
+  // The next start loads the same checkpoint.
+  ASSERT_TRUE(cluster.Respawn(0));
+  auto c = cluster.Connect(PsClient::kObserver);
+  ASSERT_NE(c, nullptr);
+  std::vector<float> got(keys.size() * kDim);
+  ASSERT_TRUE(c->PullSparseReadOnly(0, keys, got.data()).ok());
+  EXPECT_EQ(got, saved);
 }
 
 }  // namespace
