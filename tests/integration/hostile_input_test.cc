@@ -7,9 +7,12 @@
 #include <thread>
 
 #include <csignal>
+#include <sys/resource.h>
 
 
 #include "common/initializer.hpp"
+#include "common/net.hpp"
+#include "common/subprocess.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "tests/support/json_figures.hpp"
@@ -886,6 +889,64 @@ TEST(HostileFairShareTest, PeersThatNeverReadGetTheirShareAndTheWorkersKeepTrain
     text = stats();
   }
   EXPECT_EQ(JsonAt(text, "/queued_reply_bytes", -1), 0) << text;
+}
+
+TEST(HostileIdlePeersTest, IdleConnectionsPastTheUsualFileLimitDoNotLockTheWorkersOut) {
+  // The shard starts with a soft open-file limit of 1,024 (the usual default); 1,100 peers
+  // connect and finish ZeroMQ's handshake, then do nothing. A worker still connects and trains.
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max < 4096) {
+    GTEST_SKIP() << "the hard open-file limit is " << files.rlim_max
+                 << ": a shard cannot keep descriptors past 1,100 idle peers here";
+  }
+  if (files.rlim_cur < 2048) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4096);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &files), 0);
+  }
+  const std::string dir = testing::MakeTempDir();
+  const uint16_t port = PickFreePorts(1).value()[0];
+  const std::string manifest = dir + "/m.yaml";
+  testing::WriteFile(manifest, "cluster:\n  servers: [127.0.0.1:" + std::to_string(port) +
+                                   "]\n  workers: 1\n  connect_timeout: 20s\n"
+                                   "training: {consistency: asp}\ntables:\n" +
+                                   std::string(kTables));
+  auto server = Subprocess::Spawn(
+      {"/bin/bash", "-c", "ulimit -Sn 1024 && exec \"$0\" server --manifest \"$1\" --rank 0",
+       PARASOL_BINARY, manifest},
+      dir + "/server.log");
+  ASSERT_TRUE(server.ok());
+  Result<Manifest> m = LoadManifest(manifest);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  {
+    // The shard is up before the crowd comes.
+    auto first = PsClient::Connect(*m, PsClient::kObserver);
+    ASSERT_TRUE(first.ok()) << first.status().ToString() << testing::ReadFile(dir + "/server.log");
+  }
+  zmq::context_t ctx(1);
+  ctx.set(zmq::ctxopt::max_sockets, 4096);
+  std::vector<zmq::socket_t> idle;
+  for (int i = 0; i < 1100; ++i) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(TcpEndpoint("127.0.0.1", port));
+    idle.push_back(std::move(s));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // their handshakes
+  auto worker = PsClient::Connect(*m, 0);
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString() << "\n"
+                           << testing::ReadFile(dir + "/server.log");
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> grads(12, 0.5f), rows(12);
+  EXPECT_TRUE((*worker)->PushSparse(0, keys, grads).ok());
+  EXPECT_TRUE((*worker)->PullSparse(0, keys, rows.data()).ok());
+  EXPECT_EQ(rows[0], 0.75f);  // 1.0 - 0.5 x 0.5
+  const std::string log = testing::ReadFile(dir + "/server.log");
+  EXPECT_NE(log.find("open-file limit raised from 1024 to"), std::string::npos) << log;
+  idle.clear();
+  server->Signal(SIGTERM);
+  EXPECT_TRUE(server->Wait(std::chrono::seconds(10)).has_value());
+  testing::RemoveTree(dir);
 }
 
 TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) {
