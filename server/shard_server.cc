@@ -8,6 +8,7 @@
 
 #include <thread>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -224,6 +225,19 @@ Status ShardServer::Bind() {
     router_.set(zmq::sockopt::router_mandatory, true);
     router_.set(zmq::sockopt::maxmsgsize,
                 static_cast<int64_t>(manifest_.server.max_request_bytes + kMaxHeaderBytes));
+    // The connections' cap: the open-file limit less what the shard keeps for itself (its
+    // checkpoint files and pipe, the metrics server, RocksDB's files, ZeroMQ's own).
+    {
+      rlimit files{};
+      int64_t cap = 0;
+      if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+        const int64_t limit = static_cast<int64_t>(files.rlim_cur);
+        cap = std::max<int64_t>(16, limit - std::max<int64_t>(256, limit / 8));
+      }
+      watch_ = std::make_unique<ConnectionWatch>(context_, "shard " + std::to_string(rank_),
+                                                 sec.curve, cap);
+      PARASOL_RETURN_IF_ERROR(watch_->Start(router_));
+    }
     // A process of this shard that was just killed may hold the port a moment longer (its
     // background checkpoint's writer dies with it, and a large one takes time to go): tried
     // again for up to 10 s while the address is in use.
@@ -853,6 +867,10 @@ Status ShardServer::HandlePull(const Header& req, const PayloadView& p, Header* 
   reply->dtype = req.dtype;
   reply->value_scale = static_cast<int16_t>(scale);
   return Status::Ok();
+}
+
+uint64_t ShardServer::CurveRefusals() const {
+  return (zap_ ? zap_->refusals() : 0) + (watch_ ? watch_->handshake_failures() : 0);
 }
 
 std::string ShardServer::TableName(uint32_t table_id) const {
@@ -1629,7 +1647,7 @@ std::string ShardServer::MetricsText() const {
   t.Sample("parasol_metrics_connections_timed_out_total",
            metrics_ ? static_cast<double>(metrics_->connections_timed_out()) : 0.0, shard);
   t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
-  t.Sample("parasol_curve_refusals_total", zap_ ? static_cast<double>(zap_->refusals()) : 0.0,
+  t.Sample("parasol_curve_refusals_total", static_cast<double>(CurveRefusals()),
            shard);
   pull_wait_.Write(t, "parasol_pull_wait_seconds", "Time a pull waited for the read bound.",
                    shard);
@@ -2118,7 +2136,10 @@ std::string ShardServer::StatsJson() const {
   s["delta_checkpoints"] = counters_.delta_checkpoints;
   s["delta_checkpoint_bytes_last"] = counters_.delta_bytes_last;
   s["full_checkpoint_bytes_last"] = counters_.full_bytes_last;
-  s["curve_refusals"] = zap_ ? zap_->refusals() : 0;
+  s["curve_refusals"] = CurveRefusals();
+  s["connections"] = watch_ ? watch_->connections() : 0;
+  s["connection_cap"] = watch_ ? watch_->cap() : 0;
+  s["connections_refused_over_cap"] = watch_ ? watch_->refused_over_cap() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["peer_refusals"] = counters_.peer_refusals;
   s["peers"] = peers_.size();

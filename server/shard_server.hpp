@@ -43,6 +43,7 @@
 #include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
 #include "server/worker_key_binding.hpp"
+#include "server/connection_watch.hpp"
 #include "server/zap_handler.hpp"
 
 namespace parasol {
@@ -205,6 +206,8 @@ class ShardServer {
   // The checksum a push is recorded with: its table, place and payload bytes (never 0).
   static uint64_t PushChecksum(const Header& req, const std::vector<zmq::message_t>& frames);
   std::string TableName(uint32_t table_id) const;  // 'name', or #id when out of range
+  // Connections refused for their key, or whose handshake failed (CURVE).
+  uint64_t CurveRefusals() const;
 
   // After any change of clocks or live workers: applies finished BSP clocks, then answers the
   // held pulls and barriers the bound now allows.
@@ -351,6 +354,7 @@ class ShardServer {
 
   zmq::context_t context_;
   std::unique_ptr<ZapHandler> zap_;  // declared after context_: destroyed before it
+  std::unique_ptr<ConnectionWatch> watch_;  // the socket's monitor: connections, their cap
   // security.worker_keys: which CURVE key may act as which worker (set by Bind()).
   WorkerKeyBinding worker_keys_;
   zmq::socket_t router_;

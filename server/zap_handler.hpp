@@ -25,8 +25,8 @@ class ZapHandler {
   ZapHandler(const ZapHandler&) = delete;
   ZapHandler& operator=(const ZapHandler&) = delete;
 
-  // Starts answering ZAP requests; also watches `router`'s handshakes so that clients refused
-  // before authentication (no CURVE at all) are logged too.
+  // Starts answering ZAP requests (`router`'s failed handshakes, of clients without CURVE at
+  // all, are ConnectionWatch's).
   Status Start(zmq::socket_t& router);
   uint64_t refusals() const { return refusals_.load(); }
   uint64_t admissions() const { return admissions_.load(); }
@@ -34,10 +34,8 @@ class ZapHandler {
  private:
   void Loop();
   void HandleZap();
-  void HandleMonitorEvent();
 
   zmq::socket_t socket_;
-  zmq::socket_t monitor_;
   std::set<std::string> allowed_;
   std::string label_;
   std::atomic<bool> stop_{false};

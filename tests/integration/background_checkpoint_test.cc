@@ -218,6 +218,18 @@ class RawPeer {
   zmq::socket_t socket_;
 };
 
+// Hello, asked until the shard says it is loading (the first answers may come before it has
+// begun); the last answer.
+Result<Header> HelloUntilLoading(RawPeer& peer) {
+  Result<Header> hello = Timeout("not asked");
+  for (uint64_t i = 1; i <= 50; ++i) {
+    hello = peer.Call(Op::Hello, i);
+    if (!hello.ok() || hello->restore_total > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return hello;
+}
+
 TEST_F(BackgroundCheckpointTest, ARestoringShardAnswersHelloAndStatsWithItsProgress) {
   TestCluster cluster(1, 1, kTables, Extra());
   ASSERT_TRUE(cluster.Start());
@@ -234,14 +246,8 @@ TEST_F(BackgroundCheckpointTest, ARestoringShardAnswersHelloAndStatsWithItsProgr
   ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
   ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
   RawPeer peer(cluster.manifest().cluster.servers[0]);
-  // The first answer may come before it has begun: asked until it says it is loading.
-  Result<Header> hello = Timeout("not asked");
-  for (uint64_t i = 1; i <= 50; ++i) {
-    hello = peer.Call(Op::Hello, i);
-    ASSERT_TRUE(hello.ok()) << hello.status().ToString();
-    if (hello->restore_total > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  Result<Header> hello = HelloUntilLoading(peer);
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
   ASSERT_GT(hello->restore_total, 0u);
   EXPECT_EQ(hello->status, StatusCode::kUnavailable);
   EXPECT_NE(hello->message.find("loading its checkpoint"), std::string::npos) << hello->message;
@@ -295,13 +301,8 @@ TEST_F(BackgroundCheckpointTest, AShardStoppedWhileLoadingStopsAtOnceAndWritesNo
   const auto before = listing();
   ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
   RawPeer peer(cluster.manifest().cluster.servers[0]);
-  Result<Header> hello = Timeout("not asked");
-  for (uint64_t i = 1; i <= 50; ++i) {
-    hello = peer.Call(Op::Hello, i);
-    ASSERT_TRUE(hello.ok()) << hello.status().ToString();
-    if (hello->restore_total > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  Result<Header> hello = HelloUntilLoading(peer);
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
   ASSERT_GT(hello->restore_total, 0u) << "it never said it was loading";
   const auto asked = std::chrono::steady_clock::now();
   cluster.server(0).Signal(SIGTERM);

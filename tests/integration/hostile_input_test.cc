@@ -62,6 +62,15 @@ class RawPeer {
     return h;
   }
 
+  // Sends `frames` and returns the reply's header (a failed expectation, and an empty header,
+  // when none comes).
+  Header Call(std::vector<zmq::message_t> frames) {
+    Send(std::move(frames));
+    Result<Header> r = Reply();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : Header{};
+  }
+
  private:
   zmq::context_t context_{1};
   zmq::socket_t socket_;
@@ -478,10 +487,7 @@ TEST(HostilePushRecordTest, APushResentAfterTheRecordMovedOnIsADuplicate) {
   auto call = [&](const Header& h, std::vector<zmq::message_t> payload = {}) {
     std::vector<zmq::message_t> f = Frames(h);
     for (auto& m : payload) f.push_back(std::move(m));
-    peer.Send(std::move(f));
-    Result<Header> r = peer.Reply();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : Header{};
+    return peer.Call(std::move(f));
   };
   const uint64_t key = 31337;
   const float grad[4] = {1, 1, 1, 1};
@@ -813,12 +819,7 @@ TEST(HostileFairShareTest, PeersThatNeverReadGetTheirShareAndTheWorkersKeepTrain
   ASSERT_NE(w0, nullptr);
   ASSERT_NE(w1, nullptr);
   RawPeer peer(cluster.manifest().cluster.servers[0]);
-  auto stats = [&] {
-    peer.Send(Frames(Request(Op::Stats, 1000, 0)));
-    Result<Header> r = peer.Reply();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->message : std::string();
-  };
+  auto stats = [&] { return peer.Call(Frames(Request(Op::Stats, 1000, 0))).message; };
   const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
   zmq::context_t ctx(1);
   std::vector<zmq::socket_t> pullers, talkers;
@@ -844,26 +845,9 @@ TEST(HostileFairShareTest, PeersThatNeverReadGetTheirShareAndTheWorkersKeepTrain
     }
   }
   // The workers: 20 BSP steps each, a push and a pull of 64 rows and a tick.
-  const auto start = std::chrono::steady_clock::now();
-  auto train = [&](PsClient& c, uint64_t first) {
-    std::vector<uint64_t> mine(64);
-    std::vector<float> grads(64 * 4, 0.01f), rows(64 * 4);
-    for (int step = 0; step < 20; ++step) {
-      for (size_t i = 0; i < mine.size(); ++i) mine[i] = first + i;
-      if (Status st = c.PushSparse(0, mine, grads); !st.ok()) return st;
-      if (Status st = c.Tick(); !st.ok()) return st;
-      if (Status st = c.PullSparse(0, mine, rows.data()); !st.ok()) return st;
-    }
-    return Status::Ok();
-  };
-  Status s1;
-  std::thread other([&] { s1 = train(*w1, 100000); });
-  const Status s0 = train(*w0, 200000);
-  other.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_TRUE(s0.ok()) << s0.ToString();
-  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  double seconds = 0;
+  const Status trained = testing::TrainWorkersTogether({w0.get(), w1.get()}, 20, &seconds);
+  ASSERT_TRUE(trained.ok()) << trained.ToString();
   EXPECT_LT(seconds, 30.0) << "the workers' 20 steps took " << seconds << " s";
   std::string text;
   for (int i = 0; i < 100 && JsonAt(text, "/requests", 0) < 3 * 300 + 200 * 50; ++i) {
@@ -949,6 +933,80 @@ TEST(HostileIdlePeersTest, IdleConnectionsPastTheUsualFileLimitDoNotLockTheWorke
   testing::RemoveTree(dir);
 }
 
+TEST(HostileIdlePeersTest, AtTheConnectionCapNewPeersAreShutAndTheShardKeepsWorking) {
+  // A shard whose open-file limit is 1,024, hard and soft: its cap is 768 connections, the
+  // rest kept for its own files. 900 idle peers come; the worker and the tool already
+  // connected go on, a checkpoint (files) is written, and once the crowd leaves, a new peer
+  // is accepted.
+  const std::string dir = testing::MakeTempDir();
+  const uint16_t port = PickFreePorts(1).value()[0];
+  const std::string manifest = dir + "/m.yaml";
+  testing::WriteFile(manifest, "cluster:\n  servers: [127.0.0.1:" + std::to_string(port) +
+                                   "]\n  workers: 1\n  connect_timeout: 5s\n"
+                                   "training: {consistency: asp}\ncheckpoint: {dir: " + dir +
+                                   "/ckpt}\ntables:\n" + std::string(kTables));
+  auto server = Subprocess::Spawn(
+      {"/bin/bash", "-c", "ulimit -n 1024 && exec \"$0\" server --manifest \"$1\" --rank 0",
+       PARASOL_BINARY, manifest},
+      dir + "/server.log");
+  ASSERT_TRUE(server.ok());
+  Result<Manifest> m = LoadManifest(manifest);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto worker = PsClient::Connect(*m, 0);
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString() << testing::ReadFile(dir + "/server.log");
+  auto tool = PsClient::Connect(*m, PsClient::kObserver);
+  ASSERT_TRUE(tool.ok()) << tool.status().ToString();
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_cur < 2048) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4096);
+    if (files.rlim_cur < 2048 || ::setrlimit(RLIMIT_NOFILE, &files) != 0) {
+      GTEST_SKIP() << "this test's process cannot open 900 connections (limit "
+                   << files.rlim_max << ")";
+    }
+  }
+  zmq::context_t ctx(1);
+  ctx.set(zmq::ctxopt::max_sockets, 4096);
+  std::vector<zmq::socket_t> idle;
+  for (int i = 0; i < 900; ++i) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(TcpEndpoint("127.0.0.1", port));
+    idle.push_back(std::move(s));
+  }
+  std::string stats;
+  for (int i = 0; i < 100; ++i) {
+    auto st = (*tool)->Stats();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    stats = (*st)[0];
+    if (JsonAt(stats, "/connections_refused_over_cap", 0) > 0 &&
+        JsonAt(stats, "/connections", 0) <= JsonAt(stats, "/connection_cap", 0)) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(JsonAt(stats, "/connection_cap", -1), 768) << stats;
+  EXPECT_GT(JsonAt(stats, "/connections_refused_over_cap", 0), 0) << stats;
+  EXPECT_LE(JsonAt(stats, "/connections", 0), 768) << stats;
+  // The worker trains, and the tool's checkpoint finds descriptors for its files.
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> grads(12, 0.5f), rows(12);
+  EXPECT_TRUE((*worker)->PushSparse(0, keys, grads).ok());
+  EXPECT_TRUE((*worker)->PullSparse(0, keys, rows.data()).ok());
+  EXPECT_EQ(rows[0], 0.75f);
+  const Status checkpointed = (*tool)->Checkpoint();
+  EXPECT_TRUE(checkpointed.ok()) << checkpointed.ToString();
+  const std::string log = testing::ReadFile(dir + "/server.log");
+  EXPECT_NE(log.find("connections are open, its cap"), std::string::npos) << log;
+  // The crowd leaves: a new peer is accepted again.
+  idle.clear();
+  auto later = PsClient::Connect(*m, PsClient::kObserver);
+  EXPECT_TRUE(later.ok()) << later.status().ToString();
+  server->Signal(SIGTERM);
+  EXPECT_TRUE(server->Wait(std::chrono::seconds(10)).has_value());
+  testing::RemoveTree(dir);
+}
+
 TEST(HostileDenseReplyTest, RepliesAPeerNeverTakesCannotPinCopiesOfADenseTable) {
   // 8 MB of dense values. A peer that never reads pulls all of it and pushes one element, over
   // and over: each queued reply would keep a copy of the whole slice alive after the push.
@@ -1009,12 +1067,7 @@ TEST(HostileAdmissionTest, AdmissionCountsOfKeysPushedOnceExpireAndRespectMaxRow
                       "server:\n  max_request_bytes: 16MiB\n");
   ASSERT_TRUE(cluster.Start());
   RawPeer peer(cluster.manifest().cluster.servers[0]);
-  auto stats = [&] {
-    peer.Send(Frames(Request(Op::Stats, 1000, 0)));
-    Result<Header> r = peer.Reply();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->message : std::string();
-  };
+  auto stats = [&] { return peer.Call(Frames(Request(Op::Stats, 1000, 0))).message; };
   stats();
   const uint64_t baseline = ResidentBytes(cluster.server(0).pid());
   std::vector<uint64_t> keys(100000);
@@ -1092,12 +1145,7 @@ TEST(HostileCheckpointTest, RequestsAndRestartsCheckpointAtMostOncePerMinInterva
   TestCluster cluster(1, 1, kTables, "checkpoint:\n  dir: ckpt\n  min_interval: 500ms\n");
   ASSERT_TRUE(cluster.Start());
   RawPeer peer(cluster.manifest().cluster.servers[0]);
-  auto call = [&](std::vector<zmq::message_t> f) {
-    peer.Send(std::move(f));
-    Result<Header> r = peer.Reply();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : Header{};
-  };
+  auto call = [&](std::vector<zmq::message_t> f) { return peer.Call(std::move(f)); };
   const uint64_t key = 9;
   const float g[4] = {1, 1, 1, 1};
   const auto start = std::chrono::steady_clock::now();

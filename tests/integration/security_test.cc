@@ -353,26 +353,9 @@ TEST_F(WorkerKeysTest, UnderCurveAdmittedPeersThatNeverReadGetTheirShareAndWorke
     }
     sinks.push_back(std::move(sink));
   }
-  const auto start = std::chrono::steady_clock::now();
-  auto train = [&](PsClient& c, uint64_t first) {
-    std::vector<uint64_t> mine(64);
-    std::vector<float> grads(64 * 4, 0.01f), rows(64 * 4);
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = first + i;
-    for (int step = 0; step < 20; ++step) {
-      if (Status st = c.PushSparse(0, mine, grads); !st.ok()) return st;
-      if (Status st = c.Tick(); !st.ok()) return st;
-      if (Status st = c.PullSparse(0, mine, rows.data()); !st.ok()) return st;
-    }
-    return Status::Ok();
-  };
-  Status s1;
-  std::thread other([&] { s1 = train(*w1, 100000); });
-  const Status s0 = train(*w0, 200000);
-  other.join();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_TRUE(s0.ok()) << s0.ToString();
-  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  double seconds = 0;
+  const Status trained = testing::TrainWorkersTogether({w0.get(), w1.get()}, 20, &seconds);
+  ASSERT_TRUE(trained.ok()) << trained.ToString();
   EXPECT_LT(seconds, 30.0);
   auto observer = PsClient::Connect(m, PsClient::kObserver);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();

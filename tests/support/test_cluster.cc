@@ -46,6 +46,31 @@ void RemoveTree(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
+Status TrainSparseSteps(PsClient& c, uint64_t first_key, int steps) {
+  std::vector<uint64_t> keys(64);
+  std::vector<float> grads(keys.size() * 4, 0.01f), rows(keys.size() * 4);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = first_key + i;
+  for (int step = 0; step < steps; ++step) {
+    PARASOL_RETURN_IF_ERROR(c.PushSparse(0, keys, grads));
+    PARASOL_RETURN_IF_ERROR(c.Tick());
+    PARASOL_RETURN_IF_ERROR(c.PullSparse(0, keys, rows.data()));
+  }
+  return Status::Ok();
+}
+
+Status TrainWorkersTogether(const std::vector<PsClient*>& workers, int steps, double* seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Status> got(workers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = TrainSparseSteps(*workers[i], 100000 * (i + 1), steps); });
+  }
+  for (std::thread& t : threads) t.join();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const Status& st : got) PARASOL_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;

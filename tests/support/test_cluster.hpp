@@ -64,6 +64,13 @@ int64_t NewestWorkerClock(PsClient& observer);
 // Polls until the job has reached `clock` (true), or `timeout` has passed (false).
 bool WaitForWorkerClock(PsClient& observer, int64_t clock, std::chrono::seconds timeout);
 
+// `steps` steps of a worker of table 0 (dim 4): a push of 64 rows from `first_key`, a tick, a
+// pull of them; the first error.
+Status TrainSparseSteps(PsClient& c, uint64_t first_key, int steps);
+// The same for several workers at once, each on a thread and keys of its own (worker i from
+// 100000 x (i + 1)); the first error. *seconds: how long they took together.
+Status TrainWorkersTogether(const std::vector<PsClient*>& workers, int steps, double* seconds);
+
 // A fresh temporary directory (removed by the caller).
 std::string MakeTempDir();
 void RemoveTree(const std::string& path);
