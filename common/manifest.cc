@@ -359,6 +359,11 @@ Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file)
   if (!servers.IsSequence() || servers.size() == 0) {
     return r.ErrorAt(servers, "cluster.servers", "expected a non-empty list of host:port");
   }
+  if (servers.size() > kMaxShards) {
+    return r.ErrorAt(servers, "cluster.servers",
+                     std::to_string(servers.size()) + " shards, more than " +
+                         std::to_string(kMaxShards));
+  }
   std::set<std::string> distinct;
   for (size_t i = 0; i < servers.size(); ++i) {
     const std::string path = "cluster.servers[" + std::to_string(i) + "]";

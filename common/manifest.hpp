@@ -82,6 +82,9 @@ struct ServerAddress {
   std::string ToString() const { return host + ":" + std::to_string(port); }
 };
 
+// The most shards a job may list (each header's membership MACs are bounded by it).
+inline constexpr size_t kMaxShards = 4096;
+
 struct ClusterOptions {
   std::vector<ServerAddress> servers;  // required: one entry per shard, "host:port"
   // How many of the listed shards hold keys at the start: the rest run from the start holding

@@ -7,6 +7,7 @@
 
 #include "common/checked_math.hpp"
 #include "common/half.hpp"
+#include "common/manifest.hpp"
 
 namespace parasol {
 
@@ -30,6 +31,7 @@ zmq::message_t EncodeHeader(const Header& h) {
     members = fbb.CreateUninitializedVectorOfStructs(h.members.size(), &out);
     for (const MemberEntry& e : h.members) *out++ = wire::Member(e.worker, e.join, e.leave);
   }
+  const auto macs = h.member_macs.empty() ? 0 : fbb.CreateVector(h.member_macs);
   wire::HeaderBuilder b(fbb);
   b.add_version(h.version);
   b.add_op(h.op);
@@ -73,6 +75,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_value_scale(h.value_scale);
   b.add_membership_version(h.membership_version);
   if (!h.members.empty()) b.add_members(members);
+  if (!h.member_macs.empty()) b.add_member_macs(macs);
   b.add_join(h.join);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
@@ -172,6 +175,15 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
     for (const wire::Member* e : *members) {
       h.members.push_back(MemberEntry{e->worker(), e->join(), e->leave()});
     }
+  }
+  if (const auto* macs = fb->member_macs()) {
+    // At most 16 bytes per entry and listed shard (kMaxShards).
+    if (macs->size() % 16 != 0 || macs->size() > h.members.size() * kMaxShards * 16) {
+      return BadMessage("header carries " + std::to_string(macs->size()) +
+                        " bytes of membership MACs for " + std::to_string(h.members.size()) +
+                        " entries");
+    }
+    h.member_macs.assign(macs->begin(), macs->end());
   }
   return h;
 }

@@ -30,7 +30,7 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 // (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
 // 7: a tick names the pushes it follows (Clock key_count). 8: checkpoints written in the
 // background (checkpoints_begun), and a restoring shard's progress (restore_*).
-inline constexpr uint16_t kProtocolVersion = 8;
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -76,6 +76,7 @@ struct Header {
   int16_t value_scale = 0;
   uint64_t membership_version = 0;
   std::vector<MemberEntry> members;
+  std::vector<uint8_t> member_macs;  // shard 0's MACs of `members` (common/membership_macs.hpp)
   bool join = false;
   uint64_t checkpoints_begun = 0;
   uint64_t restore_done = 0;

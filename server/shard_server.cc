@@ -207,6 +207,11 @@ Status ShardServer::Bind() {
                                                              manifest_.cluster.workers)));
       allowed.insert(worker_keys_.keys().begin(), worker_keys_.keys().end());
       allowed.insert(worker_keys_.operator_keys().begin(), worker_keys_.operator_keys().end());
+      PARASOL_ASSIGN_OR_RETURN(
+          membership_macs_,
+          MembershipMacs::ForShard(sec, rank_,
+                                   static_cast<uint32_t>(manifest_.cluster.servers.size()),
+                                   fingerprint_));
       zap_ = std::make_unique<ZapHandler>(context_, std::move(allowed),
                                           "shard " + std::to_string(rank_));
       PARASOL_RETURN_IF_ERROR(zap_->Start(router_));
@@ -675,6 +680,7 @@ Status ShardServer::Dispatch(const Header& req, std::vector<zmq::message_t>& fra
   // A sender that knows fewer clocks learns them (its request's version says how many it knows).
   if (!*held && req.membership_version < membership_.version()) {
     reply->members = membership_.Entries();
+    reply->member_macs = membership_macs_.Sign(reply->members);  // shard 0, with worker keys
   }
   return Status::Ok();
 }
@@ -1179,8 +1185,39 @@ Status ShardServer::MergeMembership(const Header& req) {
       }
     }
   }
+  // With worker keys, only what shard 0 named: an entry that would change this copy is taken
+  // only with shard 0's MAC for this shard; others are left out and counted (the signed copy
+  // comes with the next worker that has it).
+  std::vector<MemberEntry> signed_entries;
+  std::span<const MemberEntry> entries = req.members;
+  if (membership_macs_.enabled()) {
+    for (size_t i = 0; i < req.members.size(); ++i) {
+      const MemberEntry& e = req.members[i];
+      const bool known =
+          (e.worker & kServerEntry)
+              ? std::any_of(membership_.server_changes().begin(),
+                            membership_.server_changes().end(),
+                            [&](const auto& c) { return c.clock == e.join; })
+              : membership_.join(e.worker) == e.join && membership_.leave(e.worker) == e.leave;
+      if (known || membership_macs_.Verify(e, i, req.member_macs)) {
+        signed_entries.push_back(e);
+        continue;
+      }
+      ++counters_.unsigned_member_entries;
+      uint64_t left_out = 0;
+      if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+        spdlog::warn("shard {}: {} of worker {} carries a membership entry (worker {}, join {}, "
+                     "leave {}) without shard 0's MAC; left out{}",
+                     rank_, OpName(req.op), req.worker_id, e.worker & ~kServerEntry, e.join,
+                     e.leave,
+                     left_out ? " (and " + std::to_string(left_out) + " more lines left out)"
+                              : "");
+      }
+    }
+    entries = signed_entries;
+  }
   int64_t changed = 0;
-  PARASOL_RETURN_IF_ERROR(membership_.Merge(req.members, &changed));
+  PARASOL_RETURN_IF_ERROR(membership_.Merge(entries, &changed));
   gains_rows_ = GainsRows();
   SettleUninvolved();
   const auto now = std::chrono::steady_clock::now();
@@ -1315,7 +1352,10 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
                          std::to_string(kMaxCheckpointWaiters) +
                          " requests wait for a checkpoint already; say Hello again later");
     }
-    if (req.membership_version < membership_.version()) reply->members = membership_.Entries();
+    if (req.membership_version < membership_.version()) {
+      reply->members = membership_.Entries();
+      reply->member_macs = membership_macs_.Sign(reply->members);
+    }
     HeldReply waiter;
     waiter.identity.rebuild(identity.data(), identity.size());
     waiter.request = req;
@@ -2146,6 +2186,7 @@ std::string ShardServer::StatsJson() const {
   s["other_peers_queued_bytes"] = other_peers_queued_->load();
   s["members"] = members_;
   s["conflicting_resends"] = counters_.conflicting_resends;
+  s["unsigned_member_entries"] = counters_.unsigned_member_entries;
   s["nonfinite_pushes"] = counters_.nonfinite_pushes;
   s["pull_ahead_max"] = counters_.pull_ahead_max;
   s["replayed_pushes"] = counters_.replayed_pushes;

@@ -43,6 +43,7 @@
 #include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
 #include "server/worker_key_binding.hpp"
+#include "common/membership_macs.hpp"
 #include "server/connection_watch.hpp"
 #include "server/zap_handler.hpp"
 
@@ -127,6 +128,7 @@ class ShardServer {
     uint64_t duplicate_pushes = 0;
     uint64_t peer_refusals = 0;  // requests of peers over their reply share, not served
     uint64_t conflicting_resends = 0;  // a push's name again with another payload: refused
+    uint64_t unsigned_member_entries = 0;  // relayed membership entries without shard 0's MAC
     uint64_t nonfinite_pushes = 0;     // pushes with a NaN or Inf: refused whole
     int64_t pull_ahead_max = 0;  // the most clocks a pull was ahead of its sender's (prefetch)
     uint64_t replayed_pushes = 0;    // pushes and clocks of workers' replays after a restart
@@ -357,6 +359,7 @@ class ShardServer {
   std::unique_ptr<ConnectionWatch> watch_;  // the socket's monitor: connections, their cap
   // security.worker_keys: which CURVE key may act as which worker (set by Bind()).
   WorkerKeyBinding worker_keys_;
+  MembershipMacs membership_macs_;  // with worker keys: shard 0 signs, the others check
   zmq::socket_t router_;
   EnginePool engines_;
 

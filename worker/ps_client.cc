@@ -559,6 +559,13 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
       shard_membership_version_[shard] < membership_.version()) {
     header.members = membership_.Entries();
     header.membership_version = membership_.version();
+    header.member_macs = MacsOf(header.members);
+  }
+  // An entry learned from another shard comes without shard 0's MACs: a tick to shard 0 says it
+  // knows none, so that shard 0 answers with every entry and its MACs.
+  if (shard_zero_signs_ && shard == 0 && JobRank() &&
+      (header.op == Op::Clock || header.op == Op::Hello) && !AllSigned(membership_.Entries())) {
+    header.membership_version = 0;
   }
   const uint64_t id = header.request_id;
   const bool gather = gathering_ && !header.replay &&
@@ -1737,6 +1744,16 @@ void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
   // next tick carries what it lacks.
   shard_membership_version_[shard] = reply.membership_version;
   if (reply.members.empty()) return;
+  // Shard 0's MACs, kept with their entries to travel with them.
+  const size_t per_entry = reply.members.empty() ? 0 : reply.member_macs.size() / reply.members.size();
+  if (shard == 0 && per_entry > 0 && per_entry * reply.members.size() == reply.member_macs.size()) {
+    shard_zero_signs_ = true;
+    for (size_t i = 0; i < reply.members.size(); ++i) {
+      const MemberEntry& e = reply.members[i];
+      member_macs_[{e.worker, e.join, e.leave}].assign(
+          reply.member_macs.begin() + i * per_entry, reply.member_macs.begin() + (i + 1) * per_entry);
+    }
+  }
   const uint64_t before = membership_.version();
   if (Status st = membership_.Merge(reply.members); !st.ok()) {
     // Two copies disagree on a named clock: going on would train lines twice or not at all.
@@ -1752,6 +1769,27 @@ void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
     spdlog::info("worker {}: membership now names {} clock(s) (from shard {})", worker_id_,
                  membership_.version(), shard);
   }
+}
+
+std::vector<uint8_t> PsClient::MacsOf(const std::vector<MemberEntry>& entries) const {
+  if (member_macs_.empty()) return {};
+  const size_t per_entry = member_macs_.begin()->second.size();
+  std::vector<uint8_t> out(entries.size() * per_entry, 0);
+  size_t held = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto it = member_macs_.find({entries[i].worker, entries[i].join, entries[i].leave});
+    if (it == member_macs_.end() || it->second.size() != per_entry) continue;
+    std::copy(it->second.begin(), it->second.end(), out.begin() + i * per_entry);
+    ++held;
+  }
+  if (held == 0) return {};  // none held: none sent
+  return out;                 // zeros where one is missing (the shard leaves that entry out)
+}
+
+bool PsClient::AllSigned(const std::vector<MemberEntry>& entries) const {
+  return std::all_of(entries.begin(), entries.end(), [&](const MemberEntry& e) {
+    return member_macs_.count({e.worker, e.join, e.leave}) > 0;
+  });
 }
 
 Status PsClient::AskShardZero(bool done, uint64_t count) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <zmq.hpp>
@@ -375,6 +376,14 @@ class PsClient {
   // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
   Status AskShardZero(bool done, uint64_t count);
   Membership membership_;
+  // Shard 0's MACs of the entries it named (with worker keys), by entry, for every shard: they
+  // travel with the entries to the other shards (common/membership_macs.hpp).
+  std::map<std::tuple<uint32_t, int64_t, int64_t>, std::vector<uint8_t>> member_macs_;
+  bool shard_zero_signs_ = false;  // a reply of shard 0 carried MACs
+  // The MACs of `entries`, entry by entry (zeros where none is held); empty when none is.
+  std::vector<uint8_t> MacsOf(const std::vector<MemberEntry>& entries) const;
+  // Whether shard 0's MACs of each of `entries` are held.
+  bool AllSigned(const std::vector<MemberEntry>& entries) const;
   std::vector<uint64_t> shard_membership_version_;  // per shard: what its last reply knew
   Status membership_failure_;  // sticky: a shard's membership contradicted ours; Wait returns it
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/curve_keys.hpp"
+#include "common/membership_macs.hpp"
 #include "common/net.hpp"
 #include "common/subprocess.hpp"
 #include "common/transport.hpp"
@@ -370,6 +371,59 @@ TEST_F(WorkerKeysTest, UnderCurveAdmittedPeersThatNeverReadGetTheirShareAndWorke
   EXPECT_EQ(text.find("\"peer_refusals\":0,"), std::string::npos) << text;
   EXPECT_NE(text.find("\"members\":2"), std::string::npos) << text;
   EXPECT_NE(text.find("\"worker_clocks\":[20,20]"), std::string::npos) << text;
+}
+
+TEST(SignedMembershipTest, OnlyEntriesShardZeroSignedAreTakenFromAWorkersKey) {
+  if (!CurveAvailable()) GTEST_SKIP() << "this libzmq has no CURVE support";
+  const std::string keys = testing::MakeTempDir();
+  for (const char* name : {"server0", "server1", "tool", "worker0", "worker1", "worker2"}) {
+    auto k = GenerateCurveKeyPair();
+    ASSERT_TRUE(k.ok());
+    ASSERT_TRUE(WriteCurveKeyPair(keys, name, *k).ok());
+  }
+  const std::string k = keys + "/";
+  TestCluster cluster(2, 2, kTables,
+                      "security:\n  curve: true\n  server_keys: [" + k + "server0, " + k +
+                          "server1]\n  client_key: " + k + "tool\n  allowed_clients: [" + k +
+                          "tool.pub]\n  worker_keys: [" + k + "worker0, " + k + "worker1, " + k +
+                          "worker2]\n",
+                      {}, /*max_workers=*/3);
+  ASSERT_TRUE(cluster.Start());
+  auto w0 = cluster.Connect(0);
+  auto w1 = cluster.Connect(1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  const Manifest& m = cluster.manifest();
+  // Worker 1's own key relays to shard 1 that worker 0 leaves at clock 3: shard 0 never named
+  // it, so it is left out (before, it was taken, and worker 0 removed at that clock).
+  CurvePeer forger(m, 1, k + "worker1");
+  Header tick;
+  tick.op = Op::Clock;
+  tick.worker_id = 1;
+  tick.clock = 0;
+  tick.request_id = 77;
+  tick.incarnation = 5;
+  tick.caught_up = true;
+  tick.members = {MemberEntry{0, -1, 3}};
+  tick.membership_version = 1;
+  tick.member_macs.assign(2 * MembershipMacs::kMacBytes, 0x5a);  // not shard 0's
+  Result<Header> r = forger.Call(tick);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto observer = PsClient::Connect(m, PsClient::kObserver);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  auto stats = (*observer)->StatsOf(1);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_NE(stats->find("\"unsigned_member_entries\":1"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("\"membership\":[]"), std::string::npos) << *stats;
+  // What shard 0 names does travel: worker 2 joins (shard 0 names its clock), and shard 1
+  // takes the entry its Hello relays, with shard 0's MAC.
+  auto joiner = PsClient::Connect(m, 2, k + "worker2", {}, /*join=*/true);
+  ASSERT_TRUE(joiner.ok()) << joiner.status().ToString();
+  stats = (*observer)->StatsOf(1);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_NE(stats->find("\"worker\":2"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("\"unsigned_member_entries\":1"), std::string::npos) << *stats;
+  testing::RemoveTree(keys);
 }
 
 TEST_F(WorkerKeysTest, AJobWhoseWorkersHaveTheirOwnKeysTrains) {
