@@ -155,8 +155,8 @@ TEST_F(HostileInputTest, TruncatedHeaderIsRefused) {
 TEST_F(HostileInputTest, WrongProtocolVersionIsRefused) {
   Header h;
   h.op = Op::Hello;
-  h.version = 9;
-  ExpectError(Frames(h), "protocol version 9");
+  h.version = kProtocolVersion + 1;
+  ExpectError(Frames(h), "protocol version " + std::to_string(kProtocolVersion + 1));
 }
 
 TEST_F(HostileInputTest, PayloadShorterThanTheHeaderSaysIsRefused) {
