@@ -443,6 +443,7 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("socket_hwm", 16, 1 << 24, &s->socket_hwm));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
   PARASOL_RETURN_IF_ERROR(r.Bytes("memory_budget", 1024, &s->memory_budget));
+  PARASOL_RETURN_IF_ERROR(r.DurationMs("idle_timeout", &s->idle_timeout_ms));
   std::string dir;
   PARASOL_RETURN_IF_ERROR(r.String("disk_dir", &dir));
   if (!dir.empty()) s->disk_dir = Resolve(BaseDir(file), dir);
@@ -1071,6 +1072,18 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
                              " ms must be below cluster.request_timeout (" +
                              std::to_string(m.cluster.request_timeout_ms) +
                              " ms), which a restarted worker's Hello may wait it out within");
+    }
+    if (m.server.idle_timeout_ms < 0) {
+      m.server.idle_timeout_ms = std::max<int64_t>(60000, 2 * m.cluster.request_timeout_ms);
+    } else if (m.server.idle_timeout_ms <= m.cluster.request_timeout_ms ||
+               m.server.idle_timeout_ms > 24 * 3600 * 1000) {
+      // A tool waiting for its answer sends nothing until its request times out.
+      return InvalidArgument(m.source + ": key 'server.idle_timeout': " +
+                             std::to_string(m.server.idle_timeout_ms) +
+                             " ms must be above cluster.request_timeout (" +
+                             std::to_string(m.cluster.request_timeout_ms) +
+                             " ms), which a client waiting for a reply may stay silent for, and "
+                             "at most 24 h");
     }
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());

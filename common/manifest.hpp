@@ -124,6 +124,9 @@ struct ServerOptions {
   uint64_t max_pending_bytes = 2ull << 30;   // bsp: bytes of those sums
   uint32_t socket_hwm = 1000;                // messages queued per peer and direction
   uint64_t max_queued_reply_bytes = 1ull << 30;  // replies sent but not yet taken by their peers
+  // A connection that is not a job worker's and sends nothing for this long is shut (-1 until
+  // the manifest is read: then at least a minute, and twice cluster.request_timeout).
+  int64_t idle_timeout_ms = -1;
   // Tiered tables (tables[].storage: tiered): the bytes their memory tier may hold, per shard
   // (shared equally among them), and where the disk tier lives (a folder per shard in it;
   // empty: one under the system's temporary folder, removed when the shard stops).

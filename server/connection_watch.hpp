@@ -7,12 +7,23 @@
 // shut, so ZeroMQ closes it), which keeps the descriptors between the cap and the open-file
 // limit for what the shard itself opens: checkpoint files, the metrics server's connections,
 // a background checkpoint's pipe. The connections already open, the job's workers', go on.
-// Runs on its own thread; connections() and handshake_failures() may be read from any thread.
+//
+// And it shuts idle connections: one that is not a job worker's (Seen() says which) and has
+// sent nothing for `idle_timeout` is shut as one past the cap is, so that peers which connect
+// and then only answer ZeroMQ's heartbeats do not keep their descriptors. Before it shuts a
+// descriptor it checks that it is still the connection it watched (getpeername() against the
+// address read when it was accepted): ZeroMQ may have closed it and the number been reused.
+// Runs on its own thread; every method but Start() may be called from any thread.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include <zmq.hpp>
 
@@ -23,8 +34,10 @@ namespace parasol {
 
 class ConnectionWatch {
  public:
-  // `cap`: the most connections open at once (0: no cap).
-  ConnectionWatch(zmq::context_t& context, std::string label, bool curve, int64_t cap = 0);
+  // `cap`: the most connections open at once (0: no cap). `idle_timeout`: how long a
+  // connection that is not a worker's may send nothing (zero: forever).
+  ConnectionWatch(zmq::context_t& context, std::string label, bool curve, int64_t cap = 0,
+                  std::chrono::milliseconds idle_timeout = std::chrono::milliseconds(0));
   ~ConnectionWatch();
   ConnectionWatch(const ConnectionWatch&) = delete;
   ConnectionWatch& operator=(const ConnectionWatch&) = delete;
@@ -37,10 +50,25 @@ class ConnectionWatch {
   uint64_t handshake_failures() const { return handshake_failures_.load(); }
   uint64_t refused_over_cap() const { return refused_over_cap_.load(); }
   int64_t cap() const { return cap_; }
+  uint64_t idle_shut() const { return idle_shut_.load(); }
 
+  // A message came over descriptor `fd` (ZMQ_SRCFD); `worker`: its sender is a job worker,
+  // whose connection is never shut for being idle (a worker may compute for long).
+  void Seen(int fd, bool worker);
  private:
   void Loop();
   void HandleEvent();
+  // Shuts the connections idle for longer than idle_timeout_.
+  void ShutIdle(std::chrono::steady_clock::time_point now);
+
+  // A connection open now, by descriptor.
+  struct Connection {
+    std::chrono::steady_clock::time_point last_seen;
+    sockaddr_storage peer{};  // its address when accepted (peer_length 0: not read yet)
+    socklen_t peer_length = 0;
+    bool worker = false;
+    bool shut = false;  // shut for being idle; ZeroMQ says DISCONNECTED when it closes it
+  };
 
   zmq::socket_t monitor_;
   std::string label_;
@@ -53,6 +81,11 @@ class ConnectionWatch {
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> handshake_failures_{0};
   LogLimiter log_;  // the watch's thread only
+  std::chrono::milliseconds idle_timeout_;
+  std::atomic<uint64_t> idle_shut_{0};
+  LogLimiter idle_log_;  // the watch's thread only
+  std::mutex mutex_;  // guards open_
+  std::unordered_map<int, Connection> open_;
   std::thread thread_;
 };
 

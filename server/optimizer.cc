@@ -1,6 +1,8 @@
 #include "server/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "common/optimizer_layout.hpp"
 
@@ -162,9 +164,66 @@ void ApplyLoops(const OptimizerOptions& o_, float* w, OptimizerState s, const st
 
 }  // namespace
 
-void Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
-                      double scale) const {
-  ApplyLoops(o_, w, s, grad, n, scale);
+namespace {
+
+bool AllFinite(const float* v, uint64_t n) {
+  // Branch-free over the run: x - x is 0 for a finite x and NaN otherwise.
+  float acc = 0.0f;
+  for (uint64_t i = 0; i < n; ++i) acc += v[i] - v[i];
+  return acc == 0.0f;
+}
+
+// What one run's update may change, copied before it so that it can be put back.
+struct RunBackup {
+  std::vector<float> w, a, b;
+  std::vector<uint32_t> step;
+  float row_acc = 0;
+  uint32_t row_step = 0;
+
+  void Save(const float* wv, const OptimizerState& s, uint64_t n) {
+    w.assign(wv, wv + n);
+    if (s.a) a.assign(s.a, s.a + n);
+    if (s.b) b.assign(s.b, s.b + n);
+    if (s.row_acc) row_acc = *s.row_acc;
+    if (s.step && s.step_per_element) step.assign(s.step, s.step + n);
+    if (s.step && !s.step_per_element) row_step = *s.step;
+  }
+  void Restore(float* wv, const OptimizerState& s, uint64_t n) const {
+    std::copy(w.begin(), w.begin() + n, wv);
+    if (s.a) std::copy(a.begin(), a.begin() + n, s.a);
+    if (s.b) std::copy(b.begin(), b.begin() + n, s.b);
+    if (s.row_acc) *s.row_acc = row_acc;
+    if (s.step && s.step_per_element) std::copy(step.begin(), step.begin() + n, s.step);
+    if (s.step && !s.step_per_element) *s.step = row_step;
+  }
+};
+
+}  // namespace
+
+uint64_t Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
+                          double scale) const {
+  // A row's own state (a row-wise accumulator, adam's step per row) makes the row one run.
+  const bool row_state = s.row_acc != nullptr || (s.step != nullptr && !s.step_per_element);
+  const uint64_t run = row_state ? std::max<uint64_t>(n, 1) : kGuardRun;
+  thread_local RunBackup backup;
+  uint64_t kept = 0;
+  for (uint64_t at = 0; at < n; at += run) {
+    const uint64_t m = std::min(run, n - at);
+    OptimizerState part = s;
+    if (part.a) part.a += at;
+    if (part.b) part.b += at;
+    if (part.step && part.step_per_element) part.step += at;
+    backup.Save(w + at, part, m);
+    ApplyLoops(o_, w + at, part, grad + at * sizeof(float), m, scale);
+    if (AllFinite(w + at, m) && (!part.a || AllFinite(part.a, m)) &&
+        (!part.b || AllFinite(part.b, m)) && (!part.row_acc || std::isfinite(*part.row_acc))) {
+      continue;
+    }
+    backup.Restore(w + at, part, m);
+    kept += m;
+  }
+  if (kept) kept_->fetch_add(kept, std::memory_order_relaxed);
+  return kept;
 }
 
 }  // namespace parasol

@@ -15,9 +15,11 @@
 // callers guarantee exclusive access to the memory they pass.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "common/manifest.hpp"
 
@@ -58,11 +60,20 @@ class Optimizer {
   // Sets the state of n fresh elements whose initial values are `w`.
   void InitState(const float* w, OptimizerState s, uint32_t n) const;
 
-  // One update of n elements with gradient `grad` (raw f32) times `scale`.
-  void Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n, double scale) const;
+  // One update of n elements with gradient `grad` (raw f32) times `scale`. An update that
+  // would leave a value or its state not finite (finite gradients can overflow: a sum of
+  // large ones, a huge learning rate) is not made: the elements keep what they held, a
+  // sparse row or a run of at most kGuardRun dense elements together (a row's state is the
+  // row's). Returns how many elements were kept so; nonfinite_kept() counts them all.
+  uint64_t Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
+                 double scale) const;
+  static constexpr uint64_t kGuardRun = 256;
+  uint64_t nonfinite_kept() const { return kept_->load(std::memory_order_relaxed); }
 
  private:
   OptimizerOptions o_;
+  // Shared by copies (a table's optimizer is copied into its partitions' views).
+  std::shared_ptr<std::atomic<uint64_t>> kept_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace parasol

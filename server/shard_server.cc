@@ -239,8 +239,9 @@ Status ShardServer::Bind() {
         const int64_t limit = static_cast<int64_t>(files.rlim_cur);
         cap = std::max<int64_t>(16, limit - std::max<int64_t>(256, limit / 8));
       }
-      watch_ = std::make_unique<ConnectionWatch>(context_, "shard " + std::to_string(rank_),
-                                                 sec.curve, cap);
+      watch_ = std::make_unique<ConnectionWatch>(
+          context_, "shard " + std::to_string(rank_), sec.curve, cap,
+          std::chrono::milliseconds(std::max<int64_t>(0, manifest_.server.idle_timeout_ms)));
       PARASOL_RETURN_IF_ERROR(watch_->Start(router_));
     }
     // A process of this shard that was just killed may hold the port a moment longer (its
@@ -395,6 +396,7 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
       }
       if (!frames->has_value()) break;
       AnswerWhileRestoring(**frames);
+      NoteConnectionSeen(**frames);
     }
     if (!failed.ok()) break;
   }
@@ -500,6 +502,36 @@ void ShardServer::RunPeriodic() {
   MaybeSweep();
   CheckWorkers();
   MaybeCheckpoint();
+  ReportNonfiniteUpdates();
+}
+
+uint64_t ShardServer::NonfiniteUpdatesKept() const {
+  uint64_t kept = 0;
+  for (const auto& t : sparse_) kept += t ? t->optimizer().nonfinite_kept() : 0;
+  for (const auto& t : dense_) kept += t ? t->optimizer().nonfinite_kept() : 0;
+  return kept;
+}
+
+void ShardServer::ReportNonfiniteUpdates() {
+  nonfinite_reported_.resize(manifest_.tables.size(), 0);
+  std::string which;
+  for (size_t t = 0; t < manifest_.tables.size(); ++t) {
+    const Optimizer* opt = sparse_[t]  ? &sparse_[t]->optimizer()
+                           : dense_[t] ? &dense_[t]->optimizer()
+                                       : nullptr;
+    if (!opt || opt->nonfinite_kept() == nonfinite_reported_[t]) continue;
+    which += (which.empty() ? "" : ", ") + std::string("'") + manifest_.tables[t].name + "' " +
+             std::to_string(opt->nonfinite_kept() - nonfinite_reported_[t]);
+    nonfinite_reported_[t] = opt->nonfinite_kept();
+  }
+  uint64_t left_out = 0;
+  if (which.empty() || !nonfinite_log_.Allow(std::chrono::steady_clock::now(), &left_out)) return;
+  spdlog::warn("shard {}: updates that would have made values or their optimizer state "
+               "infinite or NaN (finite gradients that overflow: a learning rate or gradients "
+               "too large) were not made; those elements keep their values: table {} "
+               "elements{}",
+               rank_, which,
+               left_out ? " (" + std::to_string(left_out) + " such lines not logged)" : "");
 }
 
 void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
@@ -509,6 +541,7 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
 
 void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
   HandleOneMessage(frames);
+  NoteConnectionSeen(frames);
   // The message is answered: what a split apply left is applied in the background while its
   // sender reads the reply, and finished before anything else is handled.
   StartDeferredApply();
@@ -517,6 +550,16 @@ void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
     // A large pull's keys are not held after it.
     if (keys.capacity() > (size_t{1} << 20)) keys.shrink_to_fit();
   }
+}
+
+void ShardServer::NoteConnectionSeen(std::vector<zmq::message_t>& frames) {
+  if (!watch_ || frames.empty()) return;
+  // The descriptor it came over (for the idle check; its sender's Hello has been taken in,
+  // so a worker's connection counts as one from its Hello on).
+  // (Frames from the wire carry it; the routing id frame, the ROUTER's own, does not.)
+  const int fd = zmq_msg_get(frames.back().handle(), ZMQ_SRCFD);
+  const PeerAccount* peer = Peer(frames[0], /*create=*/false);
+  watch_->Seen(fd, peer != nullptr && peer->member_of >= 0);
 }
 
 void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
@@ -1650,6 +1693,11 @@ std::string ShardServer::MetricsText() const {
          "Pushes refused whole for a NaN or infinite value.");
   t.Sample("parasol_nonfinite_pushes_total", static_cast<double>(counters_.nonfinite_pushes),
            shard);
+  t.Type("parasol_nonfinite_updates_kept_total", "counter",
+         "Elements whose update (of finite gradients) would not have been finite, left as "
+         "they were.");
+  t.Sample("parasol_nonfinite_updates_kept_total", static_cast<double>(NonfiniteUpdatesKept()),
+           shard);
   t.Type("parasol_worker_restarts_total", "counter",
          "Workers that said Hello again with a new incarnation (they restarted).");
   t.Sample("parasol_worker_restarts_total", static_cast<double>(counters_.worker_restarts), shard);
@@ -2180,6 +2228,7 @@ std::string ShardServer::StatsJson() const {
   s["connections"] = watch_ ? watch_->connections() : 0;
   s["connection_cap"] = watch_ ? watch_->cap() : 0;
   s["connections_refused_over_cap"] = watch_ ? watch_->refused_over_cap() : 0;
+  s["idle_connections_shut"] = watch_ ? watch_->idle_shut() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["peer_refusals"] = counters_.peer_refusals;
   s["peers"] = peers_.size();
@@ -2188,6 +2237,7 @@ std::string ShardServer::StatsJson() const {
   s["conflicting_resends"] = counters_.conflicting_resends;
   s["unsigned_member_entries"] = counters_.unsigned_member_entries;
   s["nonfinite_pushes"] = counters_.nonfinite_pushes;
+  s["nonfinite_updates_kept"] = NonfiniteUpdatesKept();
   s["pull_ahead_max"] = counters_.pull_ahead_max;
   s["replayed_pushes"] = counters_.replayed_pushes;
   s["replayed_clocks"] = counters_.replayed_clocks;

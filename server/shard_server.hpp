@@ -561,6 +561,9 @@ class ShardServer {
   uint64_t PeerShare(const PeerAccount& peer) const;
   void MarkMember(const zmq::message_t& identity, uint32_t worker);
   void ForgetIdlePeers();
+  // Tells the connection watch that `frames` came over its descriptor, and whether from a
+  // job worker (never shut for being idle).
+  void NoteConnectionSeen(std::vector<zmq::message_t>& frames);
   zmq::message_t QueuedReplyFrame(zmq::message_t m, PeerAccount* peer = nullptr);
   // Dense value buffers that a push replaced while replies held them (see DenseTable).
   std::shared_ptr<std::atomic<uint64_t>> retired_dense_bytes_ =
@@ -581,6 +584,12 @@ class ShardServer {
   static constexpr int64_t kMaxBarrierStride = 16;
   // Warnings that peers can trigger, rate-limited; their counts are in /metrics.
   LogLimiter bad_message_log_;
+  // Updates not made because they would not have been finite (Optimizer::Apply): logged from
+  // RunPeriodic() when the tables' counts grow.
+  void ReportNonfiniteUpdates();
+  uint64_t NonfiniteUpdatesKept() const;
+  std::vector<uint64_t> nonfinite_reported_;  // by table: the count last logged
+  LogLimiter nonfinite_log_;
   LogLimiter failed_request_log_;
   LogLimiter undelivered_log_;
   uint64_t replies_dropped_ = 0;  // a peer's queue was full (it does not read its replies)

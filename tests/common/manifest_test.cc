@@ -472,6 +472,22 @@ TEST(ManifestTest, ServerLimitsHaveDefaultsAndAReplyBudgetMustHoldTheLargestRepl
       << bad.status().ToString();
   EXPECT_NE(bad.status().message().find("job.yaml:"), std::string::npos)
       << bad.status().ToString();
+  // Idle connections: at least a minute and twice the request timeout, unless set; a set one
+  // must leave a client waiting out its request timeout alone.
+  EXPECT_EQ(m->server.idle_timeout_ms, 60000);
+  Result<Manifest> slow = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\n  request_timeout: 45s\n", "job.yaml");
+  ASSERT_TRUE(slow.ok());
+  EXPECT_EQ(slow->server.idle_timeout_ms, 90000);
+  Result<Manifest> idle = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:9000]\n  request_timeout: 10s\nserver:\n"
+      "  idle_timeout: 10s\n",
+      "job.yaml");
+  ASSERT_FALSE(idle.ok());
+  EXPECT_NE(idle.status().message().find("server.idle_timeout': 10000 ms must be above "
+                                         "cluster.request_timeout (10000 ms)"),
+            std::string::npos)
+      << idle.status().ToString();
   EXPECT_FALSE(ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\nserver:\n"
                              "  max_pending_clocks: 1\n",
                              "job.yaml")

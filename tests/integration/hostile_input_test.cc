@@ -312,6 +312,32 @@ TEST_F(HostileInputTest, APushWithANonfiniteValueIsRefusedWholeAndNamed) {
   EXPECT_EQ(JsonAt((*stats)[0], "/nonfinite_pushes", -1), 2) << (*stats)[0];
 }
 
+TEST_F(HostileInputTest, FinitePushesWhoseUpdateOverflowsLeaveTheRowAsItWas) {
+  // Finite gradients of 3e38 at learning rate 0.5: the first two updates are finite (-1.5e38,
+  // then -3e38); the third would be -4.5e38, past float's range, and is not made.
+  const uint64_t key = 81;
+  const float big[4] = {3e38f, 3e38f, 3e38f, 3e38f};
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    std::vector<zmq::message_t> f = Frames(Push(seq, 1));
+    f.push_back(Bytes(&key, 8));
+    f.push_back(Bytes(big, sizeof(big)));
+    peer_->Send(std::move(f));
+    Result<Header> r = peer_->Reply();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+  }
+  std::vector<uint64_t> keys = {key};
+  std::vector<float> row(4);
+  ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
+  const float twice = static_cast<float>(static_cast<float>(1.0 - 0.5 * 3e38f) - 0.5 * 3e38f);
+  EXPECT_EQ(row, std::vector<float>(4, twice));
+  for (float v : row) EXPECT_TRUE(std::isfinite(v));
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonAt((*stats)[0], "/nonfinite_updates_kept", -1), 4) << (*stats)[0];
+  EXPECT_EQ(JsonAt((*stats)[0], "/nonfinite_pushes", -1), 0) << (*stats)[0];
+}
+
 TEST_F(HostileInputTest, AResendWithAnotherPayloadIsRefusedAndATrueDuplicateIsNot) {
   const uint64_t key = 71;
   const float first[4] = {1, 1, 1, 1};
@@ -1002,6 +1028,101 @@ TEST(HostileIdlePeersTest, AtTheConnectionCapNewPeersAreShutAndTheShardKeepsWork
   idle.clear();
   auto later = PsClient::Connect(*m, PsClient::kObserver);
   EXPECT_TRUE(later.ok()) << later.status().ToString();
+  server->Signal(SIGTERM);
+  EXPECT_TRUE(server->Wait(std::chrono::seconds(10)).has_value());
+  testing::RemoveTree(dir);
+}
+
+TEST(HostileIdlePeersTest, IdlePeersAreShutAfterIdleTimeoutAndAWorkersConnectionIsNot) {
+  // At a limit of 1,024 (cap 768), 900 peers connect, finish ZeroMQ's handshake (so they answer
+  // its heartbeats) and then send nothing, and never reconnect once shut. A worker and a tool
+  // are connected first; the worker then sends nothing for longer than server.idle_timeout.
+  // Every idle peer is shut, the worker's connection is not, and a worker who comes later is
+  // let in while the crowd's sockets are still open on their side.
+  const std::string dir = testing::MakeTempDir();
+  const uint16_t port = PickFreePorts(1).value()[0];
+  const std::string manifest = dir + "/m.yaml";
+  testing::WriteFile(manifest, "cluster:\n  servers: [127.0.0.1:" + std::to_string(port) +
+                                   "]\n  workers: 2\n  connect_timeout: 5s\n"
+                                   "  request_timeout: 2s\n"
+                                   "server: {idle_timeout: 5s}\n"
+                                   "training: {consistency: asp}\ntables:\n" +
+                                   std::string(kTables));
+  auto server = Subprocess::Spawn(
+      {"/bin/bash", "-c", "ulimit -n 1024 && exec \"$0\" server --manifest \"$1\" --rank 0",
+       PARASOL_BINARY, manifest},
+      dir + "/server.log");
+  ASSERT_TRUE(server.ok());
+  Result<Manifest> m = LoadManifest(manifest);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->server.idle_timeout_ms, 5000);
+  auto worker = PsClient::Connect(*m, 0);
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString() << testing::ReadFile(dir + "/server.log");
+  auto tool = PsClient::Connect(*m, PsClient::kObserver);
+  ASSERT_TRUE(tool.ok()) << tool.status().ToString();
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_cur < 2048) {
+    files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4096);
+    if (files.rlim_cur < 2048 || ::setrlimit(RLIMIT_NOFILE, &files) != 0) {
+      GTEST_SKIP() << "this test's process cannot open 900 connections (limit "
+                   << files.rlim_max << ")";
+    }
+  }
+  std::vector<uint64_t> keys = {1, 2, 3};
+  std::vector<float> grads(12, 0.5f), rows(12);
+  ASSERT_TRUE((*worker)->PushSparse(0, keys, grads).ok());
+  zmq::context_t ctx(1);
+  ctx.set(zmq::ctxopt::max_sockets, 4096);
+  std::vector<zmq::socket_t> idle;
+  for (int i = 0; i < 900; ++i) {
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::reconnect_ivl, -1);  // shut once, gone
+    s.connect(TcpEndpoint("127.0.0.1", port));
+    idle.push_back(std::move(s));
+  }
+  // The crowd fills the cap; then, with the tool asking for stats every 100 ms and the worker
+  // silent, the idle ones are shut within the timeout and a sweep.
+  std::string stats;
+  int64_t peak = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {
+    auto st = (*tool)->Stats();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    stats = (*st)[0];
+    peak = std::max<int64_t>(peak, JsonAt(stats, "/connections", 0));
+    if (JsonAt(stats, "/idle_connections_shut", 0) > 0 && JsonAt(stats, "/connections", 0) <= 2) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("peak %lld connections; after %.1f s: %s\n", static_cast<long long>(peak), waited,
+              stats.substr(0, 300).c_str());
+  EXPECT_EQ(peak, 768) << stats;  // the cap was reached: the case this is about
+  EXPECT_GT(JsonAt(stats, "/connections_refused_over_cap", 0), 0) << stats;
+  // Everything but the worker's and the tool's connection was shut, and nothing more (had
+  // either been shut, its socket would have connected again: a new connection, counted).
+  EXPECT_EQ(JsonAt(stats, "/connections", -1), 2) << stats;
+  EXPECT_EQ(JsonAt(stats, "/idle_connections_shut", -1), peak - 2) << stats;
+  EXPECT_GT(waited, 4.0);  // none was shut before its time (5 s, less the crowd's arrival)
+  // The worker, silent all that time, is still connected and served over the same connection.
+  EXPECT_TRUE((*worker)->PullSparse(0, keys, rows.data()).ok());
+  EXPECT_EQ(rows[0], 0.75f);
+  // A worker who comes now gets in, though the 900 sockets are still open on their side.
+  auto late = PsClient::Connect(*m, 1);
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_TRUE((*late)->PullSparse(0, keys, rows.data()).ok());
+  EXPECT_EQ(rows[0], 0.75f);
+  auto after = (*tool)->Stats();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(JsonAt((*after)[0], "/connections", -1), 3) << (*after)[0];
+  EXPECT_EQ(JsonAt((*after)[0], "/members", -1), 2) << (*after)[0];
+  const std::string log = testing::ReadFile(dir + "/server.log");
+  EXPECT_NE(log.find("that sent nothing for 5 s and are no worker's"), std::string::npos) << log;
+  idle.clear();
   server->Signal(SIGTERM);
   EXPECT_TRUE(server->Wait(std::chrono::seconds(10)).has_value());
   testing::RemoveTree(dir);

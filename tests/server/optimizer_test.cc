@@ -139,5 +139,78 @@ TEST(OptimizerTest, EveryRuleEqualsItsFormulaBitForBit) {
   }
 }
 
+TEST(OptimizerTest, AnUpdateThatWouldNotBeFiniteIsNotMadeAndIsCounted) {
+  // Finite gradients whose update overflows float: every rule, as a sparse row (one run with
+  // its row's state) and as a dense run of 600 elements in which one element overflows (its
+  // run of kGuardRun keeps its values; the others are updated as ever).
+  for (Kind kind : {Kind::kSgd, Kind::kAdagrad, Kind::kAdagradRowwise, Kind::kAdam, Kind::kFtrl}) {
+    SCOPED_TRACE(testing::Message() << "kind " << static_cast<int>(kind));
+    OptimizerOptions o;
+    o.kind = kind;
+    o.lr = 1e30;
+    Optimizer opt(o);
+    // The sparse row: w, its state, and its row state.
+    const uint32_t dim = 8;
+    Elements row;
+    row.w.assign(dim, 0.5f);
+    row.a.assign(dim, 0.25f);
+    row.b.assign(dim, 0.25f);
+    uint32_t row_step = 3;
+    const Elements before = row;
+    OptimizerState s;
+    if (kind == Kind::kAdagrad || kind == Kind::kAdam || kind == Kind::kFtrl) s.a = row.a.data();
+    if (kind == Kind::kAdam || kind == Kind::kFtrl) s.b = row.b.data();
+    if (kind == Kind::kAdagradRowwise) s.row_acc = &row.row_acc;
+    if (kind == Kind::kAdam) s.step = &row_step;
+    std::vector<float> grad(dim, 3e37f);  // finite; its square and lr x it are not
+    const auto* raw = reinterpret_cast<const std::byte*>(grad.data());
+    EXPECT_EQ(opt.Apply(row.w.data(), s, raw, dim, 1.0), dim);
+    EXPECT_EQ(row.w, before.w);
+    EXPECT_EQ(row.a, before.a);
+    EXPECT_EQ(row.b, before.b);
+    EXPECT_EQ(row.row_acc, before.row_acc);
+    EXPECT_EQ(row_step, 3u);
+    EXPECT_EQ(opt.nonfinite_kept(), dim);
+    // A usual gradient is applied as ever, and counts nothing.
+    std::vector<float> small(dim, 0.0f);
+    small[0] = 1e-36f;
+    EXPECT_EQ(opt.Apply(row.w.data(), s, reinterpret_cast<const std::byte*>(small.data()), dim,
+                        1.0),
+              0u);
+    EXPECT_EQ(opt.nonfinite_kept(), dim);
+    if (kind == Kind::kAdagradRowwise) continue;  // rows only
+    // The dense run: element 300 overflows; elements 256 to 511 keep their values.
+    const uint64_t n = 600;
+    Elements dense;
+    dense.w.assign(n, 0.5f);
+    dense.a.assign(n, 0.25f);
+    dense.b.assign(n, 0.25f);
+    dense.step.assign(n, 2);
+    OptimizerState d;
+    if (s.a) d.a = dense.a.data();
+    if (s.b) d.b = dense.b.data();
+    if (kind == Kind::kAdam) {
+      d.step = dense.step.data();
+      d.step_per_element = true;
+    }
+    std::vector<float> g(n, 1e-32f);
+    g[300] = 3e37f;
+    const Elements old = dense;
+    EXPECT_EQ(opt.Apply(dense.w.data(), d, reinterpret_cast<const std::byte*>(g.data()), n, 1.0),
+              Optimizer::kGuardRun);
+    for (uint64_t i = 0; i < n; ++i) {
+      const bool kept = i >= 256 && i < 512;
+      ASSERT_EQ(dense.w[i] == old.w[i] && dense.a[i] == old.a[i] &&
+                    dense.step[i] == old.step[i],
+                kept)
+          << "element " << i;
+      ASSERT_TRUE(std::isfinite(dense.w[i]) && std::isfinite(dense.a[i]) &&
+                  std::isfinite(dense.b[i]))
+          << "element " << i;
+    }
+    EXPECT_EQ(opt.nonfinite_kept(), dim + Optimizer::kGuardRun);
+  }
+}
+
 }  // namespace
 }  // namespace parasol
