@@ -514,16 +514,24 @@ void ShardServer::MaybeCheckpoint() {
   }
   // Bounds each worker's push log (checkpoint.max_log_bytes): what it pushed here since the
   // last checkpoint is what it would have to replay.
+  // Such a checkpoint is forced as a requested one is: at most one per
+  // checkpoint.min_interval, unless the worker's share is nearly used up (room for one more
+  // push left), where the bound itself would break: then at once.
   const uint64_t log_share = c.max_log_bytes / (2 * uint64_t{num_shards_});
+  const uint64_t share = c.max_log_bytes / num_shards_;
+  const uint64_t full = share - std::min(share / 2, manifest_.server.max_request_bytes);
+  bool forced = false;
   for (uint32_t w = 0; w < pushed_since_checkpoint_.size() && !due && !checkpoint_owed_; ++w) {
-    if (pushed_since_checkpoint_[w] >= log_share) {
+    const uint64_t pushed = pushed_since_checkpoint_[w];
+    if (pushed >= log_share && (pushed >= full || ForcedCheckpointDue())) {
       due = true;
-      reason = "worker " + std::to_string(w) + " pushed " +
-               std::to_string(pushed_since_checkpoint_[w]) +
+      forced = true;
+      reason = "worker " + std::to_string(w) + " pushed " + std::to_string(pushed) +
                " bytes since the last one (checkpoint.max_log_bytes)";
     }
   }
   if (!due || background_) return;
+  if (forced) NoteForcedCheckpoint();
   if (Status st = BeginCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
     last_checkpoint_ = std::chrono::steady_clock::now();  // retry at the next period, not now

@@ -1300,6 +1300,60 @@ TEST(HostileCheckpointTest, RequestsAndRestartsCheckpointAtMostOncePerMinInterva
   EXPECT_NE(stats.find("\"checkpoint_writing\":false"), std::string::npos) << stats;
 }
 
+TEST(HostileCheckpointTest, PushLogBoundCheckpointsKeepToMinIntervalUntilTheLogIsNearlyFull) {
+  // A worker's pushes here bound its push log: a checkpoint once it has pushed half its share
+  // (4 MiB / 2) since the last one. Such checkpoints also come at most once per min_interval,
+  // unless the share is nearly used up (room for one more push of max_request_bytes left).
+  TestCluster cluster(1, 1, kTables,
+                      "server:\n  max_request_bytes: 64KiB\n"
+                      "checkpoint:\n  dir: ckpt\n  background: false\n  max_log_bytes: 4MiB\n"
+                      "  min_interval: 3s\n");
+  ASSERT_TRUE(cluster.Start());
+  RawPeer peer(cluster.manifest().cluster.servers[0]);
+  const uint64_t rows = 2000;  // 48,000 bytes a push (keys and values)
+  std::vector<uint64_t> keys(rows);
+  std::vector<float> grads(rows * 4, 0.001f);
+  for (uint64_t i = 0; i < rows; ++i) keys[i] = i;
+  uint64_t seq = 1;
+  auto push = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<zmq::message_t> f = Frames(Push(seq++, rows));
+      f.push_back(Bytes(keys.data(), keys.size() * 8));
+      f.push_back(Bytes(grads.data(), grads.size() * 4));
+      const Header r = peer.Call(std::move(f));
+      ASSERT_EQ(r.status, StatusCode::kOk) << r.message;
+    }
+  };
+  auto checkpoints = [&] {
+    return JsonAt(peer.Call(Frames(Request(Op::Stats, 1000, 0))).message, "/checkpoints", -1);
+  };
+  const double before = checkpoints();
+  const auto start = std::chrono::steady_clock::now();
+  push(44);  // 2,112,000 bytes: half the share; the first such checkpoint comes at once
+  EXPECT_EQ(checkpoints(), before + 1);
+  push(44);  // half the share again, well within 3 s: it waits
+  const double soon =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (soon < 2.5) EXPECT_EQ(checkpoints(), before + 1) << "after " << soon << " s";
+  // Once min_interval has passed, it is written without a push to ask for it.
+  double now = checkpoints();
+  for (int i = 0; i < 100 && now < before + 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    now = checkpoints();
+  }
+  EXPECT_EQ(now, before + 2);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 3.0);
+  // Nearly the whole share (4 MiB less one 64 KiB push) at once: the bound itself would break,
+  // so that checkpoint does not wait for min_interval.
+  push(87);
+  const double late =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (late < waited + 2.5) EXPECT_EQ(checkpoints(), before + 3) << "after " << late << " s";
+  EXPECT_NE(cluster.ServerLog(0).find("(checkpoint.max_log_bytes)"), std::string::npos);
+}
+
 TEST(HostileCheckpointTest, AHelloOfAnotherManifestDoesNotLearnTheShardsFingerprint) {
   TestCluster cluster(1, 1, kTables);
   ASSERT_TRUE(cluster.Start());
