@@ -701,6 +701,9 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_reque
   PARASOL_RETURN_IF_ERROR(r.Unsigned("full_every", 1, 1000000, &c->full_every));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("min_interval", &c->min_interval_ms));
+  int dtype = c->bf16 ? 1 : 0;
+  PARASOL_RETURN_IF_ERROR(r.Choice("dtype", {"f32", "bf16"}, &dtype));
+  c->bf16 = dtype == 1;
   if (r.Has("min_interval") && (c->min_interval_ms < 0 || c->min_interval_ms > 3600 * 1000)) {
     return r.ErrorAt(root.Child("checkpoint")["min_interval"], "checkpoint.min_interval",
                      "must be between 0 and 1 h");

@@ -225,6 +225,10 @@ struct CheckpointOptions {
   // many ms; those asked sooner wait for it. Unset (-1): 1 s, or half of
   // cluster.request_timeout if that is less.
   int64_t min_interval_ms = -1;
+  // How sparse rows' values and optimizer state are written (fulls and deltas alike): f32 as
+  // held, or bf16 (rounded to nearest; widened when restored: a restart is then no longer bit
+  // for bit). A row's clock word, dense slices and BSP's pending sums stay exact.
+  bool bf16 = false;
 };
 
 struct WorkerOptions {

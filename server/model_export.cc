@@ -50,7 +50,15 @@ Status ReadShardFile(const Manifest& m, uint32_t shard, const std::string& path,
     PARASOL_RETURN_IF_ERROR(ours());
     return CheckBlockHeader(m, shard, b);
   };
-  PARASOL_RETURN_IF_ERROR(ReadCheckpointFile(path, &h, [&](const CheckpointBlock& b) -> Status {
+  PARASOL_RETURN_IF_ERROR(ReadCheckpointFile(path, &h, [&](const CheckpointBlock& raw) -> Status {
+    // Rows written as bf16 (checkpoint.dtype), widened first.
+    CheckpointBlock widened;
+    const bool narrow = raw.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRowsBf16);
+    if (narrow) {
+      widened = raw;
+      PARASOL_RETURN_IF_ERROR(WidenSparseRows(m, &widened));
+    }
+    const CheckpointBlock& b = narrow ? widened : raw;
     if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kRemovedRows)) {
       auto& rows = w.sparse[b.table];
       for (uint64_t i = 0; i < b.count; ++i) {

@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "common/half.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 
@@ -117,6 +118,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
     case Kind::kPushRecord:
       return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
+    case Kind::kSparseRowsBf16:
     case Kind::kDenseSlice:
     case Kind::kDenseRange:
     case Kind::kPendingSparse:
@@ -139,7 +141,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
                            " bytes, too few for their clock");
   }
   const uint64_t bytes = b.bytes - clock_bytes;
-  if (KindOf(b) == Kind::kSparseRows || KindOf(b) == Kind::kPendingSparse) {
+  if (IsSparseRows(KindOf(b)) || KindOf(b) == Kind::kPendingSparse) {
     if (t.kind != TableKind::kSparse) {
       return InvalidArgument(std::string(pending ? "pending sums of sparse rows" : "sparse rows") +
                              " for dense " + name);
@@ -147,6 +149,11 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
     const uint64_t row_floats =
         pending ? uint64_t{t.dim}
                 : 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
+    if (KindOf(b) == Kind::kSparseRowsBf16) {
+      // The key, the clock word, then the other floats as bf16.
+      return CheckProduct(b.count, sizeof(uint64_t) + sizeof(uint32_t) + 2 * (row_floats - 1),
+                          bytes, name + " bf16 rows");
+    }
     return CheckProduct(b.count, sizeof(uint64_t) + sizeof(float) * row_floats, bytes,
                         name + (pending ? " pending sums after the clock" : " rows"));
   }
@@ -175,6 +182,35 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
   }
   return CheckProduct(b.count, sizeof(float) * (1 + uint64_t{DenseStateArrays(t.optimizer)}),
                       b.bytes - header, name + " slice");
+}
+
+Status WidenSparseRows(const Manifest& manifest, CheckpointBlock* b) {
+  if (KindOf(*b) != Kind::kSparseRowsBf16) return Status::Ok();
+  if (b->table >= manifest.tables.size()) return Internal("bf16 rows of no table");
+  const TableOptions& t = manifest.tables[b->table];
+  const uint64_t floats = 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
+  const uint64_t narrow = sizeof(uint64_t) + sizeof(uint32_t) + 2 * (floats - 1);
+  const uint64_t wide = sizeof(uint64_t) + sizeof(float) * floats;
+  if (b->bytes.size() != b->count * narrow) {
+    return Internal("table '" + t.name + "': bf16 rows do not match the table");
+  }
+  std::vector<char> out(b->count * wide);
+  for (uint64_t i = 0; i < b->count; ++i) {
+    const char* from = b->bytes.data() + i * narrow;
+    char* to = out.data() + i * wide;
+    std::memcpy(to, from, sizeof(uint64_t) + sizeof(uint32_t));  // the key, the clock word
+    const char* halves = from + sizeof(uint64_t) + sizeof(uint32_t);
+    float* rest = reinterpret_cast<float*>(to + sizeof(uint64_t) + sizeof(uint32_t));
+    for (uint64_t j = 0; j + 1 < floats; ++j) {
+      uint16_t h;
+      std::memcpy(&h, halves + 2 * j, sizeof(h));
+      const float v = Bf16ToF32(h);
+      std::memcpy(rest + j, &v, sizeof(v));
+    }
+  }
+  b->bytes = std::move(out);
+  b->kind = static_cast<uint32_t>(Kind::kSparseRows);
+  return Status::Ok();
 }
 
 ShardState::ShardState(const Manifest& manifest, uint32_t shard,
@@ -222,7 +258,8 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
     if (sparse_[t]) {
       // Rows in blocks of at most kRowBlockBytes, each written as it fills: a table (tiered,
       // larger than memory) is never copied whole.
-      b.kind = static_cast<uint32_t>(Kind::kSparseRows);
+      const bool bf16 = manifest_.checkpoint.bf16;
+      b.kind = static_cast<uint32_t>(bf16 ? Kind::kSparseRowsBf16 : Kind::kSparseRows);
       const SparseTable& table = *sparse_[t];
       // A delta's removed rows come before its rows: a key removed and then created again
       // since the checkpoint before is in both, and its new row must be what stays.
@@ -239,7 +276,9 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
       Status sink_status;
       for (uint32_t e = 0; e < table.engines(); ++e) {
         const SparseTable::Partition& part = table.partition(e);
-        const size_t row_bytes = sizeof(float) * part.stored_floats();
+        const size_t floats = part.stored_floats();
+        const size_t row_bytes =
+            bf16 ? sizeof(uint32_t) + 2 * (floats - 1) : sizeof(float) * floats;
         const size_t stride = sizeof(uint64_t) + row_bytes;
         // A delta: the rows updated since the checkpoint before it (by their clock word).
         const bool changed_only = delta && part.stores_clock();
@@ -254,7 +293,17 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
           if (b.bytes.empty()) b.bytes.reserve(std::min<size_t>(row_block_bytes, part.rows() * stride));
           Append(b.bytes, key);
           const char* p = reinterpret_cast<const char*>(row);
-          b.bytes.insert(b.bytes.end(), p, p + row_bytes);
+          if (bf16) {
+            b.bytes.insert(b.bytes.end(), p, p + sizeof(uint32_t));  // the clock word
+            const size_t at = b.bytes.size();
+            b.bytes.resize(at + 2 * (floats - 1));
+            for (size_t j = 1; j < floats; ++j) {
+              const uint16_t h = F32ToBf16(row[j]);
+              std::memcpy(b.bytes.data() + at + 2 * (j - 1), &h, sizeof(h));
+            }
+          } else {
+            b.bytes.insert(b.bytes.end(), p, p + row_bytes);
+          }
           ++b.count;
           if (b.bytes.size() + stride > row_block_bytes) {
             sink_status = sink(b);
@@ -524,7 +573,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
     if (!identity.ok()) return identity;
     PARASOL_RETURN_IF_ERROR(CheckBlockHeader(manifest_, shard_, b));
     PARASOL_RETURN_IF_ERROR(AddProgress(kCheckpointBlockHeaderBytes + b.bytes));
-    if (KindOf(b) == Kind::kSparseRows) (*sparse_rows)[b.table] += b.count;
+    if (IsSparseRows(KindOf(b))) (*sparse_rows)[b.table] += b.count;
     // A delta starts with what it is a delta of; a full checkpoint goes onto nothing.
     if (blocks_seen++ == 0) {
       if (header->delta != (KindOf(b) == Kind::kDeltaOf)) {
@@ -575,12 +624,12 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
                                (table_seen[b.table] ? "has " + std::to_string(dense_count[b.table])
                                                     : std::string("comes later")));
       }
-    } else if (KindOf(b) == Kind::kSparseRows && last_sparse == static_cast<int64_t>(b.table)) {
+    } else if (IsSparseRows(KindOf(b)) && last_sparse == static_cast<int64_t>(b.table)) {
       // A table's rows may come in several blocks, one after another.
     } else if (std::exchange(table_seen[b.table], 1)) {
       return InvalidArgument("a second block of table '" + manifest_.tables[b.table].name + "'");
     }
-    last_sparse = KindOf(b) == Kind::kSparseRows ? static_cast<int64_t>(b.table) : -1;
+    last_sparse = IsSparseRows(KindOf(b)) ? static_cast<int64_t>(b.table) : -1;
     if (KindOf(b) == Kind::kDenseSlice || KindOf(b) == Kind::kDenseRange) {
       dense_count[b.table] = b.count;
     }
@@ -676,7 +725,9 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       in, name, header,
       [&](CheckpointBlock& b) -> Status {
         PARASOL_RETURN_IF_ERROR(decode(b));
-        return apply ? ApplyBlock(b, apply) : Status::Ok();
+        if (!apply) return Status::Ok();
+        PARASOL_RETURN_IF_ERROR(WidenSparseRows(manifest_, &b));
+        return ApplyBlock(b, apply);
       },
       check);
   if (read.ok() && header->delta && !delta_seen) {
@@ -759,6 +810,7 @@ Status ShardState::ApplyBlocks(std::istream& in, const std::string& name,
       in, name, &header,
       [&](CheckpointBlock& b) -> Status {
         PARASOL_RETURN_IF_ERROR(AddProgress(kCheckpointBlockHeaderBytes + b.bytes.size()));
+        PARASOL_RETURN_IF_ERROR(WidenSparseRows(manifest_, &b));
         return ApplyBlock(b, pending);
       },
       [&](const CheckpointBlockHeader& b) { return CheckBlockHeader(manifest_, shard_, b); });

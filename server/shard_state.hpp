@@ -65,7 +65,20 @@ enum class CheckpointBlockKind : uint32_t {
   // away): count keys x u64. At most one per table, before the table's rows (a key removed and
   // created again is in both: removed first, then its new row).
   kRemovedRows = 14,
+  // As kSparseRows, written with checkpoint.dtype: bf16: per row the u64 key, the u32 clock
+  // word as it is, then the row's other stored floats (values, optimizer state) as bf16.
+  // Widened into a kSparseRows block as it is read (WidenSparseRows()).
+  kSparseRowsBf16 = 15,
 };
+
+// A block of sparse rows, either width.
+inline bool IsSparseRows(CheckpointBlockKind kind) {
+  return kind == CheckpointBlockKind::kSparseRows || kind == CheckpointBlockKind::kSparseRowsBf16;
+}
+
+// Turns a kSparseRowsBf16 block (its size checked by CheckBlockHeader()) into the kSparseRows
+// block of the same rows, widened; any other block is left as it is.
+Status WidenSparseRows(const Manifest& manifest, CheckpointBlock* b);
 
 // What a delta checkpoint holds besides the rows (ShardState::Save()).
 struct DeltaSpec {

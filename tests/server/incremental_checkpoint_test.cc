@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "common/half.hpp"
 #include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
 #include "tests/support/small_shard.hpp"
@@ -84,7 +85,7 @@ class IncrementalCheckpointTest : public testing::TempDirTest {
         path, HeaderOf(s, sequence, delta != nullptr), [&](const CheckpointBlockSink& sink) {
           return s.state().Save(
               [&](const CheckpointBlock& b) {
-                if (b.kind == static_cast<uint32_t>(CheckpointBlockKind::kSparseRows)) {
+                if (IsSparseRows(static_cast<CheckpointBlockKind>(b.kind))) {
                   row_bytes += b.bytes.size();
                 }
                 return sink(b);
@@ -199,6 +200,89 @@ TEST_F(IncrementalCheckpointTest, AFullCheckpointAndItsDeltasLoadAsAFullOneOfThe
     EXPECT_EQ(got.rows.size(), want.rows.size());
     EXPECT_TRUE(got == want) << "seed " << seed;
     EXPECT_TRUE(reference == want) << "seed " << seed;
+  }
+}
+
+TEST_F(IncrementalCheckpointTest, WithDtypeBf16RowsTakeFewerBytesAndLoadRoundedToNearest) {
+  // The same shard written with checkpoint.dtype f32 and bf16, fulls and a chain of deltas:
+  // the bf16 rows take (8 + 4 + 2 (n - 1)) bytes a row where f32 rows take 8 + 4 n, and load as
+  // the f32 rows rounded to bf16's nearest (a row's clock word exact); the rest is exact.
+  static const std::string kBf16 = std::string(testing::kSmallShardManifest) +
+                                   "checkpoint:\n  dtype: bf16\n";
+  for (uint64_t seed : {11ull, 12ull, 13ull}) {
+    std::filesystem::remove_all(dir_);
+    std::printf("[ seed     ] %llu\n", (unsigned long long)seed);
+    std::mt19937_64 rng(seed), same(seed);
+    SmallShard wide, narrow(kBf16.c_str());
+    ASSERT_TRUE(narrow.manifest().checkpoint.bf16);
+    for (SmallShard* s : {&wide, &narrow}) {
+      for (uint32_t t : {0u, 1u}) {
+        for (uint32_t e = 0; e < s->sparse(t).engines(); ++e) {
+          s->sparse(t).partition(e).RecordRemovals(true);
+        }
+      }
+    }
+    Change(wide, rng, 1, 300, 0);
+    Change(narrow, same, 1, 300, 0);
+    (void)TakeRemoved(wide);
+    (void)TakeRemoved(narrow);
+    const uint64_t wide_bytes = Write(wide, 1, nullptr);
+    const uint64_t narrow_bytes = Write(narrow, 101, nullptr);
+    uint64_t want_wide = 0, want_narrow = 0;
+    for (const auto& [k, v] : Take(wide).rows) {
+      want_wide += 8 + 4 * v.size();
+      want_narrow += 8 + 4 + 2 * (v.size() - 1);
+    }
+    EXPECT_EQ(wide_bytes, want_wide);
+    EXPECT_EQ(narrow_bytes, want_narrow);
+    std::printf("rows: %llu bytes as f32, %llu as bf16 (%.3f)\n",
+                (unsigned long long)wide_bytes, (unsigned long long)narrow_bytes,
+                static_cast<double>(narrow_bytes) / wide_bytes);
+    // Two deltas on each.
+    uint32_t since = 1;
+    for (int d = 0; d < 2; ++d) {
+      const uint32_t clock = 2 + d;
+      const size_t updates = 20 + rng() % 60, removals = rng() % 15;
+      same.seed(rng());  // the two shards change alike
+      std::mt19937_64 again = same;
+      Change(wide, same, clock, updates, removals);
+      Change(narrow, again, clock, updates, removals);
+      DeltaSpec w{1, 1 + static_cast<uint64_t>(d), since, TakeRemoved(wide)};
+      DeltaSpec n{101, 101 + static_cast<uint64_t>(d), since, TakeRemoved(narrow)};
+      Write(wide, 2 + d, &w);
+      Write(narrow, 102 + d, &n);
+      since = clock;
+    }
+    const Snapshot want = Take(wide);
+    ASSERT_TRUE(Take(narrow) == want);  // the same state, written two ways
+    auto chain = CheckpointChain(dir_, SmallShard::kShard, 103);
+    ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+    ASSERT_EQ(chain->size(), 3u);
+    SmallShard loaded(kBf16.c_str());
+    uint64_t onto = 0;
+    for (const std::string& file : *chain) {
+      const Status st = Load(loaded, file, onto == 0 ? 0 : 100 + onto);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ++onto;
+    }
+    const Snapshot got = Take(loaded);
+    ASSERT_EQ(got.rows.size(), want.rows.size());
+    EXPECT_EQ(got.dense, want.dense);
+    EXPECT_EQ(got.clocks, want.clocks);
+    uint64_t rounded = 0;
+    for (const auto& [k, v] : want.rows) {
+      const std::vector<float>& g = got.rows.at(k);
+      ASSERT_EQ(g.size(), v.size());
+      ASSERT_EQ(std::memcmp(&g[0], &v[0], 4), 0) << "the clock word of key " << k.second;
+      for (size_t j = 1; j < v.size(); ++j) {
+        const float r = Bf16ToF32(F32ToBf16(v[j]));
+        ASSERT_EQ(std::memcmp(&g[j], &r, 4), 0)
+            << "table " << k.first << " key " << k.second << " float " << j << ": " << g[j]
+            << " for " << v[j];
+        rounded += r != v[j];
+      }
+    }
+    EXPECT_GT(rounded, 0u);  // some values were not bf16 to begin with (f16 state, f32 rows)
   }
 }
 
