@@ -1205,6 +1205,7 @@ void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-ckpt-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   const std::string size = opt.quick ? "1e6" : "1e7";
+  double full_f32_per_row = 0;  // bytes per row of the full f32 checkpoint below
   {
     BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
                          1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir +
@@ -1310,6 +1311,41 @@ void CheckpointRows(const Options& opt, std::vector<Row>* rows) {
                      "", std::nullopt});
     rows->push_back({"delta_vs_full_checkpoint_bytes_1pct_changed", full > 0 ? delta / full : 0,
                      "ratio", std::nullopt, "", std::nullopt});
+    full_f32_per_row = full / table_rows;
+  }
+  // The same with checkpoint.dtype: bf16 (values and optimizer state rounded to bf16), on a
+  // tenth of the rows: a full checkpoint, then a delta after 1% of them changed. The last row
+  // is what a delta of bf16 rows writes against a full f32 checkpoint of the same table.
+  {
+    const uint64_t n = table_rows / 10;
+    BenchCluster cluster("  - {name: emb, kind: sparse, dim: 16, optimizer: {kind: adagrad_rowwise}}\n",
+                         1, "training:\n  consistency: asp\ncheckpoint:\n  dir: " + dir +
+                                "/bf16\n  full_every: 10\n  dtype: bf16\n");
+    auto client = PsClient::Connect(cluster.manifest(), 0);
+    auto observer = PsClient::Connect(cluster.manifest(), PsClient::kObserver);
+    if (!client.ok() || !observer.ok() || Fill(**client, 0, n, 16, 100000) < 0 ||
+        !(*client)->Tick().ok() || !(*client)->Checkpoint().ok() || !(*client)->Tick().ok()) {
+      spdlog::error("checkpoint bench: the bf16 checkpoint failed");
+      return;
+    }
+    std::vector<uint64_t> keys(n / 100);
+    std::vector<float> grads(keys.size() * 16, 0.01f);
+    for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 % n;
+    if (!(*client)->PushSparse(0, keys, grads).ok() || !(*client)->Checkpoint().ok()) return;
+    auto stats = observer->get()->StatsOf(0);
+    if (!stats.ok()) return;
+    const auto json = nlohmann::json::parse(*stats, nullptr, false);
+    const double full = json.value("full_checkpoint_bytes_last", 0.0);
+    const double delta = json.value("delta_checkpoint_bytes_last", 0.0);
+    rows->push_back({"full_checkpoint_bytes_per_row_bf16", full / n, "B/row",
+                     8.0 + 4 + 2.0 * 17, "key_clock_and_bf16_row", std::nullopt});
+    rows->push_back({"incremental_checkpoint_bytes_per_changed_row_bf16",
+                     delta / keys.size(), "B/row", 8.0 + 4 + 2.0 * 17, "key_clock_and_bf16_row",
+                     std::nullopt});
+    if (full_f32_per_row > 0 && delta > 0) {
+      rows->push_back({"checkpoint_bytes_reduction_bf16_delta_1pct_vs_f32_full",
+                       full_f32_per_row * n / delta, "x", std::nullopt, "", std::nullopt});
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
