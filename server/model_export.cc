@@ -100,26 +100,59 @@ Status ReadShardFile(const Manifest& m, uint32_t shard, const std::string& path,
   return ours();
 }
 
-// A shard's checkpoint at `path`: its full checkpoint, then each delta up to it.
-Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::string& dir,
-                               const std::string& path) {
+// The files of a shard's chain that checkpoint `sequence` (0: its newest) loads: its full
+// checkpoint, then each delta up to it, each with its sequence.
+Result<std::vector<std::pair<uint64_t, std::string>>> ChainOf(const std::string& dir,
+                                                                uint32_t shard,
+                                                                uint64_t sequence) {
+  const std::string path = CheckpointOf(dir, shard, sequence);
+  if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(shard) + " in " + dir);
   PARASOL_ASSIGN_OR_RETURN(CheckpointHeader h, ReadCheckpointHeader(path));
-  PARASOL_ASSIGN_OR_RETURN(std::vector<std::string> chain,
-                           CheckpointChain(dir, shard, h.sequence));
+  PARASOL_ASSIGN_OR_RETURN(std::vector<std::string> chain, CheckpointChain(dir, shard, h.sequence));
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (const std::string& file : chain) {
+    PARASOL_ASSIGN_OR_RETURN(CheckpointHeader fh, ReadCheckpointHeader(file));
+    out.emplace_back(fh.sequence, file);
+  }
+  return out;
+}
+
+// A shard's weights at checkpoint `sequence` (0: its newest): its full checkpoint, then each
+// delta up to it. With `after` > 0, only the deltas after checkpoint `after`, which must be
+// in the same chain: their rows are the rows updated since `after` (removed ones left out),
+// with their values at `sequence`; their dense tensors are whole.
+Result<ShardWeights> ReadShard(const Manifest& m, uint32_t shard, const std::string& dir,
+                               uint64_t sequence, uint64_t after = 0) {
+  PARASOL_ASSIGN_OR_RETURN(auto chain, ChainOf(dir, shard, sequence));
   ShardWeights w;
-  for (const std::string& file : chain) PARASOL_RETURN_IF_ERROR(ReadShardFile(m, shard, file, w));
+  for (const auto& [seq, file] : chain) {
+    if (seq > after) PARASOL_RETURN_IF_ERROR(ReadShardFile(m, shard, file, w));
+  }
   return w;
 }
 
-// Every shard's weights of the checkpoints at `sequence`, merged.
-Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t sequence) {
+// Whether every shard's chain to `sequence` holds checkpoint `since` and a delta after it: then
+// the deltas after it say which rows changed since.
+bool DeltasSince(const Manifest& m, const std::string& dir, uint64_t sequence, uint64_t since) {
+  for (uint32_t s = 0; s < m.cluster.servers.size(); ++s) {
+    auto chain = ChainOf(dir, s, sequence);
+    if (!chain.ok()) return false;
+    bool found = false;
+    for (const auto& [seq, file] : *chain) found = found || seq == since;
+    if (!found || chain->back().first <= since) return false;
+  }
+  return true;
+}
+
+// Every shard's weights of the checkpoints at `sequence`, merged (with `after`: of the deltas
+// after it, as ReadShard()).
+Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t sequence,
+                             uint64_t after = 0) {
   ShardWeights all;
   const uint32_t shards = static_cast<uint32_t>(m.cluster.servers.size());
   std::map<uint32_t, std::vector<int32_t>> from;  // table -> the shard each element came from
   for (uint32_t s = 0; s < shards; ++s) {
-    const std::string path = CheckpointOf(dir, s, sequence);
-    if (path.empty()) return NotFound("no checkpoint of shard " + std::to_string(s) + " in " + dir);
-    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, dir, path));
+    PARASOL_ASSIGN_OR_RETURN(ShardWeights w, ReadShard(m, s, dir, sequence, after));
     for (auto& [t, rows] : w.sparse) {
       all.sparse[t].merge(rows);
       // What merge() left behind was in an earlier shard's checkpoint too: a key has one shard.
@@ -164,9 +197,13 @@ Result<ShardWeights> ReadAll(const Manifest& m, const std::string& dir, uint64_t
 Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string& out) {
   const std::string dir = o.checkpoint_dir.empty() ? m.checkpoint.dir : o.checkpoint_dir;
   if (dir.empty()) return InvalidArgument("no checkpoint folder: set checkpoint.dir or --checkpoint");
-  PARASOL_ASSIGN_OR_RETURN(ShardWeights now, ReadAll(m, dir, o.sequence));
+  // Since a checkpoint of the same chains: the rows of the deltas after it, read alone (the
+  // rows updated since, whatever their values). Else both models whole, compared row by row.
+  const bool from_deltas = o.since > 0 && DeltasSince(m, dir, o.sequence, o.since);
+  PARASOL_ASSIGN_OR_RETURN(ShardWeights now,
+                           ReadAll(m, dir, o.sequence, from_deltas ? o.since : 0));
   ShardWeights before;
-  if (o.since > 0) {
+  if (o.since > 0 && !from_deltas) {
     PARASOL_ASSIGN_OR_RETURN(before, ReadAll(m, dir, o.since));
   }
   std::error_code ec;
@@ -176,6 +213,7 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
   json["tables_fingerprint"] = m.TablesFingerprint();
   json["incremental"] = o.since > 0;
   json["since"] = o.since;
+  json["from_deltas"] = from_deltas;
   Json& tables = json["tables"] = Json::array();
   for (uint32_t t = 0; t < m.tables.size(); ++t) {
     const TableOptions& table = m.tables[t];
@@ -185,7 +223,7 @@ Status ExportModel(const Manifest& m, const ExportOptions& o, const std::string&
       std::vector<std::pair<uint64_t, const std::vector<float>*>> rows;
       for (const auto& [key, v] : now.sparse[t]) {
         auto old = before.sparse[t].find(key);
-        if (o.since == 0 || old == before.sparse[t].end() || old->second != v) {
+        if (o.since == 0 || from_deltas || old == before.sparse[t].end() || old->second != v) {
           rows.emplace_back(key, &v);
         }
       }

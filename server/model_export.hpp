@@ -8,7 +8,10 @@
 //                  ascending (optimizer state left out)
 //   NAME.f32       dense table: the whole tensor, row-major f32
 // All little-endian. An incremental export (since an older checkpoint sequence) holds only the
-// sparse rows that are new or changed since it, and every dense table.
+// sparse rows that are new or changed since it, and every dense table. When that checkpoint is
+// in the same chains (checkpoint.full_every) as the one exported, only the deltas after it are
+// read, and their rows are the rows updated since ("from_deltas": true in model.json); else
+// both models are read whole and compared row by row.
 #pragma once
 
 #include <cstdint>
