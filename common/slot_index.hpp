@@ -124,18 +124,27 @@ class SlotIndex {
   template <typename KeyOf>
   void Build(uint32_t n, KeyOf&& key_of, std::vector<uint32_t>* dropped) {
     if (slots_.size() * 7 < size_t{n} * 10) Reset(n);
-    // (home bucket << 32 | slot): sorted by bucket, a bucket's slots in order.
-    std::vector<uint64_t> records(n), sorted(n);
-    for (uint32_t s = 0; s < n; ++s) {
-      records[s] = (static_cast<uint64_t>(Bucket(key_of(s))) << 32) | s;
-    }
-    // LSD radix sort on the bucket, 11 bits a pass; stable, so a bucket's slots stay in order.
+    // (home bucket << 32 | slot): sorted by bucket, a bucket's slots in order. An LSD radix
+    // sort on the bucket, stable (a bucket's slots stay in order), in as few passes of at most
+    // 12 bits as the buckets need (two up to 2^24 of them), every pass's histogram counted
+    // while the records are made: one read of the keys, then one scatter a pass.
     const uint32_t bits = static_cast<uint32_t>(std::countr_zero(slots_.size()));
-    for (uint32_t shift = 32; shift < 32 + bits; shift += 11) {
-      std::vector<uint32_t> count(2049, 0);
-      for (uint64_t r : records) ++count[((r >> shift) & 2047) + 1];
+    const uint32_t passes = (bits + 11) / 12;
+    const uint32_t digit = passes ? (bits + passes - 1) / passes : 0;
+    const uint64_t digit_mask = (uint64_t{1} << digit) - 1;
+    std::vector<std::vector<uint32_t>> counts(passes,
+                                              std::vector<uint32_t>((size_t{1} << digit) + 1, 0));
+    std::vector<uint64_t> records(n), sorted(passes ? n : 0);
+    for (uint32_t s = 0; s < n; ++s) {
+      const uint64_t bucket = Bucket(key_of(s));
+      records[s] = (bucket << 32) | s;
+      for (uint32_t p = 0; p < passes; ++p) ++counts[p][((bucket >> (p * digit)) & digit_mask) + 1];
+    }
+    for (uint32_t p = 0; p < passes; ++p) {
+      std::vector<uint32_t>& count = counts[p];
       for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
-      for (uint64_t r : records) sorted[count[(r >> shift) & 2047]++] = r;
+      const uint32_t shift = 32 + p * digit;
+      for (uint64_t r : records) sorted[count[(r >> shift) & digit_mask]++] = r;
       records.swap(sorted);
     }
     std::vector<uint64_t>().swap(sorted);

@@ -890,6 +890,10 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   if (b.bytes.size() / stride != b.count || b.bytes.size() % stride != 0) {
     return Internal("table '" + t.options().name + "' rows do not match the table");
   }
+  if (b.count > UINT32_MAX) {
+    return InvalidArgument("table '" + t.options().name + "': a block of " +
+                           std::to_string(b.count) + " rows, more than a block may hold");
+  }
   const uint32_t engines = t.engines();
   // Rows start 8 bytes into the block and every stride is a multiple of 4: each row's floats
   // are aligned where they lie, and are read in place.
@@ -903,17 +907,22 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   };
   // Whatever an engine meets (out of memory) comes back as its status, not out of its thread.
   std::vector<Status> failed(engines);
+  // Each engine's rows of the block, split here once (not by every engine reading every key).
+  std::vector<std::vector<uint32_t>> rows_of(engines);
+  if (engines > 1) {
+    for (auto& r : rows_of) r.reserve(b.count / engines + 4 * std::sqrt(double(b.count)) + 64);
+    for (uint64_t i = 0; i < b.count; ++i) {
+      rows_of[EngineOfKey(key_at(i), engines)].push_back(static_cast<uint32_t>(i));
+    }
+  } else {
+    rows_of[0].resize(b.count);
+    for (uint64_t i = 0; i < b.count; ++i) rows_of[0][i] = static_cast<uint32_t>(i);
+  }
   auto apply_one = [&](uint32_t e) {
     SparseTable::Partition& part = t.partition(e);
-    // This engine's rows of the block, then restored with the index buckets of the keys
-    // ahead prefetched (their cache misses overlap).
-    std::vector<uint64_t> mine;
-    mine.reserve(b.count / engines + 64);
-    for (uint64_t i = 0; i < b.count; ++i) {
-      if (engines == 1 || EngineOfKey(key_at(i), engines) == e) {
-        mine.push_back(i);
-      }
-    }
+    // This engine's rows of the block, restored with the index buckets of the keys ahead
+    // prefetched (their cache misses overlap).
+    const std::vector<uint32_t>& mine = rows_of[e];
     size_t j = 0;
     // Into an empty partition: appended, the index built at the end (FinishRestoredRows()).
     while (j < mine.size() && part.AppendRestoredRow(key_at(mine[j]), row_at(mine[j]))) ++j;
