@@ -444,6 +444,7 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_queued_reply_bytes", 1 << 20, &s->max_queued_reply_bytes));
   PARASOL_RETURN_IF_ERROR(r.Bytes("memory_budget", 1024, &s->memory_budget));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("idle_timeout", &s->idle_timeout_ms));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("max_connections", 16, 1u << 20, &s->max_connections));
   std::string dir;
   PARASOL_RETURN_IF_ERROR(r.String("disk_dir", &dir));
   if (!dir.empty()) s->disk_dir = Resolve(BaseDir(file), dir);

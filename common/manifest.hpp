@@ -124,6 +124,9 @@ struct ServerOptions {
   uint64_t max_pending_bytes = 2ull << 30;   // bsp: bytes of those sums
   uint32_t socket_hwm = 1000;                // messages queued per peer and direction
   uint64_t max_queued_reply_bytes = 1ull << 30;  // replies sent but not yet taken by their peers
+  // Connections open at once (also at most the open-file limit less what a shard keeps for
+  // its own files); at the cap, the one quiet longest that is no worker's makes room.
+  uint32_t max_connections = 8192;
   // A connection that is not a job worker's and sends nothing for this long is shut (-1 until
   // the manifest is read: then at least a minute, and twice cluster.request_timeout).
   int64_t idle_timeout_ms = -1;

@@ -73,4 +73,30 @@ Status CheckResolves(const std::string& host) {
   return Unavailable("cannot resolve '" + host + "': " + ::gai_strerror(rc));
 }
 
+bool IsLoopbackHost(const std::string& host) {
+  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::") return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+    if (found) ::freeaddrinfo(found);
+    return false;
+  }
+  bool all = true;
+  for (const addrinfo* a = found; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all = all && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all = all && IN6_IS_ADDR_LOOPBACK(&in->sin6_addr);
+    } else {
+      all = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return all;
+}
+
 }  // namespace parasol

@@ -22,4 +22,9 @@ Result<std::vector<uint16_t>> PickFreePorts(size_t n, const std::string& host = 
 // look like a shard that does not answer).
 Status CheckResolves(const std::string& host);
 
+// Whether every address `host` resolves to is a loopback one (127.0.0.0/8, ::1); false when it
+// resolves to none, or is empty or a wildcard. By what it resolves to, not by its spelling (a
+// name that begins with "127." may be anywhere).
+bool IsLoopbackHost(const std::string& host);
+
 }  // namespace parasol

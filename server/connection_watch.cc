@@ -10,17 +10,22 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <new>
 #include <vector>
+
+#include "common/fatal.hpp"
 
 namespace parasol {
 
 ConnectionWatch::ConnectionWatch(zmq::context_t& context, std::string label, bool curve,
-                                 int64_t cap, std::chrono::milliseconds idle_timeout)
+                                 int64_t cap, std::chrono::milliseconds idle_timeout,
+                                 uint16_t port)
     : monitor_(context, zmq::socket_type::pair),
       label_(std::move(label)),
       curve_(curve),
       cap_(cap),
-      idle_timeout_(idle_timeout) {}
+      idle_timeout_(idle_timeout),
+      port_(port) {}
 
 ConnectionWatch::~ConnectionWatch() {
   stop_.store(true);
@@ -44,6 +49,52 @@ Status ConnectionWatch::Start(zmq::socket_t& socket) {
   return Status::Ok();
 }
 
+bool ConnectionWatch::ReadPeer(int fd, Connection* c) const {
+  sockaddr_storage local{};
+  socklen_t local_length = sizeof(local);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) return false;
+  if (port_ != 0) {
+    uint16_t port = 0;
+    if (local.ss_family == AF_INET) {
+      port = ntohs(reinterpret_cast<const sockaddr_in*>(&local)->sin_port);
+    } else if (local.ss_family == AF_INET6) {
+      port = ntohs(reinterpret_cast<const sockaddr_in6*>(&local)->sin6_port);
+    }
+    if (port != port_) return false;  // another socket of this process (a metrics client)
+  }
+  c->peer_length = sizeof(c->peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&c->peer), &c->peer_length) != 0) {
+    c->peer_length = 0;
+    return false;
+  }
+  return true;
+}
+
+bool ConnectionWatch::ShutIfSame(int fd, const Connection& c) const {
+  Connection now;
+  if (c.peer_length == 0 || !ReadPeer(fd, &now) || now.peer_length != c.peer_length ||
+      std::memcmp(&now.peer, &c.peer, c.peer_length) != 0) {
+    return false;
+  }
+  ::shutdown(fd, SHUT_RDWR);
+  return true;
+}
+
+std::string ConnectionWatch::AddressText(const Connection& c) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (c.peer.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&c.peer);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  } else if (c.peer.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&c.peer);
+    ::inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
+    port = ntohs(in->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
 void ConnectionWatch::HandleEvent() {
   std::vector<zmq::message_t> event;
   if (!zmq::recv_multipart(monitor_, std::back_inserter(event), zmq::recv_flags::dontwait)) return;
@@ -52,40 +103,31 @@ void ConnectionWatch::HandleEvent() {
   uint32_t value;
   std::memcpy(&id, event[0].data(), 2);
   std::memcpy(&value, static_cast<const char*>(event[0].data()) + 2, 4);
+  const int fd = static_cast<int>(value);
   if (id == ZMQ_EVENT_ACCEPTED) {
     ++accepted_;
-    if (cap_ > 0 && connections_.load() >= cap_) {
-      // Past the cap: shut (not closed: the descriptor stays ZeroMQ's, which closes it on the
-      // end of the stream it now reads, and says DISCONNECTED).
-      ++connections_;
-      ++refused_over_cap_;
-      ::shutdown(static_cast<int>(value), SHUT_RDWR);
-      uint64_t left_out = 0;
-      if (cap_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
-        spdlog::warn("{}: {} connections are open, its cap (the open-file limit less what it "
-                     "keeps for its own files); a new one from {} is shut{}",
-                     label_, cap_, event[1].to_string(),
-                     left_out ? " (and " + std::to_string(left_out) + " more since)" : "");
-      }
-      return;
-    }
     ++connections_;
-    // Its descriptor's number may have been another connection's: everything is new.
     Connection c;
     c.last_seen = std::chrono::steady_clock::now();
-    c.peer_length = sizeof(c.peer);
-    if (::getpeername(static_cast<int>(value), reinterpret_cast<sockaddr*>(&c.peer),
-                      &c.peer_length) != 0) {
-      c.peer_length = 0;  // already gone: never shut by number
+    const bool there = ReadPeer(fd, &c);  // else gone already (or the number reused)
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = open_.find(fd);
+      if (it != open_.end() && there && it->second.peer_length == c.peer_length &&
+          std::memcmp(&it->second.peer, &c.peer, c.peer_length) == 0) {
+        c.worker = it->second.worker;  // its first request was handled before this event
+        c.heard = it->second.heard;
+        c.last_seen = it->second.last_seen;
+      }
+      open_[fd] = c;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_[static_cast<int>(value)] = c;
+    if (cap_ > 0 && connections_.load() > cap_ && there) MakeRoom(fd, c);
     return;
   }
   if (id == ZMQ_EVENT_DISCONNECTED) {
     if (connections_.load() > 0) --connections_;
     std::lock_guard<std::mutex> lock(mutex_);
-    open_.erase(static_cast<int>(value));
+    open_.erase(fd);
     return;
   }
   ++handshake_failures_;
@@ -103,54 +145,97 @@ void ConnectionWatch::HandleEvent() {
                left_out ? " (and " + std::to_string(left_out) + " more refusals since)" : "");
 }
 
+void ConnectionWatch::MakeRoom(int fd, const Connection& newcomer) {
+  // A connection that is no worker's, the new one aside (see the header for which); tried
+  // until one is still what it was (a few at most: those closed meanwhile go).
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int victim = -1;
+    Connection v;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [other, c] : open_) {
+        if (other == fd || c.worker || c.shut || c.peer_length == 0) continue;
+        // Never heard from before heard from; then the quietest (or oldest).
+        if (victim < 0 || (!c.heard && v.heard) ||
+            (c.heard == v.heard && c.last_seen < v.last_seen)) {
+          victim = other;
+          v = c;
+        }
+      }
+      if (victim >= 0) open_[victim].shut = true;
+    }
+    if (victim < 0) break;
+    if (!ShutIfSame(victim, v)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_.erase(victim);  // not what it was: ZeroMQ's DISCONNECTED is on its way
+      continue;
+    }
+    ++evicted_over_cap_;
+    uint64_t left_out = 0;
+    if (cap_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      spdlog::warn("{}: {} connections are open, its cap (server.max_connections, or the "
+                   "open-file limit less what it keeps for its own files); to let one from {} "
+                   "in, the one from {}, no worker's and {}, is shut{}",
+                   label_, cap_, AddressText(newcomer), AddressText(v),
+                   v.heard ? "quiet longest" : "never heard from",
+                   left_out ? " (and " + std::to_string(left_out) + " more since)" : "");
+    }
+    return;
+  }
+  // Every other connection is a worker's: the new one is shut.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = open_.find(fd);
+    if (it != open_.end()) it->second.shut = true;
+  }
+  if (!ShutIfSame(fd, newcomer)) return;
+  ++refused_over_cap_;
+  uint64_t left_out = 0;
+  if (cap_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+    spdlog::warn("{}: {} connections are open, its cap, all of them workers'; a new one from {} "
+                 "is shut{}",
+                 label_, cap_, AddressText(newcomer),
+                 left_out ? " (and " + std::to_string(left_out) + " more since)" : "");
+  }
+}
+
 void ConnectionWatch::Seen(int fd, bool worker) {
   if (fd < 0) return;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  Connection& c = open_[fd];  // (a message may come before its ACCEPTED event is read)
+  Connection& c = open_[fd];  // (a request may come before its ACCEPTED event is read)
   c.last_seen = now;
+  c.heard = true;
   c.worker = c.worker || worker;
 }
 
 void ConnectionWatch::ShutIdle(std::chrono::steady_clock::time_point now) {
-  uint64_t shut = 0;
-  std::string example;
+  // Chosen under the lock, checked and shut outside it (system calls).
+  std::vector<std::pair<int, Connection>> idle;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = open_.begin(); it != open_.end();) {
-      Connection& c = it->second;
+    for (auto& [fd, c] : open_) {
       if (c.worker || c.shut || c.peer_length == 0 || now - c.last_seen <= idle_timeout_) {
-        ++it;
         continue;
       }
-      // Still the connection accepted under this number? Else ZeroMQ closed it (its
-      // DISCONNECTED event is on its way) and the number may be anything's now.
-      sockaddr_storage peer{};
-      socklen_t length = sizeof(peer);
-      if (::getpeername(it->first, reinterpret_cast<sockaddr*>(&peer), &length) != 0 ||
-          length != c.peer_length || std::memcmp(&peer, &c.peer, length) != 0) {
-        it = open_.erase(it);
-        continue;
-      }
-      ::shutdown(it->first, SHUT_RDWR);
       c.shut = true;
-      ++shut;
-      if (example.empty()) {
-        char host[INET6_ADDRSTRLEN] = "?";
-        int port = 0;
-        if (peer.ss_family == AF_INET) {
-          const auto* in = reinterpret_cast<const sockaddr_in*>(&peer);
-          ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-          port = ntohs(in->sin_port);
-        } else if (peer.ss_family == AF_INET6) {
-          const auto* in = reinterpret_cast<const sockaddr_in6*>(&peer);
-          ::inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
-          port = ntohs(in->sin6_port);
-        }
-        example = std::string(host) + ":" + std::to_string(port);
-      }
-      ++it;
+      idle.emplace_back(fd, c);
     }
+  }
+  uint64_t shut = 0;
+  std::string example;
+  std::vector<int> gone;
+  for (const auto& [fd, c] : idle) {
+    if (!ShutIfSame(fd, c)) {
+      gone.push_back(fd);
+      continue;
+    }
+    ++shut;
+    if (example.empty()) example = AddressText(c);
+  }
+  if (!gone.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int fd : gone) open_.erase(fd);
   }
   if (shut == 0) return;
   idle_shut_ += shut;
@@ -179,6 +264,8 @@ void ConnectionWatch::Loop() {
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;
       spdlog::warn("{}: connection watch: {}", label_, e.what());
+    } catch (const std::bad_alloc&) {
+      ExitOutOfMemory("a shard's connection watch");
     }
   }
 }

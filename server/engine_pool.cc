@@ -3,6 +3,10 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <new>
+
+#include "common/fatal.hpp"
+
 namespace parasol {
 
 EnginePool::EnginePool(uint32_t engines) : engines_(engines == 0 ? 1 : engines) {
@@ -55,7 +59,11 @@ void EnginePool::Loop(uint32_t engine) {
       seen = generation_;
       task = task_;
     }
-    (*task)(engine);
+    try {
+      (*task)(engine);
+    } catch (const std::bad_alloc&) {
+      ExitOutOfMemory("a shard's engine thread");
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--pending_ == 0) done_cv_.notify_one();
@@ -99,8 +107,12 @@ void EnginePool::BackgroundLoop() {
     background_pending_ = false;
     background_running_ = true;
     lock.unlock();
-    for (uint32_t e = 0; e < engines_ && !background_stop_.load(); ++e) {
-      background_fn_(e, background_stop_);
+    try {
+      for (uint32_t e = 0; e < engines_ && !background_stop_.load(); ++e) {
+        background_fn_(e, background_stop_);
+      }
+    } catch (const std::bad_alloc&) {
+      ExitOutOfMemory("a shard's background apply");
     }
     lock.lock();
     background_running_ = false;

@@ -24,6 +24,7 @@
 #include <set>
 
 #include "common/curve_keys.hpp"
+#include "common/fatal.hpp"
 #include "common/json_text.hpp"
 #include "common/sharding.hpp"
 #include "common/transport.hpp"
@@ -178,7 +179,7 @@ Status ShardServer::Bind() {
   if (Status resolves = CheckResolves(host); !resolves.ok()) {
     return resolves.WithContext("shard " + std::to_string(rank_) + ": cannot bind " + endpoint_);
   }
-  const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1";
+  const bool loopback = IsLoopbackHost(host);
   if (!sec.curve && !loopback) {
     // As Redis's protected mode: a shard reachable from other hosts without keys lets anyone
     // who reaches the port control the job; it starts so only when the manifest says so.
@@ -239,9 +240,12 @@ Status ShardServer::Bind() {
         const int64_t limit = static_cast<int64_t>(files.rlim_cur);
         cap = std::max<int64_t>(16, limit - std::max<int64_t>(256, limit / 8));
       }
+      cap = cap > 0 ? std::min<int64_t>(cap, manifest_.server.max_connections)
+                    : manifest_.server.max_connections;
       watch_ = std::make_unique<ConnectionWatch>(
           context_, "shard " + std::to_string(rank_), sec.curve, cap,
-          std::chrono::milliseconds(std::max<int64_t>(0, manifest_.server.idle_timeout_ms)));
+          std::chrono::milliseconds(std::max<int64_t>(0, manifest_.server.idle_timeout_ms)),
+          manifest_.cluster.servers[rank_].port);
       PARASOL_RETURN_IF_ERROR(watch_->Start(router_));
     }
     // A process of this shard that was just killed may hold the port a moment longer (its
@@ -345,7 +349,11 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
   std::atomic<bool> done{false};
   Status restored;
   std::thread loader([&] {
-    restored = Restore();
+    try {
+      restored = Restore();
+    } catch (const std::bad_alloc&) {
+      ExitOutOfMemory("a shard's checkpoint loader");
+    }
     done.store(true);
   });
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -448,6 +456,7 @@ void ShardServer::AnswerWhileRestoring(std::vector<zmq::message_t>& frames) {
   reply.op = Op::Error;
   Result<Header> req = frames.size() < 2 ? Result<Header>(BadMessage("message has no header frame"))
                                          : DecodeHeader(frames[1].data(), frames[1].size());
+  request_well_formed_ = req.ok();
   if (!req.ok()) {
     reply.status = req.status().code();
     reply.message = "shard " + std::to_string(rank_) + ": " + req.status().message();
@@ -496,7 +505,12 @@ uint64_t ShardServer::StateStamp() const {
 
 void ShardServer::RunPeriodic() {
   FinishDeferredApply();  // before anything else reads the tables
-  if (peers_.size() > 1024) ForgetIdlePeers();
+  // (At most once a second: a scan of up to kMaxPeers accounts.)
+  if (peers_.size() > 1024 &&
+      std::chrono::steady_clock::now() - last_peer_sweep_ > std::chrono::seconds(1)) {
+    last_peer_sweep_ = std::chrono::steady_clock::now();
+    ForgetIdlePeers();
+  }
   PollBackgroundCheckpoint(/*wait=*/false);
   StartRequestedCheckpoint();
   MaybeSweep();
@@ -553,7 +567,8 @@ void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
 }
 
 void ShardServer::NoteConnectionSeen(std::vector<zmq::message_t>& frames) {
-  if (!watch_ || frames.empty()) return;
+  // Only a well-formed request counts: junk keeps no connection from being idle.
+  if (!watch_ || frames.empty() || !request_well_formed_) return;
   // The descriptor it came over (for the idle check; its sender's Hello has been taken in,
   // so a worker's connection counts as one from its Hello on).
   // (Frames from the wire carry it; the routing id frame, the ROUTER's own, does not.)
@@ -564,6 +579,7 @@ void ShardServer::NoteConnectionSeen(std::vector<zmq::message_t>& frames) {
 
 void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
   FinishDeferredApply();
+  request_well_formed_ = false;
   if (frames.empty()) return;
   ++counters_.requests;
   if (frames.size() < 2) {
@@ -589,9 +605,10 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
       ++counters_.peer_refusals;
       uint64_t left_out = 0;
       if (peer->log.Allow(peer->last_seen, &left_out)) {
-        spdlog::warn("shard {}: a peer{} has not read {} bytes of replies (its share: {}); its "
+        const char* from = zmq_msg_gets(frames[1].handle(), "Peer-Address");
+        spdlog::warn("shard {}: a peer{}{} has not read {} bytes of replies (its share: {}); its "
                      "requests are not served until it does{}",
-                     rank_,
+                     rank_, from ? std::string(" at ") + from : std::string(),
                      peer->member_of >= 0 ? " (worker " + std::to_string(peer->member_of) + ")"
                                           : std::string(),
                      mine, PeerShare(*peer),
@@ -629,6 +646,7 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     return;
   }
   const Header& req = *decoded;
+  request_well_formed_ = true;
   uint64_t bytes = 0;
   for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
   op_bytes_[static_cast<int>(req.op) & 15] += bytes;
@@ -2077,6 +2095,24 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   uint64_t bytes = header.size();
   for (const auto& m : payload) bytes += m.size();
   PeerAccount* peer = reply_sink_ ? nullptr : Peer(identity, /*create=*/false);
+  // A reply to a peer outside the job is never larger than its share: one that does not read
+  // could otherwise hold every byte its kind may have, and lock out every tool. It is told so
+  // instead, in a few bytes.
+  if (peer && peer->member_of < 0 && bytes > PeerShare(*peer)) {
+    Header refused = reply;
+    refused.op = Op::Error;
+    refused.status = StatusCode::kResourceExhausted;
+    refused.key_count = 0;
+    refused.value_frames = 0;
+    refused.message = "shard " + std::to_string(rank_) + ": a reply of " +
+                      std::to_string(bytes) + " bytes is more than a connection outside the " +
+                      "job's workers may have queued (" + std::to_string(PeerShare(*peer)) +
+                      ", a sixteenth of server.max_queued_reply_bytes): ask for less at a time";
+    ++counters_.peer_refusals;
+    payload.clear();
+    header = EncodeHeader(Stamped(refused));
+    bytes = header.size();
+  }
   // Each limit holds only with others queued: a reply larger than a limit alone goes (it is
   // bounded by the request it answers), or a large pull could never be answered.
   const uint64_t max = max_queued_reply_bytes_;
@@ -2124,7 +2160,7 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
   // Never wait for a peer that does not read its replies: past its queue's high-water mark
   // (server.socket_hwm) the reply is dropped, and a real worker resends its request.
   Status st = SendFrames(router_, frames, /*dontwait=*/true);
-  if (!st.ok()) DroppedReply(reply, st.ToString());
+  if (!st.ok()) DroppedReply(reply, st.ToString(), peer);
 }
 
 ShardServer::PeerAccount* ShardServer::Peer(const zmq::message_t& identity, bool create) {
@@ -2193,9 +2229,12 @@ void ShardServer::DroppedReply(const Header& reply, const std::string& why, Peer
                  left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
                           : std::string());
   }
-  // The worker is waiting for a reply that will not come: until it resends, it is not silent.
+  // The worker is waiting for a reply that will not come: until it resends, it is not silent
+  // (only when the reply was its own: another peer may claim any worker).
   const uint32_t w = reply.worker_id;
-  if (controller_.InJob(w) && !reply_dropped_since_[w]) {
+  const bool its_own =
+      reply_sink_ ? true : peer != nullptr && peer->member_of == static_cast<int64_t>(w);
+  if (its_own && controller_.InJob(w) && !reply_dropped_since_[w]) {
     reply_dropped_since_[w] = std::chrono::steady_clock::now();
     controller_.AddHeld(w, +1);
   }
@@ -2228,6 +2267,7 @@ std::string ShardServer::StatsJson() const {
   s["connections"] = watch_ ? watch_->connections() : 0;
   s["connection_cap"] = watch_ ? watch_->cap() : 0;
   s["connections_refused_over_cap"] = watch_ ? watch_->refused_over_cap() : 0;
+  s["connections_evicted_over_cap"] = watch_ ? watch_->evicted_over_cap() : 0;
   s["idle_connections_shut"] = watch_ ? watch_->idle_shut() : 0;
   s["duplicate_pushes"] = counters_.duplicate_pushes;
   s["peer_refusals"] = counters_.peer_refusals;

@@ -561,9 +561,11 @@ class ShardServer {
   uint64_t PeerShare(const PeerAccount& peer) const;
   void MarkMember(const zmq::message_t& identity, uint32_t worker);
   void ForgetIdlePeers();
+  std::chrono::steady_clock::time_point last_peer_sweep_{};
   // Tells the connection watch that `frames` came over its descriptor, and whether from a
   // job worker (never shut for being idle).
   void NoteConnectionSeen(std::vector<zmq::message_t>& frames);
+  bool request_well_formed_ = false;  // the message handled last had a header that decoded
   zmq::message_t QueuedReplyFrame(zmq::message_t m, PeerAccount* peer = nullptr);
   // Dense value buffers that a push replaced while replies held them (see DenseTable).
   std::shared_ptr<std::atomic<uint64_t>> retired_dense_bytes_ =
