@@ -116,9 +116,12 @@ std::optional<DeltaSpec> ShardServer::NextDelta(uint64_t sequence) {
       removed[t].insert(removed[t].end(), keys.begin(), keys.end());
     }
   }
-  // Rows that move between shards keep the clocks of the shard they came from: a change of
-  // the shard count starts a new chain.
-  const bool moving = !membership_.server_changes().empty() || staged_rows_;
+  // Rows that move between shards keep the clocks of the shard they came from: while a change
+  // of the shard count is under way (rows staged, or the change's moved rows not yet dropped)
+  // every checkpoint is full, and the one after its rows are dropped starts a new chain, on
+  // which deltas go on.
+  const bool moving =
+      staged_rows_ || (ChangeClock() >= 0 && migration_.dropped < ChangeClock());
   if (c.full_every <= 1 || force_full_ || overflowed || chain_base_ == 0 ||
       checkpoint_sequence_ == 0 ||
       sequence - chain_base_ >= c.full_every || moving || removed_total > rows / 2 + (1 << 20)) {

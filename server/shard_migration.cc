@@ -345,6 +345,7 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
       }
       migration_.dropped = change;
       if (!manifest_.checkpoint.dir.empty()) {
+        force_full_ = true;  // the chain after the change starts here
         PARASOL_RETURN_IF_ERROR(
             SaveCheckpoint("rows moved at clock " + std::to_string(change) + " dropped"));
       }
