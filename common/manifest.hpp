@@ -214,8 +214,8 @@ struct CheckpointOptions {
   uint32_t keep = 3;           // newest checkpoints kept per shard
   bool restore = true;         // a starting shard loads its newest good checkpoint
   // Periodic and requested checkpoints are written by a forked copy of the shard while it goes
-  // on serving (false: on the request thread, which stops serving meanwhile). A tiered table's
-  // disk rows are read from a RocksDB snapshot taken at the fork.
+  // on serving (false: on the request thread, which stops serving meanwhile). Shards with a
+  // tiered table always write in the foreground.
   bool background = true;
   // Every full_every-th checkpoint is full; those between are deltas: the rows updated or
   // removed since the checkpoint before, and the whole of everything else (1: all full).

@@ -3,7 +3,6 @@
 #include <rocksdb/cache.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
-#include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <rocksdb/write_buffer_manager.h>
 
@@ -37,10 +36,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
                                                  uint64_t cache_bytes) {
   std::unique_ptr<DiskTier> t(new DiskTier());
   t->dir_ = dir;
-  t->tables_ = tables;
   std::error_code ec;
-  std::filesystem::remove_all(dir + ".snapshot", ec);  // a background checkpoint's, left over
-  ec.clear();
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("disk tier: cannot create '" + dir + "': " + ec.message());
 
@@ -97,44 +93,6 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& dir,
   t->families_.assign(handles.begin() + 1, handles.end());
   db->DestroyColumnFamilyHandle(handles[0]);
   return t;
-}
-
-Status DiskTier::Snapshot(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  rocksdb::Checkpoint* raw = nullptr;
-  rocksdb::Status s = rocksdb::Checkpoint::Create(db_.get(), &raw);
-  std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
-  // log_size_for_flush 0: the memtables are flushed first (writes skip the write-ahead log).
-  if (s.ok()) s = checkpoint->CreateCheckpoint(dir, /*log_size_for_flush=*/0);
-  return ToStatus(s, "a snapshot in " + dir);
-}
-
-Status DiskTier::ReadSnapshot(const std::string& dir) {
-  rocksdb::Options options;
-  options.max_open_files = 64;
-  // Nothing that would start a thread or take a lock another process's thread may have held.
-  options.stats_dump_period_sec = 0;
-  options.stats_persist_period_sec = 0;
-  rocksdb::ColumnFamilyOptions cf;
-  rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(8 << 20);
-  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  families.emplace_back(rocksdb::kDefaultColumnFamilyName, cf);
-  for (const std::string& name : tables_) families.emplace_back("table:" + name, cf);
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s =
-      rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(options), dir, families, &handles, &db);
-  if (!s.ok()) return ToStatus(s, "opening the snapshot " + dir);
-  // The parent's store, as this process copied it: never closed here (its threads are not in
-  // this process).
-  (void)db_.release();
-  db_.reset(db);
-  opened_ = false;
-  families_.assign(handles.begin() + 1, handles.end());
-  return Status::Ok();
 }
 
 DiskTier::~DiskTier() {

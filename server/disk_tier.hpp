@@ -42,15 +42,6 @@ class DiskTier {
 
   const std::string& dir() const { return dir_; }
 
-  // A background checkpoint's view of the store (ShardServer::BeginCheckpoint): Snapshot()
-  // flushes the memtables and hard-links every file into `dir` (created; a RocksDB
-  // checkpoint: no copy), the store as it is at this moment. In a forked child, which has
-  // none of this store's threads, ReadSnapshot() then makes the store read that snapshot,
-  // opened read-only with a cache of its own; the store is unusable for anything but reads
-  // after it, and its parent's handles are left alone (the child leaves with _exit()).
-  Status Snapshot(const std::string& dir);
-  Status ReadSnapshot(const std::string& dir);
-
   // Reads the rows of `keys` of column family `table`: found[i] tells whether key i is
   // stored, and then out[i * row_bytes ...] holds it. One batched lookup.
   Status MultiGet(uint32_t table, std::span<const uint64_t> keys, size_t row_bytes, char* out,
@@ -113,7 +104,6 @@ class DiskTier {
   Status ToStatus(const rocksdb::Status& s, const std::string& what) const;
 
   std::string dir_;
-  std::vector<std::string> tables_;  // the column families' tables, in order
   bool opened_ = false;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> families_;  // by table index of Open()

@@ -159,8 +159,9 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
 }
 
 bool ShardServer::CanCheckpointInBackground() const {
-  // (A tiered table's disk rows are read in the child from a RocksDB snapshot taken before the
-  // fork, opened anew there: the child has none of the store's threads.)
+  // A tiered table's disk rows are read through RocksDB, whose threads a child process does
+  // not have: those shards write their checkpoints in the foreground.
+  if (disk_) return false;
   // An in-process driver (a reply sink: the request fuzzer) has every answer at once, and its
   // process is no shard to copy.
   if (reply_sink_) return false;
@@ -189,19 +190,6 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.stamp = StateStamp();
   bg.pushed_at_start = pushed_since_checkpoint_;
   bg.start = start;
-  if (disk_) {
-    // The disk tier at this moment: its files hard-linked into a folder the child reads.
-    bg.snapshot = disk_->dir() + ".snapshot";
-    if (Status st = disk_->Snapshot(bg.snapshot); !st.ok()) {
-      force_full_ = true;  // the rows removed since the last one were taken for it
-      spdlog::warn("shard {}: cannot snapshot the disk tier for a background checkpoint ({}); "
-                   "writing it in the foreground",
-                   rank_, st.ToString());
-      std::error_code ec;
-      std::filesystem::remove_all(bg.snapshot, ec);
-      return SaveCheckpoint(reason);
-    }
-  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     force_full_ = true;
@@ -250,8 +238,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     bool ok = false;
     try {
       uint64_t bytes = 0;
-      Status st = disk_ ? disk_->ReadSnapshot(bg.snapshot) : Status::Ok();
-      if (st.ok()) st = WriteState(bg.path, bg.header, delta ? &*delta : nullptr, &bytes);
+      const Status st = WriteState(bg.path, bg.header, delta ? &*delta : nullptr, &bytes);
       ok = st.ok();
       said = ok ? std::to_string(bytes) : "!" + st.ToString();
     } catch (const std::exception& e) {
@@ -287,10 +274,6 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
   }
   BackgroundCheckpoint bg = std::move(*background_);
   background_.reset();
-  if (!bg.snapshot.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(bg.snapshot, ec);
-  }
   std::string said;
   char buf[512];
   for (ssize_t n; (n = ::read(bg.result_fd, buf, sizeof(buf))) > 0;) said.append(buf, n);

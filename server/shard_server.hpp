@@ -259,7 +259,6 @@ class ShardServer {
     double pause_ms = 0;                    // how long serving stopped to begin it
     uint32_t begun_clock = 0;               // ShardClock() when it was begun
     std::vector<HeldReply> waiting;         // Checkpoint requests, answered once it is durable
-    std::string snapshot;                   // the disk tier's snapshot it reads (tiered tables)
   };
   std::optional<BackgroundCheckpoint> background_;
   // Checkpoint requests waiting for a checkpoint begun after them (one was being written).

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,7 +15,6 @@
 
 #include "common/net.hpp"
 #include "tests/support/json_figures.hpp"
-#include "server/model_export.hpp"
 #include "server/shard_server.hpp"
 #include "tests/support/test_cluster.hpp"
 #include "worker/ps_client.hpp"
@@ -178,84 +176,6 @@ TEST(TieredCheckpointTest, AKilledShardRestoresBothTiers) {
   EXPECT_EQ(r["rows"].get<uint64_t>(), 20000u) << r.dump();
   EXPECT_GT(r["disk_rows"].get<uint64_t>(), 15000u) << r.dump();
   EXPECT_NE(job.ServerLog(0).find("restored"), std::string::npos) << job.ServerLog(0);
-  testing::RemoveTree(dir);
-}
-
-// A tiered shard's checkpoint is written in the background (a forked child reading a RocksDB
-// snapshot of the disk tier) and holds the state of its moment: another worker's pushes land
-// while it is written (the writer slowed by a fault point), moving rows between the tiers, and
-// the checkpoint's values are those read at its moment, bit for bit. Seeded, printed.
-TEST(TieredCheckpointTest, ABackgroundCheckpointHoldsBothTiersAsTheyWereAtItsMoment) {
-  const std::string dir = testing::MakeTempDir();
-  TestCluster job(1, 2, Tables("tiered", "{kind: adagrad, lr: 0.05}", 4),
-                  "training: {consistency: asp}\nserver: {memory_budget: 32KiB}\n"
-                  "checkpoint: {dir: " + dir + ", keep: 100}\n");
-  job.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
-  ASSERT_TRUE(job.Start());
-  auto a = job.Connect(0);
-  auto b = job.Connect(1);
-  auto observer = job.Connect(PsClient::kObserver);
-  ASSERT_TRUE(a && b && observer);
-  for (uint64_t seed : {11ull, 12ull}) {
-    std::mt19937_64 rng(seed);
-    std::vector<uint64_t> keys = DrawKeys(rng, 20000, 6000);
-    std::printf("[ seed     ] %llu: %zu keys\n", (unsigned long long)seed, keys.size());
-    std::uniform_real_distribution<float> g(-1.0f, 1.0f);
-    auto push = [&](PsClient& c) {
-      std::vector<float> grads(keys.size() * 4);
-      for (float& x : grads) x = g(rng);
-      ASSERT_TRUE(c.PushSparse(0, keys, grads).ok());
-    };
-    push(*a);
-    push(*a);
-    std::vector<float> moment(keys.size() * 4);
-    ASSERT_TRUE(a->PullSparse(0, keys, moment.data()).ok());
-    EXPECT_GT(TableStats(*observer, 0)["disk_rows"].get<uint64_t>(), keys.size() / 2);
-    Status written;
-    std::thread writer([&] { written = a->Checkpoint(); });
-    bool began = false;
-    for (int i = 0; i < 400 && !began; ++i) {
-      auto st = observer->Stats();
-      ASSERT_TRUE(st.ok());
-      began = Json::parse((*st)[0])["checkpoint_writing"].get<bool>();
-      if (!began) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (began) {
-      push(*b);
-      push(*b);
-    }
-    auto st = observer->Stats();
-    const bool still = st.ok() && Json::parse((*st)[0])["checkpoint_writing"].get<bool>();
-    writer.join();
-    ASSERT_TRUE(began) << "the checkpoint was never seen being written";
-    ASSERT_TRUE(written.ok()) << written.ToString();
-    ASSERT_TRUE(still) << "worker 1's pushes did not all land while the checkpoint was written";
-    const Json t = Json::parse((*st)[0])["tables"][0];
-    EXPECT_GT(t["promoted"].get<uint64_t>() + t["demoted"].get<uint64_t>(), 0u) << t.dump();
-    // Its values, read offline, are the moment's.
-    ExportOptions o;
-    o.checkpoint_dir = dir;
-    const std::string out = dir + "/export-" + std::to_string(seed);
-    ASSERT_TRUE(ExportModel(job.manifest(), o, out).ok());
-    auto model = LoadExportedModel(job.manifest(), out);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    const auto& rows = model->sparse.at("emb");
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto it = rows.find(keys[i]);
-      ASSERT_NE(it, rows.end()) << "key " << keys[i];
-      ASSERT_EQ(std::memcmp(it->second.data(), &moment[i * 4], 4 * sizeof(float)), 0)
-          << "key " << keys[i] << " (seed " << seed << ")";
-    }
-  }
-  const std::string log = job.ServerLog(0);
-  EXPECT_NE(log.find("in the background"), std::string::npos) << log;
-  // The disk tier's snapshot goes once its checkpoint is written.
-  auto stats = observer->Stats();
-  ASSERT_TRUE(stats.ok());
-  const std::string disk = Json::parse((*stats)[0])["disk_dir"].get<std::string>();
-  ASSERT_FALSE(disk.empty());
-  EXPECT_TRUE(std::filesystem::exists(disk));
-  EXPECT_FALSE(std::filesystem::exists(disk + ".snapshot"));
   testing::RemoveTree(dir);
 }
 
