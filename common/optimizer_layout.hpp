@@ -21,6 +21,12 @@ inline uint32_t SparseStateFloats(const OptimizerOptions& o, uint32_t dim) {
   return 0;
 }
 
+// Of those, the words at the end that are not floats (adam's step count, a uint32): copied
+// as they are, never rounded.
+inline uint32_t SparseStateRawWords(const OptimizerOptions& o) {
+  return o.kind == OptimizerOptions::Kind::kAdam ? 1 : 0;
+}
+
 // State arrays of a dense slice, one float (or uint32 step) per element each.
 inline uint32_t DenseStateArrays(const OptimizerOptions& o) {
   using Kind = OptimizerOptions::Kind;

@@ -14,6 +14,7 @@ uint32_t Optimizer::SparseStateFloats(uint32_t dim) const { return parasol::Spar
 
 OptimizerState Optimizer::SparseState(float* w, uint32_t dim) const {
   OptimizerState s;
+  s.row = true;
   float* state = w + dim;
   switch (o_.kind) {
     case Kind::kSgd: break;
@@ -203,7 +204,8 @@ struct RunBackup {
 uint64_t Optimizer::Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
                           double scale) const {
   // A row's own state (a row-wise accumulator, adam's step per row) makes the row one run.
-  const bool row_state = s.row_acc != nullptr || (s.step != nullptr && !s.step_per_element);
+  const bool row_state =
+      s.row || s.row_acc != nullptr || (s.step != nullptr && !s.step_per_element);
   const uint64_t run = row_state ? std::max<uint64_t>(n, 1) : kGuardRun;
   thread_local RunBackup backup;
   uint64_t kept = 0;

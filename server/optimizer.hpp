@@ -38,6 +38,7 @@ struct OptimizerState {
   float* row_acc = nullptr;    // adagrad_rowwise: the row's accumulator
   uint32_t* step = nullptr;    // adam: the row's step (sparse) or each element's (dense)
   bool step_per_element = false;
+  bool row = false;            // a sparse row's: updated whole or not at all
 };
 
 class Optimizer {
@@ -63,8 +64,9 @@ class Optimizer {
   // One update of n elements with gradient `grad` (raw f32) times `scale`. An update that
   // would leave a value or its state not finite (finite gradients can overflow: a sum of
   // large ones, a huge learning rate) is not made: the elements keep what they held, a
-  // sparse row or a run of at most kGuardRun dense elements together (a row's state is the
-  // row's). Returns how many elements were kept so; nonfinite_kept() counts them all.
+  // sparse row whole (SparseState()) or a run of at most kGuardRun dense elements. (Values
+  // stored in f16 are checked as f32: past 65504 they round to infinity when stored, as the
+  // README says of f16.) Returns how many elements were kept so; nonfinite_kept() counts them all.
   uint64_t Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
                  double scale) const;
   static constexpr uint64_t kGuardRun = 256;

@@ -120,8 +120,9 @@ std::optional<DeltaSpec> ShardServer::NextDelta(uint64_t sequence) {
   // of the shard count is under way (rows staged, or the change's moved rows not yet dropped)
   // every checkpoint is full, and the one after its rows are dropped starts a new chain, on
   // which deltas go on.
-  const bool moving =
-      staged_rows_ || (ChangeClock() >= 0 && migration_.dropped < ChangeClock());
+  const int64_t change = ChangeClock();
+  const bool moving = (staged_rows_ && (change < 0 || migration_.installed < change)) ||
+                      (change >= 0 && migration_.dropped < change);
   if (c.full_every <= 1 || force_full_ || overflowed || chain_base_ == 0 ||
       checkpoint_sequence_ == 0 ||
       sequence - chain_base_ >= c.full_every || moving || removed_total > rows / 2 + (1 << 20)) {

@@ -345,7 +345,10 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
       }
       migration_.dropped = change;
       if (!manifest_.checkpoint.dir.empty()) {
-        force_full_ = true;  // the chain after the change starts here
+        // The chain after the change starts here (once a background checkpoint that would
+        // say otherwise is written).
+        WaitForBackgroundCheckpoint();
+        force_full_ = true;
         PARASOL_RETURN_IF_ERROR(
             SaveCheckpoint("rows moved at clock " + std::to_string(change) + " dropped"));
       }

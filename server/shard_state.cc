@@ -150,8 +150,11 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
         pending ? uint64_t{t.dim}
                 : 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
     if (KindOf(b) == Kind::kSparseRowsBf16) {
-      // The key, the clock word, then the other floats as bf16.
-      return CheckProduct(b.count, sizeof(uint64_t) + sizeof(uint32_t) + 2 * (row_floats - 1),
+      // The key, the clock word, the floats as bf16, then the raw words.
+      const uint64_t raw = SparseStateRawWords(t.optimizer);
+      return CheckProduct(b.count,
+                          sizeof(uint64_t) + sizeof(uint32_t) * (1 + raw) +
+                              2 * (row_floats - 1 - raw),
                           bytes, name + " bf16 rows");
     }
     return CheckProduct(b.count, sizeof(uint64_t) + sizeof(float) * row_floats, bytes,
@@ -189,7 +192,9 @@ Status WidenSparseRows(const Manifest& manifest, CheckpointBlock* b) {
   if (b->table >= manifest.tables.size()) return Internal("bf16 rows of no table");
   const TableOptions& t = manifest.tables[b->table];
   const uint64_t floats = 1 + uint64_t{t.dim} + SparseStateFloats(t.optimizer, t.dim);
-  const uint64_t narrow = sizeof(uint64_t) + sizeof(uint32_t) + 2 * (floats - 1);
+  const uint64_t raw = SparseStateRawWords(t.optimizer);
+  const uint64_t halves_n = floats - 1 - raw;
+  const uint64_t narrow = sizeof(uint64_t) + sizeof(uint32_t) * (1 + raw) + 2 * halves_n;
   const uint64_t wide = sizeof(uint64_t) + sizeof(float) * floats;
   if (b->bytes.size() != b->count * narrow) {
     return Internal("table '" + t.name + "': bf16 rows do not match the table");
@@ -200,13 +205,15 @@ Status WidenSparseRows(const Manifest& manifest, CheckpointBlock* b) {
     char* to = out.data() + i * wide;
     std::memcpy(to, from, sizeof(uint64_t) + sizeof(uint32_t));  // the key, the clock word
     const char* halves = from + sizeof(uint64_t) + sizeof(uint32_t);
-    float* rest = reinterpret_cast<float*>(to + sizeof(uint64_t) + sizeof(uint32_t));
-    for (uint64_t j = 0; j + 1 < floats; ++j) {
+    char* rest = to + sizeof(uint64_t) + sizeof(uint32_t);
+    for (uint64_t j = 0; j < halves_n; ++j) {
       uint16_t h;
       std::memcpy(&h, halves + 2 * j, sizeof(h));
       const float v = Bf16ToF32(h);
-      std::memcpy(rest + j, &v, sizeof(v));
+      std::memcpy(rest + sizeof(float) * j, &v, sizeof(v));
     }
+    // The raw words (adam's step count), as they are.
+    std::memcpy(rest + sizeof(float) * halves_n, halves + 2 * halves_n, sizeof(uint32_t) * raw);
   }
   b->bytes = std::move(out);
   b->kind = static_cast<uint32_t>(Kind::kSparseRows);
@@ -277,8 +284,9 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
       for (uint32_t e = 0; e < table.engines(); ++e) {
         const SparseTable::Partition& part = table.partition(e);
         const size_t floats = part.stored_floats();
-        const size_t row_bytes =
-            bf16 ? sizeof(uint32_t) + 2 * (floats - 1) : sizeof(float) * floats;
+        const size_t raw = SparseStateRawWords(table.options().optimizer);
+        const size_t row_bytes = bf16 ? sizeof(uint32_t) * (1 + raw) + 2 * (floats - 1 - raw)
+                                      : sizeof(float) * floats;
         const size_t stride = sizeof(uint64_t) + row_bytes;
         // A delta: the rows updated since the checkpoint before it (by their clock word).
         const bool changed_only = delta && part.stores_clock();
@@ -296,11 +304,15 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
           if (bf16) {
             b.bytes.insert(b.bytes.end(), p, p + sizeof(uint32_t));  // the clock word
             const size_t at = b.bytes.size();
-            b.bytes.resize(at + 2 * (floats - 1));
-            for (size_t j = 1; j < floats; ++j) {
-              const uint16_t h = F32ToBf16(row[j]);
-              std::memcpy(b.bytes.data() + at + 2 * (j - 1), &h, sizeof(h));
+            const size_t halves = floats - 1 - raw;
+            b.bytes.resize(at + 2 * halves);
+            for (size_t j = 0; j < halves; ++j) {
+              const uint16_t h = F32ToBf16(row[1 + j]);
+              std::memcpy(b.bytes.data() + at + 2 * j, &h, sizeof(h));
             }
+            // The raw words (adam's step count), as they are.
+            b.bytes.insert(b.bytes.end(), p + sizeof(float) * (1 + halves),
+                           p + sizeof(float) * floats);
           } else {
             b.bytes.insert(b.bytes.end(), p, p + row_bytes);
           }

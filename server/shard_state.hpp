@@ -66,7 +66,8 @@ enum class CheckpointBlockKind : uint32_t {
   // created again is in both: removed first, then its new row).
   kRemovedRows = 14,
   // As kSparseRows, written with checkpoint.dtype: bf16: per row the u64 key, the u32 clock
-  // word as it is, then the row's other stored floats (values, optimizer state) as bf16.
+  // word as it is, the row's values and float optimizer state as bf16, then the state words
+  // that are no floats (adam's step count) as they are, 32 bits each.
   // Widened into a kSparseRows block as it is read (WidenSparseRows()).
   kSparseRowsBf16 = 15,
 };

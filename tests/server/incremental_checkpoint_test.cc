@@ -207,13 +207,32 @@ TEST_F(IncrementalCheckpointTest, WithDtypeBf16RowsTakeFewerBytesAndLoadRoundedT
   // The same shard written with checkpoint.dtype f32 and bf16, fulls and a chain of deltas:
   // the bf16 rows take (8 + 4 + 2 (n - 1)) bytes a row where f32 rows take 8 + 4 n, and load as
   // the f32 rows rounded to bf16's nearest (a row's clock word exact); the rest is exact.
-  static const std::string kBf16 = std::string(testing::kSmallShardManifest) +
-                                   "checkpoint:\n  dtype: bf16\n";
+  // The small shard's tables and a sparse adam table, whose rows end with a step count (a
+  // uint32, written as it is).
+  static const std::string kTablesPlusAdam =
+      std::string(testing::kSmallShardManifest) +
+      "  - name: moments\n    dim: 3\n    optimizer: {kind: adam, lr: 0.01}\n";
+  static const std::string kWide = kTablesPlusAdam;
+  static const std::string kBf16 = kTablesPlusAdam + "checkpoint:\n  dtype: bf16\n";
+  // Adam rows with their steps set past what bf16 holds exactly (a float's rounding of the
+  // step's bits would lose them).
+  auto adam_rows = [](SmallShard& s, uint32_t clock) {
+    SparseTable& table = s.sparse(4);
+    for (uint64_t key = 0; key < 40; ++key) {
+      SparseTable::Partition& p = table.partition(EngineOfKey(key, table.engines()));
+      float* v = p.FindOrCreate(key, clock);
+      v[0] = 0.1f * static_cast<float>(key) + static_cast<float>(clock);
+      const uint32_t step = 40001 + static_cast<uint32_t>(key) + clock;
+      std::memcpy(&v[3 + 2 * 3], &step, sizeof(step));  // after the values, m and v
+      SparseTable::Partition::LastClock(v) = clock;
+      p.Store(v);
+    }
+  };
   for (uint64_t seed : {11ull, 12ull, 13ull}) {
     std::filesystem::remove_all(dir_);
     std::printf("[ seed     ] %llu\n", (unsigned long long)seed);
     std::mt19937_64 rng(seed), same(seed);
-    SmallShard wide, narrow(kBf16.c_str());
+    SmallShard wide(kWide.c_str()), narrow(kBf16.c_str());
     ASSERT_TRUE(narrow.manifest().checkpoint.bf16);
     for (SmallShard* s : {&wide, &narrow}) {
       for (uint32_t t : {0u, 1u}) {
@@ -224,14 +243,17 @@ TEST_F(IncrementalCheckpointTest, WithDtypeBf16RowsTakeFewerBytesAndLoadRoundedT
     }
     Change(wide, rng, 1, 300, 0);
     Change(narrow, same, 1, 300, 0);
+    adam_rows(wide, 1);
+    adam_rows(narrow, 1);
     (void)TakeRemoved(wide);
     (void)TakeRemoved(narrow);
     const uint64_t wide_bytes = Write(wide, 1, nullptr);
     const uint64_t narrow_bytes = Write(narrow, 101, nullptr);
     uint64_t want_wide = 0, want_narrow = 0;
     for (const auto& [k, v] : Take(wide).rows) {
+      const size_t raw = k.first == 4 ? 1 : 0;  // adam's step
       want_wide += 8 + 4 * v.size();
-      want_narrow += 8 + 4 + 2 * (v.size() - 1);
+      want_narrow += 8 + 4 + 4 * raw + 2 * (v.size() - 1 - raw);
     }
     EXPECT_EQ(wide_bytes, want_wide);
     EXPECT_EQ(narrow_bytes, want_narrow);
@@ -247,6 +269,8 @@ TEST_F(IncrementalCheckpointTest, WithDtypeBf16RowsTakeFewerBytesAndLoadRoundedT
       std::mt19937_64 again = same;
       Change(wide, same, clock, updates, removals);
       Change(narrow, again, clock, updates, removals);
+      adam_rows(wide, clock);
+      adam_rows(narrow, clock);
       DeltaSpec w{1, 1 + static_cast<uint64_t>(d), since, TakeRemoved(wide)};
       DeltaSpec n{101, 101 + static_cast<uint64_t>(d), since, TakeRemoved(narrow)};
       Write(wide, 2 + d, &w);
@@ -274,7 +298,13 @@ TEST_F(IncrementalCheckpointTest, WithDtypeBf16RowsTakeFewerBytesAndLoadRoundedT
       const std::vector<float>& g = got.rows.at(k);
       ASSERT_EQ(g.size(), v.size());
       ASSERT_EQ(std::memcmp(&g[0], &v[0], 4), 0) << "the clock word of key " << k.second;
-      for (size_t j = 1; j < v.size(); ++j) {
+      if (k.first == 4) {  // adam's step count, the row's last word: exact
+        ASSERT_EQ(std::memcmp(&g.back(), &v.back(), 4), 0) << "the step of key " << k.second;
+        uint32_t step;
+        std::memcpy(&step, &g.back(), 4);
+        EXPECT_GT(step, 40000u);
+      }
+      for (size_t j = 1; j + (k.first == 4 ? 1 : 0) < v.size(); ++j) {
         const float r = Bf16ToF32(F32ToBf16(v[j]));
         ASSERT_EQ(std::memcmp(&g[j], &r, 4), 0)
             << "table " << k.first << " key " << k.second << " float " << j << ": " << g[j]

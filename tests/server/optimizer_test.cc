@@ -212,5 +212,21 @@ TEST(OptimizerTest, AnUpdateThatWouldNotBeFiniteIsNotMadeAndIsCounted) {
   }
 }
 
+TEST(OptimizerTest, ASparseRowLongerThanARunIsKeptWhole) {
+  // A sparse row of 300 values (SparseState) with one overflowing element: none of it moves.
+  OptimizerOptions o;
+  o.kind = Kind::kSgd;
+  o.lr = 1e30;
+  Optimizer opt(o);
+  std::vector<float> row(300, 0.5f);
+  std::vector<float> grad(300, 1e-32f);
+  grad[290] = 3e37f;
+  const std::vector<float> before = row;
+  EXPECT_EQ(opt.Apply(row.data(), opt.SparseState(row.data(), 300),
+                      reinterpret_cast<const std::byte*>(grad.data()), 300, 1.0),
+            300u);
+  EXPECT_EQ(row, before);
+}
+
 }  // namespace
 }  // namespace parasol
