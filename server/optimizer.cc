@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/optimizer_layout.hpp"
@@ -168,10 +169,15 @@ void ApplyLoops(const OptimizerOptions& o_, float* w, OptimizerState s, const st
 namespace {
 
 bool AllFinite(const float* v, uint64_t n) {
-  // Branch-free over the run: x - x is 0 for a finite x and NaN otherwise.
-  float acc = 0.0f;
-  for (uint64_t i = 0; i < n; ++i) acc += v[i] - v[i];
-  return acc == 0.0f;
+  // Branch-free over the run, on the bits (a float sum would be one serial chain of adds): an
+  // all-ones exponent is an infinity or a NaN.
+  uint32_t bad = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 // What one run's update may change, copied before it so that it can be put back.
