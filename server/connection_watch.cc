@@ -41,6 +41,9 @@ Status ConnectionWatch::Start(zmq::socket_t& socket) {
       return Unavailable(std::string("cannot watch connections: ") + zmq_strerror(zmq_errno()));
     }
     monitor_.set(zmq::sockopt::linger, 0);
+    // No event may be lost at a burst of connections (a count that drifts): the pipe holds
+    // ZeroMQ's own 1,000 events plus this many.
+    monitor_.set(zmq::sockopt::rcvhwm, 1 << 20);
     monitor_.connect(endpoint);
   } catch (const zmq::error_t& e) {
     return Unavailable(std::string("cannot watch connections: ") + e.what());
@@ -113,6 +116,8 @@ void ConnectionWatch::HandleEvent() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = open_.find(fd);
+      // A request handled before this event left an entry: its peer was read then (Seen), or
+      // not at all when the connection was gone by that time.
       if (it != open_.end() && there && it->second.peer_length == c.peer_length &&
           std::memcmp(&it->second.peer, &c.peer, c.peer_length) == 0) {
         c.worker = it->second.worker;  // its first request was handled before this event
@@ -203,7 +208,11 @@ void ConnectionWatch::Seen(int fd, bool worker) {
   if (fd < 0) return;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  Connection& c = open_[fd];  // (a request may come before its ACCEPTED event is read)
+  auto [it, added] = open_.try_emplace(fd);
+  Connection& c = it->second;
+  // A request may come before its ACCEPTED event is read: the peer is read now, so that the
+  // event finds this entry to be its connection's and keeps what it says.
+  if (added) ReadPeer(fd, &c);
   c.last_seen = now;
   c.heard = true;
   c.worker = c.worker || worker;
