@@ -9,13 +9,23 @@
 # `parasol export`) is compared with the undisturbed one: under BSP it must be equal value for
 # value; with --consistency ssp the eval AUC must be within 0.005 of the undisturbed run's.
 # Kills come one at a time: the next is sent once the killed process is running again (and a
-# second has passed, so that a restarted shard has its replays).
+# second has passed, so that a restarted shard has its replays); with --overlap they do not.
+# Every run must make the K kills asked for: a run that made fewer fails, saying how many.
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
 #                    [--batch B] [--consistency bsp|ssp] [--parasol PATH] [--keep DIR]
 #                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
 #                    [--vocabulary V] [--full-every N] [--min-table-rows N]
-#                    [--checkpoint-dtype bf16]
+#                    [--checkpoint-dtype bf16] [--workers 2|3|4] [--overlap] [--together]
+# --workers N: the job has N workers (BSP folds a clock's sums in rank order, so any number of
+# workers ends in the same bits whatever the order their pushes arrive in).
+# --overlap: the next kill does not wait for the job to recover from the one before: it comes a
+# drawn 0 to 1 s later, so it may land during a restarted shard's replays or while a worker
+# restarts. --together: each kill sends kill -9 to a server and a worker at the same moment.
+# Two failures that overlap (a worker's push log dies with it while a shard it pushed to is
+# down) lose the pushes only that log held: the shards count them (lost_replays) and the job
+# goes on. Such a run is reported as LOST and not failed; a model that differs with no lost
+# replay counted is a failure (a silent difference).
 # --vocabulary V: the generated data's largest field has V ids (gen-data --vocabulary), so the
 # embedding table grows far larger than the data's rows; --min-table-rows N: the undisturbed
 # run's table must end with at least N rows (over its shards), or the harness fails, saying so.
@@ -62,6 +72,9 @@ VOCABULARY=2000000
 FULL_EVERY=1
 CKPT_DTYPE=""
 MIN_TABLE_ROWS=0
+WORKERS=2
+OVERLAP=""
+TOGETHER=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -82,6 +95,9 @@ while [ $# -gt 0 ]; do
     --full-every) FULL_EVERY="$2"; shift 2 ;;
     --checkpoint-dtype) CKPT_DTYPE="$2"; shift 2 ;;
     --min-table-rows) MIN_TABLE_ROWS="$2"; shift 2 ;;
+    --workers) WORKERS="$2"; shift 2 ;;
+    --overlap) OVERLAP=1; shift ;;
+    --together) TOGETHER=1; shift ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -90,6 +106,11 @@ if [ "$SEED" = 0 ]; then SEED=$(( $(date +%s%N) % 1000000 + 1 )); fi
 case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" >&2; exit 2 ;; esac
 case "$WIRE" in ""|bf16|f16) ;; *) echo "chaos.sh: --wire bf16 or f16" >&2; exit 2 ;; esac
 case "$CKPT_DTYPE" in ""|bf16) ;; *) echo "chaos.sh: --checkpoint-dtype bf16" >&2; exit 2 ;; esac
+case "$WORKERS" in 2|3|4) ;; *) echo "chaos.sh: --workers 2, 3 or 4" >&2; exit 2 ;; esac
+if [ -n "$RESHARD" ] && [ -n "$OVERLAP$TOGETHER" ]; then
+  echo "chaos.sh: --reshard draws its own kills; --overlap and --together are not for it" >&2
+  exit 2
+fi
 case "$SERVERS,$RESHARD" in
   1,|2,|2,*) ;;
   *) echo "chaos.sh: --servers 1 or 2 (2 with --reshard)" >&2; exit 2 ;;
@@ -181,7 +202,7 @@ write_manifest() {  # NAME
 job: {name: chaos, seed: 11}
 cluster:
   servers: $servers
-  workers: 2
+  workers: $WORKERS
   request_timeout: 1s
   request_retries: 60
   restart_servers: true
@@ -195,23 +216,34 @@ ${WIRE:+wire: {compression: $WIRE\}}
 YAML
 }
 
+# The pids of the job's workers running now (M: its manifest), space-separated.
+worker_pids() {  # M
+  local r
+  for r in $(seq 0 $((WORKERS - 1))); do role_pid "$1" worker "$r"; done | tr '\n' ' '
+}
+# Whether any of the pids given runs.
+any_running() {
+  local p
+  for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
+  return 1
+}
+
 # Sends kill -9 to ROLE RANK (server, worker, or scale: the scale tool) of the job NAME (manifest
-# M, started at START) now, and waits until the job has recovered. CKPT=1: a server is killed as
-# soon as it writes a checkpoint (within 3 s). Returns 2 once no worker trains (the job is
-# ending: nothing to kill), 1 when the victim is not running.
+# M, started at START) now, and (unless --overlap) waits until the job has recovered. CKPT=1: a
+# server is killed as soon as it writes a checkpoint (within 3 s). Returns 2 once no worker
+# trains (the job is ending: nothing to kill), 1 when the victim is not running.
 kill_now() {  # NAME M START ROLE RANK CKPT
-  local name="$1" m="$2" start="$3" role="$4" rank="$5" during=0 pid w0 w1
+  local name="$1" m="$2" start="$3" role="$4" rank="$5" during=0 pid workers
   # The killable moments: while a worker still trains (after that, a dead server is not
   # started again, which is the end of the job, not a failure).
-  if [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ]; then return 2; fi
+  workers="$(worker_pids "$m")"
+  if [ -z "${workers// /}" ]; then return 2; fi
   if [ "$role" = scale ]; then
     pid="$(find_pids "$PARASOL scale --manifest $m" | head -n 1)"
   else
     pid="$(role_pid "$m" "$role" "$rank")"
   fi
   [ -n "$pid" ] || return 1
-  w0="$(role_pid "$m" worker 0)"
-  w1="$(role_pid "$m" worker 1)"
   if [ "$role" = server ] && [ "$6" = 1 ]; then
     # While the shard writes a checkpoint: as soon as its temporary file appears (a write
     # with fsync takes tens of milliseconds here), for up to 3 s.
@@ -226,10 +258,8 @@ kill_now() {  # NAME M START ROLE RANK CKPT
     done
   fi
   # Still while a worker trains (the wait for a checkpoint may have outlasted the job).
-  if ! { [ -n "$w0" ] && kill -0 "$w0" 2>/dev/null; } &&
-     ! { [ -n "$w1" ] && kill -0 "$w1" 2>/dev/null; }; then
-    return 2
-  fi
+  # shellcheck disable=SC2086
+  any_running $workers || return 2
   kill -KILL "$pid" 2>/dev/null || return 1
   local at
   at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
@@ -238,6 +268,7 @@ kill_now() {  # NAME M START ROLE RANK CKPT
   echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
     tee -a "$work/kills.txt"
   [ "$role" = scale ] && return 0  # its caller runs it again
+  [ -n "$OVERLAP" ] && return 0     # the next kill may come before the job has recovered
   # Wait until the job has recovered (failures come one at a time): a restarted worker has
   # said Hello to every shard (each checkpoints what the dead one had pushed); a restarted
   # shard has had both workers' replays (or the job ended, or 20 s passed).
@@ -247,14 +278,15 @@ kill_now() {  # NAME M START ROLE RANK CKPT
     want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + SERVERS ))
   else
     pattern="replaying .* to shard $rank\$"  # one line per worker
-    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + 2 ))
+    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + WORKERS ))
   fi
   local t
   for t in $(seq 1 400); do
     [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
     kill -0 "$launch_pid" 2>/dev/null || break
     # A shard restarted after every worker had left gets no replay: nothing to wait for.
-    [ -z "$(role_pid "$m" worker 0)$(role_pid "$m" worker 1)" ] && break
+    workers="$(worker_pids "$m")"
+    [ -z "${workers// /}" ] && break
     sleep 0.05
   done
   sleep 0.5
@@ -279,12 +311,14 @@ reshard_with_kills() {  # NAME M START KILLS
       local scale_pid=$!
       if [ "$attempt" -eq 1 ] && [ "$run_kills" -lt "$kills" ]; then
         sleep "$(awk -v r="$RANDOM" 'BEGIN { printf "%.3f", (r / 32768.0) * 0.15 }')"
-        local victim=$((RANDOM % 6)) role rank
-        case "$victim" in
-          0|1|2) role=server; rank=$victim ;;
-          3|4) role=worker; rank=$((victim - 3)) ;;
-          *) role=scale; rank="" ;;
-        esac
+        local victim=$((RANDOM % (4 + WORKERS))) role rank
+        if [ "$victim" -lt 3 ]; then
+          role=server; rank=$victim
+        elif [ "$victim" -lt $((3 + WORKERS)) ]; then
+          role=worker; rank=$((victim - 3))
+        else
+          role=scale; rank=""
+        fi
         kill_now "$name" "$m" "$start" "$role" "$rank" 0 || true
       fi
       rc=0
@@ -317,22 +351,43 @@ run_job() {  # NAME KILLS
     reshard_with_kills "$name" "$m" "$start" "$kills"
     run_changes="$(grep -c '^scaled to ' "$work/$name-scale.log" || true)"
   else
-    local k rc
+    local k rc tries
     for k in $(seq 1 "$kills"); do
-      # A moment: a random pause after the previous kill's recovery, within the expected run.
+      # A moment: a random pause after the previous kill's recovery (with --overlap, after the
+      # kill itself: 0 to 1 s), within the expected run.
       local pause
-      pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
-        'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.8 / k) }')"
+      if [ -n "$OVERLAP" ]; then
+        pause="$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", (r / 32768.0) }')"
+      else
+        pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
+          'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.6 / k) }')"
+      fi
       sleep "$pause"
       kill -0 "$launch_pid" 2>/dev/null || break
-      local victim=$((RANDOM % (SERVERS + 2))) role rank
-      if [ "$victim" -lt "$SERVERS" ]; then
-        role=server; rank=$victim
-      else
-        role=worker; rank=$((victim - SERVERS))
-      fi
-      rc=0
-      kill_now "$name" "$m" "$start" "$role" "$rank" "$([ $((RANDOM % 3)) -eq 0 ] && echo 1 || echo 0)" || rc=$?
+      # A victim that is not running (restarting after an earlier kill) is drawn again, a
+      # few times at most.
+      for tries in 1 2 3 4 5 6 7 8; do
+        local victim=$((RANDOM % (SERVERS + WORKERS))) role rank
+        if [ -n "$TOGETHER" ]; then
+          # A worker and a server at the same moment (the worker's kill does not wait for
+          # anything); then the wait for the server's recovery, unless --overlap.
+          rc=0
+          OVERLAP=1 kill_now "$name" "$m" "$start" worker $((RANDOM % WORKERS)) 0 || rc=$?
+          if [ "$rc" -eq 0 ]; then
+            kill_now "$name" "$m" "$start" server $((RANDOM % SERVERS)) 0 || rc=$?
+          fi
+        else
+          if [ "$victim" -lt "$SERVERS" ]; then
+            role=server; rank=$victim
+          else
+            role=worker; rank=$((victim - SERVERS))
+          fi
+          rc=0
+          kill_now "$name" "$m" "$start" "$role" "$rank" "$([ $((RANDOM % 3)) -eq 0 ] && echo 1 || echo 0)" || rc=$?
+        fi
+        [ "$rc" -eq 1 ] || break
+        sleep 0.1
+      done
       [ "$rc" -eq 2 ] && break
     done
   fi
@@ -366,6 +421,8 @@ ref_auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/ref.json" | head -n 1 | awk '{
 echo "undisturbed: ${undisturbed_seconds}s, eval AUC ${ref_auc}"
 
 failed=0
+lost_runs=0
+total_lost=0
 total_kills=0
 max_diff=0
 rows=()
@@ -387,7 +444,7 @@ for r in $(seq 1 "$RUNS"); do
       "$work/run$r.log")"
     summaries="$(grep -cE '^(\[worker [0-9]+\] )?worker [0-9]+: [0-9]+ steps, ' "$work/run$r.log" || true)"
     if [ -n "$late_rank" ] && [[ "$run_victims" == *" server $late_rank "* ]] &&
-       [ "$summaries" -ge 2 ]; then
+       [ "$summaries" -ge "$WORKERS" ]; then
       late=" (server $late_rank killed after the workers finished)"
       run_status=0
     fi
@@ -400,7 +457,7 @@ for r in $(seq 1 "$RUNS"); do
     sed 's/^/    /' "$work/run$r-export.log"
   else
     cmp_json="$("$PARASOL" compare-models --manifest "$work/run$r.yaml" "$work/run$r-model" "$work/ref-model" || true)"
-    diff="$(echo "$cmp_json" | grep -o '"max_relative_difference": [0-9.e+-]*' | awk '{print $2}')"
+    diff="$(echo "$cmp_json" | grep -o '"max_relative_difference": "*[0-9a-z.e+-]*' | awk '{print $2}' | tr -d '"')"
     [ -n "$diff" ] || diff=1
     # A run excused for a server killed after the workers finished has no summary (launch
     # failed): its model is still compared, its AUC is unknown.
@@ -408,11 +465,25 @@ for r in $(seq 1 "$RUNS"); do
       auc="$(grep -o '"eval_auc": [0-9.e-]*' "$work/run$r.json" | head -n 1 | awk '{print $2}')"
     fi
     [ -n "$auc" ] || auc="-"
-    max_diff="$(awk -v a="$max_diff" -v b="$diff" 'BEGIN { print (b > a) ? b : a }')"
+    if [ "$diff" = inf ] || [ "$max_diff" = inf ]; then
+      max_diff=inf
+    else
+      max_diff="$(awk -v a="$max_diff" -v b="$diff" 'BEGIN { print (b > a) ? b : a }')"
+    fi
+    # Replays the shards counted as lost (overlapping failures: see --overlap).
+    lost="$(grep -o '"lost_replays":[0-9]*' "$work/run$r.log" | grep -o '[0-9]*$' |
+      awk '{ s += $1 } END { print s + 0 }')"
+    total_lost=$((total_lost + lost))
     if [ "$CONSISTENCY" = bsp ] && [ -z "$CKPT_DTYPE" ]; then
-      if awk -v d="$diff" 'BEGIN { exit !(d > 0) }'; then
-        result="DIFFERS"
-        echo "    $cmp_json"
+      if [ "$diff" = inf ] || awk -v d="$diff" 'BEGIN { exit !(d > 0) }'; then
+        if [ "$lost" -gt 0 ]; then
+          result="LOST"  # the documented outcome of overlapping failures, said by the shards
+          lost_runs=$((lost_runs + 1))
+        else
+          result="DIFFERS"
+        fi
+        echo "    $cmp_json" | tr '\n' ' '
+        echo
       fi
     else
       if [ "$auc" != - ] &&
@@ -421,12 +492,18 @@ for r in $(seq 1 "$RUNS"); do
       fi
     fi
   fi
+  # Every kill asked for was made (with --together, two processes each).
+  want_kills=$KILLS
+  [ -n "$TOGETHER" ] && want_kills=$((2 * KILLS))
+  if [ "$result" = ok ] && [ -z "$RESHARD" ] && [ "$run_kills" -ne "$want_kills" ]; then
+    result="FAILED (${run_kills} of ${want_kills} kills made: the job ended first)"
+  fi
   if [ "$result" = ok ] && [ -n "$RESHARD" ] && [ "$run_changes" != 2 ]; then
     result="FAILED (${run_changes} of 2 shard count changes completed)"
     tail -n 20 "$work/run$r-scale.log" | sed 's/^/    /'
   fi
   [ "$result" = ok ] && result="ok$late"
-  if [ "${result%%$late}" != ok ]; then
+  if [ "${result%%$late}" != ok ] && [ "$result" != LOST ]; then
     failed=$((failed + 1))
     kept="${TMPDIR:-/tmp}/parasol-chaos-failed-$((SEED * 1000 + r)).log"
     cp "$work/run$r.log" "$kept" && echo "    its output: $kept"
@@ -439,8 +516,12 @@ echo " run  kills  seconds  max_rel_diff  eval_auc  changes  result"
 for row in "${rows[@]}"; do echo "$row"; done
 echo "total: $RUNS runs, $total_kills kills, $failed failed runs, largest relative difference $max_diff" \
   "(undisturbed: ${undisturbed_seconds}s, AUC $ref_auc)"
+if [ "$lost_runs" -gt 0 ]; then
+  echo "overlapping failures: $lost_runs runs ended with another model, $total_lost replays" \
+    "counted as lost by the shards (documented; not failed)"
+fi
 if [ -n "$JSON" ]; then
-  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "max_relative_difference": %s, "consistency": "%s", "prefetch_depth": %d}\n' \
-    "$RUNS" "$total_kills" "$failed" "$max_diff" "$CONSISTENCY" "${PREFETCH_DEPTH:-1}" > "$JSON"
+  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "lost_runs": %d, "lost_replays": %d, "max_relative_difference": "%s", "consistency": "%s", "workers": %d, "prefetch_depth": %d}\n' \
+    "$RUNS" "$total_kills" "$failed" "$lost_runs" "$total_lost" "$max_diff" "$CONSISTENCY" "$WORKERS" "${PREFETCH_DEPTH:-1}" > "$JSON"
 fi
 [ "$failed" -eq 0 ]

@@ -76,7 +76,7 @@ done
 # non-loopback address refuses to start).
 "$PARASOL" keygen --out "$work/keys" --name server --count 2 >/dev/null
 "$PARASOL" keygen --out "$work/keys" --name client >/dev/null
-write_manifest() {  # NAME
+write_manifest() {  # NAME [PROGRESS_EVERY]
   cat > "$work/$1.yaml" <<YAML
 job: {name: netns, seed: 7}
 cluster:
@@ -87,7 +87,7 @@ cluster:
   connect_timeout: 30s
   request_timeout: 1s     # resend quickly across the partition
   request_retries: 60
-training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: 1h}
+training: {consistency: bsp, batch_size: 256, epochs: 1, progress_every: ${2:-1h}}
 model:
   kind: dlrm
   embedding_dim: 16
@@ -111,7 +111,10 @@ YAML
 # 5 s in the middle of training.
 run_job() {  # NAME CUT KILL
   local name="$1" cut="$2" kill_one="${3:-0}"
-  write_manifest "$name"
+  # A run that kills worker 1 has it print its progress every 100 ms: the kill comes at its
+  # first progress line, so from the worker's own progress, not from a guess of how long it
+  # trains (one second was past the end of its share on a fast machine).
+  write_manifest "$name" "$([ "$kill_one" -eq 1 ] && echo 100ms || echo 1h)"
   local server_pids=() worker_pids=() r
   for r in 0 1; do
     ip netns exec "$tag-s$r" "$PARASOL" server --manifest "$work/$name.yaml" --rank "$r" \
@@ -136,15 +139,24 @@ run_job() {  # NAME CUT KILL
   if [ "$kill_one" -eq 1 ]; then
     # Worker 1 dies (kill -9) and is started again by hand on its host, as a person or a
     # scheduler would: it continues from the clock the shards know it at.
-    sleep 1
+    local t
+    for t in $(seq 1 600); do  # a minute at most
+      grep -q "worker 1: step [1-9]" "$work/$name-worker1.log" 2>/dev/null && break
+      kill -0 "${worker_pids[1]}" 2>/dev/null || break
+      sleep 0.1
+    done
     local victim=""
     for p in /proc/[0-9]*; do
       case "$(tr '\0' ' ' 2>/dev/null < "$p/cmdline")" in
         *"$PARASOL worker --manifest $work/$name.yaml --rank 1 "*) victim="${p#/proc/}" ;;
       esac
     done
+    if [ -n "$victim" ] && ! kill -KILL "$victim" 2>/dev/null; then
+      victim=""  # it ended between the search and the kill
+    fi
     if [ -n "$victim" ]; then
-      kill -KILL "$victim"
+      grep -o "worker 1: step [0-9]*" "$work/$name-worker1.log" | tail -n 1 |
+        sed 's/^/killed at its progress line: /'
       wait "${worker_pids[1]}" 2>/dev/null || true
       echo "killed worker 1 (pid $victim); starting it again on 10.77.0.4"
       ip netns exec "$tag-w1" timeout 300 "$PARASOL" worker --manifest "$work/$name.yaml" \
@@ -152,7 +164,8 @@ run_job() {  # NAME CUT KILL
       worker_pids[1]=$!
       pids+=($!)
     else
-      echo "FAIL: worker 1 had finished before it could be killed"
+      echo "FAIL: worker 1 had finished before it could be killed (its log:)"
+      tail -n 5 "$work/$name-worker1.log"
       exit 1
     fi
   fi

@@ -9,9 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
 
 #include "common/json_text.hpp"
 #include "common/optimizer_layout.hpp"
@@ -496,20 +497,40 @@ Status CheckComparable(const ExportedModel& a, const std::string& dir_a, const E
 
 namespace {
 
-// ||a - b|| / ||b|| (with ||b|| at least 1e-12); counts the values that differ.
+// ||a - b|| / ||b|| (with ||b|| at least 1e-12), infinite when a value that differs is not
+// finite in either (a NaN is never equal, not even to a NaN); notes the values that differ.
+// `where`: the row's or tensor's name, for the examples.
 double RelativeDifference(const std::vector<float>& a, const std::vector<float>& b,
-                          uint64_t* differing) {
+                          const std::string& where, ModelDifference* out) {
   if (a.size() != b.size()) {
-    *differing += std::max(a.size(), b.size());
+    out->differing_values += std::max(a.size(), b.size());
+    if (out->examples.size() < ModelDifference::kExamples) {
+      out->examples.push_back(where + ": " + std::to_string(a.size()) + " values against " +
+                              std::to_string(b.size()));
+    }
     return 1.0;
   }
   double diff = 0, norm = 0;
+  bool nonfinite = false;
   for (size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] == b[i])) {
+      ++out->differing_values;
+      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+        ++out->nonfinite_values;
+        nonfinite = true;
+      }
+      if (out->examples.size() < ModelDifference::kExamples) {
+        char text[96];
+        std::snprintf(text, sizeof(text), "[%zu]: %.9g against %.9g", i, a[i], b[i]);
+        out->examples.push_back(where + text);
+      }
+    }
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
     const double d = double{a[i]} - double{b[i]};
-    if (a[i] != b[i]) ++*differing;
     diff += d * d;
     norm += double{b[i]} * double{b[i]};
   }
+  if (nonfinite) return std::numeric_limits<double>::infinity();
   return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
 }
 
@@ -522,6 +543,13 @@ ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b) {
       out.max_relative = rel;
       out.where = where;
     }
+  };
+  auto one_only = [&](const std::string& where, const char* model) {
+    ++out.rows_in_one_only;
+    if (out.examples.size() < ModelDifference::kExamples) {
+      out.examples.push_back(where + ": only in model " + model);
+    }
+    note(1.0, where);
   };
   std::set<std::string> sparse_names, dense_names;
   for (const auto& [name, rows] : a.sparse) sparse_names.insert(name);
@@ -537,38 +565,45 @@ ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b) {
       const std::string where = name + "[" + std::to_string(key) + "]";
       auto other = rb.find(key);
       if (other == rb.end()) {
-        ++out.rows_in_one_only;
-        note(1.0, where);
+        one_only(where, "A");
         continue;
       }
       out.values_compared += row.size();
-      note(RelativeDifference(row, other->second, &out.differing_values), where);
+      note(RelativeDifference(row, other->second, where, &out), where);
     }
     for (const auto& [key, row] : rb) {
-      if (ra.count(key)) continue;
-      ++out.rows_in_one_only;
-      note(1.0, name + "[" + std::to_string(key) + "]");
+      if (!ra.count(key)) one_only(name + "[" + std::to_string(key) + "]", "B");
     }
   }
   for (const std::string& name : dense_names) {
     const auto ia = a.dense.find(name), ib = b.dense.find(name);
     if (ia == a.dense.end() || ib == b.dense.end()) {
+      if (out.examples.size() < ModelDifference::kExamples) {
+        out.examples.push_back(name + ": only in model " + (ia == a.dense.end() ? "B" : "A"));
+      }
       note(1.0, name);
       continue;
     }
     out.values_compared += ib->second.size();
-    note(RelativeDifference(ia->second, ib->second, &out.differing_values), name);
+    note(RelativeDifference(ia->second, ib->second, name, &out), name);
   }
   return out;
 }
 
 std::string ModelDifference::ToJson() const {
   Json j;
-  j["max_relative_difference"] = max_relative;
+  // JSON has no infinity: a difference at a value that is not finite is written as a string.
+  if (std::isfinite(max_relative)) {
+    j["max_relative_difference"] = max_relative;
+  } else {
+    j["max_relative_difference"] = "inf";
+  }
   j["where"] = where;
   j["differing_values"] = differing_values;
+  j["nonfinite_values"] = nonfinite_values;
   j["rows_in_one_only"] = rows_in_one_only;
   j["values_compared"] = values_compared;
+  j["examples"] = examples;
   return SpacedJson(j);
 }
 

@@ -68,11 +68,16 @@ Status CheckComparable(const ExportedModel& a, const std::string& dir_a, const E
 // any sparse row or dense tensor (a row only one of them has counts as 1), where it is, and
 // how many values differ at all.
 struct ModelDifference {
+  static constexpr size_t kExamples = 5;
+  // The largest relative L2 difference of a row or tensor: infinite where a value that
+  // differs is NaN or infinite in either model (a NaN equals nothing, not even a NaN).
   double max_relative = 0;
   std::string where;          // "table[key]" or "table" of the largest difference
   uint64_t differing_values = 0;
+  uint64_t nonfinite_values = 0;  // of those, the ones not finite in either model
   uint64_t rows_in_one_only = 0;
   uint64_t values_compared = 0;
+  std::vector<std::string> examples;  // the first few differences, each with its place
   std::string ToJson() const;
 };
 ModelDifference CompareModels(const ExportedModel& a, const ExportedModel& b);

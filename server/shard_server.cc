@@ -986,7 +986,7 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
   uint64_t new_bytes = p.rows() * (uint64_t{p.dim()} + 2) * sizeof(float);
   if (req.op == Op::PushDense && req.table_id < dense_.size() && dense_[req.table_id]) {
     const auto it = aggregates_.find(req.clock);
-    if (it == aggregates_.end() || !it->second->DenseSumIfAny(req.table_id)) {
+    if (it == aggregates_.end() || !it->second->HasDense(req.worker_id, req.table_id)) {
       new_bytes = dense_[req.table_id]->slice().size() * sizeof(float);
     }
   }

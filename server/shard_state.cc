@@ -26,13 +26,29 @@ void Append(std::vector<char>& out, const T& v) {
 
 Kind KindOf(const CheckpointBlockHeader& b) { return static_cast<Kind>(b.kind); }
 Kind KindOf(const CheckpointBlock& b) { return static_cast<Kind>(b.kind); }
-bool IsPending(Kind k) { return k == Kind::kPendingSparse || k == Kind::kPendingDense; }
+bool IsPendingSparse(Kind k) { return k == Kind::kPendingSparse || k == Kind::kPendingSparseOf; }
+bool IsPending(Kind k) {
+  return IsPendingSparse(k) || k == Kind::kPendingDense || k == Kind::kPendingDenseOf;
+}
+// The bytes before a pending block's sums: its clock, and for one worker's, the worker.
+uint64_t PendingPrefixBytes(Kind k) {
+  return k == Kind::kPendingSparseOf || k == Kind::kPendingDenseOf ? 2 * sizeof(int64_t)
+                                                                    : sizeof(int64_t);
+}
 
 // A pending block's clock: its payload's first 8 bytes (CheckBlockHeader() ensures them).
 int64_t PendingClock(const CheckpointBlock& b) {
   int64_t clock = 0;
   std::memcpy(&clock, b.bytes.data(), sizeof(clock));
   return clock;
+}
+
+// Whose pushes a pending block sums: the 8 bytes after the clock, or no one worker's.
+int64_t PendingWorker(const CheckpointBlock& b) {
+  if (PendingPrefixBytes(KindOf(b)) == sizeof(int64_t)) return ClockAggregate::kNoWorker;
+  int64_t worker = 0;
+  std::memcpy(&worker, b.bytes.data() + sizeof(int64_t), sizeof(worker));
+  return worker;
 }
 
 // Refuses `count` x `unit` bytes that overflow or differ from the block's `bytes`.
@@ -123,6 +139,8 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
     case Kind::kDenseRange:
     case Kind::kPendingSparse:
     case Kind::kPendingDense:
+    case Kind::kPendingSparseOf:
+    case Kind::kPendingDenseOf:
       break;
     default:
       return InvalidArgument("unknown block kind " + std::to_string(b.kind));
@@ -133,15 +151,15 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
   }
   const TableOptions& t = manifest.tables[b.table];
   const std::string name = "table '" + t.name + "'";
-  // Pending sums: the clock they belong to, then the sums.
+  // Pending sums: the clock they belong to (and whose they are), then the sums.
   const bool pending = IsPending(KindOf(b));
-  const uint64_t clock_bytes = pending ? sizeof(int64_t) : 0;
+  const uint64_t clock_bytes = pending ? PendingPrefixBytes(KindOf(b)) : 0;
   if (b.bytes < clock_bytes) {
     return InvalidArgument(name + ": pending sums of " + std::to_string(b.bytes) +
                            " bytes, too few for their clock");
   }
   const uint64_t bytes = b.bytes - clock_bytes;
-  if (IsSparseRows(KindOf(b)) || KindOf(b) == Kind::kPendingSparse) {
+  if (IsSparseRows(KindOf(b)) || IsPendingSparse(KindOf(b))) {
     if (t.kind != TableKind::kSparse) {
       return InvalidArgument(std::string(pending ? "pending sums of sparse rows" : "sparse rows") +
                              " for dense " + name);
@@ -413,17 +431,19 @@ Status ShardState::SaveDense(uint32_t t, const CheckpointBlockSink& sink) const 
 }
 
 // After the clocks, which bound the pending clocks when they are loaded.
+// Each worker's sums apart (a clock combined already, as no one worker's).
 Status ShardState::SavePending(const CheckpointBlockSink& sink) const {
-  for (const auto& [clock, agg] : pending_) {
+  auto save = [&](int64_t clock, int64_t worker, const ClockAggregate::Part& part) -> Status {
     for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
       CheckpointBlock b;
       b.table = t;
       Append(b.bytes, clock);
+      Append(b.bytes, worker);
       if (sparse_[t]) {
-        b.kind = static_cast<uint32_t>(Kind::kPendingSparse);
+        b.kind = static_cast<uint32_t>(Kind::kPendingSparseOf);
         const uint32_t dim = sparse_[t]->dim();
         for (uint32_t e = 0; e < engines_; ++e) {
-          agg->ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
+          part.ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
             Append(b.bytes, key);
             const char* p = reinterpret_cast<const char*>(sum);
             b.bytes.insert(b.bytes.end(), p, p + dim * sizeof(float));
@@ -432,14 +452,24 @@ Status ShardState::SavePending(const CheckpointBlockSink& sink) const {
         }
         if (b.count == 0) continue;
       } else {
-        const float* sums = agg->DenseSumIfAny(t);
+        const float* sums = part.DenseSumIfAny(t);
         if (!sums) continue;
-        b.kind = static_cast<uint32_t>(Kind::kPendingDense);
+        b.kind = static_cast<uint32_t>(Kind::kPendingDenseOf);
         b.count = dense_[t]->slice().size();
         const char* p = reinterpret_cast<const char*>(sums);
         b.bytes.insert(b.bytes.end(), p, p + b.count * sizeof(float));
       }
       PARASOL_RETURN_IF_ERROR(sink(b));
+    }
+    return Status::Ok();
+  };
+  for (const auto& [clock, agg] : pending_) {
+    if (agg->combined()) {
+      PARASOL_RETURN_IF_ERROR(save(clock, ClockAggregate::kNoWorker, agg->sums()));
+      continue;
+    }
+    for (const auto& [worker, part] : agg->parts()) {
+      PARASOL_RETURN_IF_ERROR(save(clock, worker, part));
     }
   }
   return Status::Ok();
@@ -567,7 +597,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
        incarnations_seen = false, members_seen = false, migration_seen = false;
-  std::set<std::pair<int64_t, uint32_t>> pending_seen;  // (clock, table)
+  std::set<std::tuple<int64_t, uint32_t, int64_t>> pending_seen;  // (clock, table, worker)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   uint64_t blocks_seen = 0;
   bool delta_seen = false;
@@ -629,7 +659,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(record_seen, true)) return InvalidArgument("a second push record");
     } else if (IsPending(KindOf(b))) {
       if (!clocks_seen) return InvalidArgument("pending sums before the worker clocks");
-      if (KindOf(b) == Kind::kPendingDense &&
+      if (!IsPendingSparse(KindOf(b)) &&
           (!table_seen[b.table] || b.count != dense_count[b.table])) {
         return InvalidArgument("table '" + manifest_.tables[b.table].name + "': pending sums " +
                                "of " + std::to_string(b.count) + " elements; its block " +
@@ -784,7 +814,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
 }
 
 Status ShardState::CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,
-                                std::set<std::pair<int64_t, uint32_t>>* seen) const {
+                                std::set<std::tuple<int64_t, uint32_t, int64_t>>* seen) const {
   const int64_t clock = PendingClock(b);
   // A shard applies a clock's sums once every worker has passed it: pending sums are of the
   // slowest worker's clock or later.
@@ -795,17 +825,29 @@ Status ShardState::CheckPending(const CheckpointBlock& b, const std::vector<int6
                            std::to_string(slowest) + ")");
   }
   const std::string& table = manifest_.tables[b.table].name;
-  if (!seen->insert({clock, b.table}).second) {
-    return InvalidArgument("a second block of pending sums of table '" + table + "' for clock " +
-                           std::to_string(clock));
+  const int64_t worker = PendingWorker(b);
+  if (worker != ClockAggregate::kNoWorker &&
+      (worker < 0 || worker >= int64_t{manifest_.cluster.max_workers})) {
+    return InvalidArgument("pending sums of table '" + table + "' for clock " +
+                           std::to_string(clock) + " of worker " + std::to_string(worker) +
+                           "; the manifest has " + std::to_string(manifest_.cluster.max_workers) +
+                           " worker ranks");
   }
-  if (KindOf(b) != Kind::kPendingSparse) return Status::Ok();
+  if (!seen->insert({clock, b.table, worker}).second) {
+    return InvalidArgument("a second block of pending sums of table '" + table + "' for clock " +
+                           std::to_string(clock) +
+                           (worker == ClockAggregate::kNoWorker
+                                ? std::string()
+                                : " of worker " + std::to_string(worker)));
+  }
+  if (!IsPendingSparse(KindOf(b))) return Status::Ok();
   const size_t stride = sizeof(uint64_t) + sizeof(float) * manifest_.tables[b.table].dim;
+  const uint64_t prefix = PendingPrefixBytes(KindOf(b));
   std::unordered_set<uint64_t> keys;
   keys.reserve(b.count);
   for (uint64_t i = 0; i < b.count; ++i) {
     uint64_t key;
-    std::memcpy(&key, b.bytes.data() + sizeof(int64_t) + i * stride, sizeof(key));
+    std::memcpy(&key, b.bytes.data() + prefix + i * stride, sizeof(key));
     if (!keys.insert(key).second) {
       return InvalidArgument("key " + std::to_string(key) + " twice in the pending sums of " +
                              "table '" + table + "' for clock " + std::to_string(clock));
@@ -1010,9 +1052,11 @@ Status ShardState::ApplyPending(const CheckpointBlock& b, PendingAggregates* pen
     agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
                                            engines_);
   }
-  const char* sums = b.bytes.data() + sizeof(int64_t);
-  const size_t bytes = b.bytes.size() - sizeof(int64_t);
-  if (KindOf(b) == Kind::kPendingSparse) {
+  ClockAggregate::Part& part = agg->PartOf(PendingWorker(b));
+  const uint64_t prefix = PendingPrefixBytes(KindOf(b));
+  const char* sums = b.bytes.data() + prefix;
+  const size_t bytes = b.bytes.size() - prefix;
+  if (IsPendingSparse(KindOf(b))) {
     if (b.table >= sparse_.size() || !sparse_[b.table]) {
       return Internal("no sparse table " + std::to_string(b.table) + " on this shard");
     }
@@ -1027,7 +1071,7 @@ Status ShardState::ApplyPending(const CheckpointBlock& b, PendingAggregates* pen
       const char* p = sums + i * stride;
       uint64_t key;
       std::memcpy(&key, p, sizeof(key));
-      std::memcpy(agg->SparseSum(b.table, EngineOfKey(key, engines_), key, dim),
+      std::memcpy(part.SparseSum(b.table, EngineOfKey(key, engines_), key, dim),
                   p + sizeof(key), row_bytes);
     }
     return Status::Ok();
@@ -1040,7 +1084,7 @@ Status ShardState::ApplyPending(const CheckpointBlock& b, PendingAggregates* pen
     return Internal("table '" + dense_[b.table]->options().name +
                     "' pending sums do not match the slice");
   }
-  std::memcpy(agg->DenseSum(b.table, n), sums, bytes);
+  std::memcpy(part.DenseSum(b.table, n), sums, bytes);
   return Status::Ok();
 }
 

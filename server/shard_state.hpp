@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,12 @@ enum class CheckpointBlockKind : uint32_t {
   // that are no floats (adam's step count) as they are, 32 bits each.
   // Widened into a kSparseRows block as it is read (WidenSparseRows()).
   kSparseRowsBf16 = 15,
+  // As kPendingSparse and kPendingDense, for one worker's pushes of the clock: the i64 clock,
+  // the i64 worker rank (-1: of no one worker), then the sums. A shard folds the workers' sums
+  // in rank order when it applies the clock (server/clock_aggregate.hpp), so it keeps them
+  // apart until then, across a restart too. The two kinds above are read as worker -1's.
+  kPendingSparseOf = 16,
+  kPendingDenseOf = 17,
 };
 
 // A block of sparse rows, either width.
@@ -232,7 +239,7 @@ class ShardState {
   Status ApplyPending(const CheckpointBlock& b, PendingAggregates* pending) const;
   // A pending block's clock (at or after the slowest of `clocks`, once per table) and keys.
   Status CheckPending(const CheckpointBlock& b, const std::vector<int64_t>& clocks,
-                      std::set<std::pair<int64_t, uint32_t>>* seen) const;
+                      std::set<std::tuple<int64_t, uint32_t, int64_t>>* seen) const;
   Status SavePending(const CheckpointBlockSink& sink) const;
 
   const Manifest& manifest_;

@@ -318,10 +318,11 @@ Status ShardServer::AggregatePushSparse(const Header& req, const PayloadView& p,
   PARASOL_ASSIGN_OR_RETURN(SparseTable * table, SparseTableFor(req));
   const uint32_t dim = table->dim();
   SplitByEngine(p);
+  ClockAggregate::Part& part = agg.PartOf(req.worker_id);
   engines_.RunOnAll(
       [&](uint32_t e) {
         for (uint32_t i : engine_positions_[e]) {
-          float* sum = agg.SparseSum(req.table_id, e, p.Key(i), dim);
+          float* sum = part.SparseSum(req.table_id, e, p.Key(i), dim);
           const std::byte* g = p.Row(i);
           for (uint32_t d = 0; d < dim; ++d) sum[d] += LoadF32(g + d * sizeof(float));
         }
@@ -338,7 +339,7 @@ Status ShardServer::AggregatePushDense(const Header& req, const PayloadView& p,
   }
   PARASOL_ASSIGN_OR_RETURN(DenseTable * table, DenseTableFor(req, p.rows()));
   PARASOL_RETURN_IF_ERROR(CheckDensePush(req, p.rows()));
-  float* sums = agg.DenseSum(req.table_id, table->slice().size()) +
+  float* sums = agg.PartOf(req.worker_id).DenseSum(req.table_id, table->slice().size()) +
                 (req.offset - table->slice().begin);
   p.ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
     for (uint64_t i = 0; i < rows; ++i) sums[first + i] += LoadF32(data + i * sizeof(float));
@@ -360,8 +361,8 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
     const uint32_t dim = table.dim();
     const Optimizer& opt = table.optimizer();
     // The clock's keys in the order they were first pushed, and their sums.
-    const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
-    const float* sums = agg.SparseSumsOf(static_cast<uint32_t>(t), e);
+    const std::span<const uint64_t> keys = agg.sums().SparseKeys(static_cast<uint32_t>(t), e);
+    const float* sums = agg.sums().SparseSumsOf(static_cast<uint32_t>(t), e);
     auto at = [&](size_t j) -> size_t { return positions ? positions[j] : j; };
     if (part.tiered()) {
       if (Status st = part.Prefault(keys); !st.ok()) {
@@ -390,7 +391,7 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
   if (!split) {
     for (size_t t = 0; t < sparse_.size(); ++t) {
       if (!sparse_[t]) continue;
-      const size_t n = agg.SparseKeys(static_cast<uint32_t>(t), e).size();
+      const size_t n = agg.sums().SparseKeys(static_cast<uint32_t>(t), e).size();
       apply(t, nullptr, n);
       counters_.bsp_rows_before_reply += n;
     }
@@ -403,7 +404,7 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
     std::vector<uint32_t> now_rows;
     for (size_t t = 0; t < sparse_.size(); ++t) {
       if (!sparse_[t]) continue;
-      const std::span<const uint64_t> keys = agg.SparseKeys(static_cast<uint32_t>(t), e);
+      const std::span<const uint64_t> keys = agg.sums().SparseKeys(static_cast<uint32_t>(t), e);
       if (!TableSplits(*sparse_[t])) {
         apply(t, nullptr, keys.size());
         counters_.bsp_rows_before_reply += keys.size();
@@ -413,7 +414,7 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
       if (t < pull_keys_.size()) {
         for (uint64_t key : pull_keys_[t]) {
           if (EngineOfKey(key, engines) != e) continue;
-          const uint32_t at = agg.FindSparse(static_cast<uint32_t>(t), e, key);
+          const uint32_t at = agg.sums().FindSparse(static_cast<uint32_t>(t), e, key);
           if (at != KeyIndex::kAbsent) read[at] = 1;
         }
       }
@@ -447,6 +448,12 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApp
   // The average over the workers expected at this clock (live, and not finished before it).
   const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
+  // The workers' sums folded in rank order: the same bits whatever order they arrived in.
+  if (!agg.combined()) {
+    agg.PrepareCombine();
+    engines_.RunOnAll([&](uint32_t e) { agg.CombineOn(e); });
+    agg.EndCombine();
+  }
   if (split) {
     split->scale = scale;
     split->now = now;
@@ -459,7 +466,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApp
   // two slices during a change of the shard count, the others are not this clock's).
   std::vector<SliceRange> dense_at(dense_.size());
   for (size_t t = 0; t < dense_.size(); ++t) {
-    if (dense_[t] && agg.DenseSumIfAny(static_cast<uint32_t>(t))) {
+    if (dense_[t] && agg.sums().DenseSumIfAny(static_cast<uint32_t>(t))) {
       dense_[t]->PrepareWrite(ClockWrite(clock));
       dense_pushed[t] = 1;
       const SliceRange at = DenseSliceAt(static_cast<uint32_t>(t), clock);
@@ -478,7 +485,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApp
       DenseTable& table = *dense_[t];
       const uint64_t first = dense_at[t].begin, n = dense_at[t].size();
       const uint64_t b = first + n * e / engines, end = first + n * (e + 1) / engines;
-      const float* sums = agg.DenseSumIfAny(static_cast<uint32_t>(t));
+      const float* sums = agg.sums().DenseSumIfAny(static_cast<uint32_t>(t));
       table.Apply(b, reinterpret_cast<const std::byte*>(sums + b), end - b, scale);
     }
   });

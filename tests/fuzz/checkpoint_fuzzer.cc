@@ -75,18 +75,24 @@ void Load(parasol::testing::SmallShard& shard, const std::string& file, bool che
   }
   for (const auto& [clock, agg] : shard.pending()) {
     volatile float sink = static_cast<float>(clock);
-    for (uint32_t t : {0u, 1u}) {
-      for (uint32_t e = 0; e < shard.manifest().server.engine_threads; ++e) {
-        agg->ForEachSparse(t, e, shard.sparse(t).dim(), [&](uint64_t, const float* sum) {
-          for (uint32_t d = 0; d < shard.sparse(t).dim(); ++d) sink = sink + sum[d];
-        });
+    for (const auto& [worker, part] : agg->parts()) {
+      for (uint32_t t : {0u, 1u}) {
+        for (uint32_t e = 0; e < shard.manifest().server.engine_threads; ++e) {
+          part.ForEachSparse(t, e, shard.sparse(t).dim(), [&](uint64_t, const float* sum) {
+            for (uint32_t d = 0; d < shard.sparse(t).dim(); ++d) sink = sink + sum[d];
+          });
+        }
+      }
+      for (uint32_t t : {2u, 3u}) {
+        if (const float* sum = part.DenseSumIfAny(t)) {
+          for (uint64_t i = 0; i < shard.dense(t).slice().size(); ++i) sink = sink + sum[i];
+        }
       }
     }
-    for (uint32_t t : {2u, 3u}) {
-      if (const float* sum = agg->DenseSumIfAny(t)) {
-        for (uint64_t i = 0; i < shard.dense(t).slice().size(); ++i) sink = sink + sum[i];
-      }
-    }
+    // The clock applied as a shard would: the parts folded in rank order.
+    agg->PrepareCombine();
+    for (uint32_t e = 0; e < shard.manifest().server.engine_threads; ++e) agg->CombineOn(e);
+    agg->EndCombine();
   }
   (void)shard.controller().MinClock();
   (void)shard.record().Check(0, 1, 2);

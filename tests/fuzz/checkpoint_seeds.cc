@@ -66,19 +66,22 @@ void SumPending(SmallShard& shard) {
   for (int64_t clock : {4, 5}) {
     auto& agg = shard.pending()[clock];
     agg = std::make_unique<parasol::ClockAggregate>(tables, engines);
-    for (uint32_t table : {0u, 1u}) {
-      const uint32_t dim = shard.sparse(table).dim();
-      for (uint64_t key = 1; key <= 5; ++key) {
-        const uint64_t k = key * 0x9e3779b97f4a7c15ULL >> table;
-        float* sum = agg->SparseSum(table, parasol::EngineOfKey(k, engines), k, dim);
-        for (uint32_t d = 0; d < dim; ++d) sum[d] += 0.125f * static_cast<float>(key + d);
+    for (int64_t worker : {0, 2}) {  // two workers' sums, kept apart
+      parasol::ClockAggregate::Part& part = agg->PartOf(worker);
+      for (uint32_t table : {0u, 1u}) {
+        const uint32_t dim = shard.sparse(table).dim();
+        for (uint64_t key = 1; key <= 5; ++key) {
+          const uint64_t k = key * 0x9e3779b97f4a7c15ULL >> table;
+          float* sum = part.SparseSum(table, parasol::EngineOfKey(k, engines), k, dim);
+          for (uint32_t d = 0; d < dim; ++d) sum[d] += 0.125f * static_cast<float>(key + d);
+        }
       }
-    }
-    for (uint32_t table : {2u, 3u}) {
-      if (table == 3 && clock == 4) continue;
-      const uint64_t n = shard.dense(table).slice().size();
-      float* sum = agg->DenseSum(table, n);
-      for (uint64_t i = 0; i < n; ++i) sum[i] -= 0.5f * static_cast<float>(i);
+      for (uint32_t table : {2u, 3u}) {
+        if (table == 3 && clock == 4) continue;
+        const uint64_t n = shard.dense(table).slice().size();
+        float* sum = part.DenseSum(table, n);
+        for (uint64_t i = 0; i < n; ++i) sum[i] -= 0.5f * static_cast<float>(i + worker);
+      }
     }
   }
 }

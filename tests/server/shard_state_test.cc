@@ -61,25 +61,37 @@ class ShardStateTest : public ::testing::Test {
   // BSP sums pending for clocks 3 and 4 (Train's slowest worker is at 3): three keys in each
   // sparse table; dense table 'w' at both clocks, 'b' at clock 4 only. Values no arithmetic
   // would round-trip by accident: -0, a subnormal, a NaN with a payload.
-  static void TrainPending(SmallShard& s) {
+  // `several`: sums of workers 0 and 1 and, at clock 4, of no one worker (as an older
+  // checkpoint holds them); else of worker 0 only.
+  static void TrainPending(SmallShard& s, bool several = false) {
     const uint32_t engines = s.manifest().server.engine_threads;
     const uint32_t tables = static_cast<uint32_t>(s.manifest().tables.size());
     const float odd[] = {-0.0f, 1e-40f, std::bit_cast<float>(0x7fc01234u), -3.5f};
     for (int64_t clock : {3, 4}) {
       std::unique_ptr<ClockAggregate>& agg = s.pending()[clock];
       agg = std::make_unique<ClockAggregate>(tables, engines);
-      for (uint32_t t : {0u, 1u}) {
-        const uint32_t dim = s.sparse(t).dim();
-        for (uint64_t key : {5ull, 6ull, 1ull << 50}) {
-          float* sum = agg->SparseSum(t, EngineOfKey(key, engines), key, dim);
-          for (uint32_t d = 0; d < dim; ++d) sum[d] = odd[(key + d) % 4] + 0.5f * clock;
+      for (int64_t worker : {int64_t{0}, int64_t{1}, ClockAggregate::kNoWorker}) {
+        if (worker != 0 && !several) continue;
+        if (worker == ClockAggregate::kNoWorker && clock == 3) continue;
+        ClockAggregate::Part& part = agg->PartOf(worker);
+        for (uint32_t t : {0u, 1u}) {
+          const uint32_t dim = s.sparse(t).dim();
+          for (uint64_t key : {5ull, 6ull, 1ull << 50}) {
+            if (worker == 1 && key == 6) continue;
+            float* sum = part.SparseSum(t, EngineOfKey(key, engines), key, dim);
+            for (uint32_t d = 0; d < dim; ++d) {
+              sum[d] = odd[(key + d) % 4] + 0.5f * clock + static_cast<float>(worker);
+            }
+          }
         }
-      }
-      for (uint32_t t : {2u, 3u}) {
-        if (t == 3 && clock == 3) continue;
-        const uint64_t n = s.dense(t).slice().size();
-        float* sum = agg->DenseSum(t, n);
-        for (uint64_t i = 0; i < n; ++i) sum[i] = odd[i % 4] - 0.25f * static_cast<float>(i);
+        for (uint32_t t : {2u, 3u}) {
+          if (t == 3 && (clock == 3 || (several && worker == 0))) continue;
+          const uint64_t n = s.dense(t).slice().size();
+          float* sum = part.DenseSum(t, n);
+          for (uint64_t i = 0; i < n; ++i) {
+            sum[i] = odd[i % 4] - 0.25f * static_cast<float>(i) + static_cast<float>(worker);
+          }
+        }
       }
     }
   }
@@ -137,27 +149,30 @@ std::map<std::pair<uint32_t, uint64_t>, std::vector<float>> Contents(SmallShard&
   return out;
 }
 
-// Every pending sum, by (clock, table, engine, key) (dense: engine and key ~0), as bits.
-std::map<std::tuple<int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> PendingBits(
-    SmallShard& s) {
-  std::map<std::tuple<int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> out;
+// Every pending sum, by (clock, worker, table, engine, key) (dense: engine and key ~0), as
+// bits.
+std::map<std::tuple<int64_t, int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>>
+PendingBits(SmallShard& s) {
+  std::map<std::tuple<int64_t, int64_t, uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> out;
   auto bits = [](const float* v, uint64_t n) {
     std::vector<uint32_t> b(n);
     std::memcpy(b.data(), v, n * sizeof(float));
     return b;
   };
   for (const auto& [clock, agg] : s.pending()) {
-    for (uint32_t t : {0u, 1u}) {
-      const uint32_t dim = s.sparse(t).dim();
-      for (uint32_t e = 0; e < s.manifest().server.engine_threads; ++e) {
-        agg->ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
-          out[{clock, t, e, key}] = bits(sum, dim);
-        });
+    for (const auto& [worker, part] : agg->parts()) {
+      for (uint32_t t : {0u, 1u}) {
+        const uint32_t dim = s.sparse(t).dim();
+        for (uint32_t e = 0; e < s.manifest().server.engine_threads; ++e) {
+          part.ForEachSparse(t, e, dim, [&](uint64_t key, const float* sum) {
+            out[{clock, worker, t, e, key}] = bits(sum, dim);
+          });
+        }
       }
-    }
-    for (uint32_t t : {2u, 3u}) {
-      if (const float* sum = agg->DenseSumIfAny(t)) {
-        out[{clock, t, ~0u, ~0ull}] = bits(sum, s.dense(t).slice().size());
+      for (uint32_t t : {2u, 3u}) {
+        if (const float* sum = part.DenseSumIfAny(t)) {
+          out[{clock, worker, t, ~0u, ~0ull}] = bits(sum, s.dense(t).slice().size());
+        }
       }
     }
   }
@@ -257,9 +272,12 @@ TEST_F(ShardStateTest, TheMembershipLoadsBackAndABadEntryIsRefused) {
 TEST_F(ShardStateTest, PendingSumsOfTwoClocksLoadBackBitForBit) {
   SmallShard saved;
   Train(saved);
-  TrainPending(saved);
+  TrainPending(saved, /*several=*/true);
   const auto sums = PendingBits(saved);
-  ASSERT_EQ(sums.size(), 2u * 2u * 3u + 3u);  // 3 keys x 2 tables x 2 clocks; 3 dense sums
+  // Per clock and table: 3 keys of worker 0, 2 of worker 1, at clock 4 3 of no one worker.
+  // Dense: 'w' of workers 0 and 1 at clock 3; at clock 4 'w' of all three, 'b' of worker 1
+  // and no one worker.
+  ASSERT_EQ(sums.size(), 2u * (5u + 8u) + 2u + 5u);
   const std::string path = dir_ + "/ckpt.bin";
   ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), *saved.state().Save()).ok());
   SmallShard loaded;
@@ -283,7 +301,7 @@ TEST_F(ShardStateTest, ADenseRangeLoadsBackWithItsPendingSumsAndABadOneIsRefused
   ASSERT_TRUE(saved.membership().SetServers(10, 1).ok());
   saved.Reslice(2, SliceRange{0, 21});  // 'w', 21 elements: [0, 11) before, all after
   saved.Reslice(3, SliceRange{0, 5});   // 'b', 5 elements: [0, 3) before, all after
-  TrainPending(saved);
+  TrainPending(saved, /*several=*/true);
   const auto sums = PendingBits(saved);
   const std::vector<CheckpointBlock> good = *saved.state().Save();
   int ranges = 0;
@@ -387,6 +405,40 @@ void SetPendingClock(CheckpointBlock& b, int64_t clock) {
   std::memcpy(b.bytes.data(), &clock, sizeof(clock));
 }
 
+void SetPendingWorker(CheckpointBlock& b, int64_t worker) {
+  std::memcpy(b.bytes.data() + sizeof(int64_t), &worker, sizeof(worker));
+}
+
+// A checkpoint written before sums were kept per worker has kinds 5 and 6 (the clock, then
+// the sums): they load as sums of no one worker, which a clock folds in first.
+TEST_F(ShardStateTest, PendingSumsOfNoWorkerFromAnOlderCheckpointLoad) {
+  SmallShard saved;
+  Train(saved);
+  TrainPending(saved);
+  std::vector<CheckpointBlock> blocks = *saved.state().Save();
+  int converted = 0;
+  for (CheckpointBlock& b : blocks) {
+    if (b.kind != 16 && b.kind != 17) continue;
+    b.kind = b.kind == 16 ? 5 : 6;
+    b.bytes.erase(b.bytes.begin() + sizeof(int64_t), b.bytes.begin() + 2 * sizeof(int64_t));
+    ++converted;
+  }
+  ASSERT_EQ(converted, 7);
+  const std::string path = dir_ + "/old.bin";
+  ASSERT_TRUE(WriteCheckpointFile(path, HeaderOf(saved), blocks).ok());
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto want = PendingBits(saved);
+  decltype(want) as_no_worker;
+  for (auto& [where, bits] : want) {
+    auto [clock, worker, t, e, key] = where;
+    ASSERT_EQ(worker, 0);
+    as_no_worker[{clock, ClockAggregate::kNoWorker, t, e, key}] = bits;
+  }
+  EXPECT_EQ(PendingBits(loaded), as_no_worker);
+}
+
 TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   SmallShard trained;
   Train(trained);
@@ -395,11 +447,11 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
   // 4 tables, clocks, push record; clock 3: emb, small, w; clock 4: emb, small, w, b; done, barrier,
   // incarnations.
   ASSERT_EQ(good.size(), 16u);
-  ASSERT_EQ(good[6].kind, 5u);
-  ASSERT_EQ(good[8].kind, 6u);
+  ASSERT_EQ(good[6].kind, 16u);
+  ASSERT_EQ(good[8].kind, 17u);
   const std::vector<BadBlocks> cases = {
       {"pending sparse sums for a dense table", [](auto& b, auto&) { b[6].table = 2; },
-       "block 6 (kind 5, table 2, at byte"},
+       "block 6 (kind 16, table 2, at byte"},
       {"pending sparse sums for a dense table (what)", [](auto& b, auto&) { b[6].table = 2; },
        "pending sums of sparse rows for dense table 'w'"},
       {"pending dense sums for a sparse table", [](auto& b, auto&) { b[8].table = 0; },
@@ -433,7 +485,7 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
          b.insert(b.begin(), b[6]);
          b.erase(b.begin() + 7);
        },
-       "block 0 (kind 5, table 0, at byte 64): pending sums before the worker clocks"},
+       "block 0 (kind 16, table 0, at byte 64): pending sums before the worker clocks"},
       {"a clock every worker has passed", [](auto& b, auto&) { SetPendingClock(b[6], 2); },
        "pending sums of clock 2, out of range (the slowest worker is at clock 3)"},
       {"a clock out of range",
@@ -443,8 +495,22 @@ TEST_F(ShardStateTest, DamagedPendingSumsAreRefusedAndChangeNothing) {
        [](auto& b, auto&) { SetPendingClock(b[9], 3); },
        "a second block of pending sums of table 'emb' for clock 3"},
       {"a key twice",
-       [](auto& b, auto&) { std::memcpy(b[7].bytes.data() + 8 + 12, b[7].bytes.data() + 8, 8); },
+       [](auto& b, auto&) { std::memcpy(b[7].bytes.data() + 16 + 12, b[7].bytes.data() + 16, 8); },
        "twice in the pending sums of table 'small' for clock 3"},
+      {"a worker rank outside the manifest's",
+       [](auto& b, auto&) { SetPendingWorker(b[7], 3); },
+       "pending sums of table 'small' for clock 3 of worker 3; the manifest has 3 worker ranks"},
+      {"a negative worker other than no one worker's",
+       [](auto& b, auto&) { SetPendingWorker(b[7], -2); }, "of worker -2; the manifest has"},
+      {"a second block of one table for one clock and worker",
+       [](auto& b, auto&) { b.insert(b.begin() + 8, b[7]); },
+       "a second block of pending sums of table 'small' for clock 3 of worker 0"},
+      {"no room for the worker",
+       [](auto& b, auto&) {
+         b[8].bytes.resize(12);
+         b[8].count = 0;
+       },
+       "table 'w': pending sums of 12 bytes, too few for their clock"},
   };
   ExpectRefused(trained, good, cases);
 }
