@@ -155,8 +155,8 @@ run_job() {  # NAME CUT KILL
       victim=""  # it ended between the search and the kill
     fi
     if [ -n "$victim" ]; then
-      grep -o "worker 1: step [0-9]*" "$work/$name-worker1.log" | tail -n 1 |
-        sed 's/^/killed at its progress line: /'
+      { grep -o "worker 1: step [0-9]*" "$work/$name-worker1.log" || echo "no step yet"; } |
+        tail -n 1 | sed 's/^/killed at its progress line: /'
       wait "${worker_pids[1]}" 2>/dev/null || true
       echo "killed worker 1 (pid $victim); starting it again on 10.77.0.4"
       ip netns exec "$tag-w1" timeout 300 "$PARASOL" worker --manifest "$work/$name.yaml" \

@@ -5,8 +5,16 @@
 // The sums are kept per worker (a Part each) and folded in rank order only when the clock is
 // applied (Combine()). Float addition is not associative: summed in arrival order, three or
 // more workers' gradients would give other bits on every run. A worker's own pushes reach the
-// shard in the order it sent them (one connection, and its replays keep that order), so each
-// part, and so the fold, is the same whatever the arrival order across workers.
+// shard in the order it sent them over its one connection, and its replays keep that order;
+// a push resent after a lost connection may come after pushes sent behind it, which changes
+// no bits unless one worker adds three or more times to the same value in one clock (a worker
+// pushes a key once per table per step). So each part, and the fold, is the same whatever
+// the arrival order across workers. Sums restored from a checkpoint older than this (of no
+// one worker) are folded first.
+//
+// Memory: a clock's sums are held once per worker that pushed to them (the pending limits,
+// server.max_pending_bytes, count each worker's), and the fold grows the lowest rank's part
+// to the union of the keys while the others are still held.
 //
 // Thread-safety: PartOf() and PrepareCombine() are called on the request thread; the sums of
 // (table, engine) of a part, and CombineOn(engine), are touched only by that engine.

@@ -49,7 +49,7 @@ Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& 
   if (!membership_.server_changes().empty() || staged_rows_) {
     keeps = [this](uint64_t key) { return KeepsKey(key); };
   }
-  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_,
+  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(),
                          aggregates_, engines_.size(), membership_, &migration_, std::move(keeps));
   // Streamed: each block is written as the state produces it (a tiered table's rows need not
   // fit in memory).
@@ -90,9 +90,7 @@ void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string
   // A request for a checkpoint of this state is answered at once from now on.
   requested_checkpoint_stamp_ = stamp;
   // What a worker pushed after the state was taken is not in this checkpoint.
-  for (size_t w = 0; w < pushed_since_checkpoint_.size() && w < pushed_at_start.size(); ++w) {
-    pushed_since_checkpoint_[w] -= std::min(pushed_since_checkpoint_[w], pushed_at_start[w]);
-  }
+  push_gate_.CheckpointTaken(pushed_at_start);
   checkpoint_clock_ = h.clock;
   spdlog::info("shard {}: {} {} ({}) at clock {}: {:.1f} MB in {:.3f} s, serving "
                "stopped for {:.1f} ms",
@@ -154,7 +152,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CheckpointWritten(h, path, reason, StateStamp(), pushed_since_checkpoint_, seconds,
+  CheckpointWritten(h, path, reason, StateStamp(), push_gate_.pushed_since_checkpoint(), seconds,
                     seconds * 1e3, bytes, begun_clock);
   return Status::Ok();
 }
@@ -189,7 +187,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.path = CheckpointPath(c.dir, rank_, bg.header.sequence);
   bg.reason = reason;
   bg.stamp = StateStamp();
-  bg.pushed_at_start = pushed_since_checkpoint_;
+  bg.pushed_at_start = push_gate_.pushed_since_checkpoint();
   bg.start = start;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -362,7 +360,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
   try {
     std::ifstream in(path, std::ios::binary);
     if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
-    ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_record_, aggregates_,
+    ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(), aggregates_,
                      engines_.size(), membership_, &migration_);
     state.set_engine_runner(
         [this](const std::function<void(uint32_t)>& fn) { engines_.RunOnAll(fn); });
@@ -525,8 +523,9 @@ void ShardServer::MaybeCheckpoint() {
   const uint64_t share = c.max_log_bytes / num_shards_;
   const uint64_t full = share - std::min(share / 2, manifest_.server.max_request_bytes);
   bool forced = false;
-  for (uint32_t w = 0; w < pushed_since_checkpoint_.size() && !due && !checkpoint_owed_; ++w) {
-    const uint64_t pushed = pushed_since_checkpoint_[w];
+  const std::vector<uint64_t>& pushed_since = push_gate_.pushed_since_checkpoint();
+  for (uint32_t w = 0; w < pushed_since.size() && !due && !checkpoint_owed_; ++w) {
+    const uint64_t pushed = pushed_since[w];
     if (pushed >= log_share && (pushed >= full || ForcedCheckpointDue())) {
       due = true;
       forced = true;

@@ -57,6 +57,7 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       context_(1),
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
+      push_gate_(std::max(manifest.cluster.workers, manifest.cluster.max_workers)),
       controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now(),
                   manifest.cluster.max_workers),
       membership_(JobMembership(manifest)),
@@ -64,7 +65,6 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
       held_count_(membership_.max_ranks(), 0),
       held_worker_bytes_(membership_.max_ranks(), 0),
       reply_dropped_since_(membership_.max_ranks()) {
-  pushed_since_checkpoint_.assign(membership_.max_ranks(), 0);
   tables_status_ = ResetTables();
 }
 
@@ -791,24 +791,13 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
                                std::to_string(req.worker_id) + " is not in this job (cluster." +
                                "workers = " + std::to_string(manifest_.cluster.workers) + ", and it has not joined)");
       }
-      // (worker, clock, index) names the push: a resend, a replay or a restarted worker's
-      // recomputed step is applied once (server/push_record.hpp).
-      // Also a push older than the record from a worker whose clock here is past it and not a
-      // checkpoint's: its pushes before that clock are all applied (a resend whose reply was
-      // dropped, arriving after the record moved on).
-      // A shard that a change removed, once it has committed it: what it held of the clocks
-      // before the change was copied to the shards that hold it now (a replay of those pushes,
-      // to a process restarted from an older checkpoint, changes nothing).
-      if (!Entered() && ChangeClock() >= 0 && migration_.installed >= ChangeClock() &&
-          req.clock < ChangeClock()) {
-        ++counters_.duplicate_pushes;
-        reply->duplicate = true;
-        return Status::Ok();
-      }
+      // Whether it is new, a duplicate or a conflicting resend: server/push_gate.hpp.
       const uint64_t checksum = PushChecksum(req, frames);
-      if (const PushRecord::Verdict v =
-              push_record_.Check(req.worker_id, req.clock, req.seq, checksum, req.incarnation);
-          v == PushRecord::Verdict::kConflict) {
+      const bool moved_away = !Entered() && ChangeClock() >= 0 &&
+                              migration_.installed >= ChangeClock() && req.clock < ChangeClock();
+      const PushGate::Decision d = push_gate_.AdmitPush(req, checksum, SenderOf(req.worker_id),
+                                                        moved_away);
+      if (d.admission == PushGate::Admission::kConflict) {
         // The same name from the same worker process with another payload: a client that
         // reuses a push's name, or a forgery. Neither is applied over the first.
         ++counters_.conflicting_resends;
@@ -817,22 +806,20 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
                                   std::to_string(req.worker_id) + " to table " +
                                   TableName(req.table_id) + " was applied before with another "
                                   "payload; this resend is refused");
-      } else if (v == PushRecord::Verdict::kApplied ||
-                 (v == PushRecord::Verdict::kTooOld && !controller_.Restored(req.worker_id) &&
-                  req.clock < controller_.clocks()[req.worker_id])) {
+      }
+      if (d.admission == PushGate::Admission::kDuplicate) {
         ++counters_.duplicate_pushes;
         reply->duplicate = true;
         return Status::Ok();
       }
-      PARASOL_RETURN_IF_ERROR(push_record_.CanMark(req.worker_id, req.clock, req.seq));
+      PARASOL_RETURN_IF_ERROR(push_gate_.CanMark(req));
       PARASOL_RETURN_IF_ERROR(controller_.CheckRequestClock(req.worker_id, req.clock));
       PARASOL_RETURN_IF_ERROR(CheckFinite(req, *view));
       PARASOL_RETURN_IF_ERROR(HandlePush(req, *view, reply));
-      PARASOL_RETURN_IF_ERROR(
-          push_record_.Mark(req.worker_id, req.clock, req.seq, checksum, req.incarnation));
-      for (size_t f = 2; f < frames.size(); ++f) {
-        pushed_since_checkpoint_[req.worker_id] += frames[f].size();
-      }
+      uint64_t payload_bytes = 0;
+      for (size_t f = 2; f < frames.size(); ++f) payload_bytes += frames[f].size();
+      PARASOL_RETURN_IF_ERROR(push_gate_.Mark(req, checksum, payload_bytes));
+      const std::vector<uint64_t>& pushed = push_gate_.pushed_since_checkpoint();
       // The push log bound is checked at once, not at the next poll: a burst of large pushes
       // would otherwise grow the workers' logs past it. A worker logs what it pushed here
       // since the newest durable checkpoint began: once that nears its share of the bound
@@ -841,11 +828,11 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       if (!manifest_.checkpoint.dir.empty()) {
         const uint64_t share = manifest_.checkpoint.max_log_bytes / num_shards_;
         const uint64_t room = std::min(share / 2, manifest_.server.max_request_bytes);
-        if (background_ && pushed_since_checkpoint_[req.worker_id] + room > share) {
+        if (background_ && pushed[req.worker_id] + room > share) {
           ++counters_.checkpoint_log_waits;
           WaitForBackgroundCheckpoint();
         }
-        if (pushed_since_checkpoint_[req.worker_id] >= share / 2) MaybeCheckpoint();
+        if (pushed[req.worker_id] >= share / 2) MaybeCheckpoint();
       }
       (void)FaultPoints::Get().Hit("shard.applied");
       if (req.replay) (void)FaultPoints::Get().Hit("shard.replay_applied");
@@ -1555,30 +1542,14 @@ Status ShardServer::HandleClock(const Header& req) {
 }
 
 Status ShardServer::CheckTickPushes(const Header& req) {
-  // A tick names the pushes its worker sent this shard at the clock it leaves (key_count:
-  // indexes 0 to key_count - 1). One that was refused, or lost on its way, must not be left
-  // behind the clock: the tick is refused for now, and the worker sends it again (after a lost
-  // push's resend), or fails its step (after a refused push) and redoes it. A tick to a clock the
-  // worker has reached here already (a resend) passed this check when it first came; a
-  // restored shard takes a worker's clocks from its replay first (Advance refuses the others).
-  const uint32_t w = req.worker_id;
-  if (req.key_count == 0 || req.clock <= controller_.clocks()[w] ||
-      (controller_.Restored(w) && !req.replay)) {
-    return Status::Ok();
-  }
-  const int64_t left = req.clock - 1;
-  for (uint64_t i = 0; i < req.key_count; ++i) {
-    if (push_record_.Check(w, left, i) != PushRecord::Verdict::kApplied) {
-      // Unavailable: the worker sends it again (a push lost on its way is resent first).
-      return Unavailable("Clock: worker " + std::to_string(w) + " ticks to clock " +
-                                std::to_string(req.clock) + " after " +
-                                std::to_string(req.key_count) + " pushes of clock " +
-                                std::to_string(left) + ", but its push " + std::to_string(i) +
-                                " has not been applied here (refused, or not arrived)");
-    }
-  }
-  counters_.tick_pushes_checked += req.key_count;
+  uint64_t checked = 0;
+  PARASOL_RETURN_IF_ERROR(push_gate_.AdmitTick(req, SenderOf(req.worker_id), &checked));
+  counters_.tick_pushes_checked += checked;
   return Status::Ok();
+}
+
+PushGate::Sender ShardServer::SenderOf(uint32_t worker) const {
+  return PushGate::Sender{controller_.clocks()[worker], controller_.Restored(worker)};
 }
 
 Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t& identity) {
@@ -1725,7 +1696,7 @@ std::string ShardServer::MetricsText() const {
   t.Sample("parasol_lost_replays_total", static_cast<double>(counters_.lost_replays), shard);
   t.Type("parasol_push_record_entries", "gauge",
          "Entries of the applied-push record (bounded by workers x 64 clocks).");
-  t.Sample("parasol_push_record_entries", static_cast<double>(push_record_.Entries()), shard);
+  t.Sample("parasol_push_record_entries", static_cast<double>(push_gate_.record().Entries()), shard);
   t.Type("parasol_replies_dropped_total", "counter",
          "Replies dropped because the peer's queue was full (server.socket_hwm).");
   t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
@@ -2285,7 +2256,7 @@ std::string ShardServer::StatsJson() const {
   s["worker_restarts"] = counters_.worker_restarts;
   s["lost_replays"] = counters_.lost_replays;
   s["stale_replays"] = counters_.stale_replays;
-  s["push_record_entries"] = push_record_.Entries();
+  s["push_record_entries"] = push_gate_.record().Entries();
   s["rows_pulled"] = counters_.rows_pulled;
   s["rows_pushed"] = counters_.rows_pushed;
   s["dense_elements_pulled"] = counters_.dense_elements_pulled;

@@ -39,6 +39,7 @@
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
 #include "server/engine_pool.hpp"
+#include "server/push_gate.hpp"
 #include "server/push_record.hpp"
 #include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
@@ -254,7 +255,7 @@ class ShardServer {
     std::string path;
     std::string reason;
     uint64_t stamp = 0;                     // StateStamp() when it was begun
-    std::vector<uint64_t> pushed_at_start;  // pushed_since_checkpoint_ then
+    std::vector<uint64_t> pushed_at_start;  // push_gate_.pushed_since_checkpoint() then
     std::chrono::steady_clock::time_point start;
     double pause_ms = 0;                    // how long serving stopped to begin it
     uint32_t begun_clock = 0;               // ShardClock() when it was begun
@@ -325,6 +326,8 @@ class ShardServer {
   // Refuses a tick whose worker's pushes of the clock it leaves (req.key_count of them) have
   // not all been applied here.
   Status CheckTickPushes(const Header& req);
+  // What this shard knows of `worker`, for the push gate.
+  PushGate::Sender SenderOf(uint32_t worker) const;
   // Holds the request until every live worker has arrived; returns whether it was held
   // (a resend of the barrier released last is answered at once).
   Result<bool> HandleBarrier(const Header& req, const zmq::message_t& identity);
@@ -369,10 +372,9 @@ class ShardServer {
   std::vector<std::unique_ptr<SparseTable>> sparse_;  // by table id; null for dense tables
   std::vector<std::unique_ptr<DenseTable>> dense_;    // by table id; null for sparse tables
   std::vector<std::vector<uint32_t>> engine_positions_;  // per engine, see SplitByEngine
-  PushRecord push_record_;
-  // Per worker: the payload bytes it pushed since this shard's last checkpoint (what its push
-  // log holds for this shard).
-  std::vector<uint64_t> pushed_since_checkpoint_;
+  // Whether a push or a tick is admitted; the push record; the bytes each worker pushed since
+  // this shard's last checkpoint (what its push log holds for this shard).
+  PushGate push_gate_;
   // Checkpoints once every worker has left: their push logs end with their processes.
   void CheckpointWhenAllDone();
   bool all_done_checkpointed_ = false;

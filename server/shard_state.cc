@@ -437,8 +437,9 @@ Status ShardState::SavePending(const CheckpointBlockSink& sink) const {
     for (uint32_t t = 0; t < manifest_.tables.size(); ++t) {
       CheckpointBlock b;
       b.table = t;
-      Append(b.bytes, clock);
-      Append(b.bytes, worker);
+      b.bytes.resize(2 * sizeof(int64_t));  // the clock, then the worker
+      std::memcpy(b.bytes.data(), &clock, sizeof(clock));
+      std::memcpy(b.bytes.data() + sizeof(clock), &worker, sizeof(worker));
       if (sparse_[t]) {
         b.kind = static_cast<uint32_t>(Kind::kPendingSparseOf);
         const uint32_t dim = sparse_[t]->dim();

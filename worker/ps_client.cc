@@ -13,6 +13,7 @@
 #include "common/net.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
+#include "worker/replay_plan.hpp"
 
 namespace parasol {
 
@@ -1362,77 +1363,43 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
 
 void PsClient::Replay(uint32_t shard) {
   replay_due_[shard] = false;
-  // What was in flight to the old process, before the replay's own requests join it, in the
-  // order it was first sent (in_flight_ is ordered by request id, which grows); resent below in
-  // that order: a step's pushes before its tick, which a one-shard job sends before they are
-  // acknowledged.
-  std::vector<uint64_t> in_flight_before;
-  for (const auto& [id, r] : in_flight_) {
-    if (r->shard == shard) in_flight_before.push_back(id);
-  }
-  // In clock order: each clock, then the logged pushes of that clock, so that the restored
-  // shard sees every push at the clock it belongs to (a shard refuses a clock that jumps, and a
-  // request beyond its sender's clock). Clocks it already has change nothing. The last Clock
-  // says the replay is complete: the shard knows this worker's clock again. Every replayed
-  // request is tracked like any other: resent until acknowledged, and a refusal fails the
-  // worker (see replay_failure_) instead of losing the update; an acknowledged push goes back
-  // into the log.
+  // What to send, in order, is a pure plan (worker/replay_plan.hpp, where the rule is stated);
+  // this gathers what it is planned from and carries it out. Every replayed request is tracked
+  // like any other: resent until acknowledged, and a refusal fails the worker (see
+  // replay_failure_) instead of losing the update; an acknowledged push goes back into the log.
   const Ticket ticket = NewTicket(Op::Clock, 0);
-  replay_tickets_.push_back(ticket);
-  const bool in_job = JobRank();
-  // A tick still in flight (sent with the step's pushes, TickAsync) is resent after the
-  // replay with them: the replay's clocks stop before it, so that the pushes of the clock it
-  // ends reach the shard before it does.
-  int64_t replay_to = clock_;
-  for (uint64_t id : in_flight_before) {
-    const ShardRequest& r = *in_flight_.at(id);
-    if (r.op == Op::Clock && !r.done && r.clock == clock_ &&
-        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) ==
-            replay_tickets_.end()) {
-      replay_to = clock_ - 1;
-    }
-  }
-  // A shard a change removed takes Clocks only up to that change's clock (not one per clock
-  // this worker has run since).
+  ReplayInputs in;
+  in.clock = clock_;
+  in.left = left_;
+  in.in_job = JobRank();
+  in.restored_clock = restored_clock_[shard];
+  in.serving_from = membership_.ServingFrom(shard);
   if (shard >= ShardsFrom(clock_ - 1) && membership_.RemovedAt(shard) >= 0) {
-    replay_to = std::min(replay_to, membership_.RemovedAt(shard));
+    in.removed_at = membership_.RemovedAt(shard);
   }
-  // A push still in flight whose clock's tick was answered (the push's reply was lost with a
-  // connection while the tick's came, a one-shard job sending the tick behind its pushes): the
-  // replay's clocks stop at the push's clock, the push goes again with the rest that was in
-  // flight, and the clocks after it follow, the first naming the pushes it follows
-  // (TickAsync). So the shard never takes this worker past a clock before it has the clock's
-  // pushes.
-  const int64_t resume_to = replay_to;
-  for (uint64_t id : in_flight_before) {
-    const ShardRequest& r = *in_flight_.at(id);
-    const bool push = r.op == Op::PushSparse || r.op == Op::PushDense;
-    if (push && r.clock < replay_to &&
-        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) ==
-            replay_tickets_.end()) {
-      replay_to = r.clock;
-    }
-  }
-  // From the shard's checkpoint, or from the clock it serves from (a shard that joined at a
-  // change has no clocks before it).
-  const int64_t first = std::min(
-      std::max({int64_t{0}, restored_clock_[shard], membership_.ServingFrom(shard)}), replay_to);
+  in.last_push_count = last_push_count_[shard];
+  in.last_barrier = barrier_passed_;
   std::deque<PushLog::Entry> log = push_log_.Take(shard);
   // Pushes from before the shard last started serving (a change removed it, a later one gave
   // it rows again) belong to rows that moved away and back with the scale tool: not replayed.
-  const int64_t serves_from = membership_.ServingFrom(shard);
   log.erase(std::remove_if(log.begin(), log.end(),
-                           [&](const PushLog::Entry& e) { return e.clock < serves_from; }),
+                           [&](const PushLog::Entry& e) { return e.clock < in.serving_from; }),
             log.end());
-  // A replay that the shard's previous process had not finished: its pushes not yet
-  // acknowledged go back into this replay, in clock order; its Clocks are sent again anyway.
+  // What was in flight to the old process, in the order it was first sent (in_flight_ is
+  // ordered by request id, which grows). A replay that the shard's previous process had not
+  // finished: its pushes not yet acknowledged go back into this replay's log, in clock order;
+  // its Clocks are sent again anyway.
   bool merged = false;
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     ShardRequest& r = *it->second;
-    const bool of_replay = r.shard == shard && std::find(replay_tickets_.begin(),
-                                                         replay_tickets_.end(),
-                                                         r.ticket) != replay_tickets_.end();
+    if (r.shard != shard) {
+      ++it;
+      continue;
+    }
+    const bool of_replay =
+        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) != replay_tickets_.end();
     if (!of_replay) {
+      in.in_flight.push_back({it->first, r.op, r.clock, r.done});
       ++it;
       continue;
     }
@@ -1444,16 +1411,17 @@ void PsClient::Replay(uint32_t shard) {
       merged = true;
     }
     --pending_.at(r.ticket)->outstanding;
-    in_flight_before.erase(
-        std::remove(in_flight_before.begin(), in_flight_before.end(), it->first),
-        in_flight_before.end());
     it = in_flight_.erase(it);
   }
+  replay_tickets_.push_back(ticket);
   if (merged) {
     std::stable_sort(log.begin(), log.end(), [](const PushLog::Entry& a, const PushLog::Entry& b) {
       return a.clock < b.clock;
     });
   }
+  for (const PushLog::Entry& e : log) in.log_clocks.push_back(e.clock);
+  const ReplayPlan plan = PlanReplay(in);
+
   auto send_push = [&](PushLog::Entry& entry) {
     Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
     if (!h.ok()) return;  // written by this client: cannot happen
@@ -1464,29 +1432,20 @@ void PsClient::Replay(uint32_t shard) {
     for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
     Send(ticket, shard, *h, std::move(payload));
   };
-  // Clock c of the replay; `last`: the last of its run (caught up); `named`: the pushes of the
-  // clock before it that it names (TickAsync).
-  auto send_clock = [&](int64_t c, int64_t last, uint64_t named) {
+  auto send_clock = [&](const ReplayStep& step) {
     Header h = NewRequest(Op::Clock, 0);
-    h.clock = c;
-    h.done = left_ && c == clock_;
-    h.caught_up = c == last;
+    h.clock = step.clock;
+    h.done = step.done;
+    h.caught_up = step.caught_up;
     h.replay = true;
     h.known_epoch = shard_epochs_[shard];
-    if (c == last) h.last_barrier = barrier_passed_;
-    h.key_count = named;
+    if (step.caught_up) h.last_barrier = step.last_barrier;
+    h.key_count = step.named;
     Send(ticket, shard, h, {});
   };
-  size_t n = 0;
-  auto next = log.begin();
-  for (int64_t c = first; c <= replay_to; ++c) {
-    if (in_job) send_clock(c, replay_to, 0);
-    for (; next != log.end() && next->clock <= c; ++next, ++n) send_push(*next);
-  }
-  for (; next != log.end(); ++next, ++n) send_push(*next);  // none: pushes carry clocks <= clock_
-  // Whatever was in flight to the old process is gone: send it again now, under a new request
-  // id, so that a late answer to a copy that reached the new process before this replay (an
-  // error from its restored state) cannot complete it.
+  // Whatever was in flight to the old process is gone: sent again under a new request id, so
+  // that a late answer to a copy that reached the new process before this replay (an error
+  // from its restored state) cannot complete it.
   const auto now = Clock::now();
   auto resend = [&](uint64_t id) {
     auto node = in_flight_.extract(id);
@@ -1505,26 +1464,21 @@ void PsClient::Replay(uint32_t shard) {
     r.deadline = now + r.timeout;
     in_flight_.insert(std::move(node));
   };
-  // A tick in flight past the clocks that follow an unacknowledged push (a client that ticks
-  // again before its ticks are answered) goes after them, and what is behind it with it.
-  std::vector<uint64_t> after_resume;
-  for (uint64_t id : in_flight_before) {
-    const auto it = in_flight_.find(id);
-    if (it == in_flight_.end()) continue;
-    const ShardRequest& r = *it->second;
-    const bool tick_past = r.op == Op::Clock && r.clock > resume_to;
-    if (resume_to > replay_to && (!after_resume.empty() || tick_past)) {
-      after_resume.push_back(id);
-      continue;
+  for (const ReplayStep& step : plan.steps) {
+    switch (step.kind) {
+      case ReplayStep::Kind::kClock:
+        send_clock(step);
+        break;
+      case ReplayStep::Kind::kPush:
+        send_push(log[step.index]);
+        break;
+      case ReplayStep::Kind::kResend:
+        resend(step.index);
+        break;
     }
-    resend(id);
   }
-  for (int64_t c = replay_to + 1; in_job && c <= resume_to; ++c) {
-    send_clock(c, resume_to, c == clock_ ? last_push_count_[shard] : 0);
-  }
-  for (uint64_t id : after_resume) resend(id);
-  spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_, n,
-               first, resume_to, shard);
+  spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_,
+               plan.pushes, plan.first, plan.last, shard);
 }
 
 void PsClient::ReapReplays() {

@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
   shard.Reset();
   Train(shard, 4);
   SumPending(shard);
-  if (!Write(shard, dir + "/pending-sums", 4)) return 1;
+  // (corpus/checkpoint/pending-sums is the same state as written before sums were kept per
+  // worker: block kinds 5 and 6.)
+  if (!Write(shard, dir + "/pending-sums-per-worker", 4)) return 1;
   // Dense tables holding other elements than the listed shards' cut (block kind 12), as in the
   // middle of a change of the shard count (2 -> 1 at clock 10), with their pending sums.
   shard.Reset();

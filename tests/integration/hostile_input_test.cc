@@ -711,7 +711,9 @@ TEST_F(HostileClientTest, HeldPullsAreBoundedAndTheHeldOnesAreAnsweredLater) {
 }
 
 TEST_F(HostileClientTest, SummedPushesAreBoundedByTheirLimit) {
-  // 3000 new keys per push: 3000 x (4 + 2) floats = 72 KB a push; 1 MiB admits about 14.
+  // 3000 new keys per push: 3000 x (4 + 2) floats = 72 KB a push, from two workers whose sums
+  // are held apart (server/clock_aggregate.hpp), each counted at its vectors' capacity: 1 MiB
+  // admits 5.
   std::vector<uint64_t> keys(3000);
   std::vector<float> grads(keys.size() * 4, 0.5f);
   int accepted = 0, refused = 0;
@@ -730,7 +732,7 @@ TEST_F(HostileClientTest, SummedPushesAreBoundedByTheirLimit) {
       EXPECT_NE(r.message.find("server.max_pending_bytes"), std::string::npos) << r.message;
     }
   }
-  EXPECT_GT(accepted, 5);
+  EXPECT_GE(accepted, 4);
   EXPECT_GT(refused, 10);
   ExpectShardServesAndStops(kShardRss);
 }
