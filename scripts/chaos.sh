@@ -8,8 +8,8 @@
 # server kills wait until that shard is writing a checkpoint). Each run's final model (from
 # `parasol export`) is compared with the undisturbed one: under BSP it must be equal value for
 # value; with --consistency ssp the eval AUC must be within 0.005 of the undisturbed run's.
-# Kills come one at a time: the next is sent once the killed process is running again (and a
-# second has passed, so that a restarted shard has its replays); with --overlap they do not.
+# Kills come one at a time: the next is sent once the killed process is running again (a
+# restarted shard once it has its replays), after a drawn pause; with --overlap they do not.
 # Every run must make the K kills asked for: a run that made fewer fails, saying how many.
 #
 #   scripts/chaos.sh [--runs R] [--kills K] [--json FILE] [--seed S (0: from the clock)] [--rows N]
@@ -232,13 +232,17 @@ any_running() {
 # M, started at START) now, and (unless --overlap) waits until the job has recovered. CKPT=1: a
 # server is killed as soon as it writes a checkpoint (within 3 s). Returns 2 once no worker
 # trains (the job is ending: nothing to kill), 1 when the victim is not running.
-kill_now() {  # NAME M START ROLE RANK CKPT
-  local name="$1" m="$2" start="$3" role="$4" rank="$5" during=0 pid workers
+# PID (optional): the victim's pid and the workers' pids, found by the caller (so that two
+# kills come at the same moment, without the search between them).
+kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
+  local name="$1" m="$2" start="$3" role="$4" rank="$5" during=0 pid="${7:-}" workers="${8:-}"
   # The killable moments: while a worker still trains (after that, a dead server is not
   # started again, which is the end of the job, not a failure).
-  workers="$(worker_pids "$m")"
+  [ -n "$pid" ] || workers="$(worker_pids "$m")"
   if [ -z "${workers// /}" ]; then return 2; fi
-  if [ "$role" = scale ]; then
+  if [ -n "$pid" ]; then
+    :
+  elif [ "$role" = scale ]; then
     pid="$(find_pids "$PARASOL scale --manifest $m" | head -n 1)"
   else
     pid="$(role_pid "$m" "$role" "$rank")"
@@ -289,7 +293,7 @@ kill_now() {  # NAME M START ROLE RANK CKPT
     [ -z "${workers// /}" ] && break
     sleep 0.05
   done
-  sleep 0.5
+  sleep 0.3
   return 0
 }
 
@@ -359,30 +363,42 @@ run_job() {  # NAME KILLS
       if [ -n "$OVERLAP" ]; then
         pause="$(awk -v r="$RANDOM" 'BEGIN { printf "%.2f", (r / 32768.0) }')"
       else
+        # Small enough that the K kills and their recoveries fit in the job: the pauses add up
+        # to at most a third of the undisturbed run.
         pause="$(awk -v r="$RANDOM" -v d="$undisturbed_seconds" -v k="$kills" \
-          'BEGIN { printf "%.2f", 0.3 + (r / 32768.0) * (d * 0.6 / k) }')"
+          'BEGIN { printf "%.2f", 0.2 + (r / 32768.0) * (d * 0.33 / k) }')"
       fi
       sleep "$pause"
       kill -0 "$launch_pid" 2>/dev/null || break
       # A victim that is not running (restarting after an earlier kill) is drawn again, a
       # few times at most.
       if [ -n "$TOGETHER" ]; then
-        # A worker and a server at the same moment (the worker's kill does not wait for
-        # anything); then the wait for the server's recovery, unless --overlap. Each is drawn
-        # again on its own when not running.
+        # A worker and a server at the same moment: both found first (each drawn again while
+        # not running), then killed one right after the other; then the wait for the
+        # server's recovery, unless --overlap.
+        local wrank srank wpid="" spid="" workers
         for tries in 1 2 3 4 5 6 7 8; do
-          rc=0
-          OVERLAP=1 kill_now "$name" "$m" "$start" worker $((RANDOM % WORKERS)) 0 || rc=$?
-          [ "$rc" -eq 1 ] || break
-          sleep 0.02
+          workers="$(worker_pids "$m")"
+          if [ -z "$wpid" ]; then
+            wrank=$((RANDOM % WORKERS))
+            wpid="$(role_pid "$m" worker "$wrank")"
+          fi
+          if [ -z "$spid" ]; then
+            srank=$((RANDOM % SERVERS))
+            spid="$(role_pid "$m" server "$srank")"
+          fi
+          [ -n "$wpid" ] && [ -n "$spid" ] && break
+          [ -z "${workers// /}" ] && break
+          sleep 0.1
         done
-        [ "$rc" -eq 2 ] && break
-        for tries in 1 2 3 4 5 6 7 8; do
+        rc=1
+        if [ -n "$wpid" ] && [ -n "$spid" ]; then
           rc=0
-          kill_now "$name" "$m" "$start" server $((RANDOM % SERVERS)) 0 || rc=$?
-          [ "$rc" -eq 1 ] || break
-          sleep 0.02
-        done
+          OVERLAP=1 kill_now "$name" "$m" "$start" worker "$wrank" 0 "$wpid" "$workers" || rc=$?
+          if [ "$rc" -eq 0 ]; then
+            kill_now "$name" "$m" "$start" server "$srank" 0 "$spid" "$workers" || rc=$?
+          fi
+        fi
       else
         for tries in 1 2 3 4 5 6 7 8; do
           local victim=$((RANDOM % (SERVERS + WORKERS))) role rank

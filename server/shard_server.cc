@@ -819,7 +819,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       uint64_t payload_bytes = 0;
       for (size_t f = 2; f < frames.size(); ++f) payload_bytes += frames[f].size();
       PARASOL_RETURN_IF_ERROR(push_gate_.Mark(req, checksum, payload_bytes));
-      const std::vector<uint64_t>& pushed = push_gate_.pushed_since_checkpoint();
+      const std::vector<uint64_t>& since = push_gate_.pushed_since_checkpoint();
+      const uint64_t pushed = req.worker_id < since.size() ? since[req.worker_id] : 0;
       // The push log bound is checked at once, not at the next poll: a burst of large pushes
       // would otherwise grow the workers' logs past it. A worker logs what it pushed here
       // since the newest durable checkpoint began: once that nears its share of the bound
@@ -828,11 +829,11 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       if (!manifest_.checkpoint.dir.empty()) {
         const uint64_t share = manifest_.checkpoint.max_log_bytes / num_shards_;
         const uint64_t room = std::min(share / 2, manifest_.server.max_request_bytes);
-        if (background_ && pushed[req.worker_id] + room > share) {
+        if (background_ && pushed + room > share) {
           ++counters_.checkpoint_log_waits;
           WaitForBackgroundCheckpoint();
         }
-        if (pushed[req.worker_id] >= share / 2) MaybeCheckpoint();
+        if (pushed >= share / 2) MaybeCheckpoint();
       }
       (void)FaultPoints::Get().Hit("shard.applied");
       if (req.replay) (void)FaultPoints::Get().Hit("shard.replay_applied");

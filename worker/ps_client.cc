@@ -14,6 +14,7 @@
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 #include "worker/replay_plan.hpp"
+#include "worker/reply_outcome.hpp"
 
 namespace parasol {
 
@@ -720,8 +721,12 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     }
   };
   if (step.status != StatusCode::kOk) {
-    // As for a single request: a restarted shard's answer waits for this worker's replay.
-    if (replay_due_[shard]) return;
+    // As for a single request: a restarted shard's answer waits for this worker's replay; a
+    // Step refused as a whole is not retried.
+    if (OutcomeOf(Op::Step, step.status, false, replay_due_[shard]) ==
+        ReplyOutcome::kAwaitReplay) {
+      return;
+    }
     fail_all(Status(step.status, step.message));
     RetireStepParts(entry);
     return;
@@ -1138,7 +1143,8 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
                  h.status().ToString());
     return;
   }
-  if (h->restore_total > 0 && h->status == StatusCode::kUnavailable) {
+  // What the reply means for its request: one table (worker/reply_outcome.hpp).
+  if (OutcomeOf(h->op, h->status, h->restore_total > 0, false) == ReplyOutcome::kAwaitRestore) {
     // Loading its checkpoint: nothing of this reply is the shard's state yet. While it moves,
     // it is asked again soon (without spending attempts, see Pump()); else the request waits
     // out its time-out as for a silent shard.
@@ -1177,25 +1183,25 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;  // a late reply to a request that was resent and already answered
   }
   ShardRequest& r = *it->second;
-  if (h->status != StatusCode::kOk) {
-    // A shard that restarted answers from its checkpoint's state until this worker's replay
-    // has reached it: the replay resends the request, in order.
-    if (replay_due_[shard]) return;
-    if (h->status == StatusCode::kUnavailable &&
-        (r.op == Op::Clock || r.op == Op::PullSparse || r.op == Op::PullDense)) {
+  switch (OutcomeOf(r.op, h->status, false, replay_due_[shard])) {
+    case ReplyOutcome::kAwaitRestore:  // (not without restoring)
+    case ReplyOutcome::kAwaitReplay:
+      // A shard that restarted answers from its checkpoint's state until this worker's replay
+      // has reached it (an error, or a pull's rows): the replay resends the request, in order.
+      return;
+    case ReplyOutcome::kRetryLater:
       // Refused for now: a tick whose pushes the shard has not all applied (one lost on its
       // way is resent when overdue, before the tick), and the pulls behind it. Sent again
       // after cluster.request_timeout, within the request's attempts.
       r.deadline = Clock::now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
       r.refused = Status(h->status, h->message);
       return;
-    }
-    FailRequest(r, Status(h->status, h->message));
-    return;
+    case ReplyOutcome::kFail:
+      FailRequest(r, Status(h->status, h->message));
+      return;
+    case ReplyOutcome::kDone:
+      break;
   }
-  // A restarted shard's answer to a pull, read before this worker's replay reached it: dropped;
-  // the replay sends the pull again after the pushes the shard lost.
-  if (replay_due_[shard] && (r.op == Op::PullSparse || r.op == Op::PullDense)) return;
   Pending& p = *pending_.at(r.ticket);
   // Swapped, not moved: the caller's vector takes the slot's empty buffer back for reuse.
   p.replies[shard].clear();
@@ -1446,7 +1452,6 @@ void PsClient::Replay(uint32_t shard) {
   // Whatever was in flight to the old process is gone: sent again under a new request id, so
   // that a late answer to a copy that reached the new process before this replay (an error
   // from its restored state) cannot complete it.
-  const auto now = Clock::now();
   auto resend = [&](uint64_t id) {
     auto node = in_flight_.extract(id);
     if (node.empty()) return;
@@ -1461,7 +1466,7 @@ void PsClient::Replay(uint32_t shard) {
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
     (void)SendFrames(shards_[shard], frames);
-    r.deadline = now + r.timeout;
+    r.deadline = Clock::now() + r.timeout;
     in_flight_.insert(std::move(node));
   };
   for (const ReplayStep& step : plan.steps) {

@@ -41,7 +41,9 @@ struct ReplayInputs {
   int64_t restored_clock = 0;    // the clock of the checkpoint the shard restarted from
   int64_t serving_from = 0;      // the clock the shard serves from (a shard that joined later)
   int64_t removed_at = -1;       // the clock a change of the shard count removed it at (-1: not)
-  uint64_t last_push_count = 0;  // pushes the worker sent the shard at its clock
+  // Pushes the worker sent the shard at the clock before its own: the tick to its clock names
+  // them.
+  uint64_t last_push_count = 0;
   int64_t last_barrier = -1;     // the newest barrier the worker passed
   std::vector<InFlight> in_flight;
   std::vector<int64_t> log_clocks;  // the logged pushes' clocks, in the log's (clock) order
@@ -51,8 +53,8 @@ struct ReplayStep {
   enum class Kind { kClock, kPush, kResend };
   Kind kind = Kind::kClock;
   // kClock: the clock, whether it is the last of its run (caught up), whether it says the
-  // worker leaves, the pushes of the clock before it that it names, and (last of the replay's
-  // first run) the barrier the worker passed.
+  // worker leaves, the pushes of the clock before it that it names, and (on the last Clock of
+  // each run) the barrier the worker passed.
   int64_t clock = 0;
   bool caught_up = false;
   bool done = false;

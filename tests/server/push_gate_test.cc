@@ -9,24 +9,23 @@
 namespace parasol {
 namespace {
 
-Header Push(uint32_t worker, int64_t clock, uint64_t index, uint64_t incarnation = 7) {
+// A push (index `n`) or a tick (naming `n` pushes) of `worker` at `clock`.
+Header Request(Op op, uint32_t worker, int64_t clock, uint64_t n, uint64_t incarnation,
+               bool replay) {
   Header h;
-  h.op = Op::PushSparse;
+  h.op = op;
   h.worker_id = worker;
   h.clock = clock;
-  h.seq = index;
+  (op == Op::Clock ? h.key_count : h.seq) = n;
   h.incarnation = incarnation;
-  return h;
-}
-
-Header Tick(uint32_t worker, int64_t clock, uint64_t pushes, bool replay = false) {
-  Header h;
-  h.op = Op::Clock;
-  h.worker_id = worker;
-  h.clock = clock;
-  h.key_count = pushes;
   h.replay = replay;
   return h;
+}
+Header Push(uint32_t worker, int64_t clock, uint64_t index, uint64_t incarnation = 7) {
+  return Request(Op::PushSparse, worker, clock, index, incarnation, false);
+}
+Header Tick(uint32_t worker, int64_t clock, uint64_t pushes, bool replay = false) {
+  return Request(Op::Clock, worker, clock, pushes, 7, replay);
 }
 
 using A = PushGate::Admission;

@@ -27,14 +27,21 @@ std::string Text(const ReplayPlan& plan) {
     if (!s.empty()) s += ' ';
     switch (step.kind) {
       case Kind::kClock:
-        s += "C" + std::to_string(step.clock) + (step.caught_up ? "*" : "") +
-             (step.named ? "+" + std::to_string(step.named) : "");
+        s += 'C';
+        s += std::to_string(step.clock);
+        if (step.caught_up) s += '*';
+        if (step.named) {
+          s += '+';
+          s += std::to_string(step.named);
+        }
         break;
       case Kind::kPush:
-        s += "P" + std::to_string(step.index);
+        s += 'P';
+        s += std::to_string(step.index);
         break;
       case Kind::kResend:
-        s += "R" + std::to_string(step.index);
+        s += 'R';
+        s += std::to_string(step.index);
         break;
     }
   }
@@ -71,16 +78,16 @@ TEST(ReplayPlanTest, ATickInFlightBehindItsPushesIsResentWithThemAfterTheClocksB
 }
 
 TEST(ReplayPlanTest, APushInFlightFromAClockAlreadyTickedStopsTheClocksThere) {
-  // A push of clock 3 (id 20) whose reply was lost while the ticks to 4 and 5 were answered:
-  // the clocks stop at 3, the push is resent, then clocks 4 and 5 follow, the last naming the
-  // 2 pushes sent at clock 5; a tick in flight past them (id 21, to 6) goes after them.
+  // Worker at 5: of the 3 pushes of clock 4 it sent with its tick to 5, one (id 20) lost its
+  // reply with a connection while the tick's came. The clocks stop at 4, the push is resent,
+  // then the Clock to 5 follows naming the 3 pushes of clock 4.
   ReplayInputs in;
   in.clock = 5;
   in.restored_clock = 2;
-  in.last_push_count = 2;
-  in.log_clocks = {2, 3};
-  in.in_flight = {Push(20, 3), Tick(21, 6)};
-  EXPECT_EQ(Text(PlanReplay(in)), "C2 P0 C3* P1 R20 C4 C5*+2 R21");
+  in.last_push_count = 3;
+  in.log_clocks = {2, 3, 4, 4};
+  in.in_flight = {Push(20, 4)};
+  EXPECT_EQ(Text(PlanReplay(in)), "C2 P0 C3 P1 C4* P2 P3 R20 C5*+3");
 }
 
 TEST(ReplayPlanTest, ARemovedShardTakesClocksOnlyToItsChangeAndAnObserverSendsNone) {
@@ -116,28 +123,34 @@ TEST(ReplayPlanTest, DrawnCasesKeepEveryRule) {
   int with_tick = 0, with_late_push = 0;
   for (int round = 0; round < 5000; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
+    // What a worker can have when a shard restarts (its trainer sends a step's pushes, then
+    // its tick, and waits for both before the next step): at clock c,
+    //   - between steps, or with the step's pushes (clock c) in flight, some acknowledged;
+    //   - with the pushes of clock c - 1 and the tick to c in flight;
+    //   - with the tick to c answered and a push of c - 1 whose reply was lost.
     ReplayInputs in;
-    in.clock = static_cast<int64_t>(rng() % 12);
+    in.clock = 1 + static_cast<int64_t>(rng() % 11);
     in.restored_clock = static_cast<int64_t>(rng() % (in.clock + 1));
+    in.serving_from = rng() % 4 == 0 ? static_cast<int64_t>(rng() % (in.restored_clock + 1)) : 0;
     in.last_barrier = static_cast<int64_t>(rng() % 3) - 1;
-    in.last_push_count = rng() % 3;
+    in.last_push_count = 1 + rng() % 3;
     in.left = rng() % 4 == 0;
-    for (int64_t c = in.restored_clock; c <= in.clock; ++c) {
+    const int state = static_cast<int>(rng() % 3);
+    const int64_t logged_to = state == 0 ? in.clock : in.clock - 1;
+    for (int64_t c = in.restored_clock; c <= logged_to; ++c) {
       for (uint64_t k = rng() % 3; k > 0; --k) in.log_clocks.push_back(c);
     }
     uint64_t id = 100;
-    // At most one push of an earlier clock whose reply was lost, then what the current step
-    // has in flight: its pushes and perhaps its tick.
-    if (in.clock > in.restored_clock && rng() % 3 == 0) {
-      in.in_flight.push_back(Push(id++, in.restored_clock +
-                                            static_cast<int64_t>(rng() % (in.clock - in.restored_clock))));
-      ++with_late_push;
-    }
-    const bool tick = in.clock > 0 && rng() % 2 == 0;
-    for (uint64_t k = rng() % 3; k > 0; --k) in.in_flight.push_back(Push(id++, in.clock - tick));
-    if (tick) {
+    const bool tick = state == 1;
+    if (state == 0) {
+      for (uint64_t k = rng() % 3; k > 0; --k) in.in_flight.push_back(Push(id++, in.clock));
+    } else if (state == 1) {
+      for (uint64_t k = rng() % 3; k > 0; --k) in.in_flight.push_back(Push(id++, in.clock - 1));
       in.in_flight.push_back(Tick(id++, in.clock));
       ++with_tick;
+    } else if (in.clock - 1 >= in.restored_clock) {
+      in.in_flight.push_back(Push(id++, in.clock - 1));
+      ++with_late_push;
     }
     const ReplayPlan plan = PlanReplay(in);
     // Every logged push once, in the log's order; every request in flight once, in its order.
@@ -157,7 +170,7 @@ TEST(ReplayPlanTest, DrawnCasesKeepEveryRule) {
     // The Clocks one by one from the checkpoint's to the worker's (or the one before its tick
     // in flight), the last caught up.
     ASSERT_FALSE(clocks.empty()) << Text(plan);
-    EXPECT_EQ(clocks.front(), std::min(in.restored_clock, plan.last));
+    EXPECT_EQ(clocks.front(), std::min(std::max(in.restored_clock, in.serving_from), plan.last));
     for (size_t i = 1; i < clocks.size(); ++i) ASSERT_EQ(clocks[i], clocks[i - 1] + 1) << Text(plan);
     EXPECT_EQ(clocks.back(), tick ? in.clock - 1 : in.clock) << Text(plan);
     EXPECT_TRUE(plan.steps[0].kind == Kind::kClock) << Text(plan);
@@ -189,17 +202,19 @@ TEST(ReplayPlanTest, DrawnCasesKeepEveryRule) {
             << "a push after the tick to " << k << ": " << Text(plan);
       }
     }
-    // A logged push comes after the Clock to its clock (or the end of the first run of Clocks,
-    // which a push still in flight stops early): the shard takes it at the clock it belongs to.
-    const auto run_end = std::find_if(plan.steps.begin(), plan.steps.end(),
-                                      [](const ReplayStep& s) { return s.caught_up; });
-    ASSERT_NE(run_end, plan.steps.end()) << Text(plan);
+    // A logged push comes after the Clock to its clock: the shard takes it at the clock it
+    // belongs to. A Clock that names pushes is the tick to the worker's clock, naming the
+    // pushes of the clock before.
     int64_t ticked = -1;
     for (const ReplayStep& step : plan.steps) {
       if (step.kind == Kind::kClock) ticked = std::max(ticked, step.clock);
       if (step.kind == Kind::kPush) {
-        ASSERT_GE(ticked, std::min(in.log_clocks[step.index], run_end->clock))
+        ASSERT_GE(ticked, in.log_clocks[step.index])
             << "a logged push before the Clock to its clock: " << Text(plan);
+      }
+      if (step.kind == Kind::kClock && step.named > 0) {
+        EXPECT_EQ(step.clock, in.clock) << Text(plan);
+        EXPECT_EQ(step.named, in.last_push_count) << Text(plan);
       }
     }
     // The last Clock says the worker caught up; at most the end of each run does.
@@ -214,7 +229,7 @@ TEST(ReplayPlanTest, DrawnCasesKeepEveryRule) {
   }
   // The draws reached the cases that stop the clocks early.
   EXPECT_GT(with_tick, 1000);
-  EXPECT_GT(with_late_push, 500);
+  EXPECT_GT(with_late_push, 1000);
 }
 
 }  // namespace
