@@ -5,6 +5,14 @@
 #include <string>
 
 namespace parasol {
+namespace {
+// Why a worker's clock can be that far ahead of the slowest one in a real job.
+constexpr const char* kBehindNote =
+    " (the slowest worker restarted behind where it had been: when it died together with a "
+    "shard, the updates it had made since that shard's checkpoint are lost, as two failures "
+    "overlapped)";
+}  // namespace
+
 
 ConsistencyController::ConsistencyController(const TrainingOptions& options, uint32_t workers,
                                              SteadyClock::time_point start, uint32_t max_ranks)
@@ -93,7 +101,8 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
         clock - slowest > SlackOf(options_, /*request=*/false)) {
       return FailedPrecondition("Clock: worker " + std::to_string(worker) + " moves to clock " +
                                 std::to_string(clock) + ", which the job could never reach " +
-                                "while the slowest worker is at " + std::to_string(slowest));
+                                "while the slowest worker is at " + std::to_string(slowest) +
+                                kBehindNote);
     }
   }
   if (caught_up || done) {
@@ -130,7 +139,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
         ", which the job could never admit: the slowest worker is at " + std::to_string(slowest) +
         " and " + (options_.consistency == TrainingOptions::Consistency::kBsp ? "bsp" : "ssp") +
-        " admits at most " + std::to_string(slack) + " clocks ahead");
+        " admits at most " + std::to_string(slack) + " clocks ahead" + kBehindNote);
   }
   return Status::Ok();
 }

@@ -63,6 +63,20 @@ Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& 
   });
 }
 
+Status ShardServer::VisitModel(const std::function<void(const CheckpointBlock&)>& visit) {
+  FinishDeferredApply();
+  const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(),
+                         aggregates_, engines_.size(), membership_, &migration_);
+  return state.Save([&](const CheckpointBlock& b) {
+    const auto kind = static_cast<CheckpointBlockKind>(b.kind);
+    if (IsSparseRows(kind) || kind == CheckpointBlockKind::kDenseSlice ||
+        kind == CheckpointBlockKind::kDenseRange) {
+      visit(b);
+    }
+    return Status::Ok();
+  });
+}
+
 void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                                     const std::string& reason, uint64_t stamp,
                                     const std::vector<uint64_t>& pushed_at_start, double seconds,
@@ -85,7 +99,7 @@ void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string
   ++counters_.checkpoints;
   counters_.checkpoint_pause_ms_max = std::max(counters_.checkpoint_pause_ms_max, pause_ms);
   counters_.checkpoint_seconds_last = seconds;
-  last_checkpoint_ = std::chrono::steady_clock::now();
+  last_checkpoint_ = env_->Now();
   saved_stamp_ = stamp;
   // A request for a checkpoint of this state is answered at once from now on.
   requested_checkpoint_stamp_ = stamp;
@@ -135,7 +149,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   // One checkpoint at a time, in sequence order: a background one is finished first.
   WaitForBackgroundCheckpoint();
   FinishDeferredApply();  // a checkpoint holds whole clocks
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = env_->Now();
   CheckpointHeader h = NextCheckpointHeader(final);
   const std::optional<DeltaSpec> delta = NextDelta(h.sequence);
   h.delta = delta.has_value();
@@ -147,11 +161,11 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   if (!st.ok()) {
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
     force_full_ = true;       // the rows it removed are recorded nowhere else
-    last_checkpoint_failure_ = std::chrono::steady_clock::now();
+    last_checkpoint_failure_ = env_->Now();
     return st;
   }
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(env_->Now() - start).count();
   CheckpointWritten(h, path, reason, StateStamp(), push_gate_.pushed_since_checkpoint(), seconds,
                     seconds * 1e3, bytes, begun_clock);
   return Status::Ok();
@@ -178,7 +192,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   next_checkpoint_reason_.clear();
   if (!CanCheckpointInBackground()) return SaveCheckpoint(reason);
   FinishDeferredApply();  // a checkpoint holds whole clocks: the engines are idle from here
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = env_->Now();
   BackgroundCheckpoint bg;
   bg.header = NextCheckpointHeader(/*final=*/false);
   const std::optional<DeltaSpec> delta = NextDelta(bg.header.sequence);
@@ -252,7 +266,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.pid = pid;
   bg.result_fd = fds[0];
   bg.pause_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double, std::milli>(env_->Now() - start).count();
   checkpoints_begun_ = std::max(checkpoints_begun_, bg.header.sequence);
   background_ = std::move(bg);
   return Status::Ok();
@@ -278,7 +292,7 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
   for (ssize_t n; (n = ::read(bg.result_fd, buf, sizeof(buf))) > 0;) said.append(buf, n);
   ::close(bg.result_fd);
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - bg.start).count();
+      std::chrono::duration<double>(env_->Now() - bg.start).count();
   Status st;
   if (done < 0) {
     // Not waitable (SIGCHLD ignored): the child's own word says how it went.
@@ -305,7 +319,7 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
     requested_checkpoint_stamp_ = ~uint64_t{0};  // a request asked again writes again
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
     force_full_ = true;       // the rows it removed are recorded nowhere else
-    last_checkpoint_failure_ = std::chrono::steady_clock::now();
+    last_checkpoint_failure_ = env_->Now();
     spdlog::error("shard {}: {}", rank_, st.ToString());
   }
   // The requests that asked for it, answered now that it is durable (or failed).
@@ -329,7 +343,7 @@ bool ShardServer::ForcedCheckpointDue() const {
   if (reply_sink_ || last_forced_checkpoint_ == std::chrono::steady_clock::time_point{}) {
     return true;
   }
-  return std::chrono::steady_clock::now() - last_forced_checkpoint_ >=
+  return env_->Now() - last_forced_checkpoint_ >=
          std::chrono::milliseconds(manifest_.checkpoint.min_interval_ms);
 }
 
@@ -499,9 +513,9 @@ void ShardServer::MaybeCheckpoint() {
     }
   }
   if (c.every_seconds > 0 &&
-      std::chrono::steady_clock::now() - last_checkpoint_ > std::chrono::seconds(c.every_seconds)) {
+      env_->Now() - last_checkpoint_ > std::chrono::seconds(c.every_seconds)) {
     if (StateStamp() == saved_stamp_) {
-      last_checkpoint_ = std::chrono::steady_clock::now();  // nothing new to save
+      last_checkpoint_ = env_->Now();  // nothing new to save
     } else {
       due = true;
       reason = "every " + std::to_string(c.every_seconds) + " s";
@@ -510,7 +524,7 @@ void ShardServer::MaybeCheckpoint() {
   // A checkpoint that had to be written (a worker restarted, every worker left, the push log
   // bound) and failed is tried again every second.
   if (checkpoint_owed_ &&
-      std::chrono::steady_clock::now() - last_checkpoint_failure_ > std::chrono::seconds(1)) {
+      env_->Now() - last_checkpoint_failure_ > std::chrono::seconds(1)) {
     due = true;
     reason = "retrying the one that failed";
   }
@@ -537,7 +551,7 @@ void ShardServer::MaybeCheckpoint() {
   if (forced) NoteForcedCheckpoint();
   if (Status st = BeginCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
-    last_checkpoint_ = std::chrono::steady_clock::now();  // retry at the next period, not now
+    last_checkpoint_ = env_->Now();  // retry at the next period, not now
   }
 }
 

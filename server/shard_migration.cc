@@ -273,7 +273,7 @@ Status ShardServer::Commit(const Header& req, const PayloadView& p, Header* repl
     if (!entered && Entered()) {
       // Serving from the change's clock: every worker is there (every push before it is
       // applied on the shards that served it), or left before.
-      controller_.Enter(change, left, std::chrono::steady_clock::now());
+      controller_.Enter(change, left, env_->Now());
       if (req.last_barrier > controller_.last_barrier()) {
         controller_.set_last_barrier(req.last_barrier);
       }

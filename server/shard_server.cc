@@ -49,19 +49,20 @@ bool OnlySparsePulls(std::span<const StepPart> parts) {
 
 }  // namespace
 
-ShardServer::ShardServer(const Manifest& manifest, uint32_t rank)
+ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
     : manifest_(manifest),
       rank_(rank),
+      env_(env ? env : Env::Real()),
       num_shards_(static_cast<uint32_t>(manifest.cluster.servers.size())),
       fingerprint_(manifest.Fingerprint()),
       context_(1),
       router_(context_, zmq::socket_type::router),
       engines_(manifest.server.engine_threads),
       push_gate_(std::max(manifest.cluster.workers, manifest.cluster.max_workers)),
-      controller_(manifest.training, manifest.cluster.workers, std::chrono::steady_clock::now(),
+      controller_(manifest.training, manifest.cluster.workers, env_->Now(),
                   manifest.cluster.max_workers),
       membership_(JobMembership(manifest)),
-      epoch_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1),
+      epoch_(env_->Random64() | 1),
       held_count_(membership_.max_ranks(), 0),
       held_worker_bytes_(membership_.max_ranks(), 0),
       reply_dropped_since_(membership_.max_ranks()) {
@@ -296,10 +297,10 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
   }
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
   while (!stop.load() && !shutdown_requested_) {
-    if (metrics_ && std::chrono::steady_clock::now() - last_publish_ >
+    if (metrics_ && env_->Now() - last_publish_ >
                         std::chrono::milliseconds(250)) {
       FinishDeferredApply();
-      last_publish_ = std::chrono::steady_clock::now();
+      last_publish_ = env_->Now();
       metrics_->Publish(MetricsText());
     }
     try {
@@ -360,10 +361,10 @@ Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
   Status failed;
   auto last_note = std::chrono::steady_clock::time_point{};
   uint64_t last_bytes = ~uint64_t{0};
-  auto progressed = std::chrono::steady_clock::now();
+  auto progressed = env_->Now();
   bool said_stop = false;
   while (!done.load()) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = env_->Now();
     const uint64_t bytes = restore_progress_.bytes_done.load();
     if (bytes != last_bytes) {
       last_bytes = bytes;
@@ -507,8 +508,8 @@ void ShardServer::RunPeriodic() {
   FinishDeferredApply();  // before anything else reads the tables
   // (At most once a second: a scan of up to kMaxPeers accounts.)
   if (peers_.size() > 1024 &&
-      std::chrono::steady_clock::now() - last_peer_sweep_ > std::chrono::seconds(1)) {
-    last_peer_sweep_ = std::chrono::steady_clock::now();
+      env_->Now() - last_peer_sweep_ > std::chrono::seconds(1)) {
+    last_peer_sweep_ = env_->Now();
     ForgetIdlePeers();
   }
   PollBackgroundCheckpoint(/*wait=*/false);
@@ -539,7 +540,7 @@ void ShardServer::ReportNonfiniteUpdates() {
     nonfinite_reported_[t] = opt->nonfinite_kept();
   }
   uint64_t left_out = 0;
-  if (which.empty() || !nonfinite_log_.Allow(std::chrono::steady_clock::now(), &left_out)) return;
+  if (which.empty() || !nonfinite_log_.Allow(env_->Now(), &left_out)) return;
   spdlog::warn("shard {}: updates that would have made values or their optimizer state "
                "infinite or NaN (finite gradients that overflow: a learning rate or gradients "
                "too large) were not made; those elements keep their values: table {} "
@@ -597,7 +598,7 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     // A peer over its share of queued replies is not served until it reads them: nothing it
     // asks adds to what it holds.
     PeerAccount* peer = Peer(identity, /*create=*/true);
-    peer->last_seen = std::chrono::steady_clock::now();
+    peer->last_seen = env_->Now();
     // (Outside the job: once it holds half its share, as a peer that reads holds almost none.)
     const uint64_t mine = peer->queued->load();
     const uint64_t share = PeerShare(*peer);
@@ -632,7 +633,7 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
   if (!decoded.ok()) {
     ++counters_.bad_messages;
     uint64_t left_out = 0;
-    if (bad_message_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+    if (bad_message_log_.Allow(env_->Now(), &left_out)) {
       spdlog::warn("shard {}: rejected a message: {}{}", rank_, decoded.status().ToString(),
                    left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
                             : std::string());
@@ -700,7 +701,7 @@ bool IsJobOp(Op op) {
 Status ShardServer::Admit(const Header& req) {
   const bool in_job = controller_.InJob(req.worker_id);
   if (in_job) {
-    controller_.Heard(req.worker_id, std::chrono::steady_clock::now());
+    controller_.Heard(req.worker_id, env_->Now());
     HeardAfterDrop(req.worker_id);
     // Which process is this worker: a Hello of another one means it restarted.
     if (controller_.incarnation(req.worker_id) == 0 && req.op != Op::Hello) {
@@ -1035,7 +1036,7 @@ Status ShardServer::HoldPull(const Header& req, std::vector<zmq::message_t>& fra
   held_worker_bytes_[w] += bytes;
   held_bytes_ += bytes;
   held_pulls_.push_back(
-      {std::move(frames), req, std::chrono::steady_clock::now(), pulls, known});
+      {std::move(frames), req, env_->Now(), pulls, known});
   controller_.AddHeld(req.worker_id, +1);
   ++counters_.pulls_held;
   return Status::Ok();
@@ -1069,7 +1070,7 @@ void ShardServer::AfterClockChange() {
 }
 
 void ShardServer::ReleaseHeldPulls() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->Now();
   std::vector<HeldPull> still;
   std::vector<HeldPull> ready;
   for (HeldPull& h : held_pulls_) {
@@ -1119,7 +1120,7 @@ void ShardServer::ReleaseHeldPulls() {
 }
 
 void ShardServer::CheckWorkers() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->Now();
   // A worker whose reply was dropped resends within its request time-out (plus the worker
   // time-out for a pull it expects to be held); past that, silence counts again.
   const auto resend_within =
@@ -1254,7 +1255,7 @@ Status ShardServer::MergeMembership(const Header& req) {
       }
       ++counters_.unsigned_member_entries;
       uint64_t left_out = 0;
-      if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      if (failed_request_log_.Allow(env_->Now(), &left_out)) {
         spdlog::warn("shard {}: {} of worker {} carries a membership entry (worker {}, join {}, "
                      "leave {}) without shard 0's MAC; left out{}",
                      rank_, OpName(req.op), req.worker_id, e.worker & ~kServerEntry, e.join,
@@ -1269,7 +1270,7 @@ Status ShardServer::MergeMembership(const Header& req) {
   PARASOL_RETURN_IF_ERROR(membership_.Merge(entries, &changed));
   gains_rows_ = GainsRows();
   SettleUninvolved();
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->Now();
   for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
     if (membership_.Joined(r) && !controller_.InJob(r)) {
       // From the clock this shard serves from at the earliest (it holds nothing before).
@@ -1315,7 +1316,7 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                                 "joins once (give the new worker another rank)");
     }
     PARASOL_RETURN_IF_ERROR(membership_.SetJoin(w, at));
-    controller_.Join(w, at, std::chrono::steady_clock::now());
+    controller_.Join(w, at, env_->Now());
     spdlog::info("shard 0: worker {} joins the job at clock {}", w, at);
     reply->worker_clock = at;
     return Status::Ok();
@@ -1385,6 +1386,10 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
   }
   // Where the worker is, for a restarted worker to continue from.
   reply->worker_clock = controller_.clocks()[w];
+  // The clocks before this one are applied here (BSP): a restarted worker that would redo one
+  // of them learns that its values have moved on.
+  const int64_t slowest = controller_.MinClock();
+  reply->read_clock = slowest == std::numeric_limits<int64_t>::max() ? controller_.MaxClock() : slowest;
   reply->done = controller_.IsDone(w);
   reply->last_barrier = controller_.last_barrier();
   if (req.known_epoch == 0 && controller_.incarnation(w) == req.incarnation &&
@@ -1438,7 +1443,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
       // of this shard does not need a replay that nobody can send.
       ++counters_.worker_restarts;
       uint64_t left_out = 0;
-      if (restart_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+      if (restart_log_.Allow(env_->Now(), &left_out)) {
         spdlog::warn("shard {}: worker {} restarted at clock {}{}{}", rank_, w,
                      reply->worker_clock,
                      manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed",
@@ -1618,7 +1623,7 @@ void ShardServer::ReleaseBarriers() {
     }
     for (HeldReply& h : it->second) {
       controller_.AddHeld(h.request.worker_id, -1);
-      controller_.Heard(h.request.worker_id, std::chrono::steady_clock::now());
+      controller_.Heard(h.request.worker_id, env_->Now());
       Status st = job_failure_;
       if (st.ok() && controller_.IsLost(h.request.worker_id)) {
         st = FailedPrecondition("worker " + std::to_string(h.request.worker_id) +
@@ -1741,7 +1746,7 @@ std::string ShardServer::MetricsText() const {
          "Seconds since this shard's last checkpoint (-1: none yet).");
   t.Sample("parasol_checkpoint_age_seconds",
            counters_.checkpoints > 0 || !restored_from_.empty()
-               ? std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_)
+               ? std::chrono::duration<double>(env_->Now() - last_checkpoint_)
                      .count()
                : -1.0,
            shard);
@@ -1839,7 +1844,7 @@ void ShardServer::NoteFailure(const std::string& what, uint32_t worker, const St
   }
   ++counters_.errors;
   uint64_t left_out = 0;
-  if (failed_request_log_.Allow(std::chrono::steady_clock::now(), &left_out)) {
+  if (failed_request_log_.Allow(env_->Now(), &left_out)) {
     spdlog::warn("shard {}: {} from worker {} failed: {}{}", rank_, what, worker, st.ToString(),
                  left_out ? " (and " + std::to_string(left_out) + " more since the last line)"
                           : std::string());
@@ -2176,7 +2181,7 @@ void ShardServer::MarkMember(const zmq::message_t& identity, uint32_t worker) {
 void ShardServer::ForgetIdlePeers() {
   // Peers outside the job with nothing queued, unheard for a minute (or any such, when the
   // table is full): what is left of them is their next request.
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->Now();
   const bool full = peers_.size() >= kMaxPeers;
   for (auto it = peers_.begin(); it != peers_.end();) {
     const PeerAccount& p = it->second;
@@ -2192,7 +2197,7 @@ void ShardServer::ForgetIdlePeers() {
 void ShardServer::DroppedReply(const Header& reply, const std::string& why, PeerAccount* peer) {
   ++replies_dropped_;
   uint64_t left_out = 0;
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = env_->Now();
   // Counted in the shard's total; the line is rate-limited per peer, so one peer that never
   // reads cannot silence what the others' drops say.
   const bool shard_allows = undelivered_log_.Allow(now, &left_out);
@@ -2207,7 +2212,7 @@ void ShardServer::DroppedReply(const Header& reply, const std::string& why, Peer
   const bool its_own =
       reply_sink_ ? true : peer != nullptr && peer->member_of == static_cast<int64_t>(w);
   if (its_own && controller_.InJob(w) && !reply_dropped_since_[w]) {
-    reply_dropped_since_[w] = std::chrono::steady_clock::now();
+    reply_dropped_since_[w] = env_->Now();
     controller_.AddHeld(w, +1);
   }
 }

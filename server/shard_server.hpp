@@ -29,6 +29,7 @@
 
 #include <zmq.hpp>
 
+#include "common/env.hpp"
 #include "common/log_limiter.hpp"
 #include "common/manifest.hpp"
 #include "common/membership.hpp"
@@ -84,7 +85,8 @@ MemoryShares SplitMemoryBudget(const ServerOptions& server);
 class ShardServer {
  public:
   // REQUIRES: rank < manifest.cluster.servers.size().
-  ShardServer(const Manifest& manifest, uint32_t rank);
+  // `env`: where the time and the epoch come from (Env::Real() if null).
+  ShardServer(const Manifest& manifest, uint32_t rank, Env* env = nullptr);
   ~ShardServer();
 
   // Binds the ROUTER socket: to cluster.bind when set ("listed": this shard's listed address);
@@ -118,6 +120,10 @@ class ShardServer {
 
   // Counters and table sizes as a JSON object (the Stats op's reply).
   std::string StatsJson() const;
+  // Calls `visit` with each block of the model this shard holds now: every table's rows (with
+  // their optimizer state) and dense slice, as a checkpoint holds them (for comparing models
+  // bit for bit in tests).
+  Status VisitModel(const std::function<void(const CheckpointBlock&)>& visit);
   // The same and more in Prometheus text format (GET /metrics with metrics.enabled).
   std::string MetricsText() const;
 
@@ -271,7 +277,7 @@ class ShardServer {
   // checkpoint.min_interval; those asked sooner wait (StartRequestedCheckpoint).
   std::chrono::steady_clock::time_point last_forced_checkpoint_{};
   bool ForcedCheckpointDue() const;
-  void NoteForcedCheckpoint() { last_forced_checkpoint_ = std::chrono::steady_clock::now(); }
+  void NoteForcedCheckpoint() { last_forced_checkpoint_ = env_->Now(); }
   LogLimiter restart_log_;  // "worker W restarted" lines (a Hello may claim a restart)
   // Checkpoints whose state was taken (durable or being written): checkpoints_begun in replies.
   uint64_t checkpoints_begun_ = 0;
@@ -353,6 +359,7 @@ class ShardServer {
 
   const Manifest manifest_;
   const uint32_t rank_;
+  Env* const env_;
   const uint32_t num_shards_;
   const uint64_t fingerprint_;
   std::string endpoint_;
@@ -512,7 +519,7 @@ class ShardServer {
   uint64_t restored_sequence_ = 0;  // of the checkpoint this process started from
   int64_t checkpoint_clock_ = -1;
   const uint64_t epoch_;  // random per start: tells workers this shard restarted
-  std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();
   std::string restored_from_;
   // How far the checkpoint being loaded is (ShardState::Load()).
   ShardState::LoadProgress restore_progress_;

@@ -115,49 +115,39 @@ zmq::message_t CopyMessage(zmq::message_t& m) {
 
 }  // namespace
 
-PsClient::PsClient(const Manifest& manifest, uint32_t worker_id)
+PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
     : manifest_(manifest),
       fingerprint_(manifest_.Fingerprint()),
       worker_id_(worker_id),
-      incarnation_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
-      context_(1),
+      env_(env ? env : Env::Real()),
+      num_shards_(static_cast<uint32_t>(manifest_.cluster.servers.size())),
+      incarnation_(env_->Random64()),
       membership_(JobMembership(manifest)) {
-  for (size_t s = 0; s < manifest_.cluster.servers.size(); ++s) {
-    shards_.emplace_back(context_, zmq::socket_type::dealer);
-  }
   log_pushes_ = !manifest_.checkpoint.dir.empty() && JobRank();
-  shard_epochs_.assign(shards_.size(), 0);
-  shard_membership_version_.assign(shards_.size(), 0);
-  push_log_ = PushLog(static_cast<uint32_t>(shards_.size()), manifest_.checkpoint.max_log_bytes);
-  replay_due_.assign(shards_.size(), false);
-  restoring_.assign(shards_.size(), ShardRestore{});
-  push_index_.assign(shards_.size(), 0);
-  last_push_count_.assign(shards_.size(), 0);
+  shard_epochs_.assign(num_shards_, 0);
+  shard_membership_version_.assign(num_shards_, 0);
+  push_log_ = PushLog(static_cast<uint32_t>(num_shards_), manifest_.checkpoint.max_log_bytes);
+  replay_due_.assign(num_shards_, false);
+  restoring_.assign(num_shards_, ShardRestore{});
+  push_index_.assign(num_shards_, 0);
+  last_push_count_.assign(num_shards_, 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
-  trimmed_to_.assign(shards_.size(), 0);
-  restored_clock_.assign(shards_.size(), -1);
+  trimmed_to_.assign(num_shards_, 0);
+  restored_clock_.assign(num_shards_, -1);
 }
 
 PsClient::~PsClient() {
-  for (auto& m : monitors_) {
-    if (m) m.close();
-  }
-  // Frames may still borrow memory of callers that never waited; drop them now, and end the
-  // context (it returns once its I/O threads have let go of every frame) while the trackers of
-  // those frames (in pending_) still live.
-  for (auto& s : shards_) {
-    s.set(zmq::sockopt::linger, 0);
-    s.close();
-  }
-  context_.close();
+  // Frames may still borrow memory of callers that never waited; the connections drop them
+  // while the trackers of those frames (in pending_) still live.
+  links_.reset();
 }
 
 Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                                     uint32_t worker_id,
                                                     const std::string& key_path,
                                                     std::function<Status()> wait_interrupt,
-                                                    bool join) {
-  std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id));
+                                                    bool join, Env* env) {
+  std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id, env));
   c->wait_interrupt_ = std::move(wait_interrupt);
   if (join && !c->JobRank()) {
     return InvalidArgument("worker " + std::to_string(worker_id) + " cannot join: cluster." +
@@ -165,7 +155,11 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   }
   c->joining_ = join;
   if (manifest.security.curve) PARASOL_RETURN_IF_ERROR(c->LoadKeys(key_path));
-  for (uint32_t s = 0; s < c->shards_.size(); ++s) PARASOL_RETURN_IF_ERROR(c->OpenShard(s));
+  PARASOL_ASSIGN_OR_RETURN(
+      c->links_, c->env_->LinkShards(c->manifest_, worker_id,
+                                     manifest.security.curve ? &c->curve_keys_ : nullptr,
+                                     c->server_public_keys_));
+  for (uint32_t s = 0; s < c->num_shards_; ++s) PARASOL_RETURN_IF_ERROR(c->links_->Open(s));
   PARASOL_RETURN_IF_ERROR(c->Handshake());
   return c;
 }
@@ -183,28 +177,7 @@ Status PsClient::LoadKeys(const std::string& key_path) {
   return Status::Ok();
 }
 
-Status PsClient::OpenShard(uint32_t s) {
-  const ServerAddress& a = manifest_.cluster.servers[s];
-  try {
-    shards_[s] = zmq::socket_t(context_, zmq::socket_type::dealer);
-    ConfigureDataSocket(shards_[s]);
-    if (manifest_.security.curve) {
-      shards_[s].set(zmq::sockopt::curve_serverkey, server_public_keys_[s]);
-      shards_[s].set(zmq::sockopt::curve_publickey, curve_keys_.public_key);
-      shards_[s].set(zmq::sockopt::curve_secretkey, curve_keys_.secret_key);
-    }
-    WatchShard(s);
-    shards_[s].connect(TcpEndpoint(a.host, a.port));
-  } catch (const zmq::error_t& e) {
-    return Unavailable("worker " + std::to_string(worker_id_) + ": cannot connect to shard " +
-                       std::to_string(s) + " at " + a.ToString() + ": " + e.what());
-  }
-  return Status::Ok();
-}
-
-int PsClient::Mechanism(uint32_t shard) const {
-  return const_cast<zmq::socket_t&>(shards_[shard]).get(zmq::sockopt::mechanism);
-}
+int PsClient::Mechanism(uint32_t shard) const { return links_->Mechanism(shard); }
 
 Status PsClient::AwaitHellos(Ticket t) {
   // One long attempt: a shard that is still starting will get the queued Hello when it binds.
@@ -212,10 +185,10 @@ Status PsClient::AwaitHellos(Ticket t) {
   for (auto& [id, r] : in_flight_) {
     if (r->ticket != t) continue;
     r->timeout = timeout;
-    r->deadline = Clock::now() + timeout;
+    r->deadline = env_->Now() + timeout;
     r->max_attempts = 1;
   }
-  auto next_note = Clock::now() + std::chrono::seconds(2);
+  auto next_note = env_->Now() + std::chrono::seconds(2);
   // Whether each shard's host resolves, looked up once (a lookup may block for the resolver's
   // time-out), at the first note about it.
   std::map<uint32_t, Status> resolved;
@@ -224,7 +197,7 @@ Status PsClient::AwaitHellos(Ticket t) {
     if (wait_interrupt_ && pending_.at(t)->outstanding > 0) {
       PARASOL_RETURN_IF_ERROR(wait_interrupt_());
     }
-    if (Clock::now() >= next_note && pending_.at(t)->outstanding > 0) {
+    if (env_->Now() >= next_note && pending_.at(t)->outstanding > 0) {
       for (const auto& [id, r] : in_flight_) {
         if (r->ticket != t) continue;
         auto [it, first] = resolved.try_emplace(r->shard);
@@ -234,7 +207,7 @@ Status PsClient::AwaitHellos(Ticket t) {
                      manifest_.cluster.servers[r->shard].ToString(),
                      resolves.ok() ? "" : " (" + resolves.message() + ")");
       }
-      next_note = Clock::now() + std::chrono::seconds(5);
+      next_note = env_->Now() + std::chrono::seconds(5);
     }
   }
   Pending& p = *pending_.at(t);
@@ -252,12 +225,12 @@ Status PsClient::AwaitHellos(Ticket t) {
   for (uint32_t s = 0; s < p.replies.size() && p.status.ok(); ++s) {
     if (p.replies[s].empty()) continue;  // not greeted
     Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-    if (h.ok() && (h->shard_rank != s || h->shard_count != shards_.size())) {
+    if (h.ok() && (h->shard_rank != s || h->shard_count != num_shards_)) {
       p.status = FailedPrecondition(
           "shard at " + manifest_.cluster.servers[s].ToString() + " says it is rank " +
           std::to_string(h->shard_rank) + " of " + std::to_string(h->shard_count) +
           ", but the manifest lists it as rank " + std::to_string(s) + " of " +
-          std::to_string(shards_.size()));
+          std::to_string(num_shards_));
     }
   }
   return p.status;
@@ -272,7 +245,7 @@ uint32_t PsClient::ShardsFrom(int64_t clock) const {
 }
 
 std::vector<uint32_t> PsClient::FirstShards(uint32_t n) {
-  std::vector<uint32_t> out(std::min<size_t>(n, shards_.size()));
+  std::vector<uint32_t> out(std::min<size_t>(n, num_shards_));
   for (uint32_t s = 0; s < out.size(); ++s) out[s] = s;
   return out;
 }
@@ -323,7 +296,7 @@ Status PsClient::Handshake() {
   // not answer (a shard removed by a finished change may have been stopped).
   if (JobRank() && at > 0 && ShardsFrom(at - 1) > serving) {
     std::vector<uint32_t> before;
-    for (uint32_t s = serving; s < std::min<size_t>(ShardsFrom(at - 1), shards_.size()); ++s) {
+    for (uint32_t s = serving; s < std::min<size_t>(ShardsFrom(at - 1), num_shards_); ++s) {
       before.push_back(s);
     }
     PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, before));
@@ -364,6 +337,23 @@ Status PsClient::Handshake() {
       done = done && h.done;
     }
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
+    // Under BSP, a worker that died after its tick out of step `clock` reached some shards but
+    // not others redoes that step. Where such a shard has applied the step since (every worker
+    // had ticked there), the redo reads other values than the first time, so what it pushes to
+    // the shards that lack the step is not what the undisturbed job pushed: reported, not hidden.
+    if (manifest_.training.consistency == TrainingOptions::Consistency::kBsp && !joining_) {
+      for (const Header& h : hellos) {
+        if (h.worker_clock <= clock || h.read_clock <= clock) continue;
+        lost_step_ = "worker " + std::to_string(worker_id_) + " restarted after its tick out of "
+                     "step " + std::to_string(clock) + " reached shard " +
+                     std::to_string(h.shard_rank) + " but not every shard, and shard " +
+                     std::to_string(h.shard_rank) + " has applied that step since: the step is "
+                     "redone from other values, so its updates as first computed are lost "
+                     "(two failures overlapped, or the worker died between its ticks)";
+        spdlog::error("{}", lost_step_);
+        break;
+      }
+    }
     if (clock > 0 || (clock == 0 && done) || joining_) {
       clock_ = clock;
       resumed_clock_ = clock;
@@ -411,9 +401,9 @@ PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
   Pending& p = *node.mapped();
   p.op = op;
   p.table = table;
-  p.replies.resize(shards_.size());
-  p.views.resize(shards_.size());
-  p.messages.resize(shards_.size());
+  p.replies.resize(num_shards_);
+  p.views.resize(num_shards_);
+  p.messages.resize(num_shards_);
   pending_.insert(std::move(node));
   return t;
 }
@@ -549,7 +539,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
     // a silent one after training.worker_timeout.
     r->timeout += std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
   }
-  r->deadline = Clock::now() + r->timeout;
+  r->deadline = env_->Now() + r->timeout;
   r->max_attempts = 1 + manifest_.cluster.request_retries;
   // A shard that knows fewer membership clocks learns them from the ticks (and Hellos).
   // Pulls too: a shard that gains rows at a change of the shard count must know of it before
@@ -602,7 +592,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   }
   // drop: the message is lost on its way (the request is resent when it is overdue).
   const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;
-  Status st = lost ? Status::Ok() : SendFrames(shards_[shard], frames);
+  Status st = lost ? Status::Ok() : links_->Send(shard, frames);
   frames.clear();  // what a failed send left: borrowed frames must not outlive the request
   in_flight_.insert(std::move(node));
   if (!st.ok()) FailRequest(*in_flight_.at(id), st);
@@ -610,8 +600,8 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
 
 void PsClient::BeginStep() {
   gathering_ = true;
-  gathered_.resize(shards_.size());
-  gathered_count_.resize(shards_.size(), 0);
+  gathered_.resize(num_shards_);
+  gathered_count_.resize(num_shards_, 0);
 }
 
 void PsClient::SendStep() {
@@ -693,7 +683,7 @@ void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
     ids = &step_parts_.insert(std::move(node)).position->second;
   }
   const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;  // as in Send()
-  Status st = lost ? Status::Ok() : SendFrames(shards_[shard], *frames);
+  Status st = lost ? Status::Ok() : links_->Send(shard, *frames);
   frames->clear();  // what a failed send left: borrowed frames must not outlive the request
   if (st.ok()) return;
   auto fail = [&](uint64_t id) {
@@ -1058,35 +1048,43 @@ Result<PsClient::Ticket> PsClient::Broadcast(Op op, uint64_t offset,
 
 Status PsClient::Pump(std::chrono::milliseconds timeout) {
   auto wait = timeout;
-  const auto now = Clock::now();
+  const auto now = env_->Now();
   for (const auto& [id, r] : in_flight_) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r->deadline - now);
     wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
   }
-  std::vector<zmq::pollitem_t>& items = poll_items_;
-  items.clear();
-  for (auto& s : shards_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-  try {
-    zmq::poll(items.data(), items.size(), wait);
-  } catch (const zmq::error_t& e) {
-    if (e.num() != EINTR) return Unavailable(std::string("poll failed: ") + e.what());
-  }
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
-    if (!(items[s].revents & ZMQ_POLLIN)) continue;
+  PARASOL_RETURN_IF_ERROR(links_->Wait(wait));
+  for (uint32_t s = 0; s < num_shards_; ++s) {
     while (true) {
-      Result<bool> got = RecvFramesInto(shards_[s], /*dontwait=*/true, &received_);
+      Result<bool> got = links_->Receive(s, &received_);
       if (!got.ok()) return got.status();
       if (!*got) break;
       OnReply(s, received_);
     }
   }
-  PollMonitors();
-  for (uint32_t s = 0; s < shards_.size(); ++s) {
+  // A connection made again: ask whether the shard restarted, and send again what was on its
+  // way to it, which the old connection may have lost (without spending an attempt: a pull
+  // the shard would hold waits for up to training.worker_timeout, and the shard would count
+  // this worker as silent meanwhile). A shard that has it already answers it as a duplicate.
+  for (uint32_t s = 0; s < num_shards_; ++s) {
+    if (!links_->TakeReconnect(s)) continue;
+    SendDetached(s, Op::Hello, false);
+    const auto now = env_->Now();
+    for (auto& [id, r] : in_flight_) {
+      if (r->shard != s) continue;
+      std::vector<zmq::message_t> frames;
+      for (auto& k : r->kept) frames.push_back(CopyMessage(k));
+      if (Status st = links_->Send(s, frames); !st.ok()) continue;  // its deadline still holds
+      r->deadline = std::max(r->deadline, now + std::chrono::milliseconds(
+                                                    manifest_.cluster.request_timeout_ms));
+    }
+  }
+  for (uint32_t s = 0; s < num_shards_; ++s) {
     if (replay_due_[s]) Replay(s);
   }
   ReapReplays();
   // Resend or fail what is overdue.
-  const auto later = Clock::now();
+  const auto later = env_->Now();
   std::vector<uint64_t> overdue;
   for (const auto& [id, r] : in_flight_) {
     if (r->deadline <= later) overdue.push_back(id);
@@ -1102,7 +1100,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
       r.deadline = later + RestoringPoll();
       std::vector<zmq::message_t> frames;
       for (auto& k : r.kept) frames.push_back(CopyMessage(k));
-      if (Status st = SendFrames(shards_[r.shard], frames); !st.ok()) {
+      if (Status st = links_->Send(r.shard, frames); !st.ok()) {
         FailRequest(r, st.WithContext(where));
       }
       continue;
@@ -1124,7 +1122,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
                  r.attempts, r.max_attempts);
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
-    Status st = SendFrames(shards_[r.shard], frames);
+    Status st = links_->Send(r.shard, frames);
     if (!st.ok()) {
       FailRequest(r, st.WithContext(where));
       continue;
@@ -1149,7 +1147,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     // it is asked again soon (without spending attempts, see Pump()); else the request waits
     // out its time-out as for a silent shard.
     NoteRestoring(shard, *h);
-    const auto now = Clock::now();
+    const auto now = env_->Now();
     const bool moving = RestoringWithProgress(shard, now);
     auto it = in_flight_.find(h->request_id);
     if (it != in_flight_.end() && it->second->shard == shard) {
@@ -1193,7 +1191,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
       // Refused for now: a tick whose pushes the shard has not all applied (one lost on its
       // way is resent when overdue, before the tick), and the pulls behind it. Sent again
       // after cluster.request_timeout, within the request's attempts.
-      r.deadline = Clock::now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+      r.deadline = env_->Now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
       r.refused = Status(h->status, h->message);
       return;
     case ReplyOutcome::kFail:
@@ -1259,39 +1257,6 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   RetireRequest(it);
 }
 
-void PsClient::WatchShard(uint32_t shard) {
-  if (monitors_.size() < shards_.size()) {
-    monitors_.resize(shards_.size());
-    connects_.assign(shards_.size(), 0);
-  }
-  char endpoint[96];
-  std::snprintf(endpoint, sizeof(endpoint), "inproc://parasol-client-%p-%u-%d",
-                static_cast<void*>(this), shard, connects_[shard]);
-  if (zmq_socket_monitor(shards_[shard].handle(), endpoint,
-                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-    return;  // without the monitor, restarts are still found by resends
-  }
-  monitors_[shard] = zmq::socket_t(context_, zmq::socket_type::pair);
-  monitors_[shard].set(zmq::sockopt::linger, 0);
-  monitors_[shard].connect(endpoint);
-}
-
-void PsClient::PollMonitors() {
-  for (uint32_t s = 0; s < monitors_.size(); ++s) {
-    if (!monitors_[s]) continue;
-    while (true) {
-      std::vector<zmq::message_t> event;
-      auto n = zmq::recv_multipart(monitors_[s], std::back_inserter(event),
-                                   zmq::recv_flags::dontwait);
-      if (!n || event.empty() || event[0].size() < 2) break;
-      uint16_t id;
-      std::memcpy(&id, event[0].data(), 2);
-      // A connection after the first is a reconnect: ask whether the shard restarted.
-      if (id == ZMQ_EVENT_CONNECTED && ++connects_[s] > 1) SendDetached(s, Op::Hello, false);
-    }
-  }
-}
-
 void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   if (reply.server_epoch == 0) return;
   if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
@@ -1321,7 +1286,7 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
 
 void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
   ShardRestore& r = restoring_[shard];
-  const auto now = Clock::now();
+  const auto now = env_->Now();
   const bool first = r.heard == Clock::time_point{} ||
                      now - r.heard > std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
   // Any change is progress (a chain of checkpoints counts each file from 0 again).
@@ -1364,7 +1329,7 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
   if (op == Op::Hello) h.known_epoch = shard_epochs_[shard];
   std::vector<zmq::message_t> frames;
   frames.push_back(EncodeHeader(h));
-  (void)SendFrames(shards_[shard], frames, /*dontwait=*/true);  // best effort
+  (void)links_->Send(shard, frames, /*dontwait=*/true);  // best effort
 }
 
 void PsClient::Replay(uint32_t shard) {
@@ -1465,8 +1430,8 @@ void PsClient::Replay(uint32_t shard) {
     }
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
-    (void)SendFrames(shards_[shard], frames);
-    r.deadline = Clock::now() + r.timeout;
+    (void)links_->Send(shard, frames);
+    r.deadline = env_->Now() + r.timeout;
     in_flight_.insert(std::move(node));
   };
   for (const ReplayStep& step : plan.steps) {
@@ -1512,10 +1477,7 @@ void PsClient::FailRequest(ShardRequest& r, Status status) {
   if (p.borrowing) {
     // Frames of a failed request may sit in the socket's queue with a dead peer. Reopen the
     // socket so that they are dropped and the caller's memory is released.
-    const uint32_t s = r.shard;
-    shards_[s].set(zmq::sockopt::linger, 0);
-    shards_[s].close();
-    (void)OpenShard(s);  // a failure here shows as a time-out of the next request
+    (void)links_->Open(r.shard);  // a failure here shows as a time-out of the next request
   }
   in_flight_.erase(r.request_id);  // `r` is gone from here on
 }
@@ -1690,7 +1652,7 @@ Status PsClient::Leave() {
   // The shards serving its clock (which would wait for its pushes); those that served only the
   // clock before have had its tick.
   const uint32_t n = membership_.PlacementAt(clock_).count();
-  for (uint32_t s = 0; s < std::min<size_t>(n, shards_.size()); ++s) {
+  for (uint32_t s = 0; s < std::min<size_t>(n, num_shards_); ++s) {
     Header h = NewRequest(Op::Clock, 0);
     h.done = true;
     Send(t, s, std::move(h), {});
@@ -1817,7 +1779,7 @@ Result<std::string> PsClient::StatsOf(uint32_t shard) {
 
 Result<PsClient::Reply> PsClient::Call(uint32_t shard, Header request,
                                        std::vector<zmq::message_t> payload) {
-  if (shard >= shards_.size()) return InvalidArgument("no shard " + std::to_string(shard));
+  if (shard >= num_shards_) return InvalidArgument("no shard " + std::to_string(shard));
   return Collect(CallAsync(shard, std::move(request), std::move(payload)), shard);
 }
 
@@ -1847,8 +1809,8 @@ Result<PsClient::Reply> PsClient::Collect(Ticket t, uint32_t shard) {
 
 Result<int64_t> PsClient::ScaleServers(uint32_t servers) {
   if (JobRank()) return FailedPrecondition("ScaleServers is a tool's request, not a worker's");
-  if (servers == 0 || servers > shards_.size()) {
-    return InvalidArgument("the job may have 1 to " + std::to_string(shards_.size()) +
+  if (servers == 0 || servers > num_shards_) {
+    return InvalidArgument("the job may have 1 to " + std::to_string(num_shards_) +
                            " shards (those cluster.servers lists), not " +
                            std::to_string(servers));
   }
@@ -1870,7 +1832,7 @@ Status PsClient::Shutdown() {
   // The listed shards outside the placement hold nothing and may not run: each that does
   // stops too, one try each.
   std::vector<uint32_t> idle;
-  for (uint32_t s = static_cast<uint32_t>(serving.size()); s < shards_.size(); ++s) idle.push_back(s);
+  for (uint32_t s = static_cast<uint32_t>(serving.size()); s < num_shards_; ++s) idle.push_back(s);
   if (idle.empty()) return Status::Ok();
   PARASOL_ASSIGN_OR_RETURN(Ticket rest, Broadcast(Op::Shutdown, 0, idle));
   for (auto& [id, r] : in_flight_) {

@@ -28,6 +28,7 @@
 #include <zmq.hpp>
 
 #include "common/curve_keys.hpp"
+#include "common/env.hpp"
 #include "common/key_index.hpp"
 #include "common/manifest.hpp"
 #include "common/sharding.hpp"
@@ -63,10 +64,11 @@ class PsClient {
   // `wait_interrupt`: as SetWaitInterrupt(), from the handshake on.
   // `join`: rank `worker_id` (below cluster.max_workers) joins the running job: shard 0 names the
   // clock it starts at (resumed_clock() then says which), and every shard learns it.
+  // `env`: where the time, the incarnation and the connections come from (Env::Real() if null).
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
                                                    const std::string& key_path = "",
                                                    std::function<Status()> wait_interrupt = {},
-                                                   bool join = false);
+                                                   bool join = false, Env* env = nullptr);
 
   // The security mechanism of the connection to `shard` (ZMQ_NULL, ZMQ_CURVE, ...).
   int Mechanism(uint32_t shard) const;
@@ -77,7 +79,7 @@ class PsClient {
 
   const Manifest& manifest() const { return manifest_; }
   uint32_t worker_id() const { return worker_id_; }
-  uint32_t num_shards() const { return static_cast<uint32_t>(shards_.size()); }
+  uint32_t num_shards() const { return num_shards_; }
   // Table id by name, or NotFound.
   Result<uint32_t> TableId(const std::string& name) const;
 
@@ -209,6 +211,10 @@ class PsClient {
   // Whether a replay to a restarted shard was refused (every Wait then fails with it), and
   // whether one is due or under way: this client's log is then the only copy of updates.
   bool replay_failed() const { return !replay_failure_.ok(); }
+  // Set when this worker restarted in a way that loses updates it had made (Handshake():
+  // under BSP, its tick out of a step reached some shards only, and one of them applied the
+  // step since); empty otherwise.
+  const std::string& lost_step() const { return lost_step_; }
   bool replay_pending() const {
     return !replay_tickets_.empty() ||
            std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
@@ -251,7 +257,7 @@ class PsClient {
   void SendGathered(uint32_t shard, std::span<Gathered> group);
   void OnStepReply(uint32_t shard, const Header& step, std::vector<zmq::message_t>& frames);
 
-  PsClient(const Manifest& manifest, uint32_t worker_id);
+  PsClient(const Manifest& manifest, uint32_t worker_id, Env* env);
   Status LoadKeys(const std::string& key_path);
   // Opens (or reopens) the socket of `shard` with its options, and connects it.
   Status OpenShard(uint32_t shard);
@@ -304,9 +310,10 @@ class PsClient {
   const Manifest manifest_;
   const uint64_t fingerprint_;  // manifest_.Fingerprint(), which every request carries
   const uint32_t worker_id_;
+  Env* const env_;
+  const uint32_t num_shards_;
   const uint64_t incarnation_;
-  zmq::context_t context_;
-  std::vector<zmq::socket_t> shards_;
+  std::unique_ptr<ShardLinks> links_;  // one connection per shard
   int64_t clock_ = 0;
   std::vector<uint64_t> push_index_;  // per shard: pushes sent to it at clock_ so far
   std::vector<uint64_t> last_push_count_;  // per shard: pushes sent to it at clock_ - 1
@@ -337,7 +344,6 @@ class PsClient {
   static constexpr size_t kReservedFrames = 4;  // frames a new request's vectors have room for
   // Reused from call to call: Pump's poll items and received frames, a Step reply's part, its
   // parts and its parts' ids, the frames of a message sent at once.
-  std::vector<zmq::pollitem_t> poll_items_;
   std::vector<zmq::message_t> received_;
   std::vector<zmq::message_t> step_part_frames_;
   std::vector<StepPart> step_split_;
@@ -417,13 +423,9 @@ class PsClient {
   std::chrono::milliseconds RestoringPoll() const;
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
+  std::string lost_step_;               // lost_step()
   std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
-  // Connection events of each shard socket (reconnects after a shard went away).
-  std::vector<zmq::socket_t> monitors_;
-  std::vector<int> connects_;
-  void WatchShard(uint32_t shard);
-  void PollMonitors();
   CurveKeyPair curve_keys_;
   std::vector<std::string> server_public_keys_;
 };

@@ -1,0 +1,139 @@
+// parasol_sim: runs the deterministic simulation (tests/sim/simulation.hpp) over many seeds.
+//   parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap]
+//   parasol_sim --seed S [--verbose]      one seed again, every event printed with --verbose
+// Prints each failed seed with the command that replays it, and a summary; exits 1 when any
+// seed failed.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "tests/sim/simulation.hpp"
+
+namespace {
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap]\n"
+               "       parasol_sim --seed S [--verbose]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace parasol::sim;
+  uint64_t seeds = 200, first = 1;
+  SimOptions base;
+  bool one = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> uint64_t {
+      if (i + 1 >= argc) {
+        Usage();
+        std::exit(2);
+      }
+      char* end = nullptr;
+      const uint64_t v = std::strtoull(argv[++i], &end, 10);
+      if (*end != '\0') {
+        std::fprintf(stderr, "parasol_sim: %s wants a number, got '%s'\n", a.c_str(), argv[i]);
+        std::exit(2);
+      }
+      return v;
+    };
+    if (a == "--seeds") {
+      seeds = value();
+    } else if (a == "--first") {
+      first = value();
+    } else if (a == "--seed") {
+      first = value();
+      seeds = 1;
+      one = true;
+    } else if (a == "--max-faults") {
+      base.max_faults = static_cast<uint32_t>(value());
+    } else if (a == "--no-overlap") {
+      base.overlap = false;
+    } else if (a == "--verbose") {
+      base.verbose = true;
+    } else {
+      Usage();
+      return 2;
+    }
+  }
+  spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
+  const auto start = std::chrono::steady_clock::now();
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Reference> references;
+  uint64_t equal = 0, reported = 0, single = 0, failed = 0;
+  uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, overlaps = 0, faulted = 0;
+  for (uint64_t seed = first; seed < first + seeds; ++seed) {
+    SimOptions o = base;
+    o.seed = seed;
+    const SimJob job = JobOf(seed);
+    const auto key = std::make_tuple(job.workers, job.shards, job.steps);
+    auto it = references.find(key);
+    if (it == references.end()) {
+      std::string failure;
+      Reference ref = RunReference(job, std::get<0>(key) * 1000 + std::get<1>(key) * 100 +
+                                            std::get<2>(key), &failure);
+      if (!failure.empty()) {
+        std::printf("FAIL seed %llu (%s): %s\n  replay: parasol_sim --seed %llu --verbose\n",
+                    static_cast<unsigned long long>(seed), job.ToString().c_str(),
+                    failure.c_str(), static_cast<unsigned long long>(seed));
+        ++failed;
+        continue;
+      }
+      it = references.emplace(key, std::move(ref)).first;
+    }
+    const SimOutcome out = RunSeed(o, it->second);
+    shard_kills += out.shard_kills;
+    worker_kills += out.worker_kills;
+    cuts += out.cuts;
+    overlaps += out.overlaps;
+    faulted += out.shard_kills + out.worker_kills + out.cuts > 0;
+    const char* kind = "equal";
+    switch (out.kind) {
+      case SimOutcome::Kind::kEqual:
+        ++equal;
+        break;
+      case SimOutcome::Kind::kReported:
+        ++reported;
+        single += out.single_failure;
+        kind = out.single_failure ? "reported loss (one failure)" : "reported loss";
+        if (!one) {
+          std::printf("reported loss, seed %llu (%s; %s): %s\n", static_cast<unsigned long long>(seed),
+                      out.job.ToString().c_str(), out.single_failure ? "one failure" : "overlapping failures",
+                      out.failure.c_str());
+        }
+        break;
+      case SimOutcome::Kind::kFailed:
+        ++failed;
+        kind = "FAIL";
+        std::printf("FAIL seed %llu (%s; %u shard kills, %u worker kills, %u cuts, %u overlaps): "
+                    "%s\n  replay: parasol_sim --seed %llu --verbose\n",
+                    static_cast<unsigned long long>(seed), out.job.ToString().c_str(),
+                    out.shard_kills, out.worker_kills, out.cuts, out.overlaps,
+                    out.failure.c_str(), static_cast<unsigned long long>(seed));
+        break;
+    }
+    if (one) {
+      std::printf("seed %llu (%s): %s after %.3f s of virtual time; %u shard kills, %u worker "
+                  "kills, %u cuts, %u overlaps%s%s\n",
+                  static_cast<unsigned long long>(seed), out.job.ToString().c_str(), kind,
+                  out.seconds, out.shard_kills, out.worker_kills, out.cuts, out.overlaps,
+                  out.failure.empty() ? "" : ": ", out.failure.c_str());
+    }
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+  std::printf("%llu seeds from %llu: %llu equal to the run without faults, %llu with a reported "
+              "loss (%llu of them after one failure), %llu failed; %llu seeds with faults: %llu "
+              "shard kills, %llu worker kills, %llu connection cuts, %llu overlapping; %.1f s\n",
+              u(seeds), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
+              u(shard_kills), u(worker_kills), u(cuts), u(overlaps), wall);
+  return failed == 0 ? 0 : 1;
+}

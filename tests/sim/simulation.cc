@@ -1,0 +1,856 @@
+#include "tests/sim/simulation.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "common/env.hpp"
+#include "common/manifest.hpp"
+#include "server/checkpoint.hpp"
+#include "server/shard_server.hpp"
+#include "server/shard_state.hpp"
+#include "worker/ps_client.hpp"
+
+namespace parasol::sim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Frames = std::vector<std::string>;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+constexpr uint32_t kDim = 4;
+constexpr uint32_t kDense = 24;
+constexpr uint32_t kKeysPerStep = 6;
+constexpr uint64_t kKeySpace = 40;
+constexpr int kScheduler = -1;
+constexpr auto kVirtualLimit = std::chrono::seconds(900);
+constexpr uint64_t kEventLimit = 20'000'000;
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t HashBytes(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  return h;
+}
+
+// The keys worker `rank` pulls and pushes at `step` (repeats allowed: the client sums them).
+std::vector<uint64_t> KeysOf(uint32_t rank, uint32_t step) {
+  std::vector<uint64_t> keys;
+  for (uint32_t i = 0; i < kKeysPerStep; ++i) {
+    keys.push_back(1 + Mix((uint64_t{rank} << 40) ^ (uint64_t{step} << 8) ^ i) % kKeySpace);
+  }
+  return keys;
+}
+
+std::string ManifestText(const SimJob& job, const std::string& dir) {
+  std::string servers;
+  for (uint32_t s = 0; s < job.shards; ++s) {
+    servers += (s ? ", " : "") + std::string("127.0.0.1:") + std::to_string(20000 + s);
+  }
+  return "cluster:\n  servers: [" + servers + "]\n  workers: " + std::to_string(job.workers) +
+         "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
+         "server: {engine_threads: 2}\n"
+         "training: {consistency: bsp, worker_timeout: 60s}\n"
+         "checkpoint: {dir: " + dir + ", every_steps: " + std::to_string(job.every_steps) +
+         ", keep: 3, background: false}\n"
+         "tables:\n"
+         "  - {name: e, kind: sparse, dim: " + std::to_string(kDim) +
+         ", optimizer: {kind: sgd, lr: 0.5}}\n"
+         "  - name: w\n    kind: dense\n    shape: [" + std::to_string(kDense) +
+         "]\n    optimizer: {kind: sgd, lr: 0.25}\n";
+}
+
+class Sim;
+
+// The environment of one simulated process: the simulation's clock, randomness and network.
+class SimEnv final : public Env {
+ public:
+  SimEnv(Sim* sim, int worker) : sim_(sim), worker_(worker) {}
+  Clock::time_point Now() override;
+  uint64_t Random64() override;
+  Result<std::unique_ptr<ShardLinks>> LinkShards(const Manifest&, uint32_t, const CurveKeyPair*,
+                                                 const std::vector<std::string>&) override;
+
+ private:
+  Sim* sim_;
+  int worker_;
+};
+
+// A worker's connection to a shard.
+struct Conn {
+  uint64_t gen = 1;    // the connection's identity; a new one each time it is made again
+  // A killed worker's connection: what it had sent is still delivered (the kernel sends what
+  // it holds before it closes the socket); replies to it are not.
+  uint64_t draining = 0;
+  bool open = false;   // the worker holds it
+  bool up = false;     // connected
+  bool cut = false;    // the network between them is cut
+  std::deque<Frames> queued;  // sent while not connected
+  Clock::time_point last_to_shard{}, last_to_worker{};
+};
+
+struct WorkerProc {
+  enum class State { kDown, kRunning, kWaiting, kDone, kFailed };
+  uint32_t rank = 0;
+  State state = State::kDown;
+  bool killed = false;
+  uint64_t wake = 0;  // the timer that may wake it (older timers are stale)
+  std::thread thread;
+  std::unique_ptr<SimEnv> env;
+  std::vector<std::deque<Frames>> inbox;
+  std::vector<bool> reconnected;
+  Status result;
+  uint32_t incarnations = 0;
+  bool restart_due = false;
+  uint32_t kill_at_send = 0;  // killed at its n-th send from now (0: not)
+};
+
+struct ShardProc {
+  std::unique_ptr<SimEnv> env;
+  std::unique_ptr<ShardServer> server;
+  uint64_t lost_replays = 0;  // over all its processes
+  bool restart_due = false;
+};
+
+class Sim {
+ public:
+  Sim(const SimJob& job, uint64_t seed, const SimOptions* faults, const Reference* reference)
+      : job_(job), rng_(seed), faults_(faults), reference_(reference) {
+    const std::filesystem::path base =
+        std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
+    dir_ = (base / ("parasol-sim-" + std::to_string(::getpid()) + "-" + std::to_string(seed) +
+                    (faults ? "-f" : "-r")))
+               .string();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    Result<Manifest> m = ParseManifest(ManifestText(job, dir_), "sim");
+    if (!m.ok()) {
+      Fail("the simulated job's manifest: " + m.status().ToString());
+      return;
+    }
+    manifest_ = *m;
+    now_ = Clock::time_point(std::chrono::hours(1));
+    shards_.resize(job.shards);
+    workers_.resize(job.workers);
+    conns_.assign(size_t{job.workers} * job.shards, Conn{});
+    for (uint32_t w = 0; w < job.workers; ++w) workers_[w].rank = w;
+  }
+
+  ~Sim() {
+    // A failed run may leave workers waiting: end them.
+    for (WorkerProc& w : workers_) {
+      if (w.state == WorkerProc::State::kWaiting) {
+        w.killed = true;
+        Resume(w);
+      }
+      if (w.thread.joinable()) w.thread.join();
+    }
+    for (ShardProc& s : shards_) s.server.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Runs the job to its end (or a failed check); what it pulled and ended in.
+  void Run() {
+    if (!failure_.empty()) return;
+    const Clock::time_point start = now_;
+    for (uint32_t s = 0; s < job_.shards; ++s) StartShard(s);
+    for (WorkerProc& w : workers_) At(now_ + Delay(), [this, &w] { StartWorker(w); });
+    At(now_ + milliseconds(20), [this] { Periodic(); });
+    if (faults_) ScheduleFaults();
+    while (failure_.empty() && !AllDone()) {
+      if (events_.empty()) {
+        Fail("nothing left to happen, and workers " + Waiting() + " wait (a deadlock)");
+        break;
+      }
+      Event e = events_.top();
+      events_.pop();
+      now_ = e.at;
+      if (now_ - start > kVirtualLimit || ++event_count_ > kEventLimit) {
+        Fail("the job did not end within " + std::to_string(kVirtualLimit.count()) +
+             " s of virtual time (workers " + Waiting() + " wait)");
+        break;
+      }
+      e.fn();
+    }
+    seconds_ = std::chrono::duration<double>(now_ - start).count();
+    if (!failure_.empty()) return;
+    // The model, from every shard (each up: a shard down at the end restarts first).
+    for (uint32_t s = 0; s < job_.shards; ++s) {
+      if (!shards_[s].server) StartShard(s);
+      if (!failure_.empty()) return;
+      ShardProc& p = shards_[s];
+      NoteLost(p);
+      Status st = p.server->VisitModel([&](const CheckpointBlock& b) { Record(s, b); });
+      if (!st.ok()) Fail("shard " + std::to_string(s) + "'s model: " + st.ToString());
+    }
+  }
+
+  // --- the environment ---
+  Clock::time_point Now() const { return now_; }
+  uint64_t Random64() { return rng_(); }
+  std::unique_ptr<ShardLinks> Links(uint32_t worker);
+
+  // --- what a worker's links do (on the worker's thread, while the scheduler waits) ---
+  Conn& ConnOf(uint32_t worker, uint32_t shard) { return conns_[worker * job_.shards + shard]; }
+  void OpenConn(WorkerProc& w, uint32_t s, bool again) {
+    Conn& c = ConnOf(w.rank, s);
+    ++c.gen;
+    c.queued.clear();
+    c.open = true;
+    c.up = shards_[s].server && !c.cut;
+    w.inbox[s].clear();
+    if (again && c.up) w.reconnected[s] = true;
+  }
+  void CloseConns(WorkerProc& w) {
+    for (uint32_t s = 0; s < job_.shards; ++s) {
+      Conn& c = ConnOf(w.rank, s);
+      if (c.up) c.draining = c.gen;
+      ++c.gen;
+      c.open = c.up = false;
+      c.queued.clear();
+    }
+  }
+  void Send(WorkerProc& w, uint32_t s, Frames frames) {
+    if (w.killed) return;
+    if (w.kill_at_send > 0 && --w.kill_at_send == 0) {
+      // Killed as it sends: this message and the rest of the step are never sent.
+      Log("worker " + std::to_string(w.rank) + " killed as it sends to shard " +
+          std::to_string(s));
+      w.killed = true;
+      w.restart_due = true;
+      At(now_ + milliseconds(1 + Draw(400)), [this, &w] { StartWorker(w); });
+      return;
+    }
+    Conn& c = ConnOf(w.rank, s);
+    if (!c.open) return;
+    if (!c.up) {
+      c.queued.push_back(std::move(frames));
+      return;
+    }
+    Transmit(w.rank, s, std::move(frames));
+  }
+  Status Wait(WorkerProc& w, milliseconds wait) {
+    if (w.killed) return Unavailable("killed by the simulation");
+    for (uint32_t s = 0; s < job_.shards; ++s) {
+      if (!w.inbox[s].empty() || w.reconnected[s]) return Status::Ok();
+    }
+    const uint64_t wake = ++w.wake;
+    if (faults_ && faults_->verbose && ++wait_logs_ < 1000000) {
+      Log("worker " + std::to_string(w.rank) + " waits " + std::to_string(wait.count()) + " ms");
+    }
+    // A poll takes a little time: a wait rounded down to 0 ms still lets time pass.
+    At(now_ + std::max(wait, milliseconds(0)) + microseconds(100), [this, &w, wake] {
+      if (w.wake == wake && w.state == WorkerProc::State::kWaiting) {
+        Resume(w);
+      } else if (faults_ && faults_->verbose) {
+        Log("worker " + std::to_string(w.rank) + "'s timer is stale (" + std::to_string(w.wake) +
+            " vs " + std::to_string(wake) + ", state " + std::to_string(static_cast<int>(w.state)) + ")");
+      }
+    });
+    w.state = WorkerProc::State::kWaiting;
+    Yield(w);
+    w.state = WorkerProc::State::kRunning;
+    if (w.killed) return Unavailable("killed by the simulation");
+    return Status::Ok();
+  }
+
+  const SimJob& job() const { return job_; }
+  const std::string& failure() const { return failure_; }
+  double seconds() const { return seconds_; }
+  Reference& result() { return result_; }
+  bool reported_loss() const { return reported_loss_; }
+  SimOutcome& counts() { return counts_; }
+
+ private:
+  struct Event {
+    Clock::time_point at;
+    uint64_t seq;
+    std::function<void()> fn;
+  };
+  struct Later {
+    bool operator()(const Event& a, const Event& b) const {
+      return std::tie(a.at, a.seq) > std::tie(b.at, b.seq);
+    }
+  };
+
+  void At(Clock::time_point t, std::function<void()> fn) {
+    events_.push(Event{t, ++seq_, std::move(fn)});
+  }
+  uint64_t Draw(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
+  // A message's time on the wire: mostly short, now and then long.
+  Clock::duration Delay() {
+    const uint64_t r = Draw(100);
+    if (r < 90) return microseconds(20 + Draw(480));
+    if (r < 99) return microseconds(1000 + Draw(9000));
+    return milliseconds(20 + Draw(60));
+  }
+  void Fail(const std::string& what) {
+    if (failure_.empty()) failure_ = what;
+  }
+  void Log(const std::string& line) {
+    if (faults_ && faults_->verbose) {
+      std::printf("[%9.3f ms] %s\n",
+                  std::chrono::duration<double, std::milli>(now_.time_since_epoch()).count() -
+                      3600e3,
+                  line.c_str());
+    }
+  }
+
+  // --- the network ---
+  void Transmit(uint32_t worker, uint32_t s, Frames frames) {
+    Conn& c = ConnOf(worker, s);
+    const Clock::time_point t = std::max(c.last_to_shard, now_ + Delay());
+    c.last_to_shard = t;
+    const uint64_t gen = c.gen;
+    At(t, [this, worker, s, gen, f = std::move(frames)]() mutable {
+      Conn& c = ConnOf(worker, s);
+      const bool delivered = (c.gen == gen && c.up) || c.draining == gen;
+      if (!delivered || !shards_[s].server) return;  // lost with its connection
+      std::vector<zmq::message_t> msg;
+      const std::string id = std::to_string(worker) + ":" + std::to_string(gen);
+      msg.emplace_back(id.data(), id.size());
+      for (const std::string& p : f) msg.emplace_back(p.data(), p.size());
+      shards_[s].server->HandleMessage(msg);
+      // As a shard's serving loop does once it has drained what arrived.
+      if (shards_[s].server) shards_[s].server->RunPeriodic();
+    });
+  }
+  void Reply(uint32_t s, std::vector<zmq::message_t>& frames) {
+    if (frames.empty()) return;
+    const std::string id(static_cast<const char*>(frames[0].data()), frames[0].size());
+    const size_t colon = id.find(':');
+    if (colon == std::string::npos) return;
+    const uint32_t worker = static_cast<uint32_t>(std::stoul(id.substr(0, colon)));
+    const uint64_t gen = std::stoull(id.substr(colon + 1));
+    if (worker >= job_.workers) return;
+    Conn& c = ConnOf(worker, s);
+    if (c.gen != gen || !c.up) return;
+    Frames f;
+    for (size_t i = 1; i < frames.size(); ++i) {
+      f.emplace_back(static_cast<const char*>(frames[i].data()), frames[i].size());
+    }
+    const Clock::time_point t = std::max(c.last_to_worker, now_ + Delay());
+    c.last_to_worker = t;
+    At(t, [this, worker, s, gen, f = std::move(f)]() mutable {
+      Conn& c = ConnOf(worker, s);
+      WorkerProc& w = workers_[worker];
+      if (c.gen != gen || !c.up) return;
+      w.inbox[s].push_back(std::move(f));
+      if (w.state == WorkerProc::State::kWaiting) Resume(w);
+    });
+  }
+  // The connection is made again: what was queued goes, and the worker hears of it.
+  void Reconnect(uint32_t worker, uint32_t s) {
+    Conn& c = ConnOf(worker, s);
+    WorkerProc& w = workers_[worker];
+    if (faults_ && faults_->verbose) {
+      Log("reconnect " + std::to_string(worker) + "-" + std::to_string(s) + ": open " +
+          std::to_string(c.open) + " up " + std::to_string(c.up) + " cut " + std::to_string(c.cut));
+    }
+    if (!c.open || c.up || c.cut || !shards_[s].server) return;
+    ++c.gen;
+    c.up = true;
+    std::deque<Frames> queued = std::move(c.queued);
+    c.queued.clear();
+    for (Frames& f : queued) Transmit(worker, s, std::move(f));
+    w.reconnected[s] = true;
+    Log("worker " + std::to_string(worker) + " connected to shard " + std::to_string(s) + " again");
+    if (w.state == WorkerProc::State::kWaiting) Resume(w);
+  }
+  void Break(uint32_t worker, uint32_t s) {
+    Conn& c = ConnOf(worker, s);
+    ++c.gen;  // what was on its way is lost
+    c.draining = 0;
+    c.up = false;
+  }
+
+  // --- processes ---
+  void StartShard(uint32_t s) {
+    ShardProc& p = shards_[s];
+    p.restart_due = false;
+    p.env = std::make_unique<SimEnv>(this, -1);
+    p.server = std::make_unique<ShardServer>(manifest_, s, p.env.get());
+    p.server->set_reply_sink([this, s](std::vector<zmq::message_t>& f) { Reply(s, f); });
+    Status st = p.server->Restore();
+    if (!st.ok()) {
+      Fail("shard " + std::to_string(s) + " could not restart: " + st.ToString());
+      return;
+    }
+    Log("shard " + std::to_string(s) + " up (" + p.server->restored_from() + ")");
+    for (uint32_t w = 0; w < job_.workers; ++w) {
+      At(now_ + microseconds(100 + Draw(2000)), [this, w, s] { Reconnect(w, s); });
+    }
+  }
+  void KillShard(uint32_t s) {
+    ShardProc& p = shards_[s];
+    NoteLost(p);
+    p.server.reset();
+    p.restart_due = true;
+    for (uint32_t w = 0; w < job_.workers; ++w) Break(w, s);
+    Log("shard " + std::to_string(s) + " killed");
+    At(now_ + milliseconds(1 + Draw(400)), [this, s] { StartShard(s); });
+  }
+  void NoteLost(ShardProc& p) {
+    if (!p.server) return;
+    const std::string stats = p.server->StatsJson();
+    const size_t at = stats.find("\"lost_replays\":");
+    if (at == std::string::npos) return;
+    const uint64_t lost = std::stoull(stats.substr(at + 15));
+    if (lost > 0) reported_loss_ = true;
+    p.lost_replays += lost;
+  }
+
+  void StartWorker(WorkerProc& w) {
+    w.restart_due = false;
+    w.killed = false;
+    w.kill_at_send = 0;
+    ++w.incarnations;
+    w.inbox.assign(job_.shards, {});
+    w.reconnected.assign(job_.shards, false);
+    w.env = std::make_unique<SimEnv>(this, static_cast<int>(w.rank));
+    w.state = WorkerProc::State::kRunning;
+    Log("worker " + std::to_string(w.rank) + " starts (incarnation " +
+        std::to_string(w.incarnations) + ")");
+    w.thread = std::thread([this, &w] {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return running_ == static_cast<int>(w.rank); });
+      }
+      w.result = Body(w);
+      CloseConns(w);
+      w.state = w.killed ? WorkerProc::State::kDown
+                         : (w.result.ok() ? WorkerProc::State::kDone : WorkerProc::State::kFailed);
+      std::lock_guard<std::mutex> lk(mu_);
+      running_ = kScheduler;
+      cv_.notify_all();
+    });
+    Resume(w);
+  }
+  void KillWorker(WorkerProc& w) {
+    w.killed = true;
+    Resume(w);  // it unwinds: every wait fails from here on
+    Log("worker " + std::to_string(w.rank) + " killed");
+    w.restart_due = true;
+    At(now_ + milliseconds(1 + Draw(400)), [this, &w] { StartWorker(w); });
+  }
+
+  // Lets worker w run until it waits again or ends (the only place a worker runs).
+  void Resume(WorkerProc& w) {
+    ++w.wake;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      running_ = static_cast<int>(w.rank);
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return running_ == kScheduler; });
+    }
+    if (w.state == WorkerProc::State::kDone || w.state == WorkerProc::State::kFailed ||
+        w.state == WorkerProc::State::kDown) {
+      if (w.thread.joinable()) w.thread.join();
+      w.inbox.assign(job_.shards, {});
+      if (w.state == WorkerProc::State::kFailed) {
+        const std::string what = w.result.ToString();
+        Log("worker " + std::to_string(w.rank) + " failed: " + what);
+        // A worker that stops on a replay that could not be made says so: a reported loss.
+        if (what.find("are lost") != std::string::npos ||
+            what.find("would be lost") != std::string::npos) {
+          reported_loss_ = true;
+        }
+        Fail("worker " + std::to_string(w.rank) + " failed: " + what);
+      }
+    }
+  }
+  // On worker w's thread: hands the turn back to the scheduler until w is resumed.
+  void Yield(WorkerProc& w) {
+    std::unique_lock<std::mutex> lk(mu_);
+    running_ = kScheduler;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return running_ == static_cast<int>(w.rank); });
+  }
+
+  // The worker's training: per step, pull the rows and the dense weights, push gradients made
+  // from them, tick (with the pulls and the pushes each in one message per shard when fused).
+  Status Body(WorkerProc& w) {
+    auto killed = [&] { return w.killed ? Unavailable("killed") : Status::Ok(); };
+    Result<std::unique_ptr<PsClient>> connected =
+        PsClient::Connect(manifest_, w.rank, "", {}, false, w.env.get());
+    PARASOL_RETURN_IF_ERROR(killed());
+    PARASOL_RETURN_IF_ERROR(connected.status());
+    PsClient& client = **connected;
+    if (!client.lost_step().empty()) {
+      Log(client.lost_step());
+      reported_loss_ = true;
+    }
+    if (client.resumed_done()) return Status::Ok();
+    // As the trainer (worker/trainer.cc): all meet before the first step, unless this is a
+    // restart after the others passed that barrier.
+    if (client.resumed_clock() < 0 && client.last_barrier_seen() < 0) {
+      Status met = client.Barrier(0);
+      PARASOL_RETURN_IF_ERROR(killed());
+      PARASOL_RETURN_IF_ERROR(met);
+    }
+    const uint32_t start = static_cast<uint32_t>(std::max<int64_t>(0, client.resumed_clock()));
+    Log("worker " + std::to_string(w.rank) + " at step " + std::to_string(start));
+    std::vector<float> rows(kKeysPerStep * kDim), dense(kDense), grows(rows.size()),
+        gdense(kDense);
+    for (uint32_t step = start; step < job_.steps; ++step) {
+      if (client.clock() != step) {
+        return Internal("worker at step " + std::to_string(step) + " has clock " +
+                        std::to_string(client.clock()));
+      }
+      const std::vector<uint64_t> keys = KeysOf(w.rank, step);
+      if (job_.fused) client.BeginStep();
+      Result<PsClient::Ticket> pull_rows = client.PullSparseAsync(0, keys, rows.data());
+      Result<PsClient::Ticket> pull_dense = client.PullDenseAsync(1, dense.data());
+      if (job_.fused) client.SendStep();
+      PARASOL_RETURN_IF_ERROR(pull_rows.status());
+      PARASOL_RETURN_IF_ERROR(pull_dense.status());
+      Status a = client.Wait(*pull_rows), b = client.Wait(*pull_dense);
+      PARASOL_RETURN_IF_ERROR(killed());
+      PARASOL_RETURN_IF_ERROR(a);
+      PARASOL_RETURN_IF_ERROR(b);
+      uint64_t h = HashBytes(rows.data(), rows.size() * sizeof(float), 0xcbf29ce484222325ull);
+      h = HashBytes(dense.data(), dense.size() * sizeof(float), h);
+      NotePull(w.rank, step, h);
+      // As in a real model, every gradient depends on everything pulled (here through the sum
+      // of the dense weights and the mean of the rows).
+      float dense_sum = 0, row_mean = 0;
+      for (float v : dense) dense_sum += v;
+      for (float v : rows) row_mean += v / static_cast<float>(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        grows[i] = 0.05f * rows[i] + 0.01f * static_cast<float>((keys[i / kDim] + i) % 7) -
+                   0.02f * static_cast<float>(w.rank) + 0.01f * dense_sum;
+      }
+      for (uint32_t i = 0; i < kDense; ++i) {
+        gdense[i] = 0.03f * dense[i] + 0.001f * static_cast<float>(i % 5 + w.rank + step) +
+                    0.02f * row_mean;
+      }
+      if (job_.fused) client.BeginStep();
+      Result<PsClient::Ticket> push_rows = client.PushSparseAsync(0, keys, grows);
+      Result<PsClient::Ticket> push_dense = client.PushDenseAsync(1, gdense);
+      if (job_.fused) client.SendStep();
+      Result<PsClient::Ticket> tick = client.TickAsync();
+      PARASOL_RETURN_IF_ERROR(push_rows.status());
+      PARASOL_RETURN_IF_ERROR(push_dense.status());
+      PARASOL_RETURN_IF_ERROR(tick.status());
+      Status c = client.Wait(*push_rows), d = client.Wait(*push_dense), e = client.Wait(*tick);
+      PARASOL_RETURN_IF_ERROR(killed());
+      PARASOL_RETURN_IF_ERROR(c);
+      PARASOL_RETURN_IF_ERROR(d);
+      PARASOL_RETURN_IF_ERROR(e);
+      if (client.push_log_bytes() > manifest_.checkpoint.max_log_bytes) {
+        return Internal("the push log holds " + std::to_string(client.push_log_bytes()) +
+                        " bytes, over its bound");
+      }
+    }
+    // And after the last: a worker exits (its push log with it) only once every shard's
+    // checkpoint holds what it pushed.
+    Status left = client.Leave();
+    PARASOL_RETURN_IF_ERROR(killed());
+    PARASOL_RETURN_IF_ERROR(left);
+    Status met = client.Barrier(1);
+    PARASOL_RETURN_IF_ERROR(killed());
+    return met;
+  }
+
+  void NotePull(uint32_t worker, uint32_t step, uint64_t h) {
+    const auto key = std::make_pair(worker, step);
+    if (!reference_) {
+      auto [it, fresh] = result_.pulls.emplace(key, h);
+      if (!fresh && it->second != h) {
+        Fail("worker " + std::to_string(worker) + " pulled other values at step " +
+             std::to_string(step) + " the second time (a run without faults)");
+      }
+      return;
+    }
+    auto it = reference_->pulls.find(key);
+    if ((it == reference_->pulls.end() || it->second != h) && pull_mismatch_.empty()) {
+      pull_mismatch_ = "worker " + std::to_string(worker) + " pulled at step " +
+                       std::to_string(step) + " other values than the run without faults";
+      Log(pull_mismatch_);
+    }
+  }
+
+ public:
+  const std::string& pull_mismatch() const { return pull_mismatch_; }
+
+ private:
+  void Record(uint32_t shard, const CheckpointBlock& b) {
+    const auto kind = static_cast<CheckpointBlockKind>(b.kind);
+    if (kind == CheckpointBlockKind::kSparseRows && b.count > 0) {
+      const size_t row = b.bytes.size() / b.count;
+      for (uint64_t i = 0; i < b.count; ++i) {
+        const char* p = b.bytes.data() + i * row;
+        uint64_t key;
+        std::memcpy(&key, p, sizeof(key));
+        // The values and the optimizer's state; the clock word after the key is left out.
+        result_.model[{b.table, key}] = std::string(p + 12, row - 12);
+      }
+      return;
+    }
+    result_.model[{b.table, (uint64_t{1} << 63) | shard}] = std::string(b.bytes.begin(), b.bytes.end());
+  }
+
+  void Periodic() {
+    for (ShardProc& p : shards_) {
+      if (p.server) p.server->RunPeriodic();
+    }
+    At(now_ + milliseconds(20), [this] { Periodic(); });
+  }
+
+  // The seed's faults, at moments drawn over the length of the run without faults.
+  void ScheduleFaults() {
+    const uint32_t n = static_cast<uint32_t>(Draw(faults_->max_faults + 1));
+    const double span = std::max(0.05, reference_->seconds * 1.1);
+    for (uint32_t i = 0; i < n; ++i) {
+      const auto at = now_ + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(span * (Draw(10000) / 1e4)));
+      const uint64_t kind = Draw(faults_->overlap ? 100 : 90);
+      At(at, [this, kind] { Fault(kind); });
+    }
+  }
+  void Fault(uint64_t kind) {
+    if (AllDone()) return;
+    auto live_worker = [&]() -> WorkerProc* {
+      std::vector<WorkerProc*> live;
+      for (WorkerProc& w : workers_) {
+        if (w.state == WorkerProc::State::kWaiting) live.push_back(&w);
+      }
+      return live.empty() ? nullptr : live[Draw(live.size())];
+    };
+    auto live_shard = [&]() -> int {
+      std::vector<uint32_t> live;
+      for (uint32_t s = 0; s < job_.shards; ++s) {
+        if (shards_[s].server) live.push_back(s);
+      }
+      return live.empty() ? -1 : static_cast<int>(live[Draw(live.size())]);
+    };
+    auto any_down = [&] {
+      bool down = false;
+      for (const ShardProc& p : shards_) down |= !p.server;
+      for (const WorkerProc& w : workers_) down |= w.restart_due;
+      for (const Conn& c : conns_) down |= c.cut;
+      return down;
+    };
+    if (kind < 35) {
+      const int s = live_shard();
+      if (s < 0) return;
+      counts_.overlaps += any_down();
+      ++counts_.shard_kills;
+      KillShard(static_cast<uint32_t>(s));
+    } else if (kind < 60) {
+      WorkerProc* w = live_worker();
+      if (!w) return;
+      counts_.overlaps += any_down();
+      ++counts_.worker_kills;
+      KillWorker(*w);
+    } else if (kind < 70) {
+      // Killed in the middle of its next sends (between its messages to two shards).
+      WorkerProc* w = live_worker();
+      if (!w || w->kill_at_send > 0) return;
+      counts_.overlaps += any_down();
+      ++counts_.worker_kills;
+      w->kill_at_send = 1 + static_cast<uint32_t>(Draw(job_.shards * 2));
+    } else if (kind < 90) {
+      const uint32_t w = static_cast<uint32_t>(Draw(job_.workers));
+      const uint32_t s = static_cast<uint32_t>(Draw(job_.shards));
+      Conn& c = ConnOf(w, s);
+      if (c.cut) return;
+      ++counts_.cuts;
+      c.cut = true;
+      Break(w, s);
+      Log("connection of worker " + std::to_string(w) + " to shard " + std::to_string(s) +
+          " cut");
+      At(now_ + milliseconds(1 + Draw(500)), [this, w, s] {
+        ConnOf(w, s).cut = false;
+        Reconnect(w, s);
+      });
+    } else {
+      // A worker and a shard at once.
+      WorkerProc* w = live_worker();
+      const int s = live_shard();
+      if (!w || s < 0) return;
+      ++counts_.overlaps;
+      ++counts_.shard_kills;
+      ++counts_.worker_kills;
+      KillShard(static_cast<uint32_t>(s));
+      KillWorker(*w);
+    }
+  }
+
+  bool AllDone() const {
+    for (const WorkerProc& w : workers_) {
+      if (w.state != WorkerProc::State::kDone) return false;
+    }
+    return true;
+  }
+  std::string Waiting() const {
+    std::string s;
+    for (const WorkerProc& w : workers_) {
+      if (w.state != WorkerProc::State::kDone) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
+    }
+    return s;
+  }
+
+  const SimJob job_;
+  std::mt19937_64 rng_;
+  const SimOptions* faults_;
+  const Reference* reference_;
+  std::string dir_;
+  Manifest manifest_;
+  Clock::time_point now_;
+  std::priority_queue<Event, std::vector<Event>, Later> events_;
+  uint64_t seq_ = 0, event_count_ = 0, wait_logs_ = 0;
+  std::vector<ShardProc> shards_;
+  std::vector<WorkerProc> workers_;
+  std::vector<Conn> conns_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int running_ = kScheduler;
+  std::string failure_, pull_mismatch_;
+  double seconds_ = 0;
+  Reference result_;
+  bool reported_loss_ = false;
+  SimOutcome counts_;
+};
+
+// A worker's links: its half of the simulated network.
+class SimLinks final : public ShardLinks {
+ public:
+  SimLinks(Sim* sim, WorkerProc* worker) : sim_(sim), w_(worker) {}
+  ~SimLinks() override { sim_->CloseConns(*w_); }
+  Status Open(uint32_t shard) override {
+    sim_->OpenConn(*w_, shard, opened_.count(shard) != 0);
+    opened_.insert(shard);
+    return Status::Ok();
+  }
+  Status Send(uint32_t shard, std::vector<zmq::message_t>& frames, bool) override {
+    Frames f;
+    for (zmq::message_t& m : frames) f.emplace_back(static_cast<const char*>(m.data()), m.size());
+    frames.clear();  // the bytes are copied: borrowed memory is let go at once
+    sim_->Send(*w_, shard, std::move(f));
+    return Status::Ok();
+  }
+  Status Wait(std::chrono::milliseconds wait) override { return sim_->Wait(*w_, wait); }
+  Result<bool> Receive(uint32_t shard, std::vector<zmq::message_t>* frames) override {
+    frames->clear();
+    if (w_->killed) return Unavailable("killed by the simulation");
+    std::deque<Frames>& in = w_->inbox[shard];
+    if (in.empty()) return false;
+    for (const std::string& p : in.front()) frames->emplace_back(p.data(), p.size());
+    in.pop_front();
+    return true;
+  }
+  bool TakeReconnect(uint32_t shard) override {
+    const bool r = w_->reconnected[shard];
+    w_->reconnected[shard] = false;
+    return r;
+  }
+  int Mechanism(uint32_t) const override { return ZMQ_NULL; }
+
+ private:
+  Sim* sim_;
+  WorkerProc* w_;
+  std::set<uint32_t> opened_;
+};
+
+std::unique_ptr<ShardLinks> Sim::Links(uint32_t worker) {
+  return std::make_unique<SimLinks>(this, &workers_[worker]);
+}
+
+Clock::time_point SimEnv::Now() { return sim_->Now(); }
+uint64_t SimEnv::Random64() { return sim_->Random64(); }
+Result<std::unique_ptr<ShardLinks>> SimEnv::LinkShards(const Manifest&, uint32_t,
+                                                       const CurveKeyPair*,
+                                                       const std::vector<std::string>&) {
+  if (worker_ < 0) return FailedPrecondition("a shard has no links to shards");
+  return sim_->Links(static_cast<uint32_t>(worker_));
+}
+
+}  // namespace
+
+std::string SimJob::ToString() const {
+  return std::to_string(workers) + " workers, " + std::to_string(shards) + " shards, " +
+         std::to_string(steps) + " steps, a checkpoint every " + std::to_string(every_steps) +
+         (fused ? ", fused steps" : "");
+}
+
+SimJob JobOf(uint64_t seed) {
+  std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
+  SimJob job;
+  job.workers = 2 + static_cast<uint32_t>(rng() % 3);
+  job.shards = 1 + static_cast<uint32_t>(rng() % 3);
+  job.steps = 6 + static_cast<uint32_t>(rng() % 9);
+  job.every_steps = 1 + static_cast<uint32_t>(rng() % 3);
+  job.fused = rng() % 2 == 0;
+  return job;
+}
+
+Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
+  Sim sim(job, Mix(seed) ^ 0xfeed, nullptr, nullptr);
+  sim.Run();
+  if (!sim.failure().empty()) *failure = "the run without faults: " + sim.failure();
+  Reference r = std::move(sim.result());
+  r.seconds = sim.seconds();
+  return r;
+}
+
+SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
+  const SimJob job = JobOf(options.seed);
+  Sim sim(job, options.seed, &options, &reference);
+  sim.Run();
+  SimOutcome out = sim.counts();
+  out.job = job;
+  out.seconds = sim.seconds();
+  const bool overlapped = out.overlaps > 0;
+  if (!sim.failure().empty()) {
+    // A job that stops is a failure, unless what stopped it is a loss it reports.
+    const bool stopped_on_loss = sim.failure().find("are lost") != std::string::npos ||
+                                 sim.failure().find("would be lost") != std::string::npos;
+    out.kind = stopped_on_loss ? SimOutcome::Kind::kReported : SimOutcome::Kind::kFailed;
+    out.failure = sim.failure();
+    return out;
+  }
+  std::string differs = sim.pull_mismatch();
+  if (differs.empty() && sim.result().model != reference.model) {
+    size_t n = 0;
+    for (const auto& [k, v] : reference.model) {
+      auto it = sim.result().model.find(k);
+      if (it == sim.result().model.end() || it->second != v) ++n;
+    }
+    differs = std::to_string(n) + " rows or slices of the model differ from the run without faults";
+  }
+  if (differs.empty()) {
+    out.kind = SimOutcome::Kind::kEqual;
+  } else if (sim.reported_loss()) {
+    out.kind = SimOutcome::Kind::kReported;
+    out.failure = differs;
+  } else {
+    out.kind = SimOutcome::Kind::kFailed;
+    out.failure = differs + " (and nothing reported a loss)";
+  }
+  out.single_failure = out.kind == SimOutcome::Kind::kReported && !overlapped;
+  return out;
+}
+
+}  // namespace parasol::sim

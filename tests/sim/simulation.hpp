@@ -1,0 +1,79 @@
+// A deterministic simulation of whole jobs, after FoundationDB's simulator: the real shards
+// (ShardServer) and the real worker client (PsClient) of a BSP job run in one process on a
+// simulated environment (common/env.hpp), driven by one seeded scheduler. From the seed come
+// the job's shape (workers, shards, steps, checkpoint period, fused steps or not), the network's
+// delays, and the faults: kills and restarts of any shard or worker at any moment (during a
+// replay, several at once), and connections cut and made again.
+//
+// The network delivers in order per connection, with random delays; a connection that breaks
+// drops what was on its way; what a worker sends while it is down is queued for the new
+// connection (a ZeroMQ DEALER's pipe outlives its connections). A killed shard restarts from its newest
+// checkpoint (real files, in a temporary folder of its own).
+//
+// Checks as it runs: every pull a worker makes at step s returns the values a run without
+// faults pulled there (so no push is applied twice or lost, and clocks release in order), a
+// worker's clock only moves forward, each worker's push log stays within its bound. At the end:
+// every table's rows and dense values equal the run without faults, bit for bit. When two
+// failures overlap so that acknowledged updates are lost (a worker died with the log a
+// restarted shard needed), the job must say so (a shard's lost_replays, or a worker's error
+// naming lost updates): a difference nobody reported fails the seed.
+//
+// Each simulated worker runs its steps on a thread of its own, but only one thread runs at a
+// time: a worker runs until it waits for the network (ShardLinks::Wait), then the scheduler
+// takes the next event in virtual time. So a seed replays exactly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace parasol::sim {
+
+struct SimOptions {
+  uint64_t seed = 1;
+  // Faults of the seed's schedule are drawn up to this many (0: a run without faults).
+  uint32_t max_faults = 4;
+  // Kill a worker and a shard at the same moment now and then (overlapping failures).
+  bool overlap = true;
+  bool verbose = false;  // every event, and the processes' log lines
+};
+
+// The job a seed runs (drawn from the seed).
+struct SimJob {
+  uint32_t workers = 2, shards = 2, steps = 8, every_steps = 2;
+  bool fused = false;
+  std::string ToString() const;
+};
+
+// A run without faults of the same job: what every other run must end in.
+struct Reference {
+  // (worker, step) -> hash of what the worker pulled at that step.
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> pulls;
+  // Every table's rows and dense values: (table, key or element offset) -> bytes.
+  std::map<std::pair<uint32_t, uint64_t>, std::string> model;
+  double seconds = 0;  // the job's virtual duration
+};
+
+struct SimOutcome {
+  enum class Kind {
+    kEqual,       // the model is the reference's, bit for bit
+    kReported,    // failures lost updates, and the job said so
+    kFailed,      // a check failed (failure says which)
+  };
+  Kind kind = Kind::kFailed;
+  std::string failure;
+  SimJob job;
+  uint32_t shard_kills = 0, worker_kills = 0, cuts = 0, overlaps = 0;
+  bool single_failure = false;  // kReported with no failures overlapping
+  uint64_t events = 0;
+  double seconds = 0;    // virtual
+};
+
+SimJob JobOf(uint64_t seed);
+// A run of the seed's job without faults (with the seed's network delays).
+Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
+// A run with the seed's faults, checked against `reference`.
+SimOutcome RunSeed(const SimOptions& options, const Reference& reference);
+
+}  // namespace parasol::sim
