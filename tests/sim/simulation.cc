@@ -652,6 +652,11 @@ class Sim {
       for (const Conn& c : conns_) down |= c.cut;
       return down;
     };
+    // Without overlaps, a fault waits for the last one to be over (it is drawn again later).
+    if (!faults_->overlap && any_down()) {
+      At(now_ + milliseconds(50 + Draw(200)), [this, kind] { Fault(kind); });
+      return;
+    }
     if (kind < 35) {
       const int s = live_shard();
       if (s < 0) return;
