@@ -1,6 +1,7 @@
 // parasol_sim: runs the deterministic simulation (tests/sim/simulation.hpp) over many seeds.
 //   parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] [--cpu C]
 //   parasol_sim --seed S [--verbose]      one seed again, every event printed with --verbose
+// --stop-at-failure: ends at the first failed seed (scripts/sim_mutations.sh).
 // --no-overlap: a fault waits until the one before it is over (no process is killed while
 // another is down or a connection is cut). --cpu: the process runs on that CPU only (of those
 // it may use, modulo their number): only one of its threads runs at a time, and handing the
@@ -25,7 +26,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
-               "[--cpu C]\n"
+               "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n");
 }
 
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   SimOptions base;
   bool one = false;
   int cpu = -1;
+  bool stop_at_failure = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> uint64_t {
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
       base.max_faults = static_cast<uint32_t>(value());
     } else if (a == "--no-overlap") {
       base.overlap = false;
+    } else if (a == "--stop-at-failure") {
+      stop_at_failure = true;
     } else if (a == "--cpu") {
       cpu = static_cast<int>(value());
     } else if (a == "--verbose") {
@@ -93,7 +97,9 @@ int main(int argc, char** argv) {
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Reference> references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
   uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, overlaps = 0, faulted = 0;
-  for (uint64_t seed = first; seed < first + seeds; ++seed) {
+  uint64_t ran = 0;
+  for (uint64_t seed = first; seed < first + seeds && !(stop_at_failure && failed > 0); ++seed) {
+    ++ran;
     SimOptions o = base;
     o.seed = seed;
     const SimJob job = JobOf(seed);
@@ -157,7 +163,7 @@ int main(int argc, char** argv) {
   std::printf("%llu seeds from %llu: %llu equal to the run without faults, %llu with a reported "
               "loss (%llu of them after one failure), %llu failed; %llu seeds with faults: %llu "
               "shard kills, %llu worker kills, %llu connection cuts, %llu overlapping; %.1f s\n",
-              u(seeds), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
+              u(ran), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
               u(shard_kills), u(worker_kills), u(cuts), u(overlaps), wall);
   return failed == 0 ? 0 : 1;
 }
