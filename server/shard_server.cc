@@ -1538,8 +1538,9 @@ Status ShardServer::HandleClock(const Header& req) {
   PARASOL_RETURN_IF_ERROR(CheckTickPushes(req));
   PARASOL_RETURN_IF_ERROR(
       controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay));
-  // A replay says which barriers its worker has passed: every shard had released them.
-  if (req.replay && req.last_barrier > controller_.last_barrier() &&
+  // A replay, or any tick, says which barriers its worker has passed: every shard had released
+  // them (this one too, before it restarted from an older checkpoint).
+  if (req.last_barrier > controller_.last_barrier() &&
       req.last_barrier <= controller_.last_barrier() + kMaxBarrierStride) {
     controller_.set_last_barrier(req.last_barrier);
     ReleaseBarriers();

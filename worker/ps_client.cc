@@ -1641,6 +1641,10 @@ Result<PsClient::Ticket> PsClient::TickAsync() {
   for (uint32_t s : tick_shards_) {
     Header h = NewRequest(Op::Clock, 0);
     h.key_count = s < last_push_count_.size() ? last_push_count_[s] : 0;
+    // The barriers this worker has passed: a shard that restarted after releasing one (from a
+    // checkpoint older than the release) learns it here, so that a restarted worker that
+    // enters it again is not held for workers that have gone on.
+    h.last_barrier = barrier_passed_;
     Send(ticket, s, std::move(h), {});
   }
   return ticket;

@@ -92,11 +92,14 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // What a replay of a seed needs besides the seed.
+  std::string flags = base.overlap ? "" : " --no-overlap";
+  if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Reference> references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
-  uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, overlaps = 0, faulted = 0;
+  uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
   uint64_t ran = 0;
   for (uint64_t seed = first; seed < first + seeds && !(stop_at_failure && failed > 0); ++seed) {
     ++ran;
@@ -110,9 +113,9 @@ int main(int argc, char** argv) {
       Reference ref = RunReference(job, std::get<0>(key) * 1000 + std::get<1>(key) * 100 +
                                             std::get<2>(key), &failure);
       if (!failure.empty()) {
-        std::printf("FAIL seed %llu (%s): %s\n  replay: parasol_sim --seed %llu --verbose\n",
+        std::printf("FAIL seed %llu (%s): %s\n  replay: parasol_sim --seed %llu%s --verbose\n",
                     static_cast<unsigned long long>(seed), job.ToString().c_str(),
-                    failure.c_str(), static_cast<unsigned long long>(seed));
+                    failure.c_str(), static_cast<unsigned long long>(seed), flags.c_str());
         ++failed;
         continue;
       }
@@ -122,8 +125,9 @@ int main(int argc, char** argv) {
     shard_kills += out.shard_kills;
     worker_kills += out.worker_kills;
     cuts += out.cuts;
+    drops += out.drops;
     overlaps += out.overlaps;
-    faulted += out.shard_kills + out.worker_kills + out.cuts > 0;
+    faulted += out.shard_kills + out.worker_kills + out.cuts + out.drops > 0;
     const char* kind = "equal";
     switch (out.kind) {
       case SimOutcome::Kind::kEqual:
@@ -143,10 +147,10 @@ int main(int argc, char** argv) {
         ++failed;
         kind = "FAIL";
         std::printf("FAIL seed %llu (%s; %u shard kills, %u worker kills, %u cuts, %u overlaps): "
-                    "%s\n  replay: parasol_sim --seed %llu --verbose\n",
+                    "%s\n  replay: parasol_sim --seed %llu%s --verbose\n",
                     static_cast<unsigned long long>(seed), out.job.ToString().c_str(),
                     out.shard_kills, out.worker_kills, out.cuts, out.overlaps,
-                    out.failure.c_str(), static_cast<unsigned long long>(seed));
+                    out.failure.c_str(), static_cast<unsigned long long>(seed), flags.c_str());
         break;
     }
     if (one) {
@@ -162,8 +166,9 @@ int main(int argc, char** argv) {
   auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf("%llu seeds from %llu: %llu equal to the run without faults, %llu with a reported "
               "loss (%llu of them after one failure), %llu failed; %llu seeds with faults: %llu "
-              "shard kills, %llu worker kills, %llu connection cuts, %llu overlapping; %.1f s\n",
+              "shard kills, %llu worker kills, %llu connection cuts, %llu lost messages, %llu kills "
+              "while another process was down or a connection cut; %.1f s\n",
               u(ran), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
-              u(shard_kills), u(worker_kills), u(cuts), u(overlaps), wall);
+              u(shard_kills), u(worker_kills), u(cuts), u(drops), u(overlaps), wall);
   return failed == 0 ? 0 : 1;
 }

@@ -19,6 +19,7 @@
 
 #include "common/env.hpp"
 #include "common/manifest.hpp"
+#include "common/wire.hpp"
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
 #include "server/shard_state.hpp"
@@ -123,6 +124,8 @@ struct WorkerProc {
   uint32_t incarnations = 0;
   bool restart_due = false;
   uint32_t kill_at_send = 0;  // killed at its n-th send from now (0: not)
+  uint32_t drop_at_send = 0;  // its n-th push from now is lost (0: none)
+  Clock::time_point started{};  // when this process started
 };
 
 struct ShardProc {
@@ -130,6 +133,8 @@ struct ShardProc {
   std::unique_ptr<ShardServer> server;
   uint64_t lost_replays = 0;  // over all its processes
   bool restart_due = false;
+  Clock::time_point up_since{};
+  uint32_t restarts = 0;
 };
 
 class Sim {
@@ -231,6 +236,19 @@ class Sim {
       c.queued.clear();
     }
   }
+  // As AnyFaultUnderWay(), leaving out w's own armed drop.
+  bool OtherFaultUnderWay(WorkerProc& w) {
+    const uint32_t armed = w.drop_at_send;
+    w.drop_at_send = 0;
+    const bool other = AnyFaultUnderWay();
+    w.drop_at_send = armed;
+    return other;
+  }
+  static bool IsPush(const Frames& frames) {
+    if (frames.empty()) return false;
+    Result<Header> h = DecodeHeader(frames[0].data(), frames[0].size());
+    return h.ok() && (h->op == Op::PushSparse || h->op == Op::PushDense);
+  }
   void Send(WorkerProc& w, uint32_t s, Frames frames) {
     if (w.killed) return;
     if (w.kill_at_send > 0 && --w.kill_at_send == 0) {
@@ -240,6 +258,17 @@ class Sim {
       w.killed = true;
       w.restart_due = true;
       At(now_ + milliseconds(1 + Draw(400)), [this, &w] { StartWorker(w); });
+      return;
+    }
+    // Without overlaps, a message is lost only while no other fault is under way.
+    const bool may_drop = faults_ && (faults_->overlap || !OtherFaultUnderWay(w));
+    if (w.drop_at_send > 0 && may_drop && IsPush(frames) && --w.drop_at_send == 0) {
+      last_drop_ = now_;
+      // Lost on its way, the connection kept (what client.send=drop does to a real worker).
+      // Only pushes: a lost pull is sent again only after training.worker_timeout (README).
+      Log("worker " + std::to_string(w.rank) + "'s push to shard " + std::to_string(s) +
+          " is lost");
+      ++counts_.drops;
       return;
     }
     Conn& c = ConnOf(w.rank, s);
@@ -389,6 +418,7 @@ class Sim {
   void StartShard(uint32_t s) {
     ShardProc& p = shards_[s];
     p.restart_due = false;
+    p.up_since = now_;
     p.env = std::make_unique<SimEnv>(this, -1);
     p.server = std::make_unique<ShardServer>(manifest_, s, p.env.get());
     p.server->set_reply_sink([this, s](std::vector<zmq::message_t>& f) { Reply(s, f); });
@@ -407,6 +437,7 @@ class Sim {
     NoteLost(p);
     p.server.reset();
     p.restart_due = true;
+    ++p.restarts;
     for (uint32_t w = 0; w < job_.workers; ++w) Break(w, s);
     Log("shard " + std::to_string(s) + " killed");
     At(now_ + milliseconds(1 + Draw(400)), [this, s] { StartShard(s); });
@@ -425,6 +456,8 @@ class Sim {
     w.restart_due = false;
     w.killed = false;
     w.kill_at_send = 0;
+    w.drop_at_send = 0;
+    w.started = now_;
     ++w.incarnations;
     w.inbox.assign(job_.shards, {});
     w.reconnected.assign(job_.shards, false);
@@ -645,30 +678,29 @@ class Sim {
       }
       return live.empty() ? -1 : static_cast<int>(live[Draw(live.size())]);
     };
-    auto any_down = [&] {
-      bool down = false;
-      for (const ShardProc& p : shards_) down |= !p.server;
-      for (const WorkerProc& w : workers_) down |= w.restart_due;
-      for (const Conn& c : conns_) down |= c.cut;
-      return down;
-    };
+    auto any_down = [&] { return AnyFaultUnderWay(); };
     // Without overlaps, a fault waits for the last one to be over (it is drawn again later).
     if (!faults_->overlap && any_down()) {
-      At(now_ + milliseconds(50 + Draw(200)), [this, kind] { Fault(kind); });
+      At(now_ + milliseconds(20 + Draw(100)), [this, kind] { Fault(kind); });
       return;
     }
-    if (kind < 35) {
+    if (kind < 30) {
       const int s = live_shard();
       if (s < 0) return;
       counts_.overlaps += any_down();
       ++counts_.shard_kills;
       KillShard(static_cast<uint32_t>(s));
-    } else if (kind < 60) {
+    } else if (kind < 50) {
       WorkerProc* w = live_worker();
       if (!w) return;
       counts_.overlaps += any_down();
       ++counts_.worker_kills;
       KillWorker(*w);
+    } else if (kind < 60) {
+      // One of its next pushes is lost on its way.
+      WorkerProc* w = live_worker();
+      if (!w || w->drop_at_send > 0) return;
+      w->drop_at_send = 1 + static_cast<uint32_t>(Draw(job_.shards * 4));
     } else if (kind < 70) {
       // Killed in the middle of its next sends (between its messages to two shards).
       WorkerProc* w = live_worker();
@@ -703,6 +735,26 @@ class Sim {
     }
   }
 
+  // Whether a fault is not over yet: a process down or recovering (a shard answers its
+  // workers' replays in the first 100 ms after it is back; a restarted worker its Hellos), a
+  // connection cut, a lost push not yet sent again (400 ms), a drop or a kill waiting for its
+  // moment.
+  bool AnyFaultUnderWay() const {
+    const auto recovering = milliseconds(100);
+    for (const ShardProc& p : shards_) {
+      if (!p.server || (p.restarts > 0 && now_ - p.up_since < recovering)) return true;
+    }
+    for (const WorkerProc& w : workers_) {
+      if (w.restart_due || w.drop_at_send > 0 || w.kill_at_send > 0) return true;
+      if (w.incarnations > 1 && now_ - w.started < recovering) return true;
+    }
+    for (const Conn& c : conns_) {
+      if (c.cut) return true;
+    }
+    // A lost push is sent again after cluster.request_timeout.
+    return last_drop_ != Clock::time_point{} && now_ - last_drop_ < milliseconds(400);
+  }
+
   bool AllDone() const {
     for (const WorkerProc& w : workers_) {
       if (w.state != WorkerProc::State::kDone) return false;
@@ -733,6 +785,7 @@ class Sim {
   std::condition_variable cv_;
   int running_ = kScheduler;
   std::string failure_, pull_mismatch_;
+  Clock::time_point last_drop_{};
   double seconds_ = 0;
   Reference result_;
   bool reported_loss_ = false;

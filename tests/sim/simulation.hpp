@@ -3,7 +3,8 @@
 // simulated environment (common/env.hpp), driven by one seeded scheduler. From the seed come
 // the job's shape (workers, shards, steps, checkpoint period, fused steps or not), the network's
 // delays, and the faults: kills and restarts of any shard or worker at any moment (during a
-// replay, several at once), and connections cut and made again.
+// replay, several at once, in the middle of a worker's sends), connections cut and made again,
+// and single messages lost on their way.
 //
 // The network delivers in order per connection, with random delays; a connection that breaks
 // drops what was on its way; what a worker sends while it is down is queued for the new
@@ -64,7 +65,7 @@ struct SimOutcome {
   Kind kind = Kind::kFailed;
   std::string failure;
   SimJob job;
-  uint32_t shard_kills = 0, worker_kills = 0, cuts = 0, overlaps = 0;
+  uint32_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0;
   bool single_failure = false;  // kReported with no failures overlapping
   uint64_t events = 0;
   double seconds = 0;    // virtual
