@@ -1390,7 +1390,11 @@ void PsClient::Replay(uint32_t shard) {
       return a.clock < b.clock;
     });
   }
-  for (const PushLog::Entry& e : log) in.log_clocks.push_back(e.clock);
+  for (const PushLog::Entry& e : log) {
+    in.log_clocks.push_back(e.clock);
+    Result<Header> h = DecodeHeader(e.frames[0].data(), e.frames[0].size());
+    in.log_indexes.push_back(h.ok() ? h->seq : 0);
+  }
   const ReplayPlan plan = PlanReplay(in);
 
   auto send_push = [&](PushLog::Entry& entry) {

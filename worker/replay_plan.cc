@@ -51,9 +51,21 @@ ReplayPlan PlanReplay(const ReplayInputs& in) {
     s.index = r.id;
     plan.steps.push_back(s);
   };
+  // A replayed tick names the logged pushes of the clock before it (up to the newest logged
+  // index: those below it are logged too, or in the checkpoint), so that the shard refuses it
+  // until they are applied: a replayed push lost on its way is sent again before the tick
+  // passes. No push of those clocks is in flight (replay_to stops at the first that is).
+  auto named_at = [&](int64_t c) -> uint64_t {
+    uint64_t n = 0;
+    if (in.log_indexes.size() != in.log_clocks.size()) return 0;
+    for (size_t i = 0; i < in.log_clocks.size(); ++i) {
+      if (in.log_clocks[i] == c) n = std::max(n, in.log_indexes[i] + 1);
+    }
+    return n;
+  };
   size_t next = 0;
   for (int64_t c = plan.first; c <= replay_to; ++c) {
-    if (in.in_job) clock(c, replay_to, 0);
+    if (in.in_job) clock(c, replay_to, c > plan.first ? named_at(c - 1) : 0);
     for (; next < in.log_clocks.size() && in.log_clocks[next] <= c; ++next) push(next);
   }
   for (; next < in.log_clocks.size(); ++next) push(next);  // none: pushes carry clocks <= clock

@@ -47,6 +47,9 @@ struct ReplayInputs {
   int64_t last_barrier = -1;     // the newest barrier the worker passed
   std::vector<InFlight> in_flight;
   std::vector<int64_t> log_clocks;  // the logged pushes' clocks, in the log's (clock) order
+  // Their indexes among their clock's pushes (a push's name is worker, clock, index); empty:
+  // unknown, and replayed ticks name no pushes.
+  std::vector<uint64_t> log_indexes;
 };
 
 struct ReplayStep {
