@@ -338,17 +338,19 @@ Status PsClient::Handshake() {
     }
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
     // Under BSP, a worker that died after its tick out of step `clock` reached some shards but
-    // not others redoes that step. Where such a shard has applied the step since (every worker
-    // had ticked there), the redo reads other values than the first time, so what it pushes to
-    // the shards that lack the step is not what the undisturbed job pushed: reported, not hidden.
+    // not others redoes that step. A shard that has the tick applies the step as soon as the
+    // other workers have ticked there too (it may have already: read_clock), so the redo reads
+    // other values than the first time, and what it pushes to the shards that lack the step is
+    // not what the undisturbed job pushed: reported, not hidden.
     if (manifest_.training.consistency == TrainingOptions::Consistency::kBsp && !joining_) {
       for (const Header& h : hellos) {
-        if (h.worker_clock <= clock || h.read_clock <= clock) continue;
+        if (h.worker_clock <= clock) continue;
         lost_step_ = "worker " + std::to_string(worker_id_) + " restarted after its tick out of "
                      "step " + std::to_string(clock) + " reached shard " +
-                     std::to_string(h.shard_rank) + " but not every shard, and shard " +
-                     std::to_string(h.shard_rank) + " has applied that step since: the step is "
-                     "redone from other values, so its updates as first computed are lost "
+                     std::to_string(h.shard_rank) + " but not every shard; shard " +
+                     std::to_string(h.shard_rank) + (h.read_clock > clock ? " has applied" :
+                     " may apply") + " that step before the redo reads it, so the step is "
+                     "redone from other values and its updates as first computed are lost "
                      "(two failures overlapped, or the worker died between its ticks)";
         spdlog::error("{}", lost_step_);
         break;
