@@ -164,6 +164,13 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
       }
     };
   }
+  // After a rollback the worker connects as a new process of its rank would.
+  hooks.reconnect = [&]() -> Result<PsClient*> {
+    auto again = PsClient::Connect(*manifest, rank, key_path, {}, /*join=*/false);
+    if (!again.ok()) return again.status();
+    *client = std::move(*again);
+    return client->get();
+  };
   Trainer trainer(*manifest, rank, client->get(), backend->get(), hooks);
   Result<TrainReport> report = trainer.Run();
   if (!report.ok()) {

@@ -503,6 +503,12 @@ Status ParseTraining(MapReader& root, TrainingOptions* t, const std::string& fil
   int loss = static_cast<int>(t->on_worker_loss);
   PARASOL_RETURN_IF_ERROR(r.Choice("on_worker_loss", {"fail", "continue"}, &loss));
   t->on_worker_loss = static_cast<TrainingOptions::OnWorkerLoss>(loss);
+  if (r.Has("on_overlapping_failure")) {
+    int overlap = 0;
+    PARASOL_RETURN_IF_ERROR(r.Choice("on_overlapping_failure", {"rollback", "fail"}, &overlap));
+    t->on_overlapping_failure = overlap == 0 ? TrainingOptions::OnOverlappingFailure::kRollback
+                                             : TrainingOptions::OnOverlappingFailure::kFail;
+  }
   return r.Finish();
 }
 
@@ -1018,8 +1024,20 @@ uint64_t Manifest::Fingerprint() const {
   if (training.prefetch && training.prefetch_depth > 1) {
     s << "prefetch_depth=" << training.prefetch_depth << ";";
   }
+  if (training.on_overlapping_failure != TrainingOptions::OnOverlappingFailure::kDefault) {
+    s << "overlap=" << static_cast<int>(training.on_overlapping_failure) << ";";
+  }
   AppendTableDefinitions(tables, s);
   return HashBytes(s.str());
+}
+
+bool Manifest::RollsBack() const {
+  using O = TrainingOptions::OnOverlappingFailure;
+  if (training.on_overlapping_failure != O::kDefault) {
+    return training.on_overlapping_failure == O::kRollback;
+  }
+  return training.consistency == TrainingOptions::Consistency::kBsp && !checkpoint.dir.empty() &&
+         checkpoint.every_steps > 0;
 }
 
 uint64_t Manifest::TablesFingerprint() const {
@@ -1065,6 +1083,14 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
       return InvalidArgument(m.source + ": key 'cluster.restart_servers': a restarted server "
                              "needs checkpoint.dir with checkpoint.restore: true, or it comes back "
                              "empty and every update it held is lost");
+    }
+    if (m.training.on_overlapping_failure == TrainingOptions::OnOverlappingFailure::kRollback &&
+        (m.checkpoint.dir.empty() || m.checkpoint.every_steps == 0 ||
+         m.training.consistency != TrainingOptions::Consistency::kBsp)) {
+      return InvalidArgument(m.source + ": key 'training.on_overlapping_failure': rollback "
+                             "needs consistency: bsp with checkpoint.dir and "
+                             "checkpoint.every_steps (the shards roll back to a checkpoint they "
+                             "all took at one clock)");
     }
     if (m.checkpoint.min_interval_ms < 0) {
       m.checkpoint.min_interval_ms = std::min<int64_t>(1000, m.cluster.request_timeout_ms / 2);

@@ -158,6 +158,13 @@ struct TrainingOptions {
   // the step and table; skip pushes nothing for it and counts it (as loss scaling does).
   enum class OnNonfinite { kFail, kSkip };
   OnNonfinite on_nonfinite = OnNonfinite::kFail;
+  // Two failures that overlap so that updates are lost (a worker and a shard it pushed to die
+  // together, or a worker dies between its ticks to two shards): rollback returns every shard
+  // to the newest checkpoint they all hold and every worker redoes its steps from there (BSP
+  // with checkpoint.every_steps; the default there); fail stops the job with an error naming
+  // what was lost (the default elsewhere). Manifest::RollsBack() says which applies.
+  enum class OnOverlappingFailure { kDefault, kRollback, kFail };
+  OnOverlappingFailure on_overlapping_failure = OnOverlappingFailure::kDefault;
 };
 
 struct ModelOptions {
@@ -300,6 +307,8 @@ struct Manifest {
   // values): the same for jobs that differ only in where they run, so that their exported
   // models can be compared.
   uint64_t TablesFingerprint() const;
+  // Whether overlapping failures roll the job back (training.on_overlapping_failure).
+  bool RollsBack() const;
 };
 
 // The largest manifest file LoadManifest() reads; a larger one (or a device such as

@@ -15,6 +15,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kResourceExhausted: return "ResourceExhausted";
     case StatusCode::kVersionMismatch: return "VersionMismatch";
     case StatusCode::kIoError: return "IoError";
+    case StatusCode::kAborted: return "Aborted";
   }
   return "Unknown";
 }

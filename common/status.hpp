@@ -25,6 +25,7 @@ enum class StatusCode {
   kResourceExhausted = 8,
   kVersionMismatch = 9,
   kIoError = 10,
+  kAborted = 11,  // the job rolled back: what was asked belongs to an undone history
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -70,6 +71,7 @@ inline Status ResourceExhausted(std::string msg) {
   return Status(StatusCode::kResourceExhausted, std::move(msg));
 }
 inline Status IoError(std::string msg) { return Status(StatusCode::kIoError, std::move(msg)); }
+inline Status Aborted(std::string msg) { return Status(StatusCode::kAborted, std::move(msg)); }
 
 template <typename T>
 class [[nodiscard]] Result {

@@ -17,7 +17,7 @@ const char* OpName(Op op) {
 }
 
 // Every StatusCode travels: a code past Code::MAX would make the reply undecodable.
-static_assert(static_cast<int>(wire::Code::MAX) == static_cast<int>(StatusCode::kIoError),
+static_assert(static_cast<int>(wire::Code::MAX) == static_cast<int>(StatusCode::kAborted),
               "protocols/message.fbs: Code must list every StatusCode");
 
 zmq::message_t EncodeHeader(const Header& h) {
@@ -77,6 +77,9 @@ zmq::message_t EncodeHeader(const Header& h) {
   if (!h.members.empty()) b.add_members(members);
   if (!h.member_macs.empty()) b.add_member_macs(macs);
   b.add_join(h.join);
+  b.add_rollback_gen(h.rollback_gen);
+  b.add_rollback_clock(h.rollback_clock);
+  b.add_rollback_needed(h.rollback_needed);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -166,6 +169,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.replay = fb->replay();
   h.membership_version = fb->membership_version();
   h.join = fb->join();
+  h.rollback_gen = fb->rollback_gen();
+  h.rollback_clock = fb->rollback_clock();
+  h.rollback_needed = fb->rollback_needed();
   if (const auto* members = fb->members()) {
     if (members->size() > kMaxMemberEntries) {
       return BadMessage("header carries " + std::to_string(members->size()) +

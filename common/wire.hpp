@@ -29,8 +29,9 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 // 2: the Step op (a step's requests to one shard in one message). 3: f16/bf16 values
 // (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
 // 7: a tick names the pushes it follows (Clock key_count). 8: checkpoints written in the
-// background (checkpoints_begun), and a restoring shard's progress (restore_*).
-inline constexpr uint16_t kProtocolVersion = 9;
+// background (checkpoints_begun), and a restoring shard's progress (restore_*). 10: rollbacks
+// (Op.Rollback, rollback_*; status Aborted).
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -83,6 +84,9 @@ struct Header {
   uint64_t restore_total = 0;
   uint64_t restore_rows = 0;
   uint64_t restore_rows_total = 0;
+  uint64_t rollback_gen = 0;
+  int64_t rollback_clock = -1;
+  bool rollback_needed = false;
 };
 // The most membership entries one header may carry (cluster.max_workers beyond
 // cluster.workers is bounded by it).

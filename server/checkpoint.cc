@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "common/hash.hpp"
 
@@ -409,6 +410,59 @@ void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep) {
     std::error_code ec;
     std::filesystem::remove(path, ec);
   }
+}
+
+namespace {
+
+std::string RollbackMarkPath(const std::string& dir, uint32_t shard) {
+  return dir + "/shard-" + std::to_string(shard) + "/rollback";
+}
+
+}  // namespace
+
+Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark) {
+  const std::string path = RollbackMarkPath(dir, shard);
+  const std::string folder = dir + "/shard-" + std::to_string(shard);
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  const std::string tmp = path + ".tmp";
+  const std::string text = "parasol-rollback 1 " + std::to_string(mark.generation) + " " +
+                           std::to_string(mark.clock) + " " + std::to_string(mark.sequence) +
+                           " " + std::to_string(mark.first_new) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
+  Status st = WriteAll(fd, text.data(), text.size(), tmp);
+  if (st.ok() && ::fsync(fd) != 0) {
+    st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
+  }
+  ::close(fd);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  }
+  if (!st.ok()) return st;
+  return FsyncDir(folder);
+}
+
+Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard) {
+  const std::string path = RollbackMarkPath(dir, shard);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::optional<RollbackMark>();
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line.size() > 200) {
+    return IoError("rollback mark '" + path + "' cannot be read");
+  }
+  std::istringstream fields(line);
+  std::string magic, extra;
+  int version = 0;
+  RollbackMark m;
+  if (!(fields >> magic >> version >> m.generation >> m.clock >> m.sequence >> m.first_new) ||
+      (fields >> extra) || magic != "parasol-rollback" || version != 1 || m.generation == 0 ||
+      m.clock < 0 || m.first_new <= m.sequence) {
+    return IoError("rollback mark '" + path + "' is damaged: '" + line +
+                   "' is not 'parasol-rollback 1 GENERATION CLOCK SEQUENCE FIRST_NEW'");
+  }
+  return std::optional<RollbackMark>(m);
 }
 
 }  // namespace parasol

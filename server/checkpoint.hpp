@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <istream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,5 +134,22 @@ std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequ
 // Removes all but the newest `keep` checkpoints of the shard and the files they build on (a
 // delta's full checkpoint and the deltas between them): a chain is never broken.
 void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep);
+
+// A rollback of the job (protocols/message.fbs, Op.Rollback), as the shard records it before it
+// acts: dir/shard-N/rollback, one line "parasol-rollback 1 GENERATION CLOCK SEQUENCE FIRST_NEW".
+// The shard went back to checkpoint SEQUENCE (taken at CLOCK) and entered GENERATION; files
+// numbered after SEQUENCE and before FIRST_NEW belong to the undone history and are never
+// loaded. Written to a temporary file, fsynced, renamed, and the folder fsynced.
+struct RollbackMark {
+  uint64_t generation = 0;
+  int64_t clock = -1;
+  uint64_t sequence = 0;
+  uint64_t first_new = 0;
+  // Whether checkpoint `sequence` belongs to the undone history.
+  bool Undone(uint64_t s) const { return s > sequence && s < first_new; }
+};
+Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark);
+// The mark, or none when the shard never rolled back; a damaged one is an error naming the file.
+Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard);
 
 }  // namespace parasol

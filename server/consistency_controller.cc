@@ -26,6 +26,7 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
       unconfirmed_(clocks_.size(), true),
       restored_(clocks_.size(), false),
       joined_at_(clocks_.size(), -1),
+      waiting_tick_(clocks_.size(), -1),
       live_(workers) {
   for (uint32_t w = 0; w < workers; ++w) joined_at_[w] = 0;
 }
@@ -80,11 +81,13 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
                                       bool caught_up, bool replay) {
   const int64_t current = clocks_[worker];
   if (restored_[worker] && !replay) {
+    PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "Clock"));
     return FailedPrecondition("Clock: worker " + std::to_string(worker) + "'s clock was " +
                               "restored from a checkpoint (" + std::to_string(current) +
                               "); it is taken from the worker's replay first");
   }
   if (clock > current && clock - current > 1) {
+    PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "Clock"));
     return FailedPrecondition(
         "Clock: worker " + std::to_string(worker) + " jumps from " +
         (unconfirmed_[worker] ? "its restored clock " : "clock ") + std::to_string(current) +
@@ -99,6 +102,7 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
     const int64_t slowest = MinClock();
     if (slowest != std::numeric_limits<int64_t>::max() &&
         clock - slowest > SlackOf(options_, /*request=*/false)) {
+      behind_seen_ = true;
       return FailedPrecondition("Clock: worker " + std::to_string(worker) + " moves to clock " +
                                 std::to_string(clock) + ", which the job could never reach " +
                                 "while the slowest worker is at " + std::to_string(slowest) +
@@ -110,8 +114,23 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
     restored_[worker] = false;
   }
   clocks_[worker] = std::max(current, clock);
+  if (clocks_[worker] >= waiting_tick_[worker]) waiting_tick_[worker] = -1;
   if (done && done_at_[worker] < 0) done_at_[worker] = clocks_[worker];
   return Status::Ok();
+}
+
+void ConsistencyController::NoteTickWaiting(uint32_t worker, int64_t clock) {
+  if (InJob(worker) && clock == clocks_[worker] + 1) waiting_tick_[worker] = clock;
+}
+
+Status ConsistencyController::BehindWaitingTick(uint32_t worker, int64_t clock,
+                                                const char* what) const {
+  if (waiting_tick_[worker] < 0 || waiting_tick_[worker] != clocks_[worker] + 1) {
+    return Status::Ok();
+  }
+  return Unavailable(std::string(what) + ": worker " + std::to_string(worker) + " at clock " +
+                     std::to_string(clock) + " comes behind its tick to clock " +
+                     std::to_string(waiting_tick_[worker]) + ", which waits for its pushes here");
 }
 
 Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
@@ -119,6 +138,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
   const int64_t own = clocks_[worker];
   const int64_t ahead = prefetch ? AheadOf(options_) : 1;
   if (clock > own && clock - own > ahead) {
+    PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "request"));
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
         (ahead == 1 ? ", beyond its own next clock " + std::to_string(own + 1)
@@ -135,6 +155,7 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
   if (slowest == std::numeric_limits<int64_t>::max()) return Status::Ok();
   const int64_t slack = SlackOf(options_, /*request=*/true) - (AheadOf(options_) - ahead);
   if (clock > slowest && clock - slowest > slack) {
+    behind_seen_ = true;
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
         ", which the job could never admit: the slowest worker is at " + std::to_string(slowest) +
@@ -169,6 +190,23 @@ bool ConsistencyController::AbandonReplay(uint32_t worker) {
   restored_[worker] = false;
   unconfirmed_[worker] = false;
   return true;
+}
+
+void ConsistencyController::RollBack(int64_t clock, SteadyClock::time_point now) {
+  live_ = 0;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0) continue;
+    if (done_at_[w] > clock) done_at_[w] = -1;
+    if (done_at_[w] < 0) clocks_[w] = clock;
+    last_heard_[w] = now;
+    held_[w] = 0;
+    lost_[w] = false;
+    incarnations_[w] = 0;
+    restored_[w] = false;
+    unconfirmed_[w] = false;
+    waiting_tick_[w] = -1;
+    ++live_;
+  }
 }
 
 void ConsistencyController::SetDone(uint32_t worker, int64_t clock) {

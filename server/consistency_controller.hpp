@@ -93,6 +93,21 @@ class ConsistencyController {
   // A new process of `worker` said Hello while its clock was still a checkpoint's (its replay
   // had not ended): its clock is taken as it is. Returns whether a replay was still due.
   bool AbandonReplay(uint32_t worker);
+  // The job rolled back to `clock` (protocols/message.fbs, Op.Rollback): every worker of the
+  // job is at that clock (one that had finished after it has not), heard `now`, owes no replay,
+  // and is known by no process yet; none is lost.
+  void RollBack(int64_t clock, SteadyClock::time_point now);
+  // The worker's tick to `clock` was refused for now (Unavailable: a push it names has not been
+  // applied here). Until it passes, its requests of later clocks are refused for now as well,
+  // not as out of order: they were sent behind it.
+  void NoteTickWaiting(uint32_t worker, int64_t clock);
+  // Whether a request was refused since the last call because the slowest worker is behind
+  // where the others had seen it (two failures overlapped and its updates are lost).
+  bool TakeBehind() {
+    const bool seen = behind_seen_;
+    behind_seen_ = false;
+    return seen;
+  }
   // From a checkpoint: the worker had left at `clock`.
   void SetDone(uint32_t worker, int64_t clock);
   // The newest barrier released (ids only move forward; -1: none). In checkpoints, so that a
@@ -148,6 +163,12 @@ class ConsistencyController {
   std::vector<bool> unconfirmed_;  // its clock not known yet (see the class comment)
   std::vector<bool> restored_;     // its clock is a checkpoint's, and its replay has not ended
   std::vector<int64_t> joined_at_;  // -1: not in the job (yet)
+  // Per worker: the clock of its tick refused for now (its pushes not all applied here), or -1.
+  std::vector<int64_t> waiting_tick_;
+  mutable bool behind_seen_ = false;  // TakeBehind()
+  // Why a request of `worker` at `clock` (beyond its next one) waits, when its tick to the next
+  // one was refused for now: the requests behind that tick are refused for now too.
+  Status BehindWaitingTick(uint32_t worker, int64_t clock, const char* what) const;
   uint32_t live_;
 };
 

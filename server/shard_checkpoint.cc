@@ -413,6 +413,160 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
   }
 }
 
+Status ShardServer::LoadChain(const std::string& path) {
+  // A delta is its full checkpoint and every delta up to it, loaded in order.
+  const CheckpointOptions& c = manifest_.checkpoint;
+  PARASOL_ASSIGN_OR_RETURN(CheckpointHeader header, ReadCheckpointHeader(path));
+  PARASOL_ASSIGN_OR_RETURN(std::vector<std::string> chain,
+                           CheckpointChain(c.dir, rank_, header.sequence));
+  uint64_t onto = 0;
+  Result<CheckpointHeader> first = ReadCheckpointHeader(chain.front());
+  const uint64_t base = first.ok() ? first->sequence : 0;
+  for (const std::string& file : chain) {
+    PARASOL_RETURN_IF_ERROR(LoadCheckpoint(file, onto, base));
+    Result<CheckpointHeader> loaded = ReadCheckpointHeader(file);
+    onto = loaded.ok() ? loaded->sequence : 0;
+  }
+  if (chain.size() > 1) {
+    spdlog::info("shard {}: {} is a delta: loaded {} files from {}", rank_, path, chain.size(),
+                 chain.front());
+  }
+  return Status::Ok();
+}
+
+Result<std::pair<std::string, CheckpointHeader>> ShardServer::CheckpointAtOrBefore(
+    int64_t clock, bool exact) const {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  if (c.dir.empty()) return NotFound("shard " + std::to_string(rank_) + " takes no checkpoints");
+  for (const std::string& path : ListCheckpoints(c.dir, rank_)) {  // newest first
+    Result<uint64_t> sequence = CheckpointSequenceOfName(path);
+    if (!sequence.ok() || (rollback_mark_ && rollback_mark_->Undone(*sequence))) continue;
+    Result<CheckpointHeader> h = ReadCheckpointHeader(path);
+    if (!h.ok() || h->clock < 0 || h->clock > clock || (exact && h->clock != clock)) continue;
+    // Only one whose chain is whole (a delta's full checkpoint may have been pruned).
+    if (!CheckpointChain(c.dir, rank_, h->sequence).ok()) continue;
+    return std::make_pair(path, *h);
+  }
+  return NotFound("shard " + std::to_string(rank_) + " holds no checkpoint " +
+                  (exact ? "at clock " : "at or before clock ") + std::to_string(clock));
+}
+
+Status ShardServer::HandleRollback(const Header& req, Header* reply) {
+  const std::string who = "worker " + std::to_string(req.worker_id);
+  reply->shard_rank = rank_;
+  reply->shard_count = num_shards_;
+  if (!manifest_.RollsBack()) {
+    return FailedPrecondition("Rollback: this job does not roll back "
+                              "(training.on_overlapping_failure)");
+  }
+  if (req.read_only) {
+    // The question: where this shard could go back to, and where it is. Asked by a worker
+    // about to roll back (`done`), it also stops the job here: every reply says a rollback is
+    // owed, and no checkpoint is taken (or pruned) until it is made.
+    if (req.done && controller_.InJob(req.worker_id) && !rollback_owed_) {
+      rollback_owed_ = true;
+      spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken until it "
+                   "has", rank_, who);
+    }
+    // Every shard can go back to the start of the job (clock 0, the tables' initial values).
+    Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
+    reply->worker_clock = at.ok() ? at->second.clock : 0;
+    return Status::Ok();
+  }
+  if (!controller_.InJob(req.worker_id)) {
+    return FailedPrecondition("Rollback: " + who + " is not a worker of this job");
+  }
+  if (req.rollback_gen < rollback_gen_ ||
+      (req.rollback_gen == rollback_gen_ && req.clock != rollback_clock_)) {
+    return Aborted("Rollback to clock " + std::to_string(req.clock) + " as rollback " +
+                   std::to_string(req.rollback_gen) + ": this shard is at rollback " +
+                   std::to_string(rollback_gen_) + " (to clock " +
+                   std::to_string(rollback_clock_) + ")");
+  }
+  if (req.rollback_gen == rollback_gen_) return Status::Ok();  // done already (a resend)
+  if (!membership_.server_changes().empty() || membership_.version() != JobMembership(manifest_).version()) {
+    return FailedPrecondition("Rollback: the job's membership changed since it started (workers "
+                              "joined or left, or the shard count changed); a rollback across "
+                              "such a change is not supported");
+  }
+  Result<std::pair<std::string, CheckpointHeader>> at =
+      CheckpointAtOrBefore(req.clock, /*exact=*/true);
+  if (!at.ok() && req.clock == 0) {
+    // The start: no file, the tables as a new process makes them.
+    CheckpointHeader start;
+    start.clock = 0;
+    start.sequence = 0;
+    at = std::make_pair(std::string(), start);
+  }
+  if (!at.ok()) return at.status();
+  spdlog::warn("shard {}: {} asks the job to roll back to clock {} (rollback {})", rank_,
+               who, req.clock, req.rollback_gen);
+  return RollBackTo(at->first, at->second, req.rollback_gen);
+}
+
+Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& h,
+                               uint64_t generation) {
+  const CheckpointOptions& c = manifest_.checkpoint;
+  FinishDeferredApply();
+  if (background_) WaitForBackgroundCheckpoint();
+  // Recorded first: a restart from here on loads nothing of the history being undone.
+  RollbackMark mark;
+  mark.generation = generation;
+  mark.clock = h.clock;
+  mark.sequence = h.sequence;
+  mark.first_new = std::max(checkpoints_begun_, checkpoint_sequence_) + 1;
+  PARASOL_RETURN_IF_ERROR(WriteRollbackMark(c.dir, rank_, mark));
+  rollback_mark_ = mark;
+  for (const std::string& file : ListCheckpoints(c.dir, rank_)) {
+    Result<uint64_t> sequence = CheckpointSequenceOfName(file);
+    std::error_code ec;
+    if (sequence.ok() && mark.Undone(*sequence)) std::filesystem::remove(file, ec);
+  }
+  // Whatever waits is answered as of the undone history (the replies say the new generation).
+  rollback_gen_ = generation;
+  rollback_clock_ = h.clock;
+  const Status undone = Aborted("the job rolls back to clock " + std::to_string(h.clock) +
+                                " (rollback " + std::to_string(generation) + ")");
+  job_failure_ = undone;
+  ReleaseHeldPulls();
+  ReleaseBarriers();
+  for (HeldReply& w : checkpoint_waiters_) {
+    SendReply(w.identity, ReplyTo(w.request, undone), {});
+  }
+  checkpoint_waiters_.clear();
+  job_failure_ = Status::Ok();
+  // The state of a process started afresh, then the checkpoint.
+  push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));
+  aggregates_.clear();
+  controller_ = ConsistencyController(manifest_.training, manifest_.cluster.workers, env_->Now(),
+                                      manifest_.cluster.max_workers);
+  PARASOL_RETURN_IF_ERROR(ResetTables());
+  if (Status st = path.empty() ? Status::Ok() : LoadChain(path); !st.ok()) {
+    // The tables are partly loaded: this process cannot serve the job any more.
+    spdlog::critical("shard {}: the rollback could not load {}: {}", rank_, path, st.ToString());
+    job_failure_ = st.WithContext("shard " + std::to_string(rank_) + ": rolling back");
+    return job_failure_;
+  }
+  restored_from_ = path;
+  SettleRollback(h.clock);
+  if (path.empty()) checkpoint_clock_ = -1;  // none taken since the start
+  rollback_owed_ = false;
+  epoch_ = env_->Random64() | 1;
+  force_full_ = true;  // the deltas after it are gone
+  ++counters_.rollbacks;
+  spdlog::warn("shard {}: rolled back to {} (clock {}), rollback {}", rank_, path, h.clock,
+               generation);
+  return Status::Ok();
+}
+
+void ShardServer::SettleRollback(int64_t clock) {
+  // The pushes of the clocks from `clock` on are redone: their sums and their names go.
+  aggregates_.clear();
+  push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));
+  controller_.RollBack(clock, env_->Now());
+  checkpoint_clock_ = clock;
+}
+
 Status ShardServer::Restore() {
   restore_attempted_ = true;
   const CheckpointOptions& c = manifest_.checkpoint;
@@ -429,31 +583,25 @@ Status ShardServer::Restore() {
     if (!named.ok()) return named.status();
     checkpoints_begun_ = std::max(checkpoints_begun_, *named);
   }
+  // A rollback (Op.Rollback) left its mark: the files of the history it undid are never
+  // loaded, and a restart from its checkpoint settles as the rollback did.
+  Result<std::optional<RollbackMark>> marked = ReadRollbackMark(c.dir, rank_);
+  if (!marked.ok()) return marked.status().WithContext("shard " + std::to_string(rank_));
+  rollback_mark_ = *marked;
+  if (rollback_mark_) {
+    rollback_gen_ = rollback_mark_->generation;
+    rollback_clock_ = rollback_mark_->clock;
+  }
   if (!c.restore) return Status::Ok();
   for (const std::string& path : files) {
-    // A delta is its full checkpoint and every delta up to it, loaded in order.
     Status st;
-    Result<CheckpointHeader> header = ReadCheckpointHeader(path);
-    Result<std::vector<std::string>> chain =
-        header.ok() ? CheckpointChain(c.dir, rank_, header->sequence)
-                    : Result<std::vector<std::string>>(header.status());
-    if (!chain.ok()) {
-      st = chain.status();
-    } else {
-      uint64_t onto = 0;
-      Result<CheckpointHeader> first = ReadCheckpointHeader(chain->front());
-      const uint64_t base = first.ok() ? first->sequence : 0;
-      for (const std::string& file : *chain) {
-        st = LoadCheckpoint(file, onto, base);
-        if (!st.ok()) break;
-        Result<CheckpointHeader> loaded = ReadCheckpointHeader(file);
-        onto = loaded.ok() ? loaded->sequence : 0;
-      }
-      if (st.ok() && chain->size() > 1) {
-        spdlog::info("shard {}: {} is a delta: loaded {} files from {}", rank_, path,
-                     chain->size(), chain->front());
-      }
+    Result<uint64_t> sequence = CheckpointSequenceOfName(path);
+    if (rollback_mark_ && sequence.ok() && rollback_mark_->Undone(*sequence)) {
+      spdlog::warn("shard {}: {} belongs to the history rollback {} undid; not loaded", rank_,
+                   path, rollback_mark_->generation);
+      continue;
     }
+    st = LoadChain(path);
     // Stopped while it loaded: nothing more is tried (the tables are partly loaded, and the
     // shard stops without writing).
     if (!st.ok() && restore_progress_.cancel.load()) return st;
@@ -463,6 +611,9 @@ Status ShardServer::Restore() {
                    rank_, path, restore_progress_.rows_done.load(),
                    restore_progress_.seconds_checking, restore_progress_.seconds_applying);
       restored_from_ = path;
+      if (rollback_mark_ && sequence.ok() && *sequence == rollback_mark_->sequence) {
+        SettleRollback(rollback_mark_->clock);
+      }
       return Status::Ok();
     }
     spdlog::error("shard {}: refused checkpoint: {}; trying the one before", rank_, st.ToString());
@@ -498,7 +649,8 @@ Status ShardServer::Restore() {
 
 void ShardServer::MaybeCheckpoint() {
   const CheckpointOptions& c = manifest_.checkpoint;
-  if (c.dir.empty()) return;
+  // A rollback is owed: the state is about to be replaced, and its checkpoint must stay.
+  if (c.dir.empty() || rollback_owed_) return;
   bool due = false;
   std::string reason;
   if (c.every_steps > 0 && controller_.live_workers() > 0) {

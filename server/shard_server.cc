@@ -47,6 +47,12 @@ bool OnlySparsePulls(std::span<const StepPart> parts) {
                      [](const StepPart& p) { return p.header.op == Op::PullSparse; });
 }
 
+// Ops that take part in the job (and are refused once it has failed).
+bool IsJobOp(Op op) {
+  return op == Op::PullSparse || op == Op::PushSparse || op == Op::PullDense ||
+         op == Op::PushDense || op == Op::Clock || op == Op::Barrier || op == Op::Step;
+}
+
 }  // namespace
 
 ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
@@ -666,11 +672,14 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     ++counters_.stale_replays;
     return;
   }
+  if (st.ok()) st = CheckGeneration(req);
   if (st.ok() && req.op == Op::Step) {
     HandleStep(req, frames);
+    NoteBehind();
     return;
   }
   if (st.ok()) st = Dispatch(req, frames, &reply, &payload, &held);
+  NoteBehind();
   if (req.replay) {
     ++(req.op == Op::Clock ? counters_.replayed_clocks : counters_.replayed_pushes);
     if (!st.ok()) ++counters_.refused_replays;
@@ -688,15 +697,33 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
   SendReply(identity, reply, std::move(payload));
 }
 
-namespace {
 
-// Ops that take part in the job (and are refused once it has failed).
-bool IsJobOp(Op op) {
-  return op == Op::PullSparse || op == Op::PushSparse || op == Op::PullDense ||
-         op == Op::PushDense || op == Op::Clock || op == Op::Barrier || op == Op::Step;
+void ShardServer::NoteBehind() {
+  if (!controller_.TakeBehind() || !manifest_.RollsBack() || rollback_owed_) return;
+  // A worker's clock is behind where the others had seen it: two failures overlapped and its
+  // updates since a checkpoint are lost. Every reply says so until the job has rolled back.
+  rollback_owed_ = true;
+  spdlog::error("shard {}: the slowest worker is behind where the others had seen it (two "
+                "failures overlapped); the job rolls back to a checkpoint every shard holds",
+                rank_);
 }
 
-}  // namespace
+Status ShardServer::CheckGeneration(const Header& req) {
+  // Tools and the rollback itself speak across generations; a worker's requests do not.
+  if (!IsJobOp(req.op) && req.op != Op::Hello && req.op != Op::Membership) return Status::Ok();
+  if (!controller_.InJob(req.worker_id)) return Status::Ok();
+  if (req.rollback_gen == rollback_gen_) return Status::Ok();
+  if (req.rollback_gen < rollback_gen_) {
+    ++counters_.rolled_back_requests;
+    return Aborted("the job rolled back to clock " + std::to_string(rollback_clock_) +
+                   " (rollback " + std::to_string(rollback_gen_) + "): this " + OpName(req.op) +
+                   " of worker " + std::to_string(req.worker_id) + " belongs to the history " +
+                   "that was undone; the worker connects again and redoes its steps from there");
+  }
+  return Unavailable("worker " + std::to_string(req.worker_id) + " is at rollback " +
+                     std::to_string(req.rollback_gen) + " and this shard at " +
+                     std::to_string(rollback_gen_) + " (the rollback has not reached it yet)");
+}
 
 Status ShardServer::Admit(const Header& req) {
   const bool in_job = controller_.InJob(req.worker_id);
@@ -762,6 +789,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
   switch (req.op) {
     case Op::Hello:
       return HandleHello(req, frames[0], reply, held);
+    case Op::Rollback:
+      return HandleRollback(req, reply);
     case Op::PullSparse:
     case Op::PullDense:
       // Workers outside the job (observers) read without a bound. A shard that serves nothing
@@ -1452,15 +1481,22 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
       if (controller_.AbandonReplay(w)) {
         // Two failures overlapped: this shard restarted, and the worker died before its replay
         // reached it. The new process has no log; take its word for the clock.
-        // Reported (an error line, lost_replays in stats and /metrics), not hidden; the job
-        // goes on. (A worker whose replay is due exits with code 3, which launch does not
-        // restart, so this takes a restart by hand or by a scheduler.)
+        // Reported (an error line, lost_replays in stats and /metrics), not hidden. Under
+        // training.on_overlapping_failure: rollback, every Hello says so from now on
+        // (rollback_needed) until the job has rolled back; otherwise the job goes on. (A
+        // worker whose replay is due exits with code 3, which launch does not restart, so
+        // this takes a restart by hand or by a scheduler.)
         ++counters_.lost_replays;
+        if (manifest_.RollsBack()) rollback_owed_ = true;
         spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
                       "pushes it had acknowledged since this shard's checkpoint at clock {} are "
-                      "lost unless there were none (two failures overlapped)",
-                      rank_, w, checkpoint_clock_);
+                      "lost unless there were none (two failures overlapped){}",
+                      rank_, w, checkpoint_clock_,
+                      rollback_owed_ ? "; the job rolls back to a checkpoint every shard holds"
+                                     : "");
       }
+      // The rollback replaces this state: nothing to checkpoint for the worker.
+      if (rollback_owed_) return Status::Ok();
       if (!manifest_.checkpoint.dir.empty()) {
         // The Hello is answered once a checkpoint holding those pushes is durable (nothing else
         // holds them): written now in the foreground, or, within checkpoint.min_interval of
@@ -1535,7 +1571,12 @@ Status ShardServer::HandleClock(const Header& req) {
     }
     return Status::Ok();
   }
-  PARASOL_RETURN_IF_ERROR(CheckTickPushes(req));
+  if (Status pushes = CheckTickPushes(req); !pushes.ok()) {
+    if (pushes.code() == StatusCode::kUnavailable) {
+      controller_.NoteTickWaiting(req.worker_id, req.clock);
+    }
+    return pushes;
+  }
   PARASOL_RETURN_IF_ERROR(
       controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay));
   // A replay, or any tick, says which barriers its worker has passed: every shard had released
@@ -1701,6 +1742,9 @@ std::string ShardServer::MetricsText() const {
          "Workers that restarted before their replay to this restarted shard ended (two "
          "overlapping failures: their acknowledged pushes since the checkpoint are lost).");
   t.Sample("parasol_lost_replays_total", static_cast<double>(counters_.lost_replays), shard);
+  t.Type("parasol_rollbacks_total", "counter",
+         "Rollbacks of the job to a checkpoint every shard holds (two failures overlapped).");
+  t.Sample("parasol_rollbacks_total", static_cast<double>(counters_.rollbacks), shard);
   t.Type("parasol_push_record_entries", "gauge",
          "Entries of the applied-push record (bounded by workers x 64 clocks).");
   t.Sample("parasol_push_record_entries", static_cast<double>(push_gate_.record().Entries()), shard);
@@ -1860,6 +1904,9 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
   stamped.restored_count = restored_sequence_;
   stamped.membership_version = membership_.version();
+  stamped.rollback_gen = rollback_gen_;
+  stamped.rollback_needed = rollback_owed_;
+  stamped.rollback_clock = rollback_clock_;
   return stamped;
 }
 
@@ -2262,6 +2309,10 @@ std::string ShardServer::StatsJson() const {
   s["refused_replays"] = counters_.refused_replays;
   s["worker_restarts"] = counters_.worker_restarts;
   s["lost_replays"] = counters_.lost_replays;
+  s["rollbacks"] = counters_.rollbacks;
+  s["rolled_back_requests"] = counters_.rolled_back_requests;
+  s["rollback_generation"] = rollback_gen_;
+  s["rollback_owed"] = rollback_owed_;
   s["stale_replays"] = counters_.stale_replays;
   s["push_record_entries"] = push_gate_.record().Entries();
   s["rows_pulled"] = counters_.rows_pulled;

@@ -36,6 +36,7 @@
 #include "common/status.hpp"
 #include "common/wire.hpp"
 #include "common/metrics_server.hpp"
+#include "server/checkpoint.hpp"
 #include "server/clock_aggregate.hpp"
 #include "server/consistency_controller.hpp"
 #include "server/dense_table.hpp"
@@ -164,6 +165,8 @@ class ShardServer {
     uint64_t checkpoint_log_waits = 0;
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
+    uint64_t rollbacks = 0;             // Op.Rollback acted on (this process)
+    uint64_t rolled_back_requests = 0;  // refused as of a rolled-back generation
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
     uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
   };
@@ -518,7 +521,31 @@ class ShardServer {
   uint64_t checkpoint_sequence_ = 0;
   uint64_t restored_sequence_ = 0;  // of the checkpoint this process started from
   int64_t checkpoint_clock_ = -1;
-  const uint64_t epoch_;  // random per start: tells workers this shard restarted
+  uint64_t epoch_;  // random per start and per rollback: tells workers this shard restarted
+  // Rollbacks (protocols/message.fbs, Op.Rollback): the generation this shard is at, the clock
+  // its newest rollback went back to, and whether a Hello revealed lost updates that only a
+  // rollback can undo (every Hello reply says so until one is made).
+  uint64_t rollback_gen_ = 0;
+  int64_t rollback_clock_ = -1;
+  bool rollback_owed_ = false;
+  std::optional<RollbackMark> rollback_mark_;  // read by Restore(), written by a rollback
+  // A job request of another generation: refused (Aborted when older, Unavailable when newer).
+  Status CheckGeneration(const Header& req);
+  // After each request: a refusal that showed lost updates makes a rollback owed.
+  void NoteBehind();
+  // Op.Rollback: the question (read_only) or the act.
+  Status HandleRollback(const Header& req, Header* reply);
+  // The newest checkpoint this shard can restore whose clock is at most `clock` (exactly
+  // `clock` when `exact`): its path and header; NotFound when there is none.
+  Result<std::pair<std::string, CheckpointHeader>> CheckpointAtOrBefore(int64_t clock,
+                                                                        bool exact) const;
+  // Goes back to checkpoint `path` (taken at `clock`) and enters generation `generation`.
+  Status RollBackTo(const std::string& path, const CheckpointHeader& h, uint64_t generation);
+  // After a rollback's checkpoint is loaded (also at a restart from it): every worker at its
+  // clock, no pending sums, no push record, no replay owed.
+  void SettleRollback(int64_t clock);
+  // Loads checkpoint `path` with the files it builds on, oldest first.
+  Status LoadChain(const std::string& path);
   std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();
   std::string restored_from_;
   // How far the checkpoint being loaded is (ShardState::Load()).

@@ -146,9 +146,9 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                                     uint32_t worker_id,
                                                     const std::string& key_path,
                                                     std::function<Status()> wait_interrupt,
-                                                    bool join, Env* env) {
+                                                    bool join, Env* env, uint32_t rounds) {
   std::unique_ptr<PsClient> c(new PsClient(manifest, worker_id, env));
-  c->wait_interrupt_ = std::move(wait_interrupt);
+  c->wait_interrupt_ = wait_interrupt;
   if (join && !c->JobRank()) {
     return InvalidArgument("worker " + std::to_string(worker_id) + " cannot join: cluster." +
                            "max_workers is " + std::to_string(c->membership_.max_ranks()));
@@ -160,7 +160,45 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                      manifest.security.curve ? &c->curve_keys_ : nullptr,
                                      c->server_public_keys_));
   for (uint32_t s = 0; s < c->num_shards_; ++s) PARASOL_RETURN_IF_ERROR(c->links_->Open(s));
-  PARASOL_RETURN_IF_ERROR(c->Handshake());
+  const bool rolls_back = c->JobRank() && manifest.RollsBack() && !join;
+  if (rolls_back) PARASOL_RETURN_IF_ERROR(c->FollowRollback());
+  if (Status greeted = c->Handshake(); !greeted.ok()) {
+    // A rollback made while this worker greeted the shards: it connects again, in it.
+    if (!c->rolled_back_.ok() && rounds + 1 < kMaxRollbackRounds) {
+      c.reset();
+      return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
+    }
+    return greeted;
+  }
+  // Two failures overlapped and updates are lost: a shard's Hello said so, or this worker died
+  // between its ticks (lost_step()).
+  if (c->JobRank() && !join && (c->rollback_needed_ || !c->lost_step_.empty())) {
+    std::string why = c->lost_step_;
+    if (why.empty()) {
+      why = "shard";
+      for (size_t i = 0; i < c->rollback_needed_by_.size(); ++i) {
+        why += (i ? ", " : " ") + std::to_string(c->rollback_needed_by_[i]);
+      }
+      why += " lost updates of worker " + std::to_string(worker_id) + " that no log holds (it "
+             "and a shard died together)";
+    }
+    using O = TrainingOptions::OnOverlappingFailure;
+    if (manifest.training.on_overlapping_failure == O::kFail) {
+      return FailedPrecondition(why + " (training.on_overlapping_failure: fail)");
+    }
+    if (rolls_back) {
+      // Rolled back, this process is a new one to the shards: the next connects afresh and
+      // continues where they all are. Bounded: each round is a rollback or follows one.
+      if (rounds + 1 >= kMaxRollbackRounds) {
+        return FailedPrecondition(why + "; the job rolled back " + std::to_string(rounds) +
+                                  " times while this worker connected, and would again");
+      }
+      PARASOL_RETURN_IF_ERROR(c->RollBackJob(why));
+      c.reset();
+      return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
+    }
+  }
+  c->connected_ = true;
   return c;
 }
 
@@ -519,6 +557,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.caught_up = op == Op::Clock;
   h.membership_version = membership_.version();
   h.join = joining_ && (op == Op::Hello || op == Op::Membership);
+  h.rollback_gen = rollback_gen_;
   return h;
 }
 
@@ -1169,7 +1208,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   if (h->restore_total == 0 && restoring_[shard].heard != Clock::time_point{}) {
     restoring_[shard] = ShardRestore{};
   }
-  NoteEpoch(shard, *h);
+  NoteRollback(shard, *h);
+  // A shard that rolled back has a new epoch too, but nothing is replayed to it.
+  if (rolled_back_.ok()) NoteEpoch(shard, *h);
   NoteMembership(shard, *h);
   if (h->op == Op::Step) {
     OnStepReply(shard, *h, frames);
@@ -1259,8 +1300,151 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   RetireRequest(it);
 }
 
+void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
+  if (reply.op == Op::Hello && reply.rollback_needed) {
+    rollback_needed_ = true;
+    if (std::find(rollback_needed_by_.begin(), rollback_needed_by_.end(), shard) ==
+        rollback_needed_by_.end()) {
+      rollback_needed_by_.push_back(shard);
+    }
+  }
+  if (rolling_back_ || !rolled_back_.ok() || !JobRank() || !manifest_.RollsBack()) return;
+  if (connected_ && reply.rollback_needed) {
+    rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": shard " +
+                           std::to_string(shard) + " says updates of the job were lost (two "
+                           "failures overlapped); the job rolls back, and this worker connects "
+                           "again and redoes its steps from where it goes back to");
+    spdlog::warn("{}", rolled_back_.message());
+  } else if (reply.rollback_gen > rollback_gen_ || reply.status == StatusCode::kAborted) {
+    rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": the job rolled back to "
+                           "clock " + std::to_string(reply.rollback_clock) + " (rollback " +
+                           std::to_string(reply.rollback_gen) + ", shard " +
+                           std::to_string(shard) + " says); this worker connects again and "
+                           "redoes its steps from there");
+    spdlog::warn("{}", rolled_back_.message());
+  }
+}
+
+Result<std::vector<Header>> PsClient::AskRollback(int64_t clock, bool stop) {
+  const Ticket t = NewTicket(Op::Rollback, 0);
+  for (uint32_t s = 0; s < num_shards_; ++s) {
+    Header h = NewRequest(Op::Rollback, 0);
+    h.read_only = true;
+    h.clock = clock;
+    h.done = stop;
+    Send(t, s, std::move(h), {});
+  }
+  Status awaited = AwaitHellos(t);  // a shard may still be starting
+  std::vector<Header> out(num_shards_);
+  Pending& p = *pending_.at(t);
+  for (uint32_t s = 0; s < num_shards_ && awaited.ok(); ++s) {
+    if (p.replies[s].empty()) continue;
+    Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
+    if (h.ok()) out[s] = *h;
+  }
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  PARASOL_RETURN_IF_ERROR(awaited);
+  return out;
+}
+
+Status PsClient::FollowRollback() {
+  rolling_back_ = true;
+  const Status st = FollowRollbackOnce();
+  rolling_back_ = false;
+  std::fill(shard_epochs_.begin(), shard_epochs_.end(), 0);  // learned again from the Hellos
+  return st;
+}
+
+Status PsClient::FollowRollbackOnce() {
+  PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards,
+                           AskRollback(std::numeric_limits<int64_t>::max(), /*stop=*/false));
+  const uint64_t gen = shards[0].rollback_gen;
+  const int64_t clock = shards[0].rollback_clock;
+  if (gen == 0) return Status::Ok();  // shard 0 is the first to roll back: none was made
+  rollback_gen_ = gen;
+  for (uint32_t s = 1; s < num_shards_; ++s) {
+    if (shards[s].rollback_gen >= gen) continue;
+    spdlog::warn("worker {}: shard {} is at rollback {}, shard 0 at {} (to clock {}): completing "
+                 "it", worker_id_, s, shards[s].rollback_gen, gen, clock);
+    Header h = NewRequest(Op::Rollback, 0);
+    h.clock = clock;
+    PARASOL_RETURN_IF_ERROR(Call(s, std::move(h), {}).status());
+  }
+  return Status::Ok();
+}
+
+Status PsClient::RollBackJob(const std::string& why) {
+  rolling_back_ = true;
+  Status st;
+  // Shard 0 refuses a clock it no longer holds a checkpoint at (pruned since it was asked):
+  // asked again. Bounded.
+  for (uint32_t attempt = 0; attempt < 4; ++attempt) {
+    st = RollBackJobOnce(why);
+    if (st.code() != StatusCode::kNotFound) break;
+  }
+  rolling_back_ = false;
+  return st;
+}
+
+Status PsClient::RollBackJobOnce(const std::string& why) {
+  // The clock: lowered to the newest checkpoint of the shard whose newest is oldest, until
+  // every shard holds one at that clock. Each round lowers it, so this ends.
+  int64_t clock = std::numeric_limits<int64_t>::max();
+  uint64_t gen = 0;
+  for (uint32_t round = 0;; ++round) {
+    PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, AskRollback(clock, /*stop=*/true));
+    int64_t lowest = clock;
+    bool agree = true;
+    for (uint32_t s = 0; s < num_shards_; ++s) {
+      const Header& h = shards[s];
+      gen = std::max(gen, h.rollback_gen);
+      if (h.worker_clock < 0) {
+        return FailedPrecondition(
+            "worker " + std::to_string(worker_id_) + ": " + why + "; the job cannot roll back: " +
+            "shard " + std::to_string(s) + " holds no checkpoint" +
+            (clock == std::numeric_limits<int64_t>::max()
+                 ? std::string()
+                 : " at or before clock " + std::to_string(clock)) +
+            " (training.on_overlapping_failure: rollback needs a checkpoint every shard took "
+            "at one clock; the updates are lost, so the job stops)");
+      }
+      agree = agree && (s == 0 || h.worker_clock == shards[0].worker_clock);
+      lowest = std::min(lowest, h.worker_clock);
+    }
+    if (agree) {
+      clock = lowest;
+      break;
+    }
+    clock = lowest;
+    if (round > 1024) return Internal("the shards' checkpoints never agreed on a clock");
+  }
+  const uint64_t next = gen + 1;
+  spdlog::warn("worker {}: {}; rolling the job back to clock {} (rollback {})", worker_id_, why,
+               clock, next);
+  // Shard 0 first: once it has moved, its generation and clock are the rollback's, and
+  // FollowRollback() of any worker completes it.
+  rollback_gen_ = next;
+  Header first = NewRequest(Op::Rollback, 0);
+  first.clock = clock;
+  Result<Reply> zero = Call(0, std::move(first), {});
+  int64_t at = clock;
+  if (!zero.ok()) {
+    if (zero.status().code() != StatusCode::kAborted) return zero.status();
+    // Another worker rolled back first: follow its rollback instead.
+    return FollowRollbackOnce();
+  }
+  for (uint32_t s = 1; s < num_shards_; ++s) {
+    Header h = NewRequest(Op::Rollback, 0);
+    h.clock = at;
+    PARASOL_RETURN_IF_ERROR(Call(s, std::move(h), {}).status());
+  }
+  return Status::Ok();
+}
+
 void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
-  if (reply.server_epoch == 0) return;
+  // A rollback's replies come from shards that have just gone back: this client replays
+  // nothing to them (it connects afresh, or greets them next).
+  if (reply.server_epoch == 0 || rolling_back_) return;
   if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
     spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
                  "pushes it had not checkpointed",
@@ -1528,10 +1712,12 @@ Status PsClient::Wait(Ticket ticket) {
   while (it->second->outstanding > 0) {
     Status st = Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000));
     if (!st.ok()) return st;
+    if (!rolled_back_.ok()) return rolled_back_;
     if (!replay_failure_.ok()) return replay_failure_;
     if (!membership_failure_.ok()) return membership_failure_;
     if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
+  if (!rolled_back_.ok()) return rolled_back_;
   if (!replay_failure_.ok()) return replay_failure_;
   if (!membership_failure_.ok()) return membership_failure_;
   if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));

@@ -65,10 +65,17 @@ class PsClient {
   // `join`: rank `worker_id` (below cluster.max_workers) joins the running job: shard 0 names the
   // clock it starts at (resumed_clock() then says which), and every shard learns it.
   // `env`: where the time, the incarnation and the connections come from (Env::Real() if null).
+  // Under training.on_overlapping_failure: rollback, a worker of the job first completes a
+  // rollback shard 0 has made; and when its Hellos show that two failures overlapped (a shard
+  // lost its updates, or lost_step()), it rolls the job back and connects again (`rounds`:
+  // how many times so far). Under `fail` that is an error.
   static Result<std::unique_ptr<PsClient>> Connect(const Manifest& manifest, uint32_t worker_id,
                                                    const std::string& key_path = "",
                                                    std::function<Status()> wait_interrupt = {},
-                                                   bool join = false, Env* env = nullptr);
+                                                   bool join = false, Env* env = nullptr,
+                                                   uint32_t rounds = 0);
+  // The most rollbacks one Connect makes or follows before it gives up.
+  static constexpr uint32_t kMaxRollbackRounds = 8;
 
   // The security mechanism of the connection to `shard` (ZMQ_NULL, ZMQ_CURVE, ...).
   int Mechanism(uint32_t shard) const;
@@ -215,6 +222,12 @@ class PsClient {
   // under BSP, its tick out of a step reached some shards only, and one of them applied the
   // step since); empty otherwise.
   const std::string& lost_step() const { return lost_step_; }
+  // Set once a shard says the job rolled back past what this client did
+  // (training.on_overlapping_failure: rollback): every Wait then fails with it (Aborted), and
+  // the worker connects again (Connect) and redoes its steps from resumed_clock().
+  const Status& rolled_back() const { return rolled_back_; }
+  // The job's rollback generation this client works in (0: the job never rolled back).
+  uint64_t rollback_generation() const { return rollback_gen_; }
   bool replay_pending() const {
     return !replay_tickets_.empty() ||
            std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
@@ -424,6 +437,28 @@ class PsClient {
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
   std::string lost_step_;               // lost_step()
+  // Rollbacks (protocols/message.fbs, Op.Rollback): the generation this client's requests
+  // carry, whether a shard's Hello said updates were lost (rollback_needed), and once
+  // connected, whether a shard has rolled back past this client.
+  uint64_t rollback_gen_ = 0;
+  bool rollback_needed_ = false;
+  std::vector<uint32_t> rollback_needed_by_;  // the shards that said so
+  bool connected_ = false;
+  Status rolled_back_;
+  void NoteRollback(uint32_t shard, const Header& reply);
+  // A question to every shard (Op.Rollback, read_only) with a connect's patience: their
+  // replies' headers, in shard order. `stop`: this worker is about to roll back, and the shards
+  // stop the job (and their checkpoints) until it has.
+  Result<std::vector<Header>> AskRollback(int64_t clock, bool stop);
+  // Before the handshake: a rollback shard 0 has made reaches every other shard (its maker may
+  // have died part way), and this client takes its generation.
+  Status FollowRollback();
+  Status FollowRollbackOnce();
+  bool rolling_back_ = false;  // in FollowRollback() or RollBackJob()
+  // Rolls the job back to the newest clock at which every shard holds a checkpoint (shard 0
+  // first: its answer decides the clock of a generation). `why` goes in the log.
+  Status RollBackJob(const std::string& why);
+  Status RollBackJobOnce(const std::string& why);
   std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   CurveKeyPair curve_keys_;

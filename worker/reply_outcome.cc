@@ -5,6 +5,7 @@ namespace parasol {
 namespace {
 
 bool IsPull(Op op) { return op == Op::PullSparse || op == Op::PullDense; }
+bool IsPush(Op op) { return op == Op::PushSparse || op == Op::PushDense; }
 
 }  // namespace
 
@@ -12,7 +13,8 @@ ReplyOutcome OutcomeOf(Op request, StatusCode status, bool restoring, bool repla
   if (restoring && status == StatusCode::kUnavailable) return ReplyOutcome::kAwaitRestore;
   if (status != StatusCode::kOk) {
     if (replay_due) return ReplyOutcome::kAwaitReplay;
-    if (status == StatusCode::kUnavailable && (request == Op::Clock || IsPull(request))) {
+    if (status == StatusCode::kUnavailable &&
+        (request == Op::Clock || IsPull(request) || IsPush(request))) {
       return ReplyOutcome::kRetryLater;
     }
     return ReplyOutcome::kFail;

@@ -8,8 +8,9 @@
 //   anything, once it restarted and before this     | waits for the replay, which sends it again
 //   worker's replay reached it (an error; a pull's  | in order after the pushes it lost
 //   answer from the checkpoint's state)             |
-//   Unavailable to a tick or a pull                 | retried after cluster.request_timeout,
-//   (a tick whose pushes have not all arrived)      | within its attempts
+//   Unavailable to a tick, a pull or a push (a tick | retried after cluster.request_timeout,
+//   whose pushes have not all arrived, and what was | within its attempts
+//   sent behind it; a rollback on its way)          |
 //   any other error                                 | fails (its caller sees the status)
 //   OK                                              | done
 #pragma once

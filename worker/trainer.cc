@@ -191,6 +191,7 @@ std::string TrainReport::ToJson() const {
   s["push_log_peak_bytes"] = push_log_peak_bytes;
   s["first_step"] = first_step;
   s["left_at"] = left_at;
+  s["rollbacks"] = rollbacks;
   s["membership_changes"] = membership_changes;
   s["push_log_bytes_per_step"] = push_log_bytes_per_step;
   s["cache_hits"] = cache_hits;
@@ -346,6 +347,24 @@ Result<EvalResult> Trainer::Evaluate(const std::string& file, int slot) {
 }
 
 Result<TrainReport> Trainer::Run() {
+  for (uint32_t rollbacks = 0;; ++rollbacks) {
+    Result<TrainReport> report = RunOnce();
+    if (report.ok() || report.status().code() != StatusCode::kAborted || !hooks_.reconnect) {
+      if (report.ok()) report->rollbacks = rollbacks;
+      return report;
+    }
+    if (rollbacks >= kMaxRollbacks) {
+      return report.status().WithContext("after " + std::to_string(rollbacks) + " rollbacks");
+    }
+    PARASOL_ASSIGN_OR_RETURN(client_, hooks_.reconnect());
+    if (hooks_.line) {
+      hooks_.line("worker " + std::to_string(rank_) + ": the job rolled back; redoing the steps "
+                  "from step " + std::to_string(std::max<int64_t>(0, client_->resumed_clock())));
+    }
+  }
+}
+
+Result<TrainReport> Trainer::RunOnce() {
   const TrainingOptions& t = manifest_.training;
   const uint32_t workers = manifest_.cluster.workers;
   if (manifest_.data.train.empty()) {

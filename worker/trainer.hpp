@@ -48,6 +48,7 @@ struct TrainReport : StepTimes {
   uint64_t push_log_peak_bytes = 0;  // the most the push log held (worker/push_log.hpp)
   int64_t first_step = 0;             // the clock it started at (joined, or resumed)
   int64_t left_at = -1;               // the clock it left the running job at, or -1
+  uint32_t rollbacks = 0;             // rollbacks of the job this worker redid its steps after
   uint64_t membership_changes = 0;    // membership versions it followed while training
   double push_log_bytes_per_step = 0;  // what each step added to it
   uint64_t cache_hits = 0;             // rows answered by the worker's row cache
@@ -115,6 +116,11 @@ struct TrainerHooks {
   // the time its step's pushes are acknowledged, before the tick: a worker killed after the
   // tick has reported the step. A step redone after a restart is reported again, the same.
   std::function<void(const Batch&)> trained;
+  // After the job rolled back (training.on_overlapping_failure: rollback; the client's calls
+  // fail with Aborted): a new client, connected afresh (PsClient::Connect), which the trainer
+  // uses from then on; it redoes its steps from the client's resumed_clock(). Unset: the
+  // rollback ends Run() with that error.
+  std::function<Result<PsClient*>()> reconnect;
 };
 
 struct EvalResult {
@@ -128,7 +134,11 @@ class Trainer {
   Trainer(const Manifest& manifest, uint32_t rank, PsClient* client, Backend* backend,
           TrainerHooks hooks);
 
+  // Trains until the data (or training.max_steps) ends, then meets the others and evaluates.
+  // A rollback of the job redoes the steps from its clock on a new client (hooks.reconnect),
+  // at most kMaxRollbacks times.
   Result<TrainReport> Run();
+  static constexpr uint32_t kMaxRollbacks = 16;
 
   // Logloss and AUC of the current weights over every row of `file`, on the training model's
   // buffers (slot `slot`, which no pull may be filling).
@@ -142,6 +152,8 @@ class Trainer {
   TrainerHooks hooks_;
   // The model, made on first use; evaluation runs on its buffers too.
   Result<Model*> TheModel();
+  // One pass of Run() on client_, from the step the client resumes at.
+  Result<TrainReport> RunOnce();
   std::unique_ptr<Model> model_;
 };
 

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Reference> references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
   uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
+  uint64_t rolled_back = 0, equal_after_rollback = 0;
   uint64_t ran = 0;
   for (uint64_t seed = first; seed < first + seeds && !(stop_at_failure && failed > 0); ++seed) {
     ++ran;
@@ -128,6 +129,8 @@ int main(int argc, char** argv) {
     drops += out.drops;
     overlaps += out.overlaps;
     faulted += out.shard_kills + out.worker_kills + out.cuts + out.drops > 0;
+    rolled_back += out.worker_rollbacks > 0;
+    equal_after_rollback += out.worker_rollbacks > 0 && out.kind == SimOutcome::Kind::kEqual;
     const char* kind = "equal";
     switch (out.kind) {
       case SimOutcome::Kind::kEqual:
@@ -167,8 +170,10 @@ int main(int argc, char** argv) {
   std::printf("%llu seeds from %llu: %llu equal to the run without faults, %llu with a reported "
               "loss (%llu of them after one failure), %llu failed; %llu seeds with faults: %llu "
               "shard kills, %llu worker kills, %llu connection cuts, %llu lost messages, %llu kills "
-              "while another process was down or a connection cut; %.1f s\n",
+              "while another process was down or a connection cut; %llu seeds rolled back (%llu "
+              "of them ended equal); %.1f s\n",
               u(ran), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
-              u(shard_kills), u(worker_kills), u(cuts), u(drops), u(overlaps), wall);
+              u(shard_kills), u(worker_kills), u(cuts), u(drops), u(overlaps), u(rolled_back),
+              u(equal_after_rollback), wall);
   return failed == 0 ? 0 : 1;
 }

@@ -24,6 +24,7 @@
 #include "server/shard_server.hpp"
 #include "server/shard_state.hpp"
 #include "worker/ps_client.hpp"
+#include "worker/trainer.hpp"
 
 namespace parasol::sim {
 namespace {
@@ -524,6 +525,18 @@ class Sim {
   // The worker's training: per step, pull the rows and the dense weights, push gradients made
   // from them, tick (with the pulls and the pushes each in one message per shard when fused).
   Status Body(WorkerProc& w) {
+    // A rollback of the job (Aborted): the worker connects again, as the trainer does
+    // (TrainerHooks::reconnect), and redoes its steps from where the shards went back to.
+    for (uint32_t round = 0;; ++round) {
+      Status st = BodyOnce(w);
+      if (st.code() != StatusCode::kAborted || w.killed || round >= Trainer::kMaxRollbacks) {
+        return st;
+      }
+      ++counts_.worker_rollbacks;
+      Log("worker " + std::to_string(w.rank) + ": " + st.message());
+    }
+  }
+  Status BodyOnce(WorkerProc& w) {
     auto killed = [&] { return w.killed ? Unavailable("killed") : Status::Ok(); };
     Result<std::unique_ptr<PsClient>> connected =
         PsClient::Connect(manifest_, w.rank, "", {}, false, w.env.get());

@@ -66,6 +66,7 @@ struct SimOutcome {
   std::string failure;
   SimJob job;
   uint32_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0;
+  uint32_t worker_rollbacks = 0;  // times a worker connected again after a rollback
   bool single_failure = false;  // kReported with no failures overlapping
   uint64_t events = 0;
   double seconds = 0;    // virtual

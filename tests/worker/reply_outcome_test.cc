@@ -11,10 +11,10 @@ namespace {
 
 constexpr Op kOps[] = {Op::Hello,  Op::PullSparse, Op::PushSparse, Op::PullDense,
                        Op::PushDense, Op::Clock,   Op::Barrier,    Op::Stats,
-                       Op::Step,     Op::Membership, Op::Checkpoint};
+                       Op::Step,     Op::Membership, Op::Checkpoint, Op::Rollback};
 constexpr StatusCode kErrors[] = {StatusCode::kInvalidArgument, StatusCode::kFailedPrecondition,
                                   StatusCode::kResourceExhausted, StatusCode::kUnavailable,
-                                  StatusCode::kInternal};
+                                  StatusCode::kInternal, StatusCode::kAborted};
 
 bool IsPull(Op op) { return op == Op::PullSparse || op == Op::PullDense; }
 
@@ -30,8 +30,10 @@ TEST(ReplyOutcomeTest, EveryOpAndStatusHasItsRow) {
       SCOPED_TRACE(static_cast<int>(error));
       // A restarted shard's error before the replay: the replay resends.
       EXPECT_EQ(OutcomeOf(op, error, false, true), ReplyOutcome::kAwaitReplay);
-      // Unavailable to a tick or a pull: later; any other error fails.
-      const bool later = error == StatusCode::kUnavailable && (op == Op::Clock || IsPull(op));
+      // Unavailable to a tick, a pull or a push: later; any other error fails.
+      const bool later = error == StatusCode::kUnavailable &&
+                         (op == Op::Clock || IsPull(op) || op == Op::PushSparse ||
+                          op == Op::PushDense);
       EXPECT_EQ(OutcomeOf(op, error, false, false),
                 later ? ReplyOutcome::kRetryLater : ReplyOutcome::kFail);
       // Loading its checkpoint: Unavailable waits for the restore whatever the op; another
@@ -45,7 +47,7 @@ TEST(ReplyOutcomeTest, EveryOpAndStatusHasItsRow) {
       ++rows;
     }
   }
-  EXPECT_EQ(rows, 55);
+  EXPECT_EQ(rows, 72);
 }
 
 TEST(ReplyOutcomeTest, OutcomesHaveNames) {
