@@ -17,6 +17,7 @@
 #                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
 #                    [--vocabulary V] [--full-every N] [--min-table-rows N]
 #                    [--checkpoint-dtype bf16] [--workers 2|3|4] [--overlap] [--together]
+#                    [--rollback]
 # --workers N: the job has N workers (BSP folds a clock's sums in rank order, so any number of
 # workers ends in the same bits whatever the order their pushes arrive in).
 # --overlap: the next kill does not wait for the job to recover from the one before: it comes a
@@ -26,6 +27,9 @@
 # down) lose the pushes only that log held: the shards count them (lost_replays) and the job
 # goes on. Such a run is reported as LOST and not failed; a model that differs with no lost
 # replay counted is a failure (a silent difference).
+# --rollback: the job rolls back instead (training.on_overlapping_failure: rollback, with a
+# checkpoint every 20 steps besides every second): every run must end equal to the undisturbed
+# one, overlapping failures included; the table counts the rollbacks the shards made.
 # --vocabulary V: the generated data's largest field has V ids (gen-data --vocabulary), so the
 # embedding table grows far larger than the data's rows; --min-table-rows N: the undisturbed
 # run's table must end with at least N rows (over its shards), or the harness fails, saying so.
@@ -98,6 +102,7 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS="$2"; shift 2 ;;
     --overlap) OVERLAP=1; shift ;;
     --together) TOGETHER=1; shift ;;
+    --rollback) ROLLBACK=1; shift ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -110,6 +115,10 @@ case "$CONSISTENCY" in bsp|ssp) ;; *) echo "chaos.sh: --consistency bsp or ssp" 
 case "$WIRE" in ""|bf16|f16) ;; *) echo "chaos.sh: --wire bf16 or f16" >&2; exit 2 ;; esac
 case "$CKPT_DTYPE" in ""|bf16) ;; *) echo "chaos.sh: --checkpoint-dtype bf16" >&2; exit 2 ;; esac
 case "$WORKERS" in 2|3|4) ;; *) echo "chaos.sh: --workers 2, 3 or 4" >&2; exit 2 ;; esac
+if [ -n "$ROLLBACK" ] && { [ "$CONSISTENCY" != bsp ] || [ -n "$RESHARD" ]; }; then
+  echo "chaos.sh: --rollback is for bsp runs without --reshard" >&2
+  exit 2
+fi
 if [ -n "$RESHARD" ] && [ -n "$OVERLAP$TOGETHER" ]; then
   echo "chaos.sh: --reshard draws its own kills; --overlap and --together are not for it" >&2
   exit 2
@@ -210,10 +219,10 @@ cluster:
   request_retries: 60
   restart_servers: true
   restart_workers: true
-training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s}
+training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s${ROLLBACK:+, on_overlapping_failure: rollback}}
 model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]$storage}
 data: {train: $work/train.tsv, eval: $work/eval.tsv}
-checkpoint: {dir: $work/$1-ckpt, every_seconds: 1, keep: 3, full_every: $FULL_EVERY${CKPT_DTYPE:+, dtype: $CKPT_DTYPE}}
+checkpoint: {dir: $work/$1-ckpt, every_seconds: 1${ROLLBACK:+, every_steps: 20}, keep: 3, full_every: $FULL_EVERY${CKPT_DTYPE:+, dtype: $CKPT_DTYPE}}
 $server
 ${WIRE:+wire: {compression: $WIRE\}}
 YAML
@@ -287,9 +296,14 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
     pattern="replaying .* to shard $rank\$"  # one line per worker
     want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + WORKERS ))
   fi
+  # Or, where the failures overlapped (--rollback): the job rolled back and every worker redoes
+  # its steps (nothing is replayed then).
+  local redo="the job rolled back; redoing the steps"
+  local redone=$(( $(grep -c -- "$redo" "$work/$name.log" || true) + WORKERS ))
   local t
   for t in $(seq 1 400); do
     [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
+    [ -n "$ROLLBACK" ] && [ "$(grep -c -- "$redo" "$work/$name.log" || true)" -ge "$redone" ] && break
     kill -0 "$launch_pid" 2>/dev/null || break
     # A shard restarted after every worker had left gets no replay: nothing to wait for.
     workers="$(worker_pids "$m")"
@@ -451,6 +465,7 @@ echo "undisturbed: ${undisturbed_seconds}s, eval AUC ${ref_auc}"
 failed=0
 lost_runs=0
 total_lost=0
+total_rollbacks=0
 total_kills=0
 max_diff=0
 rows=()
@@ -503,10 +518,14 @@ for r in $(seq 1 "$RUNS"); do
     # lines (a stats counter dies with a shard killed again).
     lost="$(grep -c 'restarted before its replay to this shard ended' "$work/run$r.log" || true)"
     total_lost=$((total_lost + lost))
+    # Rollbacks shard 0 made (it goes first; --rollback).
+    rolled="$(grep -c 'shard 0: rolled back to' "$work/run$r.log" || true)"
+    total_rollbacks=$((total_rollbacks + rolled))
     if [ "$CONSISTENCY" = bsp ] && [ -z "$CKPT_DTYPE" ]; then
       if [ "$diff" = inf ] || awk -v d="$diff" 'BEGIN { exit !(d > 0) }'; then
         # Only where failures were made to overlap: one at a time, none may be lost.
-        if [ "$lost" -gt 0 ] && [ -n "$OVERLAP$TOGETHER" ]; then
+        # With --rollback no loss is documented: the job rolls back instead, and must end equal.
+        if [ "$lost" -gt 0 ] && [ -n "$OVERLAP$TOGETHER" ] && [ -z "$ROLLBACK" ]; then
           result="LOST"  # the documented outcome of overlapping failures, said by the shards
           lost_runs=$((lost_runs + 1))
         else
@@ -546,6 +565,9 @@ echo " run  kills  seconds  max_rel_diff  eval_auc  changes  result"
 for row in "${rows[@]}"; do echo "$row"; done
 echo "total: $RUNS runs, $total_kills kills, $failed failed runs, largest relative difference $max_diff" \
   "(undisturbed: ${undisturbed_seconds}s, AUC $ref_auc)"
+if [ -n "$ROLLBACK" ]; then
+  echo "rollbacks: $total_rollbacks (shard 0's), $total_lost replays the shards found lost and rolled back"
+fi
 if [ "$lost_runs" -gt 0 ]; then
   echo "overlapping failures: $lost_runs runs ended with another model, $total_lost replays" \
     "counted as lost by the shards (documented; not failed)"
@@ -554,7 +576,7 @@ if [ -n "$JSON" ]; then
   # A number, or the string "inf" (a NaN or infinity differed; JSON has no infinity).
   max_json="$max_diff"
   [ "$max_diff" = inf ] && max_json='"inf"'
-  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "lost_runs": %d, "lost_replays": %d, "max_relative_difference": %s, "consistency": "%s", "workers": %d, "prefetch_depth": %d}\n' \
-    "$RUNS" "$total_kills" "$failed" "$lost_runs" "$total_lost" "$max_json" "$CONSISTENCY" "$WORKERS" "${PREFETCH_DEPTH:-1}" > "$JSON"
+  printf '{"runs": %d, "kills": %d, "failed_runs": %d, "lost_runs": %d, "lost_replays": %d, "rollbacks": %d, "max_relative_difference": %s, "consistency": "%s", "workers": %d, "prefetch_depth": %d}\n' \
+    "$RUNS" "$total_kills" "$failed" "$lost_runs" "$total_lost" "$total_rollbacks" "$max_json" "$CONSISTENCY" "$WORKERS" "${PREFETCH_DEPTH:-1}" > "$JSON"
 fi
 [ "$failed" -eq 0 ]
