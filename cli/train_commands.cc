@@ -109,6 +109,13 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
   auto client = PsClient::Connect(*manifest, rank, key_path, {}, join);
   if (!client.ok()) {
     spdlog::error("worker {}: {}", rank, client.status().ToString());
+    // Updates were lost and the job said to fail on that: a restart would find the same.
+    const std::string& what = client.status().message();
+    const std::string note = PsClient::kOverlapFailNote;
+    if (what.size() >= note.size() &&
+        what.compare(what.size() - note.size(), note.size(), note) == 0) {
+      return kExitUpdatesWouldBeLost;
+    }
     return 1;
   }
   std::unique_ptr<MetricsServer> metrics;

@@ -296,10 +296,10 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
     pattern="replaying .* to shard $rank\$"  # one line per worker
     want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + WORKERS ))
   fi
-  # Or, where the failures overlapped (--rollback): the job rolled back and every worker redoes
-  # its steps (nothing is replayed then).
-  local redo="the job rolled back; redoing the steps"
-  local redone=$(( $(grep -c -- "$redo" "$work/$name.log" || true) + WORKERS ))
+  # Or, where the failures overlapped (--rollback): every shard rolled back (nothing is replayed
+  # then; the workers connect again and redo their steps).
+  local redo=": rolled back to "
+  local redone=$(( $(grep -c -- "$redo" "$work/$name.log" || true) + SERVERS ))
   local t
   for t in $(seq 1 400); do
     [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break

@@ -787,8 +787,16 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
   const bool in_job = controller_.InJob(req.worker_id);
   PARASOL_RETURN_IF_ERROR(Admit(req));
   switch (req.op) {
-    case Op::Hello:
-      return HandleHello(req, frames[0], reply, held);
+    case Op::Hello: {
+      const Status st = HandleHello(req, frames[0], reply, held);
+      // Under on_overlapping_failure: fail too, a worker's Hello hears of the loss (its
+      // restarted process stops on it).
+      if (manifest_.training.on_overlapping_failure ==
+          TrainingOptions::OnOverlappingFailure::kFail) {
+        reply->rollback_needed = reply->rollback_needed || lost_updates_;
+      }
+      return st;
+    }
     case Op::Rollback:
       return HandleRollback(req, reply);
     case Op::PullSparse:
@@ -1488,6 +1496,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
         // this takes a restart by hand or by a scheduler.)
         ++counters_.lost_replays;
         if (manifest_.RollsBack()) rollback_owed_ = true;
+        lost_updates_ = true;
         spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
                       "pushes it had acknowledged since this shard's checkpoint at clock {} are "
                       "lost unless there were none (two failures overlapped){}",
@@ -1659,6 +1668,10 @@ void ShardServer::ReleaseBarriers() {
     // this shard restarted. A shard that serves nothing (a change removed it) holds no one: the
     // workers past the change meet on the shards that serve them.
     if (it->first <= controller_.last_barrier() || !Entered()) all = true;
+    // A restarted shard releases no new barrier while a worker's replay is still owed to it:
+    // behind the last barrier the workers exit, their push logs with them, and what a replay
+    // still had to resend (a tick refused for now behind a lost push) would be lost.
+    else if (controller_.ReplayOwed()) all = false;
     if (!all && job_failure_.ok()) {
       ++it;
       continue;
@@ -1905,7 +1918,7 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.restored_count = restored_sequence_;
   stamped.membership_version = membership_.version();
   stamped.rollback_gen = rollback_gen_;
-  stamped.rollback_needed = rollback_owed_;
+  stamped.rollback_needed = stamped.rollback_needed || rollback_owed_;
   stamped.rollback_clock = rollback_clock_;
   return stamped;
 }

@@ -528,6 +528,7 @@ class ShardServer {
   uint64_t rollback_gen_ = 0;
   int64_t rollback_clock_ = -1;
   bool rollback_owed_ = false;
+  bool lost_updates_ = false;  // a Hello revealed lost updates (any on_overlapping_failure)
   std::optional<RollbackMark> rollback_mark_;  // read by Restore(), written by a rollback
   // A job request of another generation: refused (Aborted when older, Unavailable when newer).
   Status CheckGeneration(const Header& req);

@@ -184,7 +184,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
     }
     using O = TrainingOptions::OnOverlappingFailure;
     if (manifest.training.on_overlapping_failure == O::kFail) {
-      return FailedPrecondition(why + " (training.on_overlapping_failure: fail)");
+      return FailedPrecondition(why + kOverlapFailNote);
     }
     if (rolls_back) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and

@@ -74,6 +74,8 @@ class PsClient {
                                                    std::function<Status()> wait_interrupt = {},
                                                    bool join = false, Env* env = nullptr,
                                                    uint32_t rounds = 0);
+  // Ends the error of a Connect that found lost updates under on_overlapping_failure: fail.
+  static constexpr const char* kOverlapFailNote = " (training.on_overlapping_failure: fail)";
   // The most rollbacks one Connect makes or follows before it gives up.
   static constexpr uint32_t kMaxRollbackRounds = 8;
 
