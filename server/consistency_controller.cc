@@ -119,6 +119,15 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
   return Status::Ok();
 }
 
+void ConsistencyController::RestoreAt(int64_t clock, SteadyClock::time_point now) {
+  RollBack(clock, now);
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] < 0 || done_at_[w] >= 0) continue;
+    restored_[w] = true;
+    unconfirmed_[w] = true;
+  }
+}
+
 void ConsistencyController::NoteTickWaiting(uint32_t worker, int64_t clock) {
   if (InJob(worker) && clock == clocks_[worker] + 1) waiting_tick_[worker] = clock;
 }

@@ -97,6 +97,9 @@ class ConsistencyController {
   // job is at that clock (one that had finished after it has not), heard `now`, owes no replay,
   // and is known by no process yet; none is lost.
   void RollBack(int64_t clock, SteadyClock::time_point now);
+  // The same for a process restarted from that rollback's checkpoint: every worker's clock is
+  // `clock` as restored (its replay is due), and no worker process is known yet.
+  void RestoreAt(int64_t clock, SteadyClock::time_point now);
   // The worker's tick to `clock` was refused for now (Unavailable: a push it names has not been
   // applied here). Until it passes, its requests of later clocks are refused for now as well,
   // not as out of order: they were sent behind it.

@@ -95,7 +95,8 @@ void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string
   }
   checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
   checkpoint_owed_ = false;
-  PruneCheckpoints(c.dir, rank_, c.keep);
+  // Not while a rollback is owed or asked about: the checkpoint it goes back to stays.
+  if (!rollback_owed_ && !rollback_pending_) PruneCheckpoints(c.dir, rank_, c.keep);
   ++counters_.checkpoints;
   counters_.checkpoint_pause_ms_max = std::max(counters_.checkpoint_pause_ms_max, pause_ms);
   counters_.checkpoint_seconds_last = seconds;
@@ -451,6 +452,11 @@ Result<std::pair<std::string, CheckpointHeader>> ShardServer::CheckpointAtOrBefo
                   (exact ? "at clock " : "at or before clock ") + std::to_string(clock));
 }
 
+bool ShardServer::MembershipChanged() const {
+  return !membership_.server_changes().empty() ||
+         membership_.version() != JobMembership(manifest_).version();
+}
+
 Status ShardServer::HandleRollback(const Header& req, Header* reply) {
   const std::string who = "worker " + std::to_string(req.worker_id);
   reply->shard_rank = rank_;
@@ -460,13 +466,16 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
                               "(training.on_overlapping_failure)");
   }
   if (req.read_only) {
-    // The question: where this shard could go back to, and where it is. Asked by a worker
-    // about to roll back (`done`), it also stops the job here: every reply says a rollback is
-    // owed, and no checkpoint is taken (or pruned) until it is made.
-    if (req.done && controller_.InJob(req.worker_id) && !rollback_owed_) {
-      rollback_owed_ = true;
-      spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken until it "
-                   "has", rank_, who);
+    // The question: where this shard could go back to, and where it is. Asked by a worker of
+    // the job about to roll back (`done`), it also keeps that checkpoint: no periodic
+    // checkpoint is taken and none is pruned until the rollback is made.
+    if (req.done && controller_.InJob(req.worker_id)) {
+      if (!rollback_pending_) {
+        spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken or "
+                     "pruned until it has", rank_, who);
+      }
+      rollback_pending_ = true;
+      rollback_pending_since_ = env_->Now();
     }
     // Every shard can go back to the start of the job (clock 0, the tables' initial values).
     Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
@@ -484,11 +493,25 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
                    std::to_string(rollback_clock_) + ")");
   }
   if (req.rollback_gen == rollback_gen_) return Status::Ok();  // done already (a resend)
-  if (!membership_.server_changes().empty() || membership_.version() != JobMembership(manifest_).version()) {
+  if (req.rollback_gen != rollback_gen_ + 1) {
+    return FailedPrecondition("Rollback: rollback " + std::to_string(req.rollback_gen) +
+                              " is not the next one (this shard is at rollback " +
+                              std::to_string(rollback_gen_) + ")");
+  }
+  // Shard 0 decides a rollback: only once a loss was found here or a worker asked where to go
+  // back to (the others follow shard 0's decision, which a worker completes).
+  if (rank_ == 0 && !rollback_owed_ && !rollback_pending_) {
+    return FailedPrecondition("Rollback: " + who + " asks for a rollback, but no loss was found "
+                              "here and no worker asked where to go back to");
+  }
+  if (MembershipChanged()) {
     return FailedPrecondition("Rollback: the job's membership changed since it started (workers "
                               "joined or left, or the shard count changed); a rollback across "
                               "such a change is not supported");
   }
+  // What is being written or applied finishes first (it may prune, or be the newest file).
+  FinishDeferredApply();
+  if (background_) WaitForBackgroundCheckpoint();
   Result<std::pair<std::string, CheckpointHeader>> at =
       CheckpointAtOrBefore(req.clock, /*exact=*/true);
   if (!at.ok() && req.clock == 0) {
@@ -504,24 +527,49 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
   return RollBackTo(at->first, at->second, req.rollback_gen);
 }
 
+namespace {
+
+// Files of an undone history are kept aside (renamed, never loaded) until the next rollback:
+// a rollback asked for by mistake, or by a stolen worker key, destroys nothing.
+void SetAsideUndone(const std::string& dir, uint32_t shard, const RollbackMark& mark) {
+  std::error_code ec;
+  const std::string folder = dir + "/shard-" + std::to_string(shard);
+  for (const std::string& file : ListCheckpoints(dir, shard)) {
+    Result<uint64_t> sequence = CheckpointSequenceOfName(file);
+    if (sequence.ok() && mark.Undone(*sequence)) {
+      std::filesystem::rename(file, file + ".undone-" + std::to_string(mark.generation), ec);
+    }
+  }
+}
+
+// Removes the files an earlier rollback set aside.
+void RemoveSetAside(const std::string& dir, uint32_t shard) {
+  std::error_code ec;
+  const std::string folder = dir + "/shard-" + std::to_string(shard);
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+    if (e.path().filename().string().find(".bin.undone-") != std::string::npos) {
+      std::error_code rm;
+      std::filesystem::remove(e.path(), rm);
+    }
+  }
+}
+
+}  // namespace
+
 Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& h,
                                uint64_t generation) {
   const CheckpointOptions& c = manifest_.checkpoint;
-  FinishDeferredApply();
-  if (background_) WaitForBackgroundCheckpoint();
   // Recorded first: a restart from here on loads nothing of the history being undone.
   RollbackMark mark;
   mark.generation = generation;
   mark.clock = h.clock;
   mark.sequence = h.sequence;
   mark.first_new = std::max(checkpoints_begun_, checkpoint_sequence_) + 1;
+  RemoveSetAside(c.dir, rank_);
   PARASOL_RETURN_IF_ERROR(WriteRollbackMark(c.dir, rank_, mark));
   rollback_mark_ = mark;
-  for (const std::string& file : ListCheckpoints(c.dir, rank_)) {
-    Result<uint64_t> sequence = CheckpointSequenceOfName(file);
-    std::error_code ec;
-    if (sequence.ok() && mark.Undone(*sequence)) std::filesystem::remove(file, ec);
-  }
+  checkpoints_begun_ = std::max(checkpoints_begun_, mark.first_new - 1);
+  SetAsideUndone(c.dir, rank_, mark);
   // Whatever waits is answered as of the undone history (the replies say the new generation).
   rollback_gen_ = generation;
   rollback_clock_ = h.clock;
@@ -534,36 +582,53 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
     SendReply(w.identity, ReplyTo(w.request, undone), {});
   }
   checkpoint_waiters_.clear();
-  job_failure_ = Status::Ok();
   // The state of a process started afresh, then the checkpoint.
   push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));
   aggregates_.clear();
   controller_ = ConsistencyController(manifest_.training, manifest_.cluster.workers, env_->Now(),
                                       manifest_.cluster.max_workers);
-  PARASOL_RETURN_IF_ERROR(ResetTables());
-  if (Status st = path.empty() ? Status::Ok() : LoadChain(path); !st.ok()) {
-    // The tables are partly loaded: this process cannot serve the job any more.
-    spdlog::critical("shard {}: the rollback could not load {}: {}", rank_, path, st.ToString());
+  Status st;
+  try {
+    st = ResetTables();
+  } catch (const std::exception& e) {
+    st = ResourceExhausted(std::string("cannot allocate the tables again: ") + e.what());
+  }
+  if (st.ok() && !path.empty()) st = LoadChain(path);
+  if (!st.ok()) {
+    // The tables are partly loaded: this process cannot serve the job any more (a restart
+    // loads the checkpoint the mark names).
+    spdlog::critical("shard {}: the rollback could not load {}: {}", rank_,
+                     path.empty() ? std::string("the start") : path, st.ToString());
     job_failure_ = st.WithContext("shard " + std::to_string(rank_) + ": rolling back");
     return job_failure_;
   }
+  job_failure_ = Status::Ok();
   restored_from_ = path;
-  SettleRollback(h.clock);
+  SettleRollback(h.clock, /*restarted=*/false);
   if (path.empty()) checkpoint_clock_ = -1;  // none taken since the start
+  shard_clock_high_ = static_cast<uint32_t>(std::clamp<int64_t>(h.clock, 0, UINT32_MAX));
   rollback_owed_ = false;
+  rollback_pending_ = false;
+  all_done_checkpointed_ = false;
   epoch_ = env_->Random64() | 1;
-  force_full_ = true;  // the deltas after it are gone
+  force_full_ = true;  // the deltas after it are set aside
   ++counters_.rollbacks;
-  spdlog::warn("shard {}: rolled back to {} (clock {}), rollback {}", rank_, path, h.clock,
-               generation);
+  spdlog::warn("shard {}: rolled back to {} (clock {}), rollback {}", rank_,
+               path.empty() ? std::string("the start") : path, h.clock, generation);
   return Status::Ok();
 }
 
-void ShardServer::SettleRollback(int64_t clock) {
+void ShardServer::SettleRollback(int64_t clock, bool restarted) {
   // The pushes of the clocks from `clock` on are redone: their sums and their names go.
   aggregates_.clear();
   push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));
-  controller_.RollBack(clock, env_->Now());
+  if (restarted) {
+    // This process restarted from the rollback's checkpoint: what the workers did since the
+    // rollback is in their logs, and comes as their replays.
+    controller_.RestoreAt(clock, env_->Now());
+  } else {
+    controller_.RollBack(clock, env_->Now());
+  }
   checkpoint_clock_ = clock;
 }
 
@@ -588,19 +653,27 @@ Status ShardServer::Restore() {
   Result<std::optional<RollbackMark>> marked = ReadRollbackMark(c.dir, rank_);
   if (!marked.ok()) return marked.status().WithContext("shard " + std::to_string(rank_));
   rollback_mark_ = *marked;
-  if (rollback_mark_) {
-    rollback_gen_ = rollback_mark_->generation;
-    rollback_clock_ = rollback_mark_->clock;
-  }
-  if (!c.restore) return Status::Ok();
+  std::vector<std::string> loadable;
   for (const std::string& path : files) {
-    Status st;
     Result<uint64_t> sequence = CheckpointSequenceOfName(path);
     if (rollback_mark_ && sequence.ok() && rollback_mark_->Undone(*sequence)) {
-      spdlog::warn("shard {}: {} belongs to the history rollback {} undid; not loaded", rank_,
+      spdlog::warn("shard {}: {} belongs to the history rollback {} undid; set aside", rank_,
                    path, rollback_mark_->generation);
       continue;
     }
+    loadable.push_back(path);
+  }
+  if (rollback_mark_) {
+    rollback_gen_ = rollback_mark_->generation;
+    rollback_clock_ = rollback_mark_->clock;
+    // Numbers of the undone history are never used again.
+    checkpoints_begun_ = std::max(checkpoints_begun_, rollback_mark_->first_new - 1);
+    SetAsideUndone(c.dir, rank_, *rollback_mark_);
+  }
+  if (!c.restore) return Status::Ok();
+  for (const std::string& path : loadable) {
+    Status st;
+    Result<uint64_t> sequence = CheckpointSequenceOfName(path);
     st = LoadChain(path);
     // Stopped while it loaded: nothing more is tried (the tables are partly loaded, and the
     // shard stops without writing).
@@ -612,7 +685,7 @@ Status ShardServer::Restore() {
                    restore_progress_.seconds_checking, restore_progress_.seconds_applying);
       restored_from_ = path;
       if (rollback_mark_ && sequence.ok() && *sequence == rollback_mark_->sequence) {
-        SettleRollback(rollback_mark_->clock);
+        SettleRollback(rollback_mark_->clock, /*restarted=*/true);
       }
       return Status::Ok();
     }
@@ -626,9 +699,9 @@ Status ShardServer::Restore() {
           ": cannot allocate the tables again after a refused checkpoint: " + e.what());
     }
   }
-  if (!files.empty()) {
+  if (!loadable.empty()) {
     return FailedPrecondition("shard " + std::to_string(rank_) + ": none of the " +
-                              std::to_string(files.size()) + " checkpoints in " + c.dir +
+                              std::to_string(loadable.size()) + " checkpoints in " + c.dir +
                               " could be loaded");
   }
   // No checkpoint yet. If this shard ran before (its mark is there), it died before its first
@@ -649,8 +722,17 @@ Status ShardServer::Restore() {
 
 void ShardServer::MaybeCheckpoint() {
   const CheckpointOptions& c = manifest_.checkpoint;
-  // A rollback is owed: the state is about to be replaced, and its checkpoint must stay.
-  if (c.dir.empty() || rollback_owed_) return;
+  // A rollback asked about and not made within a worker's patience for one request (its
+  // maker died): the job goes on as before.
+  const auto patience = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) *
+                        (manifest_.cluster.request_retries + 1);
+  if (rollback_pending_ && env_->Now() - rollback_pending_since_ > patience) {
+    rollback_pending_ = false;
+    spdlog::warn("shard {}: the rollback asked about was not made; checkpoints go on", rank_);
+  }
+  // A rollback is owed or asked about: the state is about to be replaced, and its checkpoint
+  // must stay.
+  if (c.dir.empty() || rollback_owed_ || rollback_pending_) return;
   bool due = false;
   std::string reason;
   if (c.every_steps > 0 && controller_.live_workers() > 0) {

@@ -699,7 +699,10 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
 
 
 void ShardServer::NoteBehind() {
-  if (!controller_.TakeBehind() || !manifest_.RollsBack() || rollback_owed_) return;
+  if (!controller_.TakeBehind() || !manifest_.RollsBack() || rollback_owed_ ||
+      MembershipChanged()) {
+    return;
+  }
   // A worker's clock is behind where the others had seen it: two failures overlapped and its
   // updates since a checkpoint are lost. Every reply says so until the job has rolled back.
   rollback_owed_ = true;
@@ -793,7 +796,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       // restarted process stops on it).
       if (manifest_.training.on_overlapping_failure ==
           TrainingOptions::OnOverlappingFailure::kFail) {
-        reply->rollback_needed = reply->rollback_needed || lost_updates_;
+        reply->rollback_needed =
+            reply->rollback_needed || lost_updates_of_.count(req.worker_id) > 0;
       }
       return st;
     }
@@ -1495,8 +1499,8 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
         // worker whose replay is due exits with code 3, which launch does not restart, so
         // this takes a restart by hand or by a scheduler.)
         ++counters_.lost_replays;
-        if (manifest_.RollsBack()) rollback_owed_ = true;
-        lost_updates_ = true;
+        if (manifest_.RollsBack() && !MembershipChanged()) rollback_owed_ = true;
+        lost_updates_of_.insert(w);
         spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
                       "pushes it had acknowledged since this shard's checkpoint at clock {} are "
                       "lost unless there were none (two failures overlapped){}",

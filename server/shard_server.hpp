@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -528,7 +529,9 @@ class ShardServer {
   uint64_t rollback_gen_ = 0;
   int64_t rollback_clock_ = -1;
   bool rollback_owed_ = false;
-  bool lost_updates_ = false;  // a Hello revealed lost updates (any on_overlapping_failure)
+  bool rollback_pending_ = false;  // a worker asked where to go back to (Op.Rollback, done)
+  std::chrono::steady_clock::time_point rollback_pending_since_{};
+  std::set<uint32_t> lost_updates_of_;  // workers a Hello showed lost updates of
   std::optional<RollbackMark> rollback_mark_;  // read by Restore(), written by a rollback
   // A job request of another generation: refused (Aborted when older, Unavailable when newer).
   Status CheckGeneration(const Header& req);
@@ -544,7 +547,11 @@ class ShardServer {
   Status RollBackTo(const std::string& path, const CheckpointHeader& h, uint64_t generation);
   // After a rollback's checkpoint is loaded (also at a restart from it): every worker at its
   // clock, no pending sums, no push record, no replay owed.
-  void SettleRollback(int64_t clock);
+  // `restarted`: this process restarted from it (the workers then replay what they did since).
+  void SettleRollback(int64_t clock, bool restarted);
+  // Whether workers joined or left, or the shard count changed, since the job started (no
+  // rollback then: the loss is reported as without one).
+  bool MembershipChanged() const;
   // Loads checkpoint `path` with the files it builds on, oldest first.
   Status LoadChain(const std::string& path);
   std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();

@@ -160,8 +160,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                      manifest.security.curve ? &c->curve_keys_ : nullptr,
                                      c->server_public_keys_));
   for (uint32_t s = 0; s < c->num_shards_; ++s) PARASOL_RETURN_IF_ERROR(c->links_->Open(s));
+  // A joining worker too works in the generation the job is at.
+  if (c->JobRank() && manifest.RollsBack()) PARASOL_RETURN_IF_ERROR(c->FollowRollback());
+  // No rollback across a change of membership (the shards refuse it): the loss is reported.
   const bool rolls_back = c->JobRank() && manifest.RollsBack() && !join;
-  if (rolls_back) PARASOL_RETURN_IF_ERROR(c->FollowRollback());
   if (Status greeted = c->Handshake(); !greeted.ok()) {
     // A rollback made while this worker greeted the shards: it connects again, in it.
     if (!c->rolled_back_.ok() && rounds + 1 < kMaxRollbackRounds) {
@@ -186,7 +188,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
     if (manifest.training.on_overlapping_failure == O::kFail) {
       return FailedPrecondition(why + kOverlapFailNote);
     }
-    if (rolls_back) {
+    const bool changed =
+        c->membership_.version() != JobMembership(manifest).version() ||
+        !c->membership_.server_changes().empty();
+    if (rolls_back && !changed) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and
       // continues where they all are. Bounded: each round is a rollback or follows one.
       if (rounds + 1 >= kMaxRollbackRounds) {
@@ -1389,15 +1394,18 @@ Status PsClient::RollBackJob(const std::string& why) {
 Status PsClient::RollBackJobOnce(const std::string& why) {
   // The clock: lowered to the newest checkpoint of the shard whose newest is oldest, until
   // every shard holds one at that clock. Each round lowers it, so this ends.
+  // The generation is the one after the one this worker connected in: a worker that finds
+  // the same loss as another makes the same rollback, never one more.
+  const uint64_t next = rollback_gen_ + 1;
   int64_t clock = std::numeric_limits<int64_t>::max();
-  uint64_t gen = 0;
   for (uint32_t round = 0;; ++round) {
     PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, AskRollback(clock, /*stop=*/true));
     int64_t lowest = clock;
     bool agree = true;
     for (uint32_t s = 0; s < num_shards_; ++s) {
       const Header& h = shards[s];
-      gen = std::max(gen, h.rollback_gen);
+      // Another worker rolled back already: follow it.
+      if (h.rollback_gen >= next) return FollowRollbackOnce();
       if (h.worker_clock < 0) {
         return FailedPrecondition(
             "worker " + std::to_string(worker_id_) + ": " + why + "; the job cannot roll back: " +
@@ -1418,7 +1426,6 @@ Status PsClient::RollBackJobOnce(const std::string& why) {
     clock = lowest;
     if (round > 1024) return Internal("the shards' checkpoints never agreed on a clock");
   }
-  const uint64_t next = gen + 1;
   spdlog::warn("worker {}: {}; rolling the job back to clock {} (rollback {})", worker_id_, why,
                clock, next);
   // Shard 0 first: once it has moved, its generation and clock are the rollback's, and

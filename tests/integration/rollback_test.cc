@@ -173,6 +173,18 @@ void ExpectRollbackToReference(const std::string& dir, int64_t fail_step,
   EXPECT_EQ(JsonAt((*stats)[1], "/rollback_generation"), 1) << (*stats)[1];
   EXPECT_EQ(JsonAt((*stats)[1], "/rollbacks"), 1) << (*stats)[1];
   EXPECT_NE(cluster.ServerLog(0).find("rolled back to"), std::string::npos);
+  // And shard 0 restarts once more, from the checkpoint the redo ended with (numbered after
+  // every file of the undone history): its part of the model is still the undisturbed one.
+  observer.reset();
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_TRUE(cluster.Respawn(0));
+  observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_NE(observer, nullptr);
+  const std::vector<float> again = Model(*observer);
+  ASSERT_EQ(again.size(), reference.size());
+  EXPECT_EQ(std::memcmp(again.data(), reference.data(), again.size() * sizeof(float)), 0)
+      << "after a restart from the redo's last checkpoint";
 }
 
 TEST_F(RollbackTest, AWorkerAndAShardDyingTogetherRollBackToTheUndisturbedModel) {

@@ -894,11 +894,15 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   out.job = job;
   out.seconds = sim.seconds();
   const bool overlapped = out.overlaps > 0;
+  // The simulated jobs roll back (BSP with every_steps): a loss is acceptable only where no
+  // rollback can be made, and only when the job stops saying so.
+  auto cannot_roll_back = [](const std::string& what) {
+    return what.find("the job cannot roll back") != std::string::npos;
+  };
   if (!sim.failure().empty()) {
-    // A job that stops is a failure, unless what stopped it is a loss it reports.
-    const bool stopped_on_loss = sim.failure().find("are lost") != std::string::npos ||
-                                 sim.failure().find("would be lost") != std::string::npos;
-    out.kind = stopped_on_loss ? SimOutcome::Kind::kReported : SimOutcome::Kind::kFailed;
+    // A job that stops is a failure, unless what stopped it is a loss it could not undo.
+    out.kind = cannot_roll_back(sim.failure()) ? SimOutcome::Kind::kReported
+                                               : SimOutcome::Kind::kFailed;
     out.failure = sim.failure();
     return out;
   }
@@ -913,12 +917,12 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   }
   if (differs.empty()) {
     out.kind = SimOutcome::Kind::kEqual;
-  } else if (sim.reported_loss()) {
-    out.kind = SimOutcome::Kind::kReported;
-    out.failure = differs;
   } else {
+    // Under rollback a reported loss that the job went on with is a failure too.
     out.kind = SimOutcome::Kind::kFailed;
-    out.failure = differs + " (and nothing reported a loss)";
+    out.failure = differs + (sim.reported_loss() ? " (a loss was reported, but the job did not "
+                                                   "roll back)"
+                                                 : " (and nothing reported a loss)");
   }
   out.single_failure = out.kind == SimOutcome::Kind::kReported && !overlapped;
   return out;

@@ -59,7 +59,7 @@ struct Reference {
 struct SimOutcome {
   enum class Kind {
     kEqual,       // the model is the reference's, bit for bit
-    kReported,    // failures lost updates, and the job said so
+    kReported,    // failures lost updates no rollback could undo, and the job stopped saying so
     kFailed,      // a check failed (failure says which)
   };
   Kind kind = Kind::kFailed;
