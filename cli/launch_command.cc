@@ -168,6 +168,8 @@ int RunLaunch(const std::string& self_path, const std::string& manifest_path,
   char tmpl[] = "/tmp/parasol-launch-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
   std::vector<Role> roles;
+  // Each role dies with this process (cli/main.cc): none is left behind by a launcher killed.
+  ::setenv("PARASOL_LAUNCHER_PID", std::to_string(::getpid()).c_str(), 1);
   auto start = [&](const std::string& name, bool is_worker,
                    const std::vector<std::string>& argv) -> bool {
     auto p = Subprocess::SpawnPiped(argv);

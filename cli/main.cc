@@ -2,9 +2,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <spdlog/spdlog.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <cstdint>
@@ -54,6 +57,13 @@ void AddWorkloadOptions(CLI::App* cmd, parasol::WorkloadOptions* w, const std::s
 }
 
 int Main(int argc, char** argv) {
+  // A role `parasol launch` started dies with it: a launcher killed leaves no process holding
+  // the job's ports, and launching the manifest again resumes the job from its checkpoints.
+  if (const char* launcher = std::getenv("PARASOL_LAUNCHER_PID")) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (std::to_string(::getppid()) != launcher) return 1;  // it died before the line above
+    ::unsetenv("PARASOL_LAUNCHER_PID");                      // not for what this one starts
+  }
   using parasol::cli::Count;
   using parasol::cli::FiniteNumber;
   // Ranks are checked against the manifest once it is read; this bounds the text.

@@ -17,7 +17,7 @@
 #                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
 #                    [--vocabulary V] [--full-every N] [--min-table-rows N]
 #                    [--checkpoint-dtype bf16] [--workers 2|3|4] [--overlap] [--together]
-#                    [--rollback]
+#                    [--rollback] [--kill-launcher]
 # --workers N: the job has N workers (BSP folds a clock's sums in rank order, so any number of
 # workers ends in the same bits whatever the order their pushes arrive in).
 # --overlap: the next kill does not wait for the job to recover from the one before: it comes a
@@ -30,6 +30,10 @@
 # --rollback: the job rolls back instead (training.on_overlapping_failure: rollback, with a
 # checkpoint every 20 steps besides every second): every run must end equal to the undisturbed
 # one, overlapping failures included; the table counts the rollbacks the shards made.
+# --kill-launcher (with --rollback): each run's first kill is of `parasol launch` itself. Every
+# role dies with it (a role outliving it fails the run), and the manifest is launched again, as
+# an operator would: the shards restart from their checkpoints, the new workers' logs are empty,
+# and the job rolls back to a checkpoint every shard holds.
 # --vocabulary V: the generated data's largest field has V ids (gen-data --vocabulary), so the
 # embedding table grows far larger than the data's rows; --min-table-rows N: the undisturbed
 # run's table must end with at least N rows (over its shards), or the harness fails, saying so.
@@ -79,6 +83,8 @@ MIN_TABLE_ROWS=0
 WORKERS=2
 OVERLAP=""
 TOGETHER=""
+ROLLBACK=""
+KILL_LAUNCHER=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -103,6 +109,7 @@ while [ $# -gt 0 ]; do
     --overlap) OVERLAP=1; shift ;;
     --together) TOGETHER=1; shift ;;
     --rollback) ROLLBACK=1; shift ;;
+    --kill-launcher) KILL_LAUNCHER=1; shift ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -117,6 +124,11 @@ case "$CKPT_DTYPE" in ""|bf16) ;; *) echo "chaos.sh: --checkpoint-dtype bf16" >&
 case "$WORKERS" in 2|3|4) ;; *) echo "chaos.sh: --workers 2, 3 or 4" >&2; exit 2 ;; esac
 if [ -n "$ROLLBACK" ] && { [ "$CONSISTENCY" != bsp ] || [ -n "$RESHARD" ]; }; then
   echo "chaos.sh: --rollback is for bsp runs without --reshard" >&2
+  exit 2
+fi
+if [ -n "$KILL_LAUNCHER" ] && { [ -z "$ROLLBACK" ] || [ -n "$RESHARD$TOGETHER" ]; }; then
+  echo "chaos.sh: --kill-launcher needs --rollback (every process dies: only a rollback keeps" \
+    "the updates the workers' logs held), without --reshard or --together" >&2
   exit 2
 fi
 if [ -n "$RESHARD" ] && [ -n "$OVERLAP$TOGETHER" ]; then
@@ -314,6 +326,39 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   return 0
 }
 
+# --kill-launcher: kill -9 of the job's `parasol launch` (NAME, manifest M, started at START);
+# every role dies with it, and the manifest is launched again; then waits until every shard has
+# rolled back (or 20 s passed). Sets run_orphans when a role outlived its launcher.
+kill_launcher() {  # NAME M START
+  local name="$1" m="$2" start="$3" t at left
+  kill -KILL "$launch_pid" 2>/dev/null || return 1
+  wait "$launch_pid" 2>/dev/null || true
+  at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
+  run_kills=$((run_kills + 1))
+  run_victims+="launch "
+  echo "  kill $run_kills: launch (pid $launch_pid) at ${at}s" | tee -a "$work/kills.txt"
+  for t in $(seq 1 200); do
+    left="$(find_pids "$PARASOL server --manifest $m"; find_pids "$PARASOL worker --manifest $m")"
+    [ -z "$left" ] && break
+    sleep 0.05
+  done
+  if [ -n "$left" ]; then
+    echo "    roles outlived their launcher: $(echo $left)"
+    run_orphans=1
+    kill -KILL $left 2>/dev/null || true
+  fi
+  local redone=$(( $(grep -c -- ": rolled back to " "$work/$name.log" || true) + SERVERS ))
+  "$PARASOL" launch --manifest "$m" --summary "$work/$name.json" >> "$work/$name.log" 2>&1 &
+  launch_pid=$!
+  for t in $(seq 1 400); do
+    [ "$(grep -c -- ": rolled back to " "$work/$name.log" || true)" -ge "$redone" ] && break
+    kill -0 "$launch_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  sleep 0.3
+  return 0
+}
+
 # --reshard: the shard count goes to 3 a drawn moment after the start, and back to 2 a drawn
 # moment after that. While the first try of each change runs, a victim drawn among the 3
 # shards, the 2 workers and the scale tool is killed a drawn moment (0 to 150 ms) after the tool
@@ -366,6 +411,7 @@ run_job() {  # NAME KILLS
   "$PARASOL" launch --manifest "$m" --summary "$work/$name.json" > "$work/$name.log" 2>&1 &
   launch_pid=$!
   run_kills=0
+  run_orphans=""
   run_victims=" "  # "server 0 worker 1 ...": the roles this run killed
   run_changes="-"
   if [ -n "$RESHARD" ] && [ "$name" != ref ]; then
@@ -387,6 +433,10 @@ run_job() {  # NAME KILLS
       fi
       sleep "$pause"
       kill -0 "$launch_pid" 2>/dev/null || break
+      if [ -n "$KILL_LAUNCHER" ] && [ "$k" -eq 1 ]; then
+        kill_launcher "$name" "$m" "$start" || break
+        continue
+      fi
       # A victim that is not running (restarting after an earlier kill) is drawn again, a
       # few times at most.
       if [ -n "$TOGETHER" ]; then
@@ -546,6 +596,9 @@ for r in $(seq 1 "$RUNS"); do
   [ -n "$TOGETHER" ] && want_kills=$((2 * KILLS))
   if [ "$result" = ok ] && [ -z "$RESHARD" ] && [ "$run_kills" -ne "$want_kills" ]; then
     result="FAILED (${run_kills} of ${want_kills} kills made: the job ended first, or no victim ran)"
+  fi
+  if [ "$result" = ok ] && [ -n "$run_orphans" ]; then
+    result="FAILED (roles outlived their killed launcher)"
   fi
   if [ "$result" = ok ] && [ -n "$RESHARD" ] && [ "$run_changes" != 2 ]; then
     result="FAILED (${run_changes} of 2 shard count changes completed)"

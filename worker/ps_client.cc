@@ -13,6 +13,7 @@
 #include "common/net.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
+#include "worker/job_rollback.hpp"
 #include "worker/replay_plan.hpp"
 #include "worker/reply_outcome.hpp"
 
@@ -161,7 +162,9 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
                                      c->server_public_keys_));
   for (uint32_t s = 0; s < c->num_shards_; ++s) PARASOL_RETURN_IF_ERROR(c->links_->Open(s));
   // A joining worker too works in the generation the job is at.
-  if (c->JobRank() && manifest.RollsBack()) PARASOL_RETURN_IF_ERROR(c->FollowRollback());
+  if (c->JobRank() && manifest.RollsBack()) {
+    PARASOL_RETURN_IF_ERROR(JobRollback(*c).Follow());
+  }
   // No rollback across a change of membership (the shards refuse it): the loss is reported.
   const bool rolls_back = c->JobRank() && manifest.RollsBack() && !join;
   if (Status greeted = c->Handshake(); !greeted.ok()) {
@@ -198,7 +201,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
         return FailedPrecondition(why + "; the job rolled back " + std::to_string(rounds) +
                                   " times while this worker connected, and would again");
       }
-      PARASOL_RETURN_IF_ERROR(c->RollBackJob(why));
+      PARASOL_RETURN_IF_ERROR(JobRollback(*c).Make(why));
       c.reset();
       return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
     }
@@ -1330,122 +1333,16 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
   }
 }
 
-Result<std::vector<Header>> PsClient::AskRollback(int64_t clock, bool stop) {
-  const Ticket t = NewTicket(Op::Rollback, 0);
-  for (uint32_t s = 0; s < num_shards_; ++s) {
-    Header h = NewRequest(Op::Rollback, 0);
-    h.read_only = true;
-    h.clock = clock;
-    h.done = stop;
-    Send(t, s, std::move(h), {});
+std::optional<Header> PsClient::ReplyHeader(Ticket t, uint32_t shard) const {
+  auto it = pending_.find(t);
+  if (it == pending_.end() || shard >= it->second->replies.size() ||
+      it->second->replies[shard].empty()) {
+    return std::nullopt;
   }
-  Status awaited = AwaitHellos(t);  // a shard may still be starting
-  std::vector<Header> out(num_shards_);
-  Pending& p = *pending_.at(t);
-  for (uint32_t s = 0; s < num_shards_ && awaited.ok(); ++s) {
-    if (p.replies[s].empty()) continue;
-    Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-    if (h.ok()) out[s] = *h;
-  }
-  PARASOL_RETURN_IF_ERROR(Wait(t));
-  PARASOL_RETURN_IF_ERROR(awaited);
-  return out;
-}
-
-Status PsClient::FollowRollback() {
-  rolling_back_ = true;
-  const Status st = FollowRollbackOnce();
-  rolling_back_ = false;
-  std::fill(shard_epochs_.begin(), shard_epochs_.end(), 0);  // learned again from the Hellos
-  return st;
-}
-
-Status PsClient::FollowRollbackOnce() {
-  PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards,
-                           AskRollback(std::numeric_limits<int64_t>::max(), /*stop=*/false));
-  const uint64_t gen = shards[0].rollback_gen;
-  const int64_t clock = shards[0].rollback_clock;
-  if (gen == 0) return Status::Ok();  // shard 0 is the first to roll back: none was made
-  rollback_gen_ = gen;
-  for (uint32_t s = 1; s < num_shards_; ++s) {
-    if (shards[s].rollback_gen >= gen) continue;
-    spdlog::warn("worker {}: shard {} is at rollback {}, shard 0 at {} (to clock {}): completing "
-                 "it", worker_id_, s, shards[s].rollback_gen, gen, clock);
-    Header h = NewRequest(Op::Rollback, 0);
-    h.clock = clock;
-    PARASOL_RETURN_IF_ERROR(Call(s, std::move(h), {}).status());
-  }
-  return Status::Ok();
-}
-
-Status PsClient::RollBackJob(const std::string& why) {
-  rolling_back_ = true;
-  Status st;
-  // Shard 0 refuses a clock it no longer holds a checkpoint at (pruned since it was asked):
-  // asked again. Bounded.
-  for (uint32_t attempt = 0; attempt < 4; ++attempt) {
-    st = RollBackJobOnce(why);
-    if (st.code() != StatusCode::kNotFound) break;
-  }
-  rolling_back_ = false;
-  return st;
-}
-
-Status PsClient::RollBackJobOnce(const std::string& why) {
-  // The clock: lowered to the newest checkpoint of the shard whose newest is oldest, until
-  // every shard holds one at that clock. Each round lowers it, so this ends.
-  // The generation is the one after the one this worker connected in: a worker that finds
-  // the same loss as another makes the same rollback, never one more.
-  const uint64_t next = rollback_gen_ + 1;
-  int64_t clock = std::numeric_limits<int64_t>::max();
-  for (uint32_t round = 0;; ++round) {
-    PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, AskRollback(clock, /*stop=*/true));
-    int64_t lowest = clock;
-    bool agree = true;
-    for (uint32_t s = 0; s < num_shards_; ++s) {
-      const Header& h = shards[s];
-      // Another worker rolled back already: follow it.
-      if (h.rollback_gen >= next) return FollowRollbackOnce();
-      if (h.worker_clock < 0) {
-        return FailedPrecondition(
-            "worker " + std::to_string(worker_id_) + ": " + why + "; the job cannot roll back: " +
-            "shard " + std::to_string(s) + " holds no checkpoint" +
-            (clock == std::numeric_limits<int64_t>::max()
-                 ? std::string()
-                 : " at or before clock " + std::to_string(clock)) +
-            " (training.on_overlapping_failure: rollback needs a checkpoint every shard took "
-            "at one clock; the updates are lost, so the job stops)");
-      }
-      agree = agree && (s == 0 || h.worker_clock == shards[0].worker_clock);
-      lowest = std::min(lowest, h.worker_clock);
-    }
-    if (agree) {
-      clock = lowest;
-      break;
-    }
-    clock = lowest;
-    if (round > 1024) return Internal("the shards' checkpoints never agreed on a clock");
-  }
-  spdlog::warn("worker {}: {}; rolling the job back to clock {} (rollback {})", worker_id_, why,
-               clock, next);
-  // Shard 0 first: once it has moved, its generation and clock are the rollback's, and
-  // FollowRollback() of any worker completes it.
-  rollback_gen_ = next;
-  Header first = NewRequest(Op::Rollback, 0);
-  first.clock = clock;
-  Result<Reply> zero = Call(0, std::move(first), {});
-  int64_t at = clock;
-  if (!zero.ok()) {
-    if (zero.status().code() != StatusCode::kAborted) return zero.status();
-    // Another worker rolled back first: follow its rollback instead.
-    return FollowRollbackOnce();
-  }
-  for (uint32_t s = 1; s < num_shards_; ++s) {
-    Header h = NewRequest(Op::Rollback, 0);
-    h.clock = at;
-    PARASOL_RETURN_IF_ERROR(Call(s, std::move(h), {}).status());
-  }
-  return Status::Ok();
+  const zmq::message_t& frame = it->second->replies[shard][0];
+  Result<Header> h = DecodeHeader(frame.data(), frame.size());
+  if (!h.ok()) return std::nullopt;
+  return *h;
 }
 
 void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {

@@ -448,19 +448,11 @@ class PsClient {
   bool connected_ = false;
   Status rolled_back_;
   void NoteRollback(uint32_t shard, const Header& reply);
-  // A question to every shard (Op.Rollback, read_only) with a connect's patience: their
-  // replies' headers, in shard order. `stop`: this worker is about to roll back, and the shards
-  // stop the job (and their checkpoints) until it has.
-  Result<std::vector<Header>> AskRollback(int64_t clock, bool stop);
-  // Before the handshake: a rollback shard 0 has made reaches every other shard (its maker may
-  // have died part way), and this client takes its generation.
-  Status FollowRollback();
-  Status FollowRollbackOnce();
-  bool rolling_back_ = false;  // in FollowRollback() or RollBackJob()
-  // Rolls the job back to the newest clock at which every shard holds a checkpoint (shard 0
-  // first: its answer decides the clock of a generation). `why` goes in the log.
-  Status RollBackJob(const std::string& why);
-  Status RollBackJobOnce(const std::string& why);
+  bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
+  friend class JobRollback;  // worker/job_rollback.hpp: makes and follows rollbacks
+  // The header of `shard`'s reply to ticket `t`, once it came and while the ticket is not
+  // waited on; none otherwise.
+  std::optional<Header> ReplyHeader(Ticket t, uint32_t shard) const;
   std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   CurveKeyPair curve_keys_;
