@@ -18,7 +18,7 @@ cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 mutations=(
   "the push record's duplicate check removed|server/push_gate.cc|s.replace('return {Admission::kDuplicate, \"in the push record\"};', 'return {Admission::kNew, \"\"};')"
   "the replay sent in reverse order|worker/ps_client.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')"
-  "the tick's check of the pushes it names dropped|server/shard_server.cc|s.replace('  PARASOL_RETURN_IF_ERROR(CheckTickPushes(req));\n', '')"
+  "the tick's check of the pushes it names dropped|server/shard_server.cc|s.replace('if (Status pushes = CheckTickPushes(req); !pushes.ok()) {', 'if (Status pushes = Status::Ok(); !pushes.ok()) {')"
 )
 uncaught=0
 for m in "${mutations[@]}"; do
