@@ -501,8 +501,9 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
   // Shard 0 decides a rollback: only once a loss was found here or a worker asked where to go
   // back to (the others follow shard 0's decision, which a worker completes).
   if (rank_ == 0 && !rollback_owed_ && !rollback_pending_) {
-    return FailedPrecondition("Rollback: " + who + " asks for a rollback, but no loss was found "
-                              "here and no worker asked where to go back to");
+    // (Unavailable: this process may have restarted since the question; the worker asks again.)
+    return Unavailable("Rollback: " + who + " asks for a rollback, but no loss was found here "
+                       "and no worker asked where to go back to");
   }
   if (MembershipChanged()) {
     return FailedPrecondition("Rollback: the job's membership changed since it started (workers "
@@ -605,7 +606,13 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
   job_failure_ = Status::Ok();
   restored_from_ = path;
   SettleRollback(h.clock, /*restarted=*/false);
-  if (path.empty()) checkpoint_clock_ = -1;  // none taken since the start
+  if (path.empty()) {
+    // None taken since the start: the workers' logs are trimmed by none yet (a count of the
+    // undone history would let them drop what a restart from no checkpoint needs replayed).
+    checkpoint_clock_ = -1;
+    checkpoint_sequence_ = 0;
+    restored_sequence_ = 0;
+  }
   shard_clock_high_ = static_cast<uint32_t>(std::clamp<int64_t>(h.clock, 0, UINT32_MAX));
   rollback_owed_ = false;
   rollback_pending_ = false;

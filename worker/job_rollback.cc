@@ -57,11 +57,14 @@ Status JobRollback::FollowOnce() {
 Status JobRollback::Make(const std::string& why) {
   c_.rolling_back_ = true;
   Status st;
-  // Shard 0 refuses a clock it no longer holds a checkpoint at (pruned since it was asked):
-  // asked again. Bounded.
+  // Shard 0 refuses a clock it no longer holds a checkpoint at (pruned since it was asked), or
+  // a rollback nobody asked about there (it restarted since the question): asked again.
+  // Bounded.
+  const uint64_t connected_in = c_.rollback_gen_;
   for (uint32_t attempt = 0; attempt < 4; ++attempt) {
+    c_.rollback_gen_ = connected_in;  // each attempt makes the same rollback
     st = MakeOnce(why);
-    if (st.code() != StatusCode::kNotFound) break;
+    if (st.code() != StatusCode::kNotFound && st.code() != StatusCode::kUnavailable) break;
   }
   c_.rolling_back_ = false;
   return st;
