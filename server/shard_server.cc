@@ -734,8 +734,9 @@ Status ShardServer::Admit(const Header& req) {
     controller_.Heard(req.worker_id, env_->Now());
     HeardAfterDrop(req.worker_id);
     // Which process is this worker: a Hello of another one means it restarted.
-    // (A job op only: a Rollback comes from the process about to be replaced by a new one.)
-    if (controller_.incarnation(req.worker_id) == 0 && IsJobOp(req.op)) {
+    // (Not a Rollback: it comes from the process about to be replaced by a new one.)
+    if (controller_.incarnation(req.worker_id) == 0 && req.op != Op::Hello &&
+        req.op != Op::Rollback) {
       controller_.set_incarnation(req.worker_id, req.incarnation);
     }
   }
