@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/protocol.hpp"
+
 namespace parasol {
 
 PushGate::Decision PushGate::AdmitPush(const Header& push, uint64_t checksum,
@@ -43,22 +45,22 @@ Status PushGate::Mark(const Header& push, uint64_t checksum, uint64_t payload_by
 
 Status PushGate::AdmitTick(const Header& tick, const Sender& sender, uint64_t* checked) const {
   *checked = 0;
-  if (tick.key_count == 0 || tick.clock <= sender.clock || (sender.restored && !tick.replay)) {
+  if (TickNamedPushes(tick) == 0 || tick.clock <= sender.clock || (sender.restored && !tick.replay)) {
     return Status::Ok();
   }
   const uint32_t w = tick.worker_id;
   const int64_t left = tick.clock - 1;
-  for (uint64_t i = 0; i < tick.key_count; ++i) {
+  for (uint64_t i = 0; i < TickNamedPushes(tick); ++i) {
     if (record_.Check(w, left, i) != PushRecord::Verdict::kApplied) {
       // Unavailable: the worker sends it again (a push lost on its way is resent first).
       return Unavailable("Clock: worker " + std::to_string(w) + " ticks to clock " +
-                         std::to_string(tick.clock) + " after " + std::to_string(tick.key_count) +
+                         std::to_string(tick.clock) + " after " + std::to_string(TickNamedPushes(tick)) +
                          " pushes of clock " + std::to_string(left) + ", but its push " +
                          std::to_string(i) + " has not been applied here (refused, or not " +
                          "arrived)");
     }
   }
-  *checked = tick.key_count;
+  *checked = TickNamedPushes(tick);
   return Status::Ok();
 }
 

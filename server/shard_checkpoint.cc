@@ -18,6 +18,7 @@
 #include <limits>
 #include <new>
 
+#include "common/protocol.hpp"
 #include "common/fault_points.hpp"
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
@@ -465,11 +466,11 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     return FailedPrecondition("Rollback: this job does not roll back "
                               "(training.on_overlapping_failure)");
   }
-  if (req.read_only) {
+  if (RollbackIsQuestion(req)) {
     // The question: where this shard could go back to, and where it is. Asked by a worker of
     // the job about to roll back (`done`), it also keeps that checkpoint: no periodic
     // checkpoint is taken and none is pruned until the rollback is made.
-    if (req.done && controller_.InJob(req.worker_id)) {
+    if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id)) {
       if (!rollback_pending_) {
         spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken or "
                      "pruned until it has", rank_, who);
@@ -479,7 +480,7 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     }
     // Every shard can go back to the start of the job (clock 0, the tables' initial values).
     Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
-    reply->worker_clock = at.ok() ? at->second.clock : 0;
+    SetRollbackRestorableClock(*reply, at.ok() ? at->second.clock : 0);
     return Status::Ok();
   }
   if (!controller_.InJob(req.worker_id)) {

@@ -1,5 +1,6 @@
 #include "server/shard_server.hpp"
 
+#include "common/protocol.hpp"
 #include "common/net.hpp"
 
 #include "common/fault_points.hpp"
@@ -1327,7 +1328,8 @@ Status ShardServer::MergeMembership(const Header& req) {
 Status ShardServer::HandleMembership(const Header& req, Header* reply) {
   const uint32_t w = req.worker_id;
   const bool tool = req.op == Op::Membership && !controller_.InJob(w);
-  if (!req.join && !req.done && !(tool && (req.key_count > 0 || req.shard_count > 0))) {
+  if (!req.join && !MembershipAsksToLeave(req) &&
+      !(tool && (MembershipWorkers(req) > 0 || MembershipShards(req) > 0))) {
     return Status::Ok();  // the reply carries the membership
   }
   if (rank_ != 0) {
@@ -1340,7 +1342,7 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                        "again once the workers have replayed to it");
   }
   const int64_t at = NextMembershipClock();
-  if (tool && req.shard_count > 0) return NameServerChange(req.shard_count, at, reply);
+  if (tool && MembershipShards(req) > 0) return NameServerChange(MembershipShards(req), at, reply);
   if (req.join) {
     if (req.manifest_hash != fingerprint_) {
       return FailedPrecondition("Membership: worker " + std::to_string(w) + " runs another "
@@ -1351,7 +1353,7 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                                 "max_workers is " + std::to_string(membership_.max_ranks()));
     }
     if (membership_.Joined(w)) {
-      reply->worker_clock = membership_.join(w);  // joined already (a resend, or a restart)
+      SetMembershipClock(*reply, membership_.join(w));  // joined already (a resend, a restart)
       return Status::Ok();
     }
     if (membership_.leave(w) >= 0) {
@@ -1361,18 +1363,19 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
     PARASOL_RETURN_IF_ERROR(membership_.SetJoin(w, at));
     controller_.Join(w, at, env_->Now());
     spdlog::info("shard 0: worker {} joins the job at clock {}", w, at);
-    reply->worker_clock = at;
+    SetMembershipClock(*reply, at);
     return Status::Ok();
   }
-  // Leaves: this worker, or (from a tool) the highest ranks beyond key_count present at `at`.
+  // Leaves: this worker, or (from a tool) the highest ranks beyond the workers wanted present
+  // at `at`.
   std::vector<uint32_t> leaving;
-  if (req.done) {
+  if (MembershipAsksToLeave(req)) {
     if (!controller_.InJob(w)) {
       return FailedPrecondition("worker " + std::to_string(w) + " is not in the job");
     }
     if (membership_.leave(w) < 0) leaving.push_back(w);
   } else {
-    const uint64_t wanted = req.key_count;
+    const uint64_t wanted = MembershipWorkers(req);
     uint64_t present = 0;
     for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
       if (membership_.Present(r, at) && !controller_.IsDone(r) && !controller_.IsLost(r)) {
@@ -1385,14 +1388,14 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
         --present;
       }
     }
-    reply->key_count = present;
+    SetMembershipWorkers(*reply, present);
   }
   for (uint32_t r : leaving) {
     if (controller_.IsDone(r)) continue;  // it has finished training: nothing to leave
     const int64_t clock = std::max(at, membership_.join(r) + 1);
     PARASOL_RETURN_IF_ERROR(membership_.SetLeave(r, clock));
     spdlog::info("shard 0: worker {} leaves the job at clock {}", r, clock);
-    if (r == w) reply->worker_clock = clock;
+    if (r == w) SetMembershipClock(*reply, clock);
   }
   return Status::Ok();
 }
@@ -1428,19 +1431,18 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     return Status::Ok();
   }
   // Where the worker is, for a restarted worker to continue from.
-  reply->worker_clock = controller_.clocks()[w];
+  SetHelloWorker(*reply, controller_.clocks()[w], controller_.IsDone(w));
   // The clocks before this one are applied here (BSP): a restarted worker that would redo one
   // of them learns that its values have moved on.
   const int64_t slowest = controller_.MinClock();
   reply->read_clock = slowest == std::numeric_limits<int64_t>::max() ? controller_.MaxClock() : slowest;
-  reply->done = controller_.IsDone(w);
   reply->last_barrier = controller_.last_barrier();
   if (req.known_epoch == 0 && controller_.incarnation(w) == req.incarnation &&
       controller_.AbandonReplay(w)) {
     // This process of the worker never heard from this shard's previous process, so it holds
     // nothing to replay to it (it had pushed nothing that was acknowledged).
     spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
-                 reply->worker_clock);
+                 HelloKnownClock(*reply));
   }
   auto hold = [&](const std::string& why) -> Status {
     if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
@@ -1477,7 +1479,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     const bool restarted = controller_.incarnation(w) != 0;
     if (!restarted && req.known_epoch == 0 && controller_.AbandonReplay(w)) {
       spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
-                   reply->worker_clock);
+                   HelloKnownClock(*reply));
     }
     controller_.set_incarnation(w, req.incarnation);
     if (restarted) {
@@ -1488,7 +1490,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
       uint64_t left_out = 0;
       if (restart_log_.Allow(env_->Now(), &left_out)) {
         spdlog::warn("shard {}: worker {} restarted at clock {}{}{}", rank_, w,
-                     reply->worker_clock,
+                     HelloKnownClock(*reply),
                      manifest_.checkpoint.dir.empty() ? "" : "; checkpointing what it had pushed",
                      left_out ? " (" + std::to_string(left_out) + " restarts not logged)" : "");
       }
@@ -1621,10 +1623,10 @@ Result<bool> ShardServer::HandleBarrier(const Header& req, const zmq::message_t&
                            " is not in this job (it has not joined; cluster.workers = " +
                            std::to_string(manifest_.cluster.workers) + ")");
   }
-  if (req.offset > static_cast<uint64_t>(INT64_MAX)) {
+  const int64_t id = BarrierId(req);
+  if (id < 0) {
     return InvalidArgument("Barrier: id " + std::to_string(req.offset) + " is out of range");
   }
-  const int64_t id = static_cast<int64_t>(req.offset);
   if (id == controller_.last_barrier()) return false;  // a resend: everyone has passed it
   if (id > controller_.last_barrier() + kMaxBarrierStride) {
     return FailedPrecondition("Barrier: id " + std::to_string(id) + " is more than " +
@@ -1700,6 +1702,259 @@ void ShardServer::ReleaseBarriers() {
 
 void ShardServer::ObserveWait(double seconds) { pull_wait_.Observe(seconds); }
 
+MetricTable ShardServer::Metrics() const {
+  MetricTable m;
+  m.JsonOnly("shard", rank_);
+  m.JsonOnly("shards", num_shards_);
+  m.Counter("requests", "parasol_requests_received_total",
+            "Requests received, all ops together (by op: parasol_requests_total).",
+            counters_.requests);
+  m.JsonOnly("steps", op_counts_[static_cast<int>(Op::Step)]);
+  m.Counter("bad_messages", "parasol_bad_messages_total", "Malformed messages refused.",
+            counters_.bad_messages);
+  m.Counter("errors", "parasol_errors_total", "Requests answered with an error.",
+            counters_.errors);
+  m.Counter("checkpoints", "parasol_checkpoints_total", "Checkpoints written by this shard.",
+            counters_.checkpoints);
+  m.Counter("checkpoints_begun", "parasol_checkpoints_begun_total",
+            "Checkpoints begun (durable, or being written).",
+            std::max(checkpoints_begun_, checkpoint_sequence_));
+  m.Gauge("checkpoint_writing", "parasol_checkpoint_writing",
+          "1 while a checkpoint is written in the background.", background_.has_value());
+  m.Gauge("", "parasol_checkpoint_age_seconds",
+          "Seconds since this shard's last checkpoint (-1: none yet).",
+          counters_.checkpoints > 0 || !restored_from_.empty()
+              ? std::chrono::duration<double>(env_->Now() - last_checkpoint_).count()
+              : -1.0);
+  m.Gauge("checkpoint_pause_ms_max", "parasol_checkpoint_pause_ms_max",
+          "The longest a checkpoint stopped serving, in milliseconds.",
+          counters_.checkpoint_pause_ms_max);
+  m.Gauge("checkpoint_seconds_last", "parasol_checkpoint_seconds_last",
+          "How long the newest checkpoint took to be durable.", counters_.checkpoint_seconds_last);
+  m.Counter("checkpoint_log_waits", "parasol_checkpoint_log_waits_total",
+            "Pushes answered only once a background checkpoint was durable "
+            "(checkpoint.max_log_bytes).",
+            counters_.checkpoint_log_waits);
+  m.Counter("delta_checkpoints", "parasol_delta_checkpoints_total",
+            "Checkpoints written as deltas.", counters_.delta_checkpoints);
+  m.Gauge("delta_checkpoint_bytes_last", "parasol_checkpoint_bytes_last",
+          "Payload bytes of the newest checkpoint of each kind.", counters_.delta_bytes_last,
+          "kind=\"delta\"");
+  m.Gauge("full_checkpoint_bytes_last", "parasol_checkpoint_bytes_last", "",
+          counters_.full_bytes_last, "kind=\"full\"");
+  m.Counter("curve_refusals", "parasol_curve_refusals_total",
+            "Connections refused by CURVE auth.", CurveRefusals());
+  m.Gauge("connections", "parasol_connections", "Connections open now.",
+          watch_ ? watch_->connections() : 0);
+  m.Gauge("connection_cap", "parasol_connection_cap", "The most connections kept open.",
+          watch_ ? watch_->cap() : 0);
+  m.Counter("connections_refused_over_cap", "parasol_connections_over_cap_total",
+            "Connections over the cap, refused or evicted.",
+            watch_ ? watch_->refused_over_cap() : 0, "action=\"refused\"");
+  m.Counter("connections_evicted_over_cap", "parasol_connections_over_cap_total", "",
+            watch_ ? watch_->evicted_over_cap() : 0, "action=\"evicted\"");
+  m.Counter("idle_connections_shut", "parasol_idle_connections_shut_total",
+            "Connections shut for idleness.", watch_ ? watch_->idle_shut() : 0);
+  m.Counter("duplicate_pushes", "parasol_duplicate_pushes_total",
+            "Pushes answered as already applied (a resend or a replay).",
+            counters_.duplicate_pushes);
+  m.Counter("peer_refusals", "parasol_peer_refusals_total",
+            "Requests of peers over their share of reply bytes, not served.",
+            counters_.peer_refusals);
+  m.Gauge("peers", "parasol_peers", "Peers with replies queued or counted.", peers_.size());
+  m.Gauge("other_peers_queued_bytes", "parasol_other_peers_queued_bytes",
+          "Reply bytes queued to peers outside the job.", other_peers_queued_->load());
+  m.Gauge("members", "parasol_members", "Workers of the job this shard knows of.", members_);
+  m.Counter("conflicting_resends", "parasol_conflicting_resends_total",
+            "Pushes refused: applied before under the same name with another payload.",
+            counters_.conflicting_resends);
+  m.Counter("unsigned_member_entries", "parasol_unsigned_member_entries_total",
+            "Relayed membership entries without shard 0's MAC.",
+            counters_.unsigned_member_entries);
+  m.Counter("nonfinite_pushes", "parasol_nonfinite_pushes_total",
+            "Pushes refused whole for a NaN or infinite value.", counters_.nonfinite_pushes);
+  m.Counter("nonfinite_updates_kept", "parasol_nonfinite_updates_kept_total",
+            "Elements whose update (of finite gradients) would not have been finite, left as "
+            "they were.",
+            NonfiniteUpdatesKept());
+  m.Gauge("pull_ahead_max", "parasol_pull_ahead_max",
+          "The most clocks a pull was ahead of its sender's (prefetch).",
+          counters_.pull_ahead_max);
+  m.Counter("replayed_pushes", "parasol_replayed_total",
+            "Requests of workers' replays after a restart, by kind (refused: the worker stops).",
+            counters_.replayed_pushes, "kind=\"push\"");
+  m.Counter("replayed_clocks", "parasol_replayed_total", "", counters_.replayed_clocks,
+            "kind=\"clock\"");
+  m.Counter("refused_replays", "parasol_replayed_total", "", counters_.refused_replays,
+            "kind=\"refused\"");
+  m.Counter("worker_restarts", "parasol_worker_restarts_total",
+            "Workers that said Hello again with a new incarnation (they restarted).",
+            counters_.worker_restarts);
+  m.Counter("lost_replays", "parasol_lost_replays_total",
+            "Workers that restarted before their replay to this restarted shard ended (two "
+            "overlapping failures: their acknowledged pushes since the checkpoint are lost).",
+            counters_.lost_replays);
+  m.Counter("rollbacks", "parasol_rollbacks_total",
+            "Rollbacks of the job to a checkpoint every shard holds (two failures overlapped).",
+            counters_.rollbacks);
+  m.Counter("rolled_back_requests", "parasol_rolled_back_requests_total",
+            "Requests refused as of a generation the job rolled back.",
+            counters_.rolled_back_requests);
+  m.Gauge("rollback_generation", "parasol_rollback_generation",
+          "How many times the job rolled back.", rollback_gen_);
+  m.Gauge("rollback_owed", "parasol_rollback_owed",
+          "1 once this shard found that two failures overlapped, until the job rolls back.",
+          rollback_owed_);
+  m.Counter("stale_replays", "parasol_stale_replays_total",
+            "Replays meant for an earlier process of this shard, dropped.",
+            counters_.stale_replays);
+  m.Gauge("push_record_entries", "parasol_push_record_entries",
+          "Entries of the applied-push record (bounded by workers x 64 clocks).",
+          push_gate_.record().Entries());
+  m.Counter("rows_pulled", "parasol_rows_total", "Sparse rows pulled and pushed.",
+            counters_.rows_pulled, "op=\"pull\"");
+  m.Counter("rows_pushed", "parasol_rows_total", "", counters_.rows_pushed, "op=\"push\"");
+  m.Counter("dense_elements_pulled", "parasol_dense_elements_total",
+            "Dense elements pulled and pushed.", counters_.dense_elements_pulled,
+            "op=\"pull\"");
+  m.Counter("dense_elements_pushed", "parasol_dense_elements_total", "",
+            counters_.dense_elements_pushed, "op=\"push\"");
+  static const char* kModes[] = {"bsp", "ssp", "asp"};
+  m.JsonOnly("consistency", kModes[static_cast<int>(manifest_.training.consistency)]);
+  m.Gauge("clock", "parasol_clock", "This shard's clock.", ShardClock());
+  m.Gauge("min_clock", "parasol_clock_min", "Slowest live worker's clock (-1: none).",
+          controller_.live_workers() ? controller_.MinClock() : int64_t{-1});
+  m.Gauge("max_clock", "parasol_clock_max", "Fastest worker's clock.", controller_.MaxClock());
+  m.Gauge("held_pulls", "parasol_held_pulls", "Pulls held now.", held_pulls_.size());
+  m.Counter("pulls_held_total", "parasol_pulls_held_total", "Pulls held for the read bound.",
+            counters_.pulls_held);
+  m.Counter("pull_wait_ms_total", "parasol_pull_wait_ms_total",
+            "Milliseconds pulls waited for the read bound, all together.",
+            counters_.pull_wait_ms);
+  m.Counter("bsp_clocks_applied", "parasol_bsp_clocks_applied_total", "BSP clocks applied.",
+            counters_.bsp_clocks_applied);
+  m.Counter("bsp_rows_before_reply", "parasol_bsp_rows_applied_total",
+            "Rows of BSP clocks applied, before the tick's reply or after it (in the "
+            "background).",
+            counters_.bsp_rows_before_reply.load(), "pass=\"before_reply\"");
+  m.Counter("bsp_rows_after_reply", "parasol_bsp_rows_applied_total", "",
+            counters_.bsp_rows_after_reply.load(), "pass=\"after_reply\"");
+  m.Counter("tick_pushes_checked", "parasol_tick_pushes_checked_total",
+            "Pushes ticks named, found applied before they passed.",
+            counters_.tick_pushes_checked);
+  m.Gauge("pending_clocks", "parasol_pending_clocks", "BSP clocks whose pushes are being summed.",
+          aggregates_.size());
+  m.Gauge("held_bytes", "parasol_held_bytes", "Request bytes of the pulls held now.",
+          held_bytes_);
+  m.Gauge("open_barriers", "parasol_open_barriers", "Barriers not yet released.",
+          barriers_.size());
+  m.Counter("replies_dropped", "parasol_replies_dropped_total",
+            "Replies dropped because the peer's queue was full (server.socket_hwm).",
+            replies_dropped_);
+  m.Gauge("queued_reply_bytes", "parasol_queued_reply_bytes",
+          "Reply bytes sent but not yet taken by their peers (server.max_queued_reply_bytes).",
+          QueuedReplyBytes());
+  m.JsonOnly("warnings_not_logged", bad_message_log_.left_out_total() +
+                                        failed_request_log_.left_out_total() +
+                                        undelivered_log_.left_out_total());
+  m.Gauge("", "parasol_lost_workers", "Workers declared lost.", counters_.lost_workers);
+  m.Counter("metrics_connections_refused", "parasol_metrics_connections_refused_total",
+            "Metrics connections closed over the connection cap.",
+            metrics_ ? metrics_->connections_refused() : 0);
+  m.Counter("metrics_connections_timed_out", "parasol_metrics_connections_timed_out_total",
+            "Metrics connections closed for not sending a request in time.",
+            metrics_ ? metrics_->connections_timed_out() : 0);
+  m.Gauge("servers_now", "parasol_servers", "Shards of the newest placement.",
+          membership_.LastPlacement().count());
+  m.Gauge("migration_installed", "parasol_migration_clock",
+          "The clock of the newest change of the shard count whose rows this shard installed "
+          "and dropped (-1: none).",
+          migration_.installed, "step=\"installed\"");
+  m.Gauge("migration_dropped", "parasol_migration_clock", "", migration_.dropped,
+          "step=\"dropped\"");
+  m.Gauge("key_share", "parasol_key_share", "This shard's share of the keys.",
+          membership_.LastPlacement().Share(rank_));
+  m.JsonOnly("job_failure", job_failure_.ok() ? std::string() : job_failure_.message());
+  if (disk_) {
+    m.Gauge("memory_budget", "parasol_memory_budget_bytes",
+            "server.memory_budget of the tiered tables.", manifest_.server.memory_budget);
+    m.JsonOnly("disk_dir", disk_->dir());
+    m.Gauge("disk_bytes", "parasol_disk_tier_bytes", "Bytes of the disk tier on disk (SST files).",
+            disk_->DiskBytes());
+    m.Gauge("disk_memtable_bytes", "parasol_disk_tier_memory_bytes",
+            "Memory of the disk tier, by part.", disk_->MemTableBytes(), "part=\"memtables\"");
+    m.Gauge("disk_cache_bytes", "parasol_disk_tier_memory_bytes", "", disk_->CacheBytes(),
+            "part=\"block_cache\"");
+    m.Gauge("disk_cache_capacity", "parasol_disk_tier_cache_capacity_bytes",
+            "The disk tier's block cache capacity.", disk_->CacheCapacity());
+    m.Counter("disk_uncached_reads", "parasol_disk_tier_uncached_reads_total",
+              "Reads of the disk tier that missed its block cache.", disk_->uncached_reads());
+    m.Counter("disk_rows_read", "parasol_disk_tier_rows_total",
+              "Rows read from and written to the disk tier.", disk_->rows_read(), "op=\"read\"");
+    m.Counter("disk_rows_written", "parasol_disk_tier_rows_total", "", disk_->rows_written(),
+              "op=\"write\"");
+  }
+  return m;
+}
+
+MetricTable ShardServer::TableMetrics(size_t t) const {
+  MetricTable m;
+  m.JsonOnly("name", manifest_.tables[t].name);
+  if (!sparse_[t]) {
+    m.JsonOnly("kind", "dense");
+    m.JsonOnly("slice_begin", dense_[t]->slice().begin);
+    m.JsonOnly("slice_end", dense_[t]->slice().end);
+    m.Gauge("bytes", "parasol_table_bytes", "Bytes of each table held by this shard.",
+            dense_[t]->MemoryBytes());
+    m.Counter("copies_on_write", "parasol_dense_copies_on_write_total",
+              "Dense slices copied because a checkpoint was reading them.",
+              dense_[t]->copies_on_write());
+    return m;
+  }
+  const SparseTable& st = *sparse_[t];
+  const SparseTable::Counters c = st.TotalCounters();
+  const uint64_t rows = st.TotalRows();
+  m.JsonOnly("kind", "sparse");
+  m.Gauge("rows", "parasol_table_rows", "Rows of each sparse table held by this shard.", rows);
+  m.Gauge("bytes", "parasol_table_bytes", "Bytes of each table held by this shard.",
+          st.MemoryBytes());
+  m.JsonOnly("bytes_per_row", rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0);
+  m.JsonOnly("row_floats", st.row_floats());
+  m.JsonOnly("row_bytes", sizeof(float) * st.partition(0).stored_words());  // as stored
+  m.Gauge("pending_keys", "parasol_admission_pending_keys",
+          "Keys counted but not yet admitted.", st.PendingKeys());
+  m.Counter("admitted", "parasol_admitted_keys_total", "Keys admitted after their count.",
+            c.admitted);
+  m.Counter("pushes_counted", "parasol_admission_counted_pushes_total",
+            "Pushes of keys not yet admitted (counted, not applied).", c.pushes_counted);
+  m.Counter("evicted_ttl", "parasol_evictions_total", "Rows evicted, by reason.", c.evicted_ttl,
+            "reason=\"ttl\"");
+  m.Counter("evicted_max_rows", "parasol_evictions_total", "", c.evicted_max_rows,
+            "reason=\"max_rows\"");
+  m.Counter("pending_expired", "parasol_evictions_total", "", c.pending_expired,
+            "reason=\"admission_count\"");
+  m.JsonOnly("storage", st.tiered() ? "tiered" : "memory");
+  if (st.tiered()) {
+    const uint64_t lookups = c.memory_hits + c.memory_misses;
+    m.Gauge("memory_rows", "parasol_tier_rows", "Rows of each tiered table, by tier.",
+            st.MemoryRows(), "tier=\"memory\"");
+    m.Gauge("disk_rows", "parasol_tier_rows", "", st.DiskRows(), "tier=\"disk\"");
+    m.JsonOnly("memory_hit_rate", lookups ? c.memory_hits / static_cast<double>(lookups) : 0.0);
+    m.Counter("memory_hits", "parasol_tier_lookups_total",
+              "Keys of tiered tables looked up, found in memory or not (then read from disk, "
+              "or new).",
+              c.memory_hits, "result=\"memory\"");
+    m.Counter("memory_misses", "parasol_tier_lookups_total", "", c.memory_misses,
+              "result=\"miss\"");
+    m.Counter("promoted", "parasol_tier_moves_total", "Rows moved between the tiers.",
+              c.promoted, "to=\"memory\"");
+    m.Counter("demoted", "parasol_tier_moves_total", "", c.demoted, "to=\"disk\"");
+    const Status disk = st.DiskStatus();
+    m.JsonOnly("disk_error", disk.ok() ? std::string() : disk.ToString());
+  }
+  return m;
+}
+
 std::string ShardServer::MetricsText() const {
   PrometheusText t;
   const std::string shard = "shard=\"" + std::to_string(rank_) + "\"";
@@ -1713,8 +1968,6 @@ std::string ShardServer::MetricsText() const {
     t.Sample("parasol_request_bytes_total", static_cast<double>(op_bytes_[op]),
              shard + ",op=\"" + OpName(static_cast<Op>(op)) + "\"");
   }
-  t.Type("parasol_bad_messages_total", "counter", "Malformed messages refused.");
-  t.Sample("parasol_bad_messages_total", static_cast<double>(counters_.bad_messages), shard);
   t.Type("parasol_warnings_total", "counter",
          "Warnings peers triggered (bad messages, failed requests, undelivered replies).");
   t.Type("parasol_warnings_not_logged_total", "counter",
@@ -1729,143 +1982,18 @@ std::string ShardServer::MetricsText() const {
     t.Sample("parasol_warnings_not_logged_total", static_cast<double>(log->left_out_total()),
              labels);
   }
-  t.Type("parasol_replayed_total", "counter",
-         "Requests of workers' replays after a restart, by kind (refused: the worker stops).");
-  t.Sample("parasol_replayed_total", static_cast<double>(counters_.replayed_pushes),
-           shard + ",kind=\"push\"");
-  t.Sample("parasol_replayed_total", static_cast<double>(counters_.replayed_clocks),
-           shard + ",kind=\"clock\"");
-  t.Sample("parasol_replayed_total", static_cast<double>(counters_.refused_replays),
-           shard + ",kind=\"refused\"");
-  t.Type("parasol_duplicate_pushes_total", "counter",
-         "Pushes answered as already applied (a resend or a replay).");
-  t.Sample("parasol_duplicate_pushes_total", static_cast<double>(counters_.duplicate_pushes),
-           shard);
-  t.Type("parasol_conflicting_resends_total", "counter",
-         "Pushes refused: applied before under the same name with another payload.");
-  t.Sample("parasol_conflicting_resends_total",
-           static_cast<double>(counters_.conflicting_resends), shard);
-  t.Type("parasol_nonfinite_pushes_total", "counter",
-         "Pushes refused whole for a NaN or infinite value.");
-  t.Sample("parasol_nonfinite_pushes_total", static_cast<double>(counters_.nonfinite_pushes),
-           shard);
-  t.Type("parasol_nonfinite_updates_kept_total", "counter",
-         "Elements whose update (of finite gradients) would not have been finite, left as "
-         "they were.");
-  t.Sample("parasol_nonfinite_updates_kept_total", static_cast<double>(NonfiniteUpdatesKept()),
-           shard);
-  t.Type("parasol_worker_restarts_total", "counter",
-         "Workers that said Hello again with a new incarnation (they restarted).");
-  t.Sample("parasol_worker_restarts_total", static_cast<double>(counters_.worker_restarts), shard);
-  t.Type("parasol_lost_replays_total", "counter",
-         "Workers that restarted before their replay to this restarted shard ended (two "
-         "overlapping failures: their acknowledged pushes since the checkpoint are lost).");
-  t.Sample("parasol_lost_replays_total", static_cast<double>(counters_.lost_replays), shard);
-  t.Type("parasol_rollbacks_total", "counter",
-         "Rollbacks of the job to a checkpoint every shard holds (two failures overlapped).");
-  t.Sample("parasol_rollbacks_total", static_cast<double>(counters_.rollbacks), shard);
-  t.Type("parasol_push_record_entries", "gauge",
-         "Entries of the applied-push record (bounded by workers x 64 clocks).");
-  t.Sample("parasol_push_record_entries", static_cast<double>(push_gate_.record().Entries()), shard);
-  t.Type("parasol_replies_dropped_total", "counter",
-         "Replies dropped because the peer's queue was full (server.socket_hwm).");
-  t.Sample("parasol_replies_dropped_total", static_cast<double>(replies_dropped_), shard);
-  t.Type("parasol_queued_reply_bytes", "gauge",
-         "Reply bytes sent but not yet taken by their peers (server.max_queued_reply_bytes).");
-  t.Sample("parasol_queued_reply_bytes", static_cast<double>(QueuedReplyBytes()), shard);
-  t.Type("parasol_held_bytes", "gauge", "Request bytes of the pulls held now.");
-  t.Sample("parasol_held_bytes", static_cast<double>(held_bytes_), shard);
-  t.Type("parasol_pending_clocks", "gauge", "BSP clocks whose pushes are being summed.");
-  t.Sample("parasol_pending_clocks", static_cast<double>(aggregates_.size()), shard);
-  t.Type("parasol_bsp_rows_applied_total", "counter",
-         "Rows of BSP clocks applied, before the tick's reply or after it (in the background).");
-  t.Sample("parasol_bsp_rows_applied_total",
-           static_cast<double>(counters_.bsp_rows_before_reply.load()),
-           shard + ",pass=\"before_reply\"");
-  t.Sample("parasol_bsp_rows_applied_total",
-           static_cast<double>(counters_.bsp_rows_after_reply.load()),
-           shard + ",pass=\"after_reply\"");
-  t.Type("parasol_metrics_connections_refused_total", "counter",
-         "Metrics connections closed over the connection cap.");
-  t.Sample("parasol_metrics_connections_refused_total",
-           metrics_ ? static_cast<double>(metrics_->connections_refused()) : 0.0, shard);
-  t.Type("parasol_metrics_connections_timed_out_total", "counter",
-         "Metrics connections closed for not sending a request in time.");
-  t.Sample("parasol_metrics_connections_timed_out_total",
-           metrics_ ? static_cast<double>(metrics_->connections_timed_out()) : 0.0, shard);
-  t.Type("parasol_curve_refusals_total", "counter", "Connections refused by CURVE auth.");
-  t.Sample("parasol_curve_refusals_total", static_cast<double>(CurveRefusals()),
-           shard);
+  Metrics().WritePrometheus(t, shard);
   pull_wait_.Write(t, "parasol_pull_wait_seconds", "Time a pull waited for the read bound.",
                    shard);
   WriteProcessMetrics(t, shard);
-  t.Type("parasol_held_pulls", "gauge", "Pulls held now.");
-  t.Sample("parasol_held_pulls", static_cast<double>(held_pulls_.size()), shard);
-  t.Type("parasol_clock_min", "gauge", "Slowest live worker's clock.");
-  t.Sample("parasol_clock_min",
-           controller_.live_workers() ? static_cast<double>(controller_.MinClock()) : -1.0, shard);
-  t.Type("parasol_clock_max", "gauge", "Fastest worker's clock.");
-  t.Sample("parasol_clock_max", static_cast<double>(controller_.MaxClock()), shard);
-  t.Type("parasol_checkpoint_age_seconds", "gauge",
-         "Seconds since this shard's last checkpoint (-1: none yet).");
-  t.Sample("parasol_checkpoint_age_seconds",
-           counters_.checkpoints > 0 || !restored_from_.empty()
-               ? std::chrono::duration<double>(env_->Now() - last_checkpoint_)
-                     .count()
-               : -1.0,
-           shard);
-  t.Type("parasol_checkpoints_total", "counter", "Checkpoints written by this shard.");
-  t.Sample("parasol_checkpoints_total", static_cast<double>(counters_.checkpoints), shard);
-  t.Type("parasol_lost_workers", "gauge", "Workers declared lost.");
-  t.Sample("parasol_lost_workers", static_cast<double>(counters_.lost_workers), shard);
-  t.Type("parasol_table_rows", "gauge", "Rows of each sparse table held by this shard.");
-  t.Type("parasol_table_bytes", "gauge", "Bytes of each table held by this shard.");
-  t.Type("parasol_evictions_total", "counter", "Rows evicted, by reason.");
-  t.Type("parasol_admission_counted_pushes_total", "counter",
-         "Pushes of keys not yet admitted (counted, not applied).");
-  t.Type("parasol_tier_rows", "gauge", "Rows of each tiered table, by tier.");
-  t.Type("parasol_tier_lookups_total", "counter",
-         "Keys of tiered tables looked up, found in memory or not (then read from disk, or new).");
-  if (disk_) {
-    t.Type("parasol_disk_tier_bytes", "gauge", "Bytes of the disk tier on disk (SST files).");
-    t.Sample("parasol_disk_tier_bytes", static_cast<double>(disk_->DiskBytes()), shard);
-    t.Type("parasol_disk_tier_rows_total", "counter", "Rows read from and written to the disk tier.");
-    t.Sample("parasol_disk_tier_rows_total", static_cast<double>(disk_->rows_read()),
-             shard + ",op=\"read\"");
-    t.Sample("parasol_disk_tier_rows_total", static_cast<double>(disk_->rows_written()),
-             shard + ",op=\"write\"");
-    t.Type("parasol_memory_budget_bytes", "gauge", "server.memory_budget of the tiered tables.");
-    t.Sample("parasol_memory_budget_bytes", static_cast<double>(manifest_.server.memory_budget),
-             shard);
-  }
+  std::vector<MetricTable> tables;
+  std::vector<std::pair<const MetricTable*, std::string>> labelled;
+  tables.reserve(manifest_.tables.size());
   for (size_t i = 0; i < manifest_.tables.size(); ++i) {
-    const std::string table = shard + ",table=\"" + manifest_.tables[i].name + "\"";
-    if (sparse_[i]) {
-      const SparseTable::Counters c = sparse_[i]->TotalCounters();
-      t.Sample("parasol_table_rows", static_cast<double>(sparse_[i]->TotalRows()), table);
-      t.Sample("parasol_table_bytes", static_cast<double>(sparse_[i]->MemoryBytes()), table);
-      t.Sample("parasol_evictions_total", static_cast<double>(c.evicted_ttl),
-               table + ",reason=\"ttl\"");
-      t.Sample("parasol_evictions_total", static_cast<double>(c.evicted_max_rows),
-               table + ",reason=\"max_rows\"");
-      t.Sample("parasol_admission_counted_pushes_total", static_cast<double>(c.pushes_counted),
-               table);
-      t.Sample("parasol_evictions_total", static_cast<double>(c.pending_expired),
-               table + ",reason=\"admission_count\"");
-      if (sparse_[i]->tiered()) {
-        t.Sample("parasol_tier_rows", static_cast<double>(sparse_[i]->MemoryRows()),
-                 table + ",tier=\"memory\"");
-        t.Sample("parasol_tier_rows", static_cast<double>(sparse_[i]->DiskRows()),
-                 table + ",tier=\"disk\"");
-        t.Sample("parasol_tier_lookups_total", static_cast<double>(c.memory_hits),
-                 table + ",result=\"memory\"");
-        t.Sample("parasol_tier_lookups_total", static_cast<double>(c.memory_misses),
-                 table + ",result=\"miss\"");
-      }
-    } else {
-      t.Sample("parasol_table_bytes", static_cast<double>(dense_[i]->MemoryBytes()), table);
-    }
+    tables.push_back(TableMetrics(i));
+    labelled.emplace_back(&tables.back(), shard + ",table=\"" + manifest_.tables[i].name + "\"");
   }
+  MetricTable::WritePrometheus(t, labelled);
   return t.str();
 }
 
@@ -1935,9 +2063,7 @@ Result<std::vector<StepPart>> ShardServer::CheckStep(const Header& step,
   if (step.status != StatusCode::kOk) return BadMessage("Step: a request must not carry a status");
   if (step.replay) return BadMessage("Step: replays travel one request per message");
   PARASOL_ASSIGN_OR_RETURN(std::vector<StepPart> parts, SplitStep(step, frames));
-  const bool ticks = parts[0].header.op == Op::Clock;
-  const bool pulls_ =
-      parts[0].header.op == Op::PullSparse || parts[0].header.op == Op::PullDense;
+  // The Step rule (common/protocol.hpp), as the worker follows it.
   uint64_t bytes = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Header& h = parts[i].header;
@@ -1947,10 +2073,8 @@ Result<std::vector<StepPart>> ShardServer::CheckStep(const Header& step,
       return BadMessage(where + ": another incarnation than the Step's");
     }
     if (h.replay) return BadMessage(where + ": replays travel on their own, not in a Step");
-    const bool pull = h.op == Op::PullSparse || h.op == Op::PullDense;
-    const bool push = h.op == Op::PushSparse || h.op == Op::PushDense;
-    const bool tick = h.op == Op::Clock && i == 0 && !h.done && parts.size() > 1;
-    if (!(push && !ticks && !pulls_) && !(pull && (pulls_ || ticks || i == 0)) && !tick) {
+    if (!StepMayHold(parts[0].header.op, h.op, TickLeaves(h), i) ||
+        (h.op == Op::Clock && !StepMayLeadWithTick(parts.size()))) {
       return BadMessage(where + ": a Step holds pushes, or pulls after at most one tick");
     }
     if (h.clock != step.clock) {
@@ -1997,7 +2121,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
       st = controller_.CheckRequestClock(step.worker_id, step.clock, OnlySparsePulls(*parts));
     }
     if (st.ok() && !ReadAllowed(step.worker_id, step.clock, known)) {
-      st = HoldPull(step, frames, known, static_cast<uint32_t>(step.key_count));
+      st = HoldPull(step, frames, known, static_cast<uint32_t>(StepParts(step)));
       if (st.ok()) return;
     }
   }
@@ -2053,7 +2177,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
       // own with the same request id (answered in a second reply).
       Header rest = step;
       rest.clock = part.header.clock;
-      rest.key_count = parts->size() - i;
+      SetStepParts(rest, parts->size() - i);
       std::vector<zmq::message_t> held;
       held.emplace_back(frames[0].data(), frames[0].size());
       held.push_back(EncodeHeader(rest));
@@ -2119,7 +2243,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
   if (replies.empty()) return;  // every part is held
   if (FaultPoints::Get().Hit("shard.reply") == Fault::kDrop) return;
   Header reply = ReplyTo(step, Status::Ok());
-  reply.key_count = replies.size();
+  SetStepParts(reply, replies.size());
   std::vector<zmq::message_t> payload;
   for (PartReply& r : replies) {
     // Stamped now: a checkpoint that a part's push started counts for all parts before it.
@@ -2146,7 +2270,7 @@ void ShardServer::SendReply(const zmq::message_t& identity, const Header& reply,
     Header refused = reply;
     refused.op = Op::Error;
     refused.status = StatusCode::kResourceExhausted;
-    refused.key_count = 0;
+    SetStepParts(refused, 0);
     refused.value_frames = 0;
     refused.message = "shard " + std::to_string(rank_) + ": a reply of " +
                       std::to_string(bytes) + " bytes is more than a connection outside the " +
@@ -2292,76 +2416,11 @@ void ShardServer::HeardAfterDrop(uint32_t worker) {
 
 std::string ShardServer::StatsJson() const {
   Json s;
-  s["shard"] = rank_;
-  s["shards"] = num_shards_;
-  s["requests"] = counters_.requests;
-  s["steps"] = op_counts_[static_cast<int>(Op::Step)];
-  s["bad_messages"] = counters_.bad_messages;
-  s["errors"] = counters_.errors;
-  s["checkpoints"] = counters_.checkpoints;
-  s["checkpoints_begun"] = std::max(checkpoints_begun_, checkpoint_sequence_);
-  s["checkpoint_writing"] = background_.has_value();
-  s["checkpoint_pause_ms_max"] = counters_.checkpoint_pause_ms_max;
-  s["checkpoint_seconds_last"] = counters_.checkpoint_seconds_last;
-  s["checkpoint_log_waits"] = counters_.checkpoint_log_waits;
-  s["delta_checkpoints"] = counters_.delta_checkpoints;
-  s["delta_checkpoint_bytes_last"] = counters_.delta_bytes_last;
-  s["full_checkpoint_bytes_last"] = counters_.full_bytes_last;
-  s["curve_refusals"] = CurveRefusals();
-  s["connections"] = watch_ ? watch_->connections() : 0;
-  s["connection_cap"] = watch_ ? watch_->cap() : 0;
-  s["connections_refused_over_cap"] = watch_ ? watch_->refused_over_cap() : 0;
-  s["connections_evicted_over_cap"] = watch_ ? watch_->evicted_over_cap() : 0;
-  s["idle_connections_shut"] = watch_ ? watch_->idle_shut() : 0;
-  s["duplicate_pushes"] = counters_.duplicate_pushes;
-  s["peer_refusals"] = counters_.peer_refusals;
-  s["peers"] = peers_.size();
-  s["other_peers_queued_bytes"] = other_peers_queued_->load();
-  s["members"] = members_;
-  s["conflicting_resends"] = counters_.conflicting_resends;
-  s["unsigned_member_entries"] = counters_.unsigned_member_entries;
-  s["nonfinite_pushes"] = counters_.nonfinite_pushes;
-  s["nonfinite_updates_kept"] = NonfiniteUpdatesKept();
-  s["pull_ahead_max"] = counters_.pull_ahead_max;
-  s["replayed_pushes"] = counters_.replayed_pushes;
-  s["replayed_clocks"] = counters_.replayed_clocks;
-  s["refused_replays"] = counters_.refused_replays;
-  s["worker_restarts"] = counters_.worker_restarts;
-  s["lost_replays"] = counters_.lost_replays;
-  s["rollbacks"] = counters_.rollbacks;
-  s["rolled_back_requests"] = counters_.rolled_back_requests;
-  s["rollback_generation"] = rollback_gen_;
-  s["rollback_owed"] = rollback_owed_;
-  s["stale_replays"] = counters_.stale_replays;
-  s["push_record_entries"] = push_gate_.record().Entries();
-  s["rows_pulled"] = counters_.rows_pulled;
-  s["rows_pushed"] = counters_.rows_pushed;
-  s["dense_elements_pulled"] = counters_.dense_elements_pulled;
-  s["dense_elements_pushed"] = counters_.dense_elements_pushed;
+  Metrics().WriteJson(s);
   Json& ops = s["ops"] = Json::object();
   for (int op = 0; op <= static_cast<int>(wire::Op::MAX); ++op) {
     ops[OpName(static_cast<Op>(op))] = op_counts_[op];
   }
-  static const char* kModes[] = {"bsp", "ssp", "asp"};
-  s["consistency"] = kModes[static_cast<int>(manifest_.training.consistency)];
-  s["clock"] = ShardClock();
-  s["min_clock"] = controller_.live_workers() ? controller_.MinClock() : int64_t{-1};
-  s["max_clock"] = controller_.MaxClock();
-  s["held_pulls"] = held_pulls_.size();
-  s["pulls_held_total"] = counters_.pulls_held;
-  s["pull_wait_ms_total"] = counters_.pull_wait_ms;
-  s["bsp_clocks_applied"] = counters_.bsp_clocks_applied;
-  s["bsp_rows_before_reply"] = counters_.bsp_rows_before_reply.load();
-  s["bsp_rows_after_reply"] = counters_.bsp_rows_after_reply.load();
-  s["tick_pushes_checked"] = counters_.tick_pushes_checked;
-  s["pending_clocks"] = aggregates_.size();
-  s["held_bytes"] = held_bytes_;
-  s["open_barriers"] = barriers_.size();
-  s["replies_dropped"] = replies_dropped_;
-  s["queued_reply_bytes"] = QueuedReplyBytes();
-  s["warnings_not_logged"] = bad_message_log_.left_out_total() +
-                             failed_request_log_.left_out_total() +
-                             undelivered_log_.left_out_total();
   Json& lost = s["lost_workers"] = Json::array();
   for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
     if (controller_.IsLost(w)) lost.push_back(w);
@@ -2376,61 +2435,11 @@ std::string ShardServer::StatsJson() const {
   for (const auto& c : membership_.server_changes()) {
     servers.push_back(Json{{"clock", c.clock}, {"servers", c.count}});
   }
-  s["servers_now"] = membership_.LastPlacement().count();
-  s["migration_installed"] = migration_.installed;
-  s["migration_dropped"] = migration_.dropped;
-  s["key_share"] = membership_.LastPlacement().Share(rank_);
-  s["job_failure"] = job_failure_.ok() ? std::string() : job_failure_.message();
   s["worker_clocks"] = controller_.clocks();
-  if (disk_) {
-    s["memory_budget"] = manifest_.server.memory_budget;
-    s["disk_dir"] = disk_->dir();
-    s["disk_bytes"] = disk_->DiskBytes();
-    s["disk_memtable_bytes"] = disk_->MemTableBytes();
-    s["disk_cache_bytes"] = disk_->CacheBytes();
-    s["disk_cache_capacity"] = disk_->CacheCapacity();
-    s["disk_uncached_reads"] = disk_->uncached_reads();
-    s["disk_rows_read"] = disk_->rows_read();
-    s["disk_rows_written"] = disk_->rows_written();
-  }
   Json& tables = s["tables"] = Json::array();
   for (size_t t = 0; t < manifest_.tables.size(); ++t) {
     Json table;
-    table["name"] = manifest_.tables[t].name;
-    if (sparse_[t]) {
-      const SparseTable& st = *sparse_[t];
-      const SparseTable::Counters c = st.TotalCounters();
-      const uint64_t rows = st.TotalRows();
-      table["kind"] = "sparse";
-      table["rows"] = rows;
-      table["bytes"] = st.MemoryBytes();
-      table["bytes_per_row"] = rows ? st.MemoryBytes() / static_cast<double>(rows) : 0.0;
-      table["row_floats"] = st.row_floats();
-      table["row_bytes"] = sizeof(float) * st.partition(0).stored_words();  // as stored
-      table["pending_keys"] = st.PendingKeys();
-      table["admitted"] = c.admitted;
-      table["pushes_counted"] = c.pushes_counted;
-      table["evicted_ttl"] = c.evicted_ttl;
-      table["evicted_max_rows"] = c.evicted_max_rows;
-      table["pending_expired"] = c.pending_expired;
-      table["storage"] = st.tiered() ? "tiered" : "memory";
-      if (st.tiered()) {
-        const uint64_t lookups = c.memory_hits + c.memory_misses;
-        table["memory_rows"] = st.MemoryRows();
-        table["disk_rows"] = st.DiskRows();
-        table["memory_hit_rate"] = lookups ? c.memory_hits / static_cast<double>(lookups) : 0.0;
-        table["promoted"] = c.promoted;
-        table["demoted"] = c.demoted;
-        const Status disk = st.DiskStatus();
-        table["disk_error"] = disk.ok() ? std::string() : disk.ToString();
-      }
-    } else {
-      table["kind"] = "dense";
-      table["slice_begin"] = dense_[t]->slice().begin;
-      table["slice_end"] = dense_[t]->slice().end;
-      table["bytes"] = dense_[t]->MemoryBytes();
-      table["copies_on_write"] = dense_[t]->copies_on_write();
-    }
+    TableMetrics(t).WriteJson(table);
     tables.push_back(std::move(table));
   }
   return CompactJson(s);

@@ -44,6 +44,7 @@
 #include "server/engine_pool.hpp"
 #include "server/push_gate.hpp"
 #include "server/push_record.hpp"
+#include "server/shard_metrics.hpp"
 #include "server/shard_state.hpp"
 #include "server/sparse_table.hpp"
 #include "server/worker_key_binding.hpp"
@@ -120,13 +121,19 @@ class ShardServer {
   using ReplySink = std::function<void(std::vector<zmq::message_t>& frames)>;
   void set_reply_sink(ReplySink sink) { reply_sink_ = std::move(sink); }
 
-  // Counters and table sizes as a JSON object (the Stats op's reply).
+  // Counters and table sizes as a JSON object (the Stats op's reply): the rows of Metrics()
+  // and of each table's TableMetrics(), with the membership, the ops and the clocks.
   std::string StatsJson() const;
+  // What this shard counts, one row per value (server/shard_metrics.hpp); and what it holds
+  // of model table `t`.
+  MetricTable Metrics() const;
+  MetricTable TableMetrics(size_t t) const;
   // Calls `visit` with each block of the model this shard holds now: every table's rows (with
   // their optimizer state) and dense slice, as a checkpoint holds them (for comparing models
   // bit for bit in tests).
   Status VisitModel(const std::function<void(const CheckpointBlock&)>& visit);
-  // The same and more in Prometheus text format (GET /metrics with metrics.enabled).
+  // The same rows in Prometheus text format (GET /metrics with metrics.enabled), with the
+  // counts by op, the warnings, the pull wait histogram and the process's memory and CPU.
   std::string MetricsText() const;
 
  private:

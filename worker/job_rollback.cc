@@ -6,15 +6,16 @@
 #include <limits>
 #include <optional>
 
+#include "common/protocol.hpp"
+
 namespace parasol {
 
 Result<std::vector<Header>> JobRollback::Ask(int64_t clock, bool stop) {
   const PsClient::Ticket t = c_.NewTicket(Op::Rollback, 0);
   for (uint32_t s = 0; s < c_.num_shards_; ++s) {
     Header h = c_.NewRequest(Op::Rollback, 0);
-    h.read_only = true;
     h.clock = clock;
-    h.done = stop;
+    SetRollbackQuestion(h, /*about_to_make=*/stop);
     c_.Send(t, s, std::move(h), {});
   }
   Status awaited = c_.AwaitHellos(t);  // a shard may still be starting
@@ -85,7 +86,7 @@ Status JobRollback::MakeOnce(const std::string& why) {
       const Header& h = shards[s];
       // Another worker rolled back already: follow it.
       if (h.rollback_gen >= next) return FollowOnce();
-      if (h.worker_clock < 0) {
+      if (RollbackRestorableClock(h) < 0) {
         return FailedPrecondition(
             "worker " + std::to_string(c_.worker_id_) + ": " + why +
             "; the job cannot roll back: shard " + std::to_string(s) + " holds no checkpoint" +
@@ -95,8 +96,9 @@ Status JobRollback::MakeOnce(const std::string& why) {
             " (training.on_overlapping_failure: rollback needs a checkpoint every shard took "
             "at one clock; the updates are lost, so the job stops)");
       }
-      agree = agree && (s == 0 || h.worker_clock == shards[0].worker_clock);
-      lowest = std::min(lowest, h.worker_clock);
+      agree = agree && (s == 0 || RollbackRestorableClock(h) ==
+                                      RollbackRestorableClock(shards[0]));
+      lowest = std::min(lowest, RollbackRestorableClock(h));
     }
     if (agree) {
       clock = lowest;

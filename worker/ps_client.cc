@@ -10,103 +10,21 @@
 #include <random>
 
 #include "common/fault_points.hpp"
+#include "common/protocol.hpp"
 #include "common/net.hpp"
 #include "common/optimizer_layout.hpp"
 #include "common/sharding.hpp"
 #include "worker/job_rollback.hpp"
+#include "worker/key_split.hpp"
 #include "worker/replay_plan.hpp"
 #include "worker/reply_outcome.hpp"
+#include "worker/request_tracker.hpp"
 
 namespace parasol {
 
 using Clock = std::chrono::steady_clock;
 
-struct PsClient::ShardRequest {
-  int64_t clock = 0;
-  Ticket ticket = 0;
-  uint64_t request_id = 0;
-  uint32_t shard = 0;
-  Op op = Op::Hello;
-  bool done = false;  // a Clock that leaves the job (else a tick)
-  std::vector<zmq::message_t> kept;  // copies of the sent frames, for a resend
-  std::chrono::milliseconds timeout{0};
-  Clock::time_point deadline;
-  uint32_t attempts = 1;
-  uint32_t max_attempts = 1;
-  uint64_t expect_rows = 0;
-  uint32_t expect_dim = 0;
-  uint64_t expect_offset = 0;
-  Status refused;  // the shard's last "not now" (Unavailable) to it, if any
-};
-
-struct PsClient::Pending {
-  Op op = Op::Hello;
-  uint32_t table = 0;
-  uint32_t dim = 0;
-  uint32_t outstanding = 0;
-  Status status;
-  // Replies, by shard: frames and a checked view of them (the view points into the frames).
-  std::vector<std::vector<zmq::message_t>> replies;
-  std::vector<std::optional<PayloadView>> views;
-  std::vector<std::string> messages;
-  // Sparse pulls: out[i] is row unique_local[u] of shard unique_shard[u], u = inverse[i].
-  float* out = nullptr;
-  std::vector<uint32_t> inverse;
-  std::vector<uint32_t> unique_shard;
-  std::vector<uint32_t> unique_local;
-  // Dense pushes: the caller's memory travels in frames counted here.
-  std::unique_ptr<BorrowTracker> borrows;  // kept when the ticket is reused
-  bool borrowing = false;                  // frames of this ticket borrow the caller's memory
-  // Sparse pulls with the row cache: rows answered from it (unique_shard kFromCache), the keys
-  // pulled from each shard (for the cache), and each shard's read clock.
-  std::vector<float> hit_rows;
-  std::vector<std::vector<uint64_t>> cache_keys;
-  std::vector<int64_t> read_clocks;
-  uint32_t cache_table = 0;
-};
-
 namespace {
-
-// Both fill `split` (its vectors' capacity reused).
-// `placement` places the keys among `shards` shards.
-void SplitKeys(std::span<const uint64_t> keys, const Placement& placement, uint32_t shards,
-               KeyIndex& index, KeySplit& split) {
-  split.unique_shard.clear();
-  split.unique_local.clear();
-  if (index.capacity() * 7 >= keys.size() * 10) {
-    index.Clear();
-  } else {
-    index.Reset(keys.size());
-  }
-  split.inverse.resize(keys.size());
-  split.counts.assign(shards, 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    bool inserted = false;
-    const uint32_t u = index.FindOrInsert(
-        keys[i], static_cast<uint32_t>(split.unique_shard.size()), &inserted);
-    if (inserted) {
-      const uint32_t s = placement.ShardOf(keys[i]);
-      split.unique_shard.push_back(s);
-      split.unique_local.push_back(static_cast<uint32_t>(split.counts[s]++));
-    }
-    split.inverse[i] = u;
-  }
-}
-
-// The same for keys the caller has deduplicated already: only split by shard, no hashing.
-void SplitUniqueKeys(std::span<const uint64_t> keys, const Placement& placement, uint32_t shards,
-                     KeySplit& split) {
-  split.inverse.resize(keys.size());
-  split.unique_shard.resize(keys.size());
-  split.unique_local.resize(keys.size());
-  split.counts.assign(shards, 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t s = placement.ShardOf(keys[i]);
-    split.inverse[i] = static_cast<uint32_t>(i);
-    split.unique_shard[i] = s;
-    split.unique_local[i] = static_cast<uint32_t>(split.counts[s]++);
-  }
-}
 
 zmq::message_t CopyMessage(zmq::message_t& m) {
   zmq::message_t c;
@@ -123,13 +41,15 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
       env_(env ? env : Env::Real()),
       num_shards_(static_cast<uint32_t>(manifest_.cluster.servers.size())),
       incarnation_(env_->Random64()),
-      membership_(JobMembership(manifest)) {
+      tracker_(num_shards_),
+      membership_(JobMembership(manifest)),
+      restoring_(num_shards_, std::chrono::milliseconds(manifest_.cluster.request_timeout_ms),
+                 std::chrono::milliseconds(manifest_.cluster.restore_timeout_ms)) {
   log_pushes_ = !manifest_.checkpoint.dir.empty() && JobRank();
   shard_epochs_.assign(num_shards_, 0);
   shard_membership_version_.assign(num_shards_, 0);
   push_log_ = PushLog(static_cast<uint32_t>(num_shards_), manifest_.checkpoint.max_log_bytes);
   replay_due_.assign(num_shards_, false);
-  restoring_.assign(num_shards_, ShardRestore{});
   push_index_.assign(num_shards_, 0);
   last_push_count_.assign(num_shards_, 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
@@ -139,7 +59,7 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
 
 PsClient::~PsClient() {
   // Frames may still borrow memory of callers that never waited; the connections drop them
-  // while the trackers of those frames (in pending_) still live.
+  // while the trackers of those frames (in tracker_'s tickets) still live.
   links_.reset();
 }
 
@@ -228,7 +148,7 @@ int PsClient::Mechanism(uint32_t shard) const { return links_->Mechanism(shard);
 Status PsClient::AwaitHellos(Ticket t) {
   // One long attempt: a shard that is still starting will get the queued Hello when it binds.
   const auto timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
-  for (auto& [id, r] : in_flight_) {
+  for (auto& [id, r] : tracker_.requests()) {
     if (r->ticket != t) continue;
     r->timeout = timeout;
     r->deadline = env_->Now() + timeout;
@@ -238,13 +158,13 @@ Status PsClient::AwaitHellos(Ticket t) {
   // Whether each shard's host resolves, looked up once (a lookup may block for the resolver's
   // time-out), at the first note about it.
   std::map<uint32_t, Status> resolved;
-  while (pending_.at(t)->outstanding > 0) {
+  while (tracker_.ticket(t).outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 200)));
-    if (wait_interrupt_ && pending_.at(t)->outstanding > 0) {
+    if (wait_interrupt_ && tracker_.ticket(t).outstanding > 0) {
       PARASOL_RETURN_IF_ERROR(wait_interrupt_());
     }
-    if (env_->Now() >= next_note && pending_.at(t)->outstanding > 0) {
-      for (const auto& [id, r] : in_flight_) {
+    if (env_->Now() >= next_note && tracker_.ticket(t).outstanding > 0) {
+      for (const auto& [id, r] : tracker_.requests()) {
         if (r->ticket != t) continue;
         auto [it, first] = resolved.try_emplace(r->shard);
         if (first) it->second = CheckResolves(manifest_.cluster.servers[r->shard].host);
@@ -256,7 +176,7 @@ Status PsClient::AwaitHellos(Ticket t) {
       next_note = env_->Now() + std::chrono::seconds(5);
     }
   }
-  Pending& p = *pending_.at(t);
+  TicketState& p = tracker_.ticket(t);
   if (!p.status.ok()) {
     // A host that does not resolve is why its shard never answered: say so first.
     std::string unresolved;
@@ -303,9 +223,9 @@ Status PsClient::Handshake() {
   // shard 0 to name its clock; its Hellos then tell the other shards.
   PARASOL_ASSIGN_OR_RETURN(Ticket first, Broadcast(Op::Hello, 0, {0}));
   Status greeted = AwaitHellos(first);
-  if (!greeted.ok() && pending_.at(first)->outstanding > 0) return greeted;
+  if (!greeted.ok() && tracker_.ticket(first).outstanding > 0) return greeted;
   std::vector<Header> hellos;
-  Pending& p0 = *pending_.at(first);
+  TicketState& p0 = tracker_.ticket(first);
   if (greeted.ok() && !p0.replies[0].empty()) {
     Result<Header> h = DecodeHeader(p0.replies[0][0].data(), p0.replies[0][0].size());
     if (h.ok()) hellos.push_back(*h);
@@ -320,15 +240,16 @@ Status PsClient::Handshake() {
     spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
   }
   // The clock this worker goes on from, as shard 0 knows it (-1: a new worker, or a tool).
-  const int64_t at = !hellos.empty() && hellos[0].worker_clock >= 0 ? hellos[0].worker_clock : -1;
+  const int64_t at =
+      !hellos.empty() && HelloKnownClock(hellos[0]) >= 0 ? HelloKnownClock(hellos[0]) : -1;
   const uint32_t serving = JobRank() ? ShardsFrom(at) : membership_.LastPlacement().count();
   std::vector<uint32_t> rest = FirstShards(serving);
   if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
   if (!rest.empty()) {
     PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, rest));
     greeted = AwaitHellos(t);
-    if (!greeted.ok() && pending_.at(t)->outstanding > 0) return greeted;
-    Pending& p = *pending_.at(t);
+    if (!greeted.ok() && tracker_.ticket(t).outstanding > 0) return greeted;
+    TicketState& p = tracker_.ticket(t);
     for (uint32_t s : rest) {
       if (!greeted.ok() || p.replies[s].empty()) continue;
       Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
@@ -346,20 +267,20 @@ Status PsClient::Handshake() {
       before.push_back(s);
     }
     PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, before));
-    for (auto& [id, r] : in_flight_) {
+    for (auto& [id, r] : tracker_.requests()) {
       if (r->ticket == t) r->max_attempts = 1;
     }
-    while (pending_.at(t)->outstanding > 0) {
+    while (tracker_.ticket(t).outstanding > 0) {
       PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(100)));
-      if (wait_interrupt_ && pending_.at(t)->outstanding > 0) {
+      if (wait_interrupt_ && tracker_.ticket(t).outstanding > 0) {
         PARASOL_RETURN_IF_ERROR(wait_interrupt_());
       }
     }
-    Pending& p = *pending_.at(t);
+    TicketState& p = tracker_.ticket(t);
     for (uint32_t s : before) {
       if (p.replies[s].empty()) continue;
       Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-      if (h.ok() && h->worker_clock >= 0) hellos.push_back(*h);
+      if (h.ok() && HelloKnownClock(*h) >= 0) hellos.push_back(*h);
     }
     if (Status st = Wait(t); !st.ok()) {
       spdlog::info("worker {}: a shard that served only the clock before did not answer ({}); "
@@ -374,13 +295,13 @@ Status PsClient::Handshake() {
     bool first_known = true;
     for (const Header& h : hellos) {
       // A shard that does not know the worker (one that serves nothing yet) says nothing.
-      if (h.worker_clock < 0) continue;
+      if (HelloKnownClock(h) < 0) continue;
       // Barrier 0 is behind this worker only if every shard released it (a worker killed in
       // the middle of entering it reached some shards only).
       last_barrier_seen_ = first_known ? h.last_barrier : std::min(last_barrier_seen_, h.last_barrier);
       first_known = false;
-      clock = clock < 0 ? h.worker_clock : std::min(clock, h.worker_clock);
-      done = done && h.done;
+      clock = clock < 0 ? HelloKnownClock(h) : std::min(clock, HelloKnownClock(h));
+      done = done && HelloWorkerLeft(h);
     }
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
     // Under BSP, a worker that died after its tick out of step `clock` reached some shards but
@@ -390,7 +311,7 @@ Status PsClient::Handshake() {
     // not what the undisturbed job pushed: reported, not hidden.
     if (manifest_.training.consistency == TrainingOptions::Consistency::kBsp && !joining_) {
       for (const Header& h : hellos) {
-        if (h.worker_clock <= clock) continue;
+        if (HelloKnownClock(h) <= clock) continue;
         lost_step_ = "worker " + std::to_string(worker_id_) + " restarted after its tick out of "
                      "step " + std::to_string(clock) + " reached shard " +
                      std::to_string(h.shard_rank) + " but not every shard; shard " +
@@ -434,91 +355,11 @@ Result<const TableOptions*> PsClient::CheckTable(uint32_t table, TableKind kind)
   return &t;
 }
 
-PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) {
-  const Ticket t = next_ticket_++;
-  PendingMap::node_type node;
-  if (!spare_pending_.empty()) {
-    node = std::move(spare_pending_.back());
-    spare_pending_.pop_back();
-    node.key() = t;
-  } else {
-    PendingMap one;
-    one.emplace(t, std::make_unique<Pending>());
-    node = one.extract(one.begin());
-  }
-  Pending& p = *node.mapped();
-  p.op = op;
-  p.table = table;
-  p.replies.resize(num_shards_);
-  p.views.resize(num_shards_);
-  p.messages.resize(num_shards_);
-  pending_.insert(std::move(node));
-  return t;
-}
+PsClient::Ticket PsClient::NewTicket(Op op, uint32_t table) { return tracker_.Open(op, table); }
 
-void PsClient::StartBorrowing(Pending& p) {
+void PsClient::StartBorrowing(TicketState& p) {
   if (!p.borrows) p.borrows = std::make_unique<BorrowTracker>();
   p.borrowing = true;
-}
-
-void PsClient::RetirePending(PendingMap::iterator it) {
-  PendingMap::node_type node = pending_.extract(it);
-  if (spare_pending_.size() >= kSpareNodes) return;
-  Pending& p = *node.mapped();
-  // Back to a new ticket's state, the buffers' capacity kept (the received frames released).
-  auto replies = std::move(p.replies);
-  for (auto& r : replies) r.clear();
-  auto views = std::move(p.views);
-  for (auto& v : views) {
-    if (v && spare_views_.size() < kSpareNodes) spare_views_.push_back(std::move(*v));
-    v.reset();
-  }
-  auto messages = std::move(p.messages);
-  for (auto& m : messages) m.clear();
-  if (p.inverse.capacity() > 0 && spare_splits_.size() < kSpareNodes) {
-    KeySplit& spare = spare_splits_.emplace_back();
-    spare.inverse = std::move(p.inverse);
-    spare.unique_shard = std::move(p.unique_shard);
-    spare.unique_local = std::move(p.unique_local);
-  }
-  auto hit_rows = std::move(p.hit_rows);
-  auto borrows = std::move(p.borrows);  // released: Wait() waited for it
-  hit_rows.clear();
-  p = Pending();
-  p.replies = std::move(replies);
-  p.views = std::move(views);
-  p.messages = std::move(messages);
-  p.hit_rows = std::move(hit_rows);
-  p.borrows = std::move(borrows);
-  spare_pending_.push_back(std::move(node));
-}
-
-PsClient::RequestMap::node_type PsClient::RequestNode(uint64_t id) {
-  RequestMap::node_type node;
-  if (!spare_requests_.empty()) {
-    node = std::move(spare_requests_.back());
-    spare_requests_.pop_back();
-    node.key() = id;
-    return node;
-  }
-  RequestMap one;
-  auto r = std::make_unique<ShardRequest>();
-  // Room for a header and a few payload frames, so that a node reused for a request of more
-  // frames than its last rarely grows.
-  r->kept.reserve(kReservedFrames);
-  one.emplace(id, std::move(r));
-  return one.extract(one.begin());
-}
-
-void PsClient::RetireRequest(RequestMap::iterator it) {
-  RequestMap::node_type node = in_flight_.extract(it);
-  if (spare_requests_.size() >= kSpareNodes) return;
-  ShardRequest& r = *node.mapped();
-  auto kept = std::move(r.kept);
-  kept.clear();
-  r = ShardRequest();
-  r.kept = std::move(kept);
-  spare_requests_.push_back(std::move(node));
 }
 
 uint64_t PsClient::NextPushIndex(uint32_t shard) {
@@ -571,25 +412,14 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
 
 void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
                     std::vector<zmq::message_t>&& payload) {
-  RequestMap::node_type node = RequestNode(header.request_id);
-  ShardRequest* r = node.mapped().get();
-  r->ticket = ticket;
-  r->clock = header.clock;
-  r->request_id = header.request_id;
-  r->shard = shard;
-  r->op = header.op;
-  r->done = header.done;
-  r->refused = Status::Ok();
-  r->timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+  auto timeout = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
   const bool may_be_held = header.op == Op::PullSparse || header.op == Op::PullDense ||
                            header.op == Op::Barrier;
   if (may_be_held && JobRank()) {
     // A shard holds such a request until the other workers catch up, or until it gives up on
     // a silent one after training.worker_timeout.
-    r->timeout += std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
+    timeout += std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
   }
-  r->deadline = env_->Now() + r->timeout;
-  r->max_attempts = 1 + manifest_.cluster.request_retries;
   // A shard that knows fewer membership clocks learns them from the ticks (and Hellos).
   // Pulls too: a shard that gains rows at a change of the shard count must know of it before
   // it answers a pull of the change's clock.
@@ -608,136 +438,81 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
       (header.op == Op::Clock || header.op == Op::Hello) && !AllSigned(membership_.Entries())) {
     header.membership_version = 0;
   }
+  TrackedRequest& r = tracker_.Track(ticket, header, shard, timeout,
+                                     1 + manifest_.cluster.request_retries, env_->Now());
   const uint64_t id = header.request_id;
-  const bool gather = gathering_ && !header.replay &&
+  const bool gather = batch_.gathering() && !header.replay &&
                       (header.op == Op::PullSparse || header.op == Op::PullDense ||
                        header.op == Op::PushSparse || header.op == Op::PushDense ||
                        header.op == Op::Clock);
   // The frames: into the next gathered entry of the shard (its buffers reused), or into the
   // send buffer.
-  Gathered* g = nullptr;
-  if (gather) {
-    std::vector<Gathered>& queue = gathered_[shard];
-    if (gathered_count_[shard] == queue.size()) {
-      queue.emplace_back().frames.reserve(kReservedFrames);
-    }
-    g = &queue[gathered_count_[shard]++];
-  }
+  StepBatch::Entry* g = gather ? &batch_.Add(shard) : nullptr;
   std::vector<zmq::message_t>& frames = g ? g->frames : send_frames_;
   frames.clear();
   frames.push_back(EncodeHeader(header));
   for (auto& m : payload) frames.push_back(std::move(m));
-  for (auto& f : frames) r->kept.push_back(CopyMessage(f));
-  Pending& p = *pending_.at(ticket);
-  ++p.outstanding;
+  for (auto& f : frames) r.kept.push_back(CopyMessage(f));
   if (g) {
     g->request_id = id;
     g->op = header.op;
+    g->done = header.done;
     g->clock = header.clock;
     g->payload_bytes = 0;
     for (size_t f = 1; f < frames.size(); ++f) g->payload_bytes += frames[f].size();
-    in_flight_.insert(std::move(node));
     return;
   }
   // drop: the message is lost on its way (the request is resent when it is overdue).
   const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;
   Status st = lost ? Status::Ok() : links_->Send(shard, frames);
   frames.clear();  // what a failed send left: borrowed frames must not outlive the request
-  in_flight_.insert(std::move(node));
-  if (!st.ok()) FailRequest(*in_flight_.at(id), st);
+  if (!st.ok()) FailRequest(r, st);
 }
 
-void PsClient::BeginStep() {
-  gathering_ = true;
-  gathered_.resize(num_shards_);
-  gathered_count_.resize(num_shards_, 0);
-}
+void PsClient::BeginStep() { batch_.Begin(num_shards_); }
 
 void PsClient::SendStep() {
-  gathering_ = false;
   // Steps whose every part was answered on its own (after resends) need no entry.
-  for (auto it = step_parts_.begin(); it != step_parts_.end();) {
-    const bool live = std::any_of(it->second.begin(), it->second.end(),
-                                  [&](uint64_t id) { return in_flight_.count(id) > 0; });
-    it = live ? std::next(it) : RetireStepParts(it);
-  }
-  for (uint32_t s = 0; s < gathered_.size(); ++s) {
-    std::span<Gathered> queue(gathered_[s].data(), gathered_count_[s]);
-    gathered_count_[s] = 0;
+  batch_.ForgetAnswered([&](uint64_t id) { return tracker_.Outstanding(id); });
+  batch_.End([&](uint32_t s, std::span<StepBatch::Entry> queue) {
     // A pull's reply counts against the Step's bytes too (the shard bounds both).
-    for (Gathered& g : queue) {
+    for (StepBatch::Entry& g : queue) {
       if (g.op != Op::PullSparse && g.op != Op::PullDense) continue;
-      auto it = in_flight_.find(g.request_id);
-      if (it != in_flight_.end()) {
-        g.payload_bytes += it->second->expect_rows * it->second->expect_dim * sizeof(float);
+      if (const TrackedRequest* r = tracker_.Find(g.request_id, std::nullopt)) {
+        g.payload_bytes += r->expect_rows * r->expect_dim * sizeof(float);
       }
     }
-    // Runs of consecutive entries become one Step each.
-    size_t begin = 0;
-    bool pushes = false;
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < queue.size(); ++i) {
-      const Gathered& g = queue[i];
-      const bool pull = g.op == Op::PullSparse || g.op == Op::PullDense;
-      // What one Step may hold (ShardServer::CheckStep): pushes of one clock, or pulls of one
-      // clock after at most one tick to that clock; within the part and byte limits.
-      const size_t size = i - begin;
-      const bool fits = size > 0 && size < kMaxStepParts &&
-                        bytes + g.payload_bytes <= manifest_.server.max_request_bytes &&
-                        g.clock == queue[begin].clock && g.op != Op::Clock && pull != pushes;
-      if (!fits && size > 0) {
-        SendGathered(s, queue.subspan(begin, size));
-        begin = i;
-        bytes = 0;
-      }
-      if (i == begin) pushes = !pull && g.op != Op::Clock;
-      bytes += g.payload_bytes;
+    StepBatch::Cut(queue, manifest_.server.max_request_bytes, &step_starts_);
+    for (size_t i = 0; i < step_starts_.size(); ++i) {
+      const size_t begin = step_starts_[i];
+      const size_t end = i + 1 < step_starts_.size() ? step_starts_[i + 1] : queue.size();
+      SendGathered(s, queue.subspan(begin, end - begin));
     }
-    if (begin < queue.size()) SendGathered(s, queue.subspan(begin));
-  }
+  });
 }
 
-PsClient::StepPartsMap::iterator PsClient::RetireStepParts(StepPartsMap::iterator it) {
-  auto next = std::next(it);
-  StepPartsMap::node_type node = step_parts_.extract(it);
-  if (spare_step_parts_.size() < kSpareNodes) spare_step_parts_.push_back(std::move(node));
-  return next;
-}
-
-void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
+void PsClient::SendGathered(uint32_t shard, std::span<StepBatch::Entry> group) {
   std::vector<zmq::message_t>* frames = &group.front().frames;
   std::vector<uint64_t>* ids = nullptr;  // the Step's parts (one part: no Step)
   if (group.size() > 1) {
     Header h = NewRequest(Op::Step, 0);
     h.clock = group.front().clock;
-    h.key_count = group.size();
+    SetStepParts(h, group.size());
     frames = &send_frames_;
     frames->clear();
     frames->push_back(EncodeHeader(h));
-    StepPartsMap::node_type node;
-    if (!spare_step_parts_.empty()) {
-      node = std::move(spare_step_parts_.back());
-      spare_step_parts_.pop_back();
-      node.key() = h.request_id;
-    } else {
-      StepPartsMap one;
-      one.emplace(h.request_id, std::vector<uint64_t>());
-      node = one.extract(one.begin());
-    }
-    node.mapped().clear();
-    for (Gathered& g : group) {
-      node.mapped().push_back(g.request_id);
+    ids = &batch_.Record(h.request_id);
+    for (StepBatch::Entry& g : group) {
+      ids->push_back(g.request_id);
       for (auto& f : g.frames) frames->push_back(std::move(f));
     }
-    ids = &step_parts_.insert(std::move(node)).position->second;
   }
   const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;  // as in Send()
   Status st = lost ? Status::Ok() : links_->Send(shard, *frames);
   frames->clear();  // what a failed send left: borrowed frames must not outlive the request
   if (st.ok()) return;
   auto fail = [&](uint64_t id) {
-    auto it = in_flight_.find(id);
-    if (it != in_flight_.end()) FailRequest(*it->second, st);
+    if (TrackedRequest* r = tracker_.Find(id, std::nullopt)) FailRequest(*r, st);
   };
   if (ids) {
     for (uint64_t id : *ids) fail(id);
@@ -748,15 +523,14 @@ void PsClient::SendGathered(uint32_t shard, std::span<Gathered> group) {
 
 void PsClient::OnStepReply(uint32_t shard, const Header& step,
                            std::vector<zmq::message_t>& frames) {
-  auto entry = step_parts_.find(step.request_id);
-  if (entry == step_parts_.end()) return;  // its parts were answered on their own
+  const std::vector<uint64_t>* recorded = batch_.Parts(step.request_id);
+  if (!recorded) return;  // its parts were answered on their own
   // Copied: the parts' replies below may erase the entry's requests, not the entry.
   std::vector<uint64_t>& ids = step_ids_;
-  ids.assign(entry->second.begin(), entry->second.end());
+  ids.assign(recorded->begin(), recorded->end());
   auto fail_all = [&](const Status& st) {
     for (uint64_t id : ids) {
-      auto it = in_flight_.find(id);
-      if (it != in_flight_.end() && it->second->shard == shard) FailRequest(*it->second, st);
+      if (TrackedRequest* r = tracker_.Find(id, shard)) FailRequest(*r, st);
     }
   };
   if (step.status != StatusCode::kOk) {
@@ -767,7 +541,7 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
       return;
     }
     fail_all(Status(step.status, step.message));
-    RetireStepParts(entry);
+    batch_.Forget(step.request_id);
     return;
   }
   std::vector<StepPart>& parts = step_split_;
@@ -785,8 +559,8 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     OnReply(shard, own);
   }
   // Held pulls of the Step come in a second reply; once every part is answered, forget it.
-  if (std::none_of(ids.begin(), ids.end(), [&](uint64_t id) { return in_flight_.count(id); })) {
-    RetireStepParts(entry);
+  if (std::none_of(ids.begin(), ids.end(), [&](uint64_t id) { return tracker_.Outstanding(id); })) {
+    batch_.Forget(step.request_id);
   }
 }
 
@@ -794,20 +568,15 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
                                                    float* out, bool with_state, bool read_only) {
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kSparse));
   const Ticket ticket = NewTicket(Op::PullSparse, table);
-  Pending& p = *pending_.at(ticket);
+  TicketState& p = tracker_.ticket(ticket);
   const uint32_t dim = with_state ? RowFloats(table) : t->dim;
   p.dim = dim;
   p.out = out;
   if (keys.empty()) return ticket;
-  // The split's vectors go to the ticket at the end; a finished pull's come back to
-  // spare_splits_ (RetirePending), so the same few grow once and are reused.
+  // The split's vectors go to the ticket at the end; a finished pull's come back to the
+  // tracker (RequestTracker::Close), so the same few grow once and are reused.
   KeySplit& split = split_;
-  if (!spare_splits_.empty()) {
-    split.inverse = std::move(spare_splits_.back().inverse);
-    split.unique_shard = std::move(spare_splits_.back().unique_shard);
-    split.unique_local = std::move(spare_splits_.back().unique_local);
-    spare_splits_.pop_back();
-  }
+  tracker_.TakeSplit(split);
   // The keys' shards at the clock the rows are read for. A tool, and a worker done training
   // (evaluating), read the newest placement: a change named past the last clock still moves
   // the rows, and the shards that gain them answer once they hold them.
@@ -880,9 +649,9 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     const uint64_t id = h.request_id;
     pulled_row_bytes_ += split.counts[s] * sizeof(uint64_t);  // the rows: counted on arrival
     Send(ticket, s, std::move(h), std::move(payload));
-    if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-      it->second->expect_rows = split.counts[s];
-      it->second->expect_dim = dim;
+    if (TrackedRequest* r = tracker_.Find(id, std::nullopt)) {
+      r->expect_rows = split.counts[s];
+      r->expect_dim = dim;
     }
   }
   p.inverse = std::move(split.inverse);
@@ -1002,10 +771,10 @@ void PsClient::SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, cons
   if (!with_state) h.dtype = WireDType();
   const uint64_t id = h.request_id;
   Send(ticket, shard, std::move(h), {});
-  if (auto it = in_flight_.find(id); it != in_flight_.end()) {
-    it->second->expect_rows = c.size();
-    it->second->expect_dim = dim;
-    it->second->expect_offset = c.begin;
+  if (TrackedRequest* r = tracker_.Find(id, std::nullopt)) {
+    r->expect_rows = c.size();
+    r->expect_dim = dim;
+    r->expect_offset = c.begin;
   }
 }
 
@@ -1027,7 +796,7 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
     payload.push_back(std::move(copy).ToMessage());
   } else {
     payload.push_back(BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float),
-                                      pending_.at(ticket)->borrows.get()));
+                                      tracker_.ticket(ticket).borrows.get()));
   }
   CompressValues(&h, &payload, 0);  // a 16-bit copy replaces the borrowed frame, for good
   Send(ticket, shard, std::move(h), std::move(payload));
@@ -1037,8 +806,8 @@ Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bo
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   const Ticket ticket = NewTicket(Op::PullDense, table);
   const uint32_t dim = with_state ? RowFloats(table) : 1;
-  pending_.at(ticket)->out = out;
-  pending_.at(ticket)->dim = dim;
+  tracker_.ticket(ticket).out = out;
+  tracker_.ticket(ticket).dim = dim;
   ForEachDenseChunk(t->NumElements(), ReadPlacement(), [&](uint32_t s, const SliceRange& c) {
     SendDensePull(ticket, table, s, c, dim, with_state);
   });
@@ -1058,7 +827,7 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
-  StartBorrowing(*pending_.at(ticket));
+  StartBorrowing(tracker_.ticket(ticket));
   ForEachDenseChunk(t->NumElements(), membership_.PlacementAt(clock_ + request_clock_offset_),
                     [&](uint32_t s, const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
   return ticket;
@@ -1069,7 +838,7 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   PARASOL_ASSIGN_OR_RETURN(const TableOptions* t, CheckTable(table, TableKind::kDense));
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
-  Pending& p = *pending_.at(ticket);
+  TicketState& p = tracker_.ticket(ticket);
   StartBorrowing(p);
   p.out = out;
   p.dim = 1;
@@ -1096,13 +865,7 @@ Result<PsClient::Ticket> PsClient::Broadcast(Op op, uint64_t offset,
 }
 
 Status PsClient::Pump(std::chrono::milliseconds timeout) {
-  auto wait = timeout;
-  const auto now = env_->Now();
-  for (const auto& [id, r] : in_flight_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(r->deadline - now);
-    wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
-  }
-  PARASOL_RETURN_IF_ERROR(links_->Wait(wait));
+  PARASOL_RETURN_IF_ERROR(links_->Wait(tracker_.UntilDue(env_->Now(), timeout)));
   for (uint32_t s = 0; s < num_shards_; ++s) {
     while (true) {
       Result<bool> got = links_->Receive(s, &received_);
@@ -1119,7 +882,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     if (!links_->TakeReconnect(s)) continue;
     SendDetached(s, Op::Hello, false);
     const auto now = env_->Now();
-    for (auto& [id, r] : in_flight_) {
+    for (auto& [id, r] : tracker_.requests()) {
       if (r->shard != s) continue;
       std::vector<zmq::message_t> frames;
       for (auto& k : r->kept) frames.push_back(CopyMessage(k));
@@ -1134,19 +897,17 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
   ReapReplays();
   // Resend or fail what is overdue.
   const auto later = env_->Now();
-  std::vector<uint64_t> overdue;
-  for (const auto& [id, r] : in_flight_) {
-    if (r->deadline <= later) overdue.push_back(id);
-  }
-  for (uint64_t id : overdue) {
-    ShardRequest& r = *in_flight_.at(id);
+  for (uint64_t id : tracker_.Due(later)) {
+    TrackedRequest* due = tracker_.Find(id, std::nullopt);
+    if (!due) continue;
+    TrackedRequest& r = *due;
     const std::string where = "shard " + std::to_string(r.shard) + " at " +
                               manifest_.cluster.servers[r.shard].ToString();
     // A shard loading its checkpoint that keeps moving is waited for: asked again (which also
     // tells whether it is done) without spending an attempt.
-    const bool restoring = RestoringWithProgress(r.shard, later);
+    const bool restoring = restoring_.Moving(r.shard, later);
     if (restoring) {
-      r.deadline = later + RestoringPoll();
+      r.deadline = later + restoring_.Poll();
       std::vector<zmq::message_t> frames;
       for (auto& k : r.kept) frames.push_back(CopyMessage(k));
       if (Status st = links_->Send(r.shard, frames); !st.ok()) {
@@ -1197,24 +958,23 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     // out its time-out as for a silent shard.
     NoteRestoring(shard, *h);
     const auto now = env_->Now();
-    const bool moving = RestoringWithProgress(shard, now);
-    auto it = in_flight_.find(h->request_id);
-    if (it != in_flight_.end() && it->second->shard == shard) {
-      if (moving) it->second->deadline = now + RestoringPoll();
-      it->second->refused = Status(h->status, h->message);
+    const bool moving = restoring_.Moving(shard, now);
+    if (TrackedRequest* r = tracker_.Find(h->request_id, shard)) {
+      if (moving) r->deadline = now + restoring_.Poll();
+      r->refused = Status(h->status, h->message);
     } else if (h->op == Op::Step && moving) {
       // A Step's parts are tracked by their own ids: each waits alike.
-      for (auto& [id, r] : in_flight_) {
+      for (auto& [id, r] : tracker_.requests()) {
         if (r->shard != shard) continue;
-        r->deadline = std::min(r->deadline, now + RestoringPoll());
+        r->deadline = std::min(r->deadline, now + restoring_.Poll());
       }
     }
     return;
   }
   if (h->restore_total > 0) NoteRestoring(shard, *h);  // its Stats: answered, and moving
   // Answering from its state: whatever it said while loading is over.
-  if (h->restore_total == 0 && restoring_[shard].heard != Clock::time_point{}) {
-    restoring_[shard] = ShardRestore{};
+  if (h->restore_total == 0 && restoring_.progress(shard).heard != Clock::time_point{}) {
+    restoring_.Loaded(shard);
   }
   NoteRollback(shard, *h);
   // A shard that rolled back has a new epoch too, but nothing is replayed to it.
@@ -1224,14 +984,14 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     OnStepReply(shard, *h, frames);
     return;
   }
-  auto it = in_flight_.find(h->request_id);
-  if (it == in_flight_.end() || it->second->shard != shard) {
+  TrackedRequest* found = tracker_.Find(h->request_id, shard);
+  if (!found) {
     if (h->op == Op::Error) {
       spdlog::warn("worker {}: shard {} rejected a message: {}", worker_id_, shard, h->message);
     }
     return;  // a late reply to a request that was resent and already answered
   }
-  ShardRequest& r = *it->second;
+  TrackedRequest& r = *found;
   switch (OutcomeOf(r.op, h->status, false, replay_due_[shard])) {
     case ReplyOutcome::kAwaitRestore:  // (not without restoring)
     case ReplyOutcome::kAwaitReplay:
@@ -1251,7 +1011,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     case ReplyOutcome::kDone:
       break;
   }
-  Pending& p = *pending_.at(r.ticket);
+  TicketState& p = tracker_.ticket(r.ticket);
   // Swapped, not moved: the caller's vector takes the slot's empty buffer back for reuse.
   p.replies[shard].clear();
   std::swap(p.replies[shard], frames);
@@ -1259,14 +1019,9 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   if (r.op == Op::PullSparse) {  // the rows' bytes as they travelled (16-bit when compressed)
     for (size_t f = 1; f < stored.size(); ++f) pulled_row_bytes_ += stored[f].size();
   }
-  PayloadView reuse;
-  if (!spare_views_.empty()) {
-    reuse = std::move(spare_views_.back());
-    spare_views_.pop_back();
-  }
   Result<PayloadView> view =
       PayloadView::Parse(*h, std::span<zmq::message_t>(stored).subspan(1),
-                         manifest_.server.max_request_bytes, std::move(reuse));
+                         manifest_.server.max_request_bytes, tracker_.TakeView());
   // Built only for an error.
   auto where = [&] { return "shard " + std::to_string(shard) + " reply to " + OpName(r.op); };
   if (!view.ok()) {
@@ -1289,13 +1044,12 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
       std::memcpy(p.out + (h->offset + first) * row_floats, data, rows * row_floats * sizeof(float));
     });
     stored.clear();
-    if (spare_views_.size() < kSpareNodes) spare_views_.push_back(std::move(*view));
+    tracker_.KeepView(std::move(*view));
   } else {
     p.views[shard] = std::move(*view);
     if (!p.read_clocks.empty()) p.read_clocks[shard] = h->read_clock;
   }
   p.messages[shard] = h->message;
-  --p.outstanding;
   if (r.op == Op::PushSparse || r.op == Op::PushDense) ++pushes_acknowledged_;
   // A duplicate too: its first acknowledgement was lost, and a restart before the next
   // checkpoint needs it replayed like any other.
@@ -1305,7 +1059,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     push_log_.Add(shard, r.clock, h->server_epoch,
                   std::max(h->checkpoint_count, h->checkpoints_begun), std::move(r.kept));
   }
-  RetireRequest(it);
+  tracker_.Complete(r);
 }
 
 void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
@@ -1334,12 +1088,9 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
 }
 
 std::optional<Header> PsClient::ReplyHeader(Ticket t, uint32_t shard) const {
-  auto it = pending_.find(t);
-  if (it == pending_.end() || shard >= it->second->replies.size() ||
-      it->second->replies[shard].empty()) {
-    return std::nullopt;
-  }
-  const zmq::message_t& frame = it->second->replies[shard][0];
+  const TicketState* p = tracker_.Find(t);
+  if (!p || shard >= p->replies.size() || p->replies[shard].empty()) return std::nullopt;
+  const zmq::message_t& frame = p->replies[shard][0];
   Result<Header> h = DecodeHeader(frame.data(), frame.size());
   if (!h.ok()) return std::nullopt;
   return *h;
@@ -1375,42 +1126,12 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
 }
 
 void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
-  ShardRestore& r = restoring_[shard];
-  const auto now = env_->Now();
-  const bool first = r.heard == Clock::time_point{} ||
-                     now - r.heard > std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
-  // Any change is progress (a chain of checkpoints counts each file from 0 again).
-  if (first || reply.restore_done != r.done || reply.restore_total != r.total ||
-      reply.restore_rows != r.rows) {
-    r.progressed = now;
-  }
-  if (r.began == Clock::time_point{}) r.began = now;
-  r.done = reply.restore_done;
-  r.total = reply.restore_total;
-  r.rows = reply.restore_rows;
-  r.rows_total = reply.restore_rows_total;
-  r.heard = now;
-  if (now - r.logged >= std::chrono::seconds(5)) {
-    r.logged = now;
-    spdlog::info("worker {}: shard {} is loading its checkpoint: {:.0f}% ({} of {} rows); "
-                 "waiting for it",
-                 worker_id_, shard, 100.0 * r.done / std::max<uint64_t>(1, r.total), r.rows,
-                 r.rows_total ? std::to_string(r.rows_total) : std::string("?"));
-  }
-}
-
-std::chrono::milliseconds PsClient::RestoringPoll() const {
-  return std::clamp(std::chrono::milliseconds(manifest_.cluster.request_timeout_ms / 2),
-                    std::chrono::milliseconds(10), kRestoringPoll);
-}
-
-bool PsClient::RestoringWithProgress(uint32_t shard, Clock::time_point now) const {
-  const ShardRestore& r = restoring_[shard];
-  // A request's time-out, and the asking again: no progress for that long counts as silence.
-  const auto window =
-      std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) + 2 * RestoringPoll();
-  return r.heard != Clock::time_point{} && now - r.heard <= window && now - r.progressed <= window &&
-         now - r.began <= std::chrono::milliseconds(manifest_.cluster.restore_timeout_ms);
+  if (!restoring_.Note(shard, reply, env_->Now())) return;
+  const RestoreWatch::Progress& r = restoring_.progress(shard);
+  spdlog::info("worker {}: shard {} is loading its checkpoint: {:.0f}% ({} of {} rows); "
+               "waiting for it",
+               worker_id_, shard, 100.0 * r.done / std::max<uint64_t>(1, r.total), r.rows,
+               r.rows_total ? std::to_string(r.rows_total) : std::string("?"));
 }
 
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
@@ -1446,13 +1167,14 @@ void PsClient::Replay(uint32_t shard) {
   log.erase(std::remove_if(log.begin(), log.end(),
                            [&](const PushLog::Entry& e) { return e.clock < in.serving_from; }),
             log.end());
-  // What was in flight to the old process, in the order it was first sent (in_flight_ is
-  // ordered by request id, which grows). A replay that the shard's previous process had not
+  // What was in flight to the old process, in the order it was first sent (the tracker's
+  // requests are ordered by request id, which grows). A replay that the shard's previous process had not
   // finished: its pushes not yet acknowledged go back into this replay's log, in clock order;
   // its Clocks are sent again anyway.
   bool merged = false;
-  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    ShardRequest& r = *it->second;
+  RequestTracker::RequestMap& requests = tracker_.requests();
+  for (auto it = requests.begin(); it != requests.end();) {
+    TrackedRequest& r = *it->second;
     if (r.shard != shard) {
       ++it;
       continue;
@@ -1471,8 +1193,8 @@ void PsClient::Replay(uint32_t shard) {
       log.push_back(std::move(e));
       merged = true;
     }
-    --pending_.at(r.ticket)->outstanding;
-    it = in_flight_.erase(it);
+    ++it;  // before `r` is withdrawn
+    tracker_.Withdraw(r);
   }
   replay_tickets_.push_back(ticket);
   if (merged) {
@@ -1505,28 +1227,26 @@ void PsClient::Replay(uint32_t shard) {
     h.replay = true;
     h.known_epoch = shard_epochs_[shard];
     if (step.caught_up) h.last_barrier = step.last_barrier;
-    h.key_count = step.named;
+    SetTickNamedPushes(h, step.named);
     Send(ticket, shard, h, {});
   };
   // Whatever was in flight to the old process is gone: sent again under a new request id, so
   // that a late answer to a copy that reached the new process before this replay (an error
   // from its restored state) cannot complete it.
   auto resend = [&](uint64_t id) {
-    auto node = in_flight_.extract(id);
-    if (node.empty()) return;
-    ShardRequest& r = *node.mapped();
+    TrackedRequest* found = tracker_.Find(id, std::nullopt);
+    if (!found) return;
+    TrackedRequest& r = *found;
     Result<Header> h = DecodeHeader(r.kept[0].data(), r.kept[0].size());
     if (h.ok()) {
       h->request_id = next_request_id_++;
       r.kept[0] = EncodeHeader(*h);
-      r.request_id = h->request_id;
-      node.key() = r.request_id;
+      tracker_.Renumber(r, h->request_id);
     }
     std::vector<zmq::message_t> frames;
     for (auto& k : r.kept) frames.push_back(CopyMessage(k));
     (void)links_->Send(shard, frames);
     r.deadline = env_->Now() + r.timeout;
-    in_flight_.insert(std::move(node));
   };
   for (const ReplayStep& step : plan.steps) {
     switch (step.kind) {
@@ -1547,36 +1267,33 @@ void PsClient::Replay(uint32_t shard) {
 
 void PsClient::ReapReplays() {
   for (auto it = replay_tickets_.begin(); it != replay_tickets_.end();) {
-    auto p = pending_.find(*it);
-    if (p == pending_.end() || p->second->outstanding > 0) {
+    TicketState* p = tracker_.Find(*it);
+    if (!p || p->outstanding > 0) {
       ++it;
       continue;
     }
-    if (!p->second->status.ok() && replay_failure_.ok()) {
-      replay_failure_ = p->second->status.WithContext(
+    if (!p->status.ok() && replay_failure_.ok()) {
+      replay_failure_ = p->status.WithContext(
           "worker " + std::to_string(worker_id_) +
           ": a replay to a restarted shard was not accepted, so acknowledged updates would be "
           "lost");
       spdlog::error("{}", replay_failure_.ToString());
     }
-    pending_.erase(p);
+    tracker_.Close(*it);
     it = replay_tickets_.erase(it);
   }
 }
 
-void PsClient::FailRequest(ShardRequest& r, Status status) {
-  Pending& p = *pending_.at(r.ticket);
-  if (p.status.ok()) p.status = std::move(status);
-  --p.outstanding;
-  if (p.borrowing) {
+void PsClient::FailRequest(TrackedRequest& r, Status status) {
+  const uint32_t shard = r.shard;
+  if (tracker_.Fail(r, std::move(status)).borrowing) {  // `r` is gone from here on
     // Frames of a failed request may sit in the socket's queue with a dead peer. Reopen the
     // socket so that they are dropped and the caller's memory is released.
-    (void)links_->Open(r.shard);  // a failure here shows as a time-out of the next request
+    (void)links_->Open(shard);  // a failure here shows as a time-out of the next request
   }
-  in_flight_.erase(r.request_id);  // `r` is gone from here on
 }
 
-void PsClient::Finish(Pending& p) {
+void PsClient::Finish(TicketState& p) {
   if (!p.status.ok() || p.op != Op::PullSparse) return;
   const size_t row_bytes = size_t{p.dim} * sizeof(float);
   for (size_t i = 0; i < p.inverse.size(); ++i) {
@@ -1611,21 +1328,21 @@ void PsClient::Finish(Pending& p) {
 }
 
 Status PsClient::Wait(Ticket ticket) {
-  auto it = pending_.find(ticket);
-  if (it == pending_.end()) return InvalidArgument("unknown ticket " + std::to_string(ticket));
-  while (it->second->outstanding > 0) {
+  TicketState* found = tracker_.Find(ticket);
+  if (!found) return InvalidArgument("unknown ticket " + std::to_string(ticket));
+  while (found->outstanding > 0) {
     Status st = Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000));
     if (!st.ok()) return st;
     if (!rolled_back_.ok()) return rolled_back_;
     if (!replay_failure_.ok()) return replay_failure_;
     if (!membership_failure_.ok()) return membership_failure_;
-    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+    if (wait_interrupt_ && found->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   if (!rolled_back_.ok()) return rolled_back_;
   if (!replay_failure_.ok()) return replay_failure_;
   if (!membership_failure_.ok()) return membership_failure_;
   if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));
-  Pending& p = *it->second;
+  TicketState& p = *found;
   Finish(p);
   Status result = p.status;
   for (auto& r : p.replies) r.clear();  // the frames released, the buffers kept for reuse
@@ -1633,7 +1350,7 @@ Status PsClient::Wait(Ticket ticket) {
     // The reply proves the shard has the bytes; wait until ZeroMQ has let go of them too.
     p.borrows->WaitReleased();
   }
-  RetirePending(it);
+  tracker_.Close(ticket);
   return result;
 }
 
@@ -1725,8 +1442,7 @@ Status PsClient::Tick() {
 
 Result<PsClient::Ticket> PsClient::TickAsync() {
   ++clock_;
-  // Each shard's tick names the pushes it follows (key_count: indexes 0 to n - 1 of the clock
-  // left): the shard moves this worker's clock only once it has applied them all.
+  // Each shard's tick names the pushes it follows (indexes 0 to n - 1 of the clock left): the shard moves this worker's clock only once it has applied them all.
   last_push_count_ = push_index_;
   std::fill(push_index_.begin(), push_index_.end(), 0);
   // The shards that served the clock just finished (one that serves from the next clock on
@@ -1736,7 +1452,7 @@ Result<PsClient::Ticket> PsClient::TickAsync() {
   const Ticket ticket = NewTicket(Op::Clock, 0);
   for (uint32_t s : tick_shards_) {
     Header h = NewRequest(Op::Clock, 0);
-    h.key_count = s < last_push_count_.size() ? last_push_count_[s] : 0;
+    SetTickNamedPushes(h, s < last_push_count_.size() ? last_push_count_[s] : 0);
     // The barriers this worker has passed: a shard that restarted after releasing one (from a
     // checkpoint older than the release) learns it here, so that a restarted worker that
     // enters it again is not held for workers that have gone on.
@@ -1816,8 +1532,8 @@ bool PsClient::AllSigned(const std::vector<MemberEntry>& entries) const {
 Status PsClient::AskShardZero(bool done, uint64_t count) {
   const Ticket t = NewTicket(Op::Membership, 0);
   Header h = NewRequest(Op::Membership, 0);
-  h.done = done;
-  h.key_count = count;
+  h.done = done;  // MembershipAsksToLeave
+  SetMembershipWorkers(h, count);
   Send(t, 0, std::move(h), {});
   return Wait(t).WithContext("asking shard 0 about the job's membership");
 }
@@ -1862,12 +1578,12 @@ Result<std::vector<std::string>> PsClient::Stats() {
   const std::vector<uint32_t> shards = ServingShards();
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Stats, 0, shards));
   std::vector<std::string> out;
-  auto it = pending_.find(t);
-  while (it->second->outstanding > 0) {
+  TicketState& p = tracker_.ticket(t);
+  while (p.outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
-    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+    if (wait_interrupt_ && p.outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
-  out.assign(it->second->messages.begin(), it->second->messages.begin() + shards.size());
+  out.assign(p.messages.begin(), p.messages.begin() + shards.size());
   PARASOL_RETURN_IF_ERROR(Wait(t));
   return out;
 }
@@ -1891,15 +1607,15 @@ PsClient::Ticket PsClient::CallAsync(uint32_t shard, Header request,
 }
 
 Result<PsClient::Reply> PsClient::Collect(Ticket t, uint32_t shard) {
-  auto it = pending_.find(t);
-  if (it == pending_.end()) return InvalidArgument("unknown ticket " + std::to_string(t));
-  while (it->second->outstanding > 0) {
+  TicketState* found = tracker_.Find(t);
+  if (!found) return InvalidArgument("unknown ticket " + std::to_string(t));
+  while (found->outstanding > 0) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000)));
-    if (wait_interrupt_ && it->second->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
+    if (wait_interrupt_ && found->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   Reply reply;
-  std::vector<zmq::message_t>& stored = it->second->replies[shard];
-  if (it->second->status.ok() && !stored.empty()) {
+  std::vector<zmq::message_t>& stored = found->replies[shard];
+  if (found->status.ok() && !stored.empty()) {
     PARASOL_ASSIGN_OR_RETURN(reply.header, DecodeHeader(stored[0].data(), stored[0].size()));
     for (size_t f = 1; f < stored.size(); ++f) reply.frames.push_back(std::move(stored[f]));
   }
@@ -1917,7 +1633,7 @@ Result<int64_t> PsClient::ScaleServers(uint32_t servers) {
   Header h = NewRequest(Op::Membership, 0);
   h.shard_count = servers;
   PARASOL_ASSIGN_OR_RETURN(Reply r, Call(0, std::move(h), {}));
-  return r.header.worker_clock;
+  return MembershipClock(r.header);
 }
 
 Status PsClient::Checkpoint() {
@@ -1935,7 +1651,7 @@ Status PsClient::Shutdown() {
   for (uint32_t s = static_cast<uint32_t>(serving.size()); s < num_shards_; ++s) idle.push_back(s);
   if (idle.empty()) return Status::Ok();
   PARASOL_ASSIGN_OR_RETURN(Ticket rest, Broadcast(Op::Shutdown, 0, idle));
-  for (auto& [id, r] : in_flight_) {
+  for (auto& [id, r] : tracker_.requests()) {
     if (r->ticket == rest) r->max_attempts = 1;
   }
   if (Status st = Wait(rest); !st.ok()) {

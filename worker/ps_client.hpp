@@ -36,17 +36,12 @@
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "worker/push_log.hpp"
+#include "worker/request_tracker.hpp"
+#include "worker/restore_watch.hpp"
 #include "worker/row_cache.hpp"
+#include "worker/step_batch.hpp"
 
 namespace parasol {
-
-// How a request's keys split across shards after deduplication (the client's, internal).
-struct KeySplit {
-  std::vector<uint32_t> inverse;       // position -> unique id
-  std::vector<uint32_t> unique_shard;  // unique id -> shard
-  std::vector<uint32_t> unique_local;  // unique id -> row within that shard's request
-  std::vector<uint64_t> counts;        // shard -> unique keys sent to it
-};
 
 class PsClient {
  public:
@@ -248,28 +243,12 @@ class PsClient {
   uint64_t push_log_added_bytes() const { return push_log_.added_bytes(); }
 
  private:
-  struct ShardRequest;
-  struct Pending;
-  // A request gathered between BeginStep() and SendStep().
-  struct Gathered {
-    uint64_t request_id = 0;
-    Op op = Op::Hello;
-    int64_t clock = 0;
-    uint64_t payload_bytes = 0;  // of the request, and of a pull's reply
-    std::vector<zmq::message_t> frames;
-  };
-  bool gathering_ = false;
-  // Per shard: the entries gathered so far are the first gathered_count_[shard] (the others,
-  // kept for their buffers, are reused by the next step).
-  std::vector<std::vector<Gathered>> gathered_;
-  std::vector<size_t> gathered_count_;
-  // Step messages in flight: their parts' request ids (a Step refused as a whole fails them).
-  using StepPartsMap = std::map<uint64_t, std::vector<uint64_t>>;
-  StepPartsMap step_parts_;
-  std::vector<StepPartsMap::node_type> spare_step_parts_;  // reused, as spare_pending_
-  StepPartsMap::iterator RetireStepParts(StepPartsMap::iterator it);
+  // The step's requests gathered between BeginStep() and SendStep(), and the Steps on their
+  // way (worker/step_batch.hpp).
+  StepBatch batch_;
+  std::vector<size_t> step_starts_;  // where SendStep() cuts a shard's queue (reused)
   // Sends `group` (requests to `shard`) as one Step, or alone when it is one request.
-  void SendGathered(uint32_t shard, std::span<Gathered> group);
+  void SendGathered(uint32_t shard, std::span<StepBatch::Entry> group);
   void OnStepReply(uint32_t shard, const Header& step, std::vector<zmq::message_t>& frames);
 
   PsClient(const Manifest& manifest, uint32_t worker_id, Env* env);
@@ -318,8 +297,8 @@ class PsClient {
   // Receives what is waiting (up to `timeout`) and resends overdue requests.
   Status Pump(std::chrono::milliseconds timeout);
   void OnReply(uint32_t shard, std::vector<zmq::message_t>& frames);
-  void Finish(Pending& p);
-  void FailRequest(ShardRequest& r, Status status);
+  void Finish(TicketState& p);
+  void FailRequest(TrackedRequest& r, Status status);
 
   std::function<Status()> wait_interrupt_;
   const Manifest manifest_;
@@ -346,17 +325,9 @@ class PsClient {
   uint64_t cache_misses_ = 0;
   uint64_t pulled_row_bytes_ = 0;  // added to clock_ in the requests made (PrefetchSparseAsync)
   uint64_t next_request_id_ = 1;
-  Ticket next_ticket_ = 1;
-  using PendingMap = std::map<Ticket, std::unique_ptr<Pending>>;
-  using RequestMap = std::map<uint64_t, std::unique_ptr<ShardRequest>>;
-  PendingMap pending_;
-  RequestMap in_flight_;  // by request id
-  // Finished tickets' and answered requests' map nodes, with their objects and buffers, taken
-  // again by new ones: a steady stream of steps allocates no map node, Pending or ShardRequest.
-  std::vector<PendingMap::node_type> spare_pending_;
-  std::vector<RequestMap::node_type> spare_requests_;
-  static constexpr size_t kSpareNodes = 256;
-  static constexpr size_t kReservedFrames = 4;  // frames a new request's vectors have room for
+  // The tickets and the requests on their way, their deadlines and attempts
+  // (worker/request_tracker.hpp).
+  RequestTracker tracker_;
   // Reused from call to call: Pump's poll items and received frames, a Step reply's part, its
   // parts and its parts' ids, the frames of a message sent at once.
   std::vector<zmq::message_t> received_;
@@ -364,23 +335,17 @@ class PsClient {
   std::vector<StepPart> step_split_;
   std::vector<uint64_t> step_ids_;
   std::vector<zmq::message_t> send_frames_;
-  std::vector<PayloadView> spare_views_;  // parsed replies' views, their buffers reused
   // Scratch of the sparse requests and the sends (pulls swap the split's vectors with their
   // ticket's, so the ticket keeps them).
   KeySplit split_, push_split_;
-  std::vector<KeySplit> spare_splits_;  // finished pulls' split vectors
   std::vector<zmq::message_t> payload_;
   std::vector<zmq::message_t> key_bufs_;
   std::vector<FramePlan> plans_;
   std::vector<std::vector<zmq::message_t>> value_bufs_;
   std::vector<uint8_t> first_seen_;
   std::vector<uint32_t> tick_shards_;
-  // A node for request `id` (its ShardRequest reset), and the return of an answered one.
-  RequestMap::node_type RequestNode(uint64_t id);
-  void RetireRequest(RequestMap::iterator it);
-  void RetirePending(PendingMap::iterator it);
   // The ticket's frames borrow the caller's memory (its tracker made once, then reused).
-  void StartBorrowing(Pending& p);
+  void StartBorrowing(TicketState& p);
   // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
   // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
   // a new epoch; the shard's restored push record applies each one once.
@@ -419,23 +384,11 @@ class PsClient {
   std::vector<uint64_t> shard_epochs_;
   PushLog push_log_;
   std::vector<bool> replay_due_;
-  // Shards that answer that they are loading their checkpoint (restore_total in a reply): how
-  // far each said it was, when it last said so, and when its progress last moved. Requests to
-  // a shard that is restoring and has moved within cluster.request_timeout are resent without
-  // spending their attempts; one whose progress stopped is waited for no longer than any
-  // silent shard.
-  struct ShardRestore {
-    uint64_t done = 0, total = 0, rows = 0, rows_total = 0;
-    std::chrono::steady_clock::time_point heard{}, progressed{}, logged{};
-    std::chrono::steady_clock::time_point began{};  // the first "loading" of this episode
-  };
-  std::vector<ShardRestore> restoring_;
+  // Shards that answer that they are loading their checkpoint, and whether each still moves
+  // (worker/restore_watch.hpp): requests to one that moves are resent without spending their
+  // attempts.
+  RestoreWatch restoring_;
   void NoteRestoring(uint32_t shard, const Header& reply);
-  // Whether `shard` said it is restoring, and moved, within cluster.request_timeout.
-  bool RestoringWithProgress(uint32_t shard, std::chrono::steady_clock::time_point now) const;
-  // How often a restoring shard is asked again: every second, or half a request's time-out.
-  static constexpr std::chrono::milliseconds kRestoringPoll{1000};
-  std::chrono::milliseconds RestoringPoll() const;
   std::vector<Ticket> replay_tickets_;  // replays in progress (nobody waits on them)
   Status replay_failure_;               // sticky: a replay was refused; every Wait returns it
   std::string lost_step_;               // lost_step()

@@ -174,6 +174,8 @@ class InProcessShard {
   }
   bool Answered(uint64_t id) const { return replies_.count(id) != 0; }
   std::string Metrics() const { return shard_.MetricsText(); }
+  std::string StatsText() const { return shard_.StatsJson(); }
+  const ShardServer& server() const { return shard_; }
   uint64_t Stat(const std::string& name) const {
     return static_cast<uint64_t>(JsonAt(shard_.StatsJson(), "/" + name, -1));
   }
