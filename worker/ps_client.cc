@@ -534,13 +534,28 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     }
   };
   if (step.status != StatusCode::kOk) {
-    // As for a single request: a restarted shard's answer waits for this worker's replay; a
-    // Step refused as a whole is not retried.
-    if (OutcomeOf(Op::Step, step.status, false, replay_due_[shard]) ==
-        ReplyOutcome::kAwaitReplay) {
-      return;
+    // As for a single request (worker/reply_outcome.hpp): a restarted shard's answer waits for
+    // this worker's replay; a Step refused for now (behind a tick that waits for its pushes)
+    // has each of its parts sent again on its own once overdue, within its attempts; a Step
+    // refused otherwise fails its parts.
+    switch (OutcomeOf(Op::Step, step.status, false, replay_due_[shard])) {
+      case ReplyOutcome::kAwaitReplay:
+        return;
+      case ReplyOutcome::kRetryLater: {
+        const auto later =
+            env_->Now() + std::chrono::milliseconds(manifest_.cluster.request_timeout_ms);
+        for (uint64_t id : ids) {
+          if (TrackedRequest* r = tracker_.Find(id, shard)) {
+            r->deadline = later;
+            r->refused = Status(step.status, step.message);
+          }
+        }
+        break;
+      }
+      default:
+        fail_all(Status(step.status, step.message));
+        break;
     }
-    fail_all(Status(step.status, step.message));
     batch_.Forget(step.request_id);
     return;
   }

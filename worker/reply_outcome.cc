@@ -14,7 +14,7 @@ ReplyOutcome OutcomeOf(Op request, StatusCode status, bool restoring, bool repla
   if (status != StatusCode::kOk) {
     if (replay_due) return ReplyOutcome::kAwaitReplay;
     if (status == StatusCode::kUnavailable &&
-        (request == Op::Clock || IsPull(request) || IsPush(request))) {
+        (request == Op::Clock || IsPull(request) || IsPush(request) || request == Op::Step)) {
       return ReplyOutcome::kRetryLater;
     }
     return ReplyOutcome::kFail;

@@ -9,8 +9,9 @@
 //   worker's replay reached it (an error; a pull's  | in order after the pushes it lost
 //   answer from the checkpoint's state)             |
 //   Unavailable to a tick, a pull or a push (a tick | retried after cluster.request_timeout,
-//   whose pushes have not all arrived, and what was | within its attempts
-//   sent behind it; a rollback on its way)          |
+//   whose pushes have not all arrived, and what was | within its attempts; a Step's parts
+//   sent behind it; a rollback on its way), or to a | each on its own
+//   Step of them                                    |
 //   any other error                                 | fails (its caller sees the status)
 //   OK                                              | done
 #pragma once

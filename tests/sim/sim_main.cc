@@ -1,6 +1,7 @@
 // parasol_sim: runs the deterministic simulation (tests/sim/simulation.hpp) over many seeds.
 //   parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] [--cpu C]
 //   parasol_sim --seed S [--verbose]      one seed again, every event printed with --verbose
+//   parasol_sim --seed-list S1,S2,...     these seeds (those long runs found, in a ctest)
 // --stop-at-failure: ends at the first failed seed (scripts/sim_mutations.sh).
 // --no-overlap: a fault waits until the one before it is over (no process is killed while
 // another is down or a connection is cut). --cpu: the process runs on that CPU only (of those
@@ -11,6 +12,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "tests/sim/simulation.hpp"
 
@@ -27,7 +30,8 @@ void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
                "[--cpu C] [--stop-at-failure]\n"
-               "       parasol_sim --seed S [--verbose]\n");
+               "       parasol_sim --seed S [--verbose]\n"
+               "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
 }
 
 }  // namespace
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
   bool one = false;
   int cpu = -1;
   bool stop_at_failure = false;
+  std::vector<uint64_t> list;  // --seed-list
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> uint64_t {
@@ -62,6 +67,25 @@ int main(int argc, char** argv) {
       first = value();
       seeds = 1;
       one = true;
+    } else if (a == "--seed-list") {
+      if (i + 1 >= argc) {
+        Usage();
+        return 2;
+      }
+      const std::string text = argv[++i];
+      for (size_t at = 0; at <= text.size();) {
+        const size_t comma = std::min(text.find(',', at), text.size());
+        const std::string one_seed = text.substr(at, comma - at);
+        char* end = nullptr;
+        const uint64_t v = std::strtoull(one_seed.c_str(), &end, 10);
+        if (one_seed.empty() || *end != '\0') {
+          std::fprintf(stderr, "parasol_sim: --seed-list wants numbers, got '%s'\n",
+                       one_seed.c_str());
+          return 2;
+        }
+        list.push_back(v);
+        at = comma + 1;
+      }
     } else if (a == "--max-faults") {
       base.max_faults = static_cast<uint32_t>(value());
     } else if (a == "--no-overlap") {
@@ -102,7 +126,13 @@ int main(int argc, char** argv) {
   uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
   uint64_t rolled_back = 0, equal_after_rollback = 0;
   uint64_t ran = 0;
-  for (uint64_t seed = first; seed < first + seeds && !(stop_at_failure && failed > 0); ++seed) {
+  if (list.empty()) {
+    for (uint64_t seed = first; seed < first + seeds; ++seed) list.push_back(seed);
+  } else {
+    first = list.front();  // for the summary
+  }
+  for (size_t next = 0; next < list.size() && !(stop_at_failure && failed > 0); ++next) {
+    const uint64_t seed = list[next];
     ++ran;
     SimOptions o = base;
     o.seed = seed;
