@@ -364,542 +364,717 @@ Result<TrainReport> Trainer::Run() {
   }
 }
 
-Result<TrainReport> Trainer::RunOnce() {
-  const TrainingOptions& t = manifest_.training;
-  const uint32_t workers = manifest_.cluster.workers;
-  if (manifest_.data.train.empty()) {
-    return InvalidArgument(manifest_.source + ": key 'data.train': no training data given");
-  }
-  PARASOL_ASSIGN_OR_RETURN(Model * model, TheModel());
+namespace {
+
+// Where a worker reads its share of the training data: from step `start_step` on, for the
+// membership `plan`.
+ReaderOptions TrainReaderOptions(const Manifest& manifest, uint32_t rank, const Membership& plan,
+                                 int64_t start_step) {
+  const TrainingOptions& t = manifest.training;
   ReaderOptions ro;
-  ro.format = manifest_.data.format;
-  ro.files = manifest_.data.train;
+  ro.format = manifest.data.format;
+  ro.files = manifest.data.train;
   ro.batch_size = t.batch_size;
   ro.epochs = t.epochs;
-  ro.rank = rank_;
-  ro.workers = workers;
-  ro.on_bad_row = manifest_.data.on_bad_row;
-  ro.queue_batches = manifest_.data.queue_batches;
+  ro.rank = rank;
+  ro.workers = manifest.cluster.workers;
+  ro.on_bad_row = manifest.data.on_bad_row;
+  ro.queue_batches = manifest.data.queue_batches;
   ro.deduplicate = true;  // on the reader's thread: each batch's keys arrive deduplicated
-  // The data follows the job's membership (common/membership.hpp); a worker that restarted or
-  // joined reads on from the step it continues at.
-  Membership plan = client_->membership();
-  const int64_t resume = std::max<int64_t>(0, client_->resumed_clock());
   ro.membership = plan;
-  ro.start_step = resume;
+  ro.start_step = start_step;
   ro.batches_per_step = t.accumulate;
-  const uint64_t expected_samples = EstimateLines(ro.files) * t.epochs / workers;
-  BatchReader reader(ro);
-  // The newest step whose batch the trainer has taken from the reader (-1: none).
-  int64_t taken_step = -1;
-  auto take = [&](Result<std::optional<Batch>> b) -> Result<std::optional<Batch>> {
-    if (b.ok() && b->has_value()) taken_step = std::max(taken_step, (*b)->step);
-    return b;
-  };
-  // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
-  client_->AssumeUniqueKeys(true);
+  return ro;
+}
 
-  const bool prefetch =
-      t.prefetch && t.accumulate == 1 &&
-      (t.consistency == TrainingOptions::Consistency::kAsp ||
-       (t.consistency == TrainingOptions::Consistency::kSsp && t.staleness >= 1));
-  // Steps ahead whose rows are pulled during compute (the next one's land in its slot; further
-  // ones in buffers of their own, copied into their slot when their step starts).
-  const uint32_t depth = prefetch ? std::max<uint32_t>(1, t.prefetch_depth) : 1;
-  const uint32_t accumulate = t.accumulate;
-  TrainReport report;
-  report.worker = rank_;
-  auto phase = SteadyClock::now();
-  // A restarted worker skips barrier 0 when the others have passed it (a shard that restarted
-  // since its release might hold it for them).
-  if (client_->resumed_clock() < 0 && client_->last_barrier_seen() < 0) {
-    PARASOL_RETURN_IF_ERROR(client_->Barrier(0));
-  }
-  report.wait_seconds += Since(phase);
+// One pass of Trainer::RunOnce() on one client, from the step the client resumes at: the state
+// its phases share, and the phases. In order: MeetAtStart, TakeFirstBatch, Step while HasStep,
+// Tally, LeaveAndEvaluate; an error in any of them ends the pass.
+class TrainRun {
+ public:
+  // Starts reading this worker's share of the data at the step the client resumes at.
+  TrainRun(Trainer& trainer, const Manifest& manifest, uint32_t rank, PsClient& client,
+           const TrainerHooks& hooks, Model& model);
+  // On every way out, no pull may be left writing into the buffers of the batches read ahead.
+  ~TrainRun();
+  TrainRun(const TrainRun&) = delete;
+  TrainRun& operator=(const TrainRun&) = delete;
 
-  const auto start = SteadyClock::now();
-  auto last_progress = start;
-  AllocationWatch warm(hooks_.allocations);
-  std::vector<PsClient::Ticket> pushes;  // a step's push tickets
-  std::array<double, 100> recent_losses{};
-  size_t recent_count = 0, recent_next = 0;
-  BatchKeys cur_keys, next_keys;
-  // A batch's distinct keys, deduplicated by the reader, into `keys`; the buffers `keys` had
-  // go back with the batch when it is recycled.
-  auto take_keys = [](Batch& b, BatchKeys* keys) { std::swap(b.distinct, *keys); };
-  // The slot of the step about to run (cur_slot) and the one the next step's pulls fill.
-  int cur_slot = 0, pull_slot = 0;
-  GradientSum acc;  // training.accumulate > 1
+  // Meets the others at barrier 0 (unless this worker resumes), then starts the training clock.
+  Status MeetAtStart();
+  // Notes the step training starts at, takes that step's batch and issues its pulls.
+  Status TakeFirstBatch();
+  // Whether a step is left to train: a batch taken, and training.max_steps not reached.
+  bool HasStep() const;
+  // Trains one step, from its pulls to its tick, then reports it and moves to the next batch.
+  Status Step();
+  // After the last step: waits for the pulls left, and fills in the report's totals.
+  Status Tally();
+  // Leaves the job, meets the others at barrier 1, and evaluates if this is the lowest rank left.
+  Result<TrainReport> LeaveAndEvaluate();
 
-  phase = SteadyClock::now();
-  // A restarted worker continues at the clock the shards know it at (the reader starts at that
-  // step's batch); a joining one at the clock it joined at.
-  // Allocations are counted from this step on (TrainReport::allocations_per_step).
-  const uint64_t counted_from = static_cast<uint64_t>(resume) + kWarmSteps;
-  report.first_step = resume;
-  if (resume > 0) {
-    report.steps = static_cast<uint64_t>(resume);
-    if (hooks_.line) {
-      const bool joined = plan.join(rank_) == resume && rank_ >= plan.initial();
-      hooks_.line("worker " + std::to_string(rank_) + (joined ? ": joined at step " : ": resuming at step ") +
-                  std::to_string(resume) +
-                  (joined ? "" : " (the batches before it were trained on)"));
-    }
-  }
-  bool leave_asked = false;
-  // After each tick: a membership that changed re-splits the data from the first step not read
-  // yet (shard 0 names clocks far enough ahead that none of it was).
-  auto follow_membership = [&]() -> Status {
-    if (hooks_.leave_requested && !leave_asked && hooks_.leave_requested()) {
-      leave_asked = true;
-      Result<int64_t> at = client_->RequestLeave();
-      if (!at.ok()) return at.status().WithContext("asking to leave the job");
-      if (hooks_.line) {
-        hooks_.line("worker " + std::to_string(rank_) + ": leaves the job at clock " +
-                    std::to_string(*at));
-      }
-    }
-    const Membership& now = client_->membership();
-    if (now.version() == plan.version()) return Status::Ok();
-    const int64_t first = FirstNewClock(plan, now);
-    if (first <= taken_step) {
-      return FailedPrecondition("worker " + std::to_string(rank_) + ": a membership change at " +
-                                "clock " + std::to_string(first) + " arrived after this worker " +
-                                "had read the batch of step " + std::to_string(taken_step));
-    }
-    plan = now;
-    ++report.membership_changes;
-    reader.Reposition(plan, taken_step + 1);
-    return Status::Ok();
-  };
-  PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> cur, take(reader.Next()));
-  report.data_seconds += Since(phase);
-  if (cur) take_keys(*cur, &cur_keys);
-  const uint32_t dim = model->sparse_dim();
-  const bool fuse = manifest_.worker.fuse_requests;
-  // One shard, and the manifest lists no other that could join: the tick may go behind the
-  // pushes without waiting for their acknowledgements (see the pushes below).
-  const bool tick_behind_pushes = manifest_.cluster.servers.size() == 1;
-
-  // The pulls of the step about to run land in the model's slot pull_slot (which becomes
-  // cur_slot when the step starts): its rows and its dense weights. A step's pulls are issued as soon as the step
-  // before has pushed (in the same flush: under BSP the shard answers them the moment the
-  // tick is applied), or earlier under SSP/ASP with prefetch.
-  std::optional<PsClient::Ticket> rows_pull;
-  std::vector<PsClient::Ticket> dense_pulls;
-  auto issue_pulls = [&](const Batch& batch, const BatchKeys& keys, bool sparse) -> Status {
-    if (sparse) {
-      float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(keys.unique.size()),
-                                    static_cast<uint32_t>(batch.keys.size()));
-      if (!rows) return ResourceExhausted("no host memory for the step's rows");
-      PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket tk,
-                               client_->PullSparseAsync(model->sparse_table(), keys.unique, rows));
-      rows_pull = tk;
-    }
-    for (size_t i = 0; i < model->dense_tables().size(); ++i) {
-      PARASOL_ASSIGN_OR_RETURN(
-          PsClient::Ticket tk,
-          client_->PullDenseAsync(model->dense_tables()[i], model->StepDense(pull_slot, i).data()));
-      dense_pulls.push_back(tk);
-    }
-    return Status::Ok();
-  };
-  // training.prefetch_depth > 1: the batches after `next`, read ahead, each with its rows
-  // pulled into a buffer of its own; `next` and `cur` keep theirs here, and a step's rows are
-  // copied into its slot (at cur_rows) when it starts.
+ private:
+  // training.prefetch_depth > 1: the batches after `next_`, read ahead, each with its rows
+  // pulled into a buffer of its own; `next_` and `cur_` keep theirs in next_ahead_ and
+  // cur_ahead_, and a step's rows are copied into its slot (at cur_rows_) when it starts.
   struct Ahead {
     std::optional<Batch> batch;
     BatchKeys keys;
     std::vector<float> rows;
     std::optional<PsClient::Ticket> ticket;
   };
-  std::deque<Ahead> further;
-  Ahead next_ahead, cur_ahead;
+
+  // The phases of a step, in the order Step() runs them.
+  // Reads the next batch (or takes the one read ahead) while this step's pulls travel.
+  Status ReadNext();
+  // Waits for this step's pulls; their slot becomes the step's, the other the next step's.
+  Status StartStep();
+  // Under prefetch: sends the pulls of the next steps' rows; whether it did.
+  Result<bool> PullAhead();
+  // Forward and backward over the step's batches: its mean loss and its samples.
+  Status Compute(double* loss, uint64_t* samples);
+  // Pushes the step's gradients, then ticks with the next step's pulls behind the tick.
+  Status PushAndTick(double loss, bool rows_prefetched);
+  // After each tick: follows a request to leave, and a change of the job's membership.
+  Status FollowMembership();
+  // Counts the step: its samples, and its loss in the mean of the last 100 steps.
+  void CountStep(double loss, uint64_t samples);
+  // Reports where training stands (points, progress lines), and evaluates every eval_every.
+  Status ReportProgress();
+  // Gives the step's batch back to the reader; the next batch becomes the current one.
+  void MoveToNextBatch();
+
+  // What the phases use.
+  // Notes the step of a batch taken from the reader.
+  Result<std::optional<Batch>> Take(Result<std::optional<Batch>> b);
+  // A batch's distinct keys, deduplicated by the reader, into `keys`; the buffers `keys` had
+  // go back with the batch when it is recycled.
+  static void TakeKeys(Batch& b, BatchKeys* keys) { std::swap(b.distinct, *keys); }
+  // Sends the pulls of a step into slot pull_slot_: its rows (if `sparse`) and dense weights.
+  Status IssuePulls(const Batch& batch, const BatchKeys& keys, bool sparse);
+  // Waits for the pulls of the step about to run, and copies rows pulled ahead into its slot.
+  Status WaitPulls();
+  // Pulls the rows of `keys` into a's buffer, for the step `ahead` steps on, unless sent.
+  Status PrefetchInto(Ahead& a, const BatchKeys& keys, uint32_t ahead);
+  // Forward and backward over the current batch in the step's slot; its mean loss.
+  Result<double> ForwardBackward();
+  // training.accumulate > 1: the step's other micro-batches, and the sum of their gradients.
+  Status AccumulateMicroBatches(double* loss, uint64_t* step_samples);
+  // Whether the step's loss or gradients are not finite, which skips it (or fails it).
+  Result<bool> SkipNonfinite(double loss, bool acc_on);
+  // Sends the step's pushes: its sparse gradient and its dense ones.
+  Status SendPushes(bool acc_on);
+  // Hands hooks.point where training stands, with evaluation `e` if not null.
+  void Point(const EvalResult* e);
+
+  Trainer& trainer_;  // for evaluations
+  const Manifest& manifest_;
+  const TrainingOptions& training_;
+  const uint32_t rank_;
+  PsClient& client_;
+  const TrainerHooks& hooks_;
+  Model& model_;
+  // The data follows the job's membership (common/membership.hpp); a worker that restarted or
+  // joined reads on from the step it continues at.
+  Membership plan_;
+  const int64_t resume_;
+  const uint64_t expected_samples_;
+  BatchReader reader_;
+  // The newest step whose batch the trainer has taken from the reader (-1: none).
+  int64_t taken_step_ = -1;
+  const bool prefetch_;
+  // Steps ahead whose rows are pulled during compute (the next one's land in its slot; further
+  // ones in buffers of their own, copied into their slot when their step starts).
+  const uint32_t depth_;
+  const uint32_t accumulate_;
+  const uint32_t dim_;
+  const bool fuse_;
+  // One shard, and the manifest lists no other that could join: the tick may go behind the
+  // pushes without waiting for their acknowledgements (see PushAndTick).
+  const bool tick_behind_pushes_;
+  // Allocations are counted from this step on (TrainReport::allocations_per_step).
+  const uint64_t counted_from_;
+  TrainReport report_;
+  SteadyClock::time_point start_, last_progress_;
+  AllocationWatch warm_;
+  std::vector<PsClient::Ticket> pushes_;  // a step's push tickets
+  std::array<double, 100> recent_losses_{};
+  size_t recent_count_ = 0, recent_next_ = 0;
+  BatchKeys cur_keys_, next_keys_;
+  // The slot of the step about to run (cur_slot) and the one the next step's pulls fill.
+  int cur_slot_ = 0, pull_slot_ = 0;
+  GradientSum acc_;  // training.accumulate > 1
+  bool leave_asked_ = false;
+  std::optional<Batch> cur_, next_;
+  bool next_read_ = false;
+  std::optional<PsClient::Ticket> rows_pull_;
+  std::vector<PsClient::Ticket> dense_pulls_;
+  std::deque<Ahead> further_;
+  Ahead next_ahead_, cur_ahead_;
   // An entry whose step has started, kept with its buffers (the step before's rows and keys)
   // for the next batch read ahead: no allocation per step in steady state.
-  Ahead spare;
-  float* cur_rows = nullptr;
-  float* next_rows = nullptr;
-  // On every way out, no pull may be left writing into these buffers.
-  struct WaitOnExit {
-    PsClient* client;
-    std::deque<Ahead>* further;
-    Ahead* next;
-    Ahead* cur;
-    ~WaitOnExit() {
-      for (Ahead* a : {cur, next}) {
-        if (a->ticket) (void)client->Wait(*a->ticket);
-      }
-      for (Ahead& a : *further) {
-        if (a.ticket) (void)client->Wait(*a.ticket);
-      }
+  Ahead spare_;
+  float* cur_rows_ = nullptr;
+  float* next_rows_ = nullptr;
+};
+
+TrainRun::TrainRun(Trainer& trainer, const Manifest& manifest, uint32_t rank, PsClient& client,
+                   const TrainerHooks& hooks, Model& model)
+    : trainer_(trainer),
+      manifest_(manifest),
+      training_(manifest.training),
+      rank_(rank),
+      client_(client),
+      hooks_(hooks),
+      model_(model),
+      plan_(client.membership()),
+      resume_(std::max<int64_t>(0, client.resumed_clock())),
+      expected_samples_(EstimateLines(manifest.data.train) * manifest.training.epochs /
+                        manifest.cluster.workers),
+      reader_(TrainReaderOptions(manifest, rank, plan_, resume_)),
+      prefetch_(training_.prefetch && training_.accumulate == 1 &&
+                (training_.consistency == TrainingOptions::Consistency::kAsp ||
+                 (training_.consistency == TrainingOptions::Consistency::kSsp &&
+                  training_.staleness >= 1))),
+      depth_(prefetch_ ? std::max<uint32_t>(1, training_.prefetch_depth) : 1),
+      accumulate_(training_.accumulate),
+      dim_(model.sparse_dim()),
+      fuse_(manifest.worker.fuse_requests),
+      tick_behind_pushes_(manifest.cluster.servers.size() == 1),
+      counted_from_(static_cast<uint64_t>(resume_) + kWarmSteps),
+      warm_(hooks.allocations) {
+  // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
+  client_.AssumeUniqueKeys(true);
+  report_.worker = rank_;
+}
+
+TrainRun::~TrainRun() {
+  for (Ahead* a : {&cur_ahead_, &next_ahead_}) {
+    if (a->ticket) (void)client_.Wait(*a->ticket);
+  }
+  for (Ahead& a : further_) {
+    if (a.ticket) (void)client_.Wait(*a.ticket);
+  }
+}
+
+Status TrainRun::MeetAtStart() {
+  const auto phase = SteadyClock::now();
+  // A restarted worker skips barrier 0 when the others have passed it (a shard that restarted
+  // since its release might hold it for them).
+  if (client_.resumed_clock() < 0 && client_.last_barrier_seen() < 0) {
+    PARASOL_RETURN_IF_ERROR(client_.Barrier(0));
+  }
+  report_.wait_seconds += Since(phase);
+  start_ = SteadyClock::now();
+  last_progress_ = start_;
+  return Status::Ok();
+}
+
+Status TrainRun::TakeFirstBatch() {
+  const auto phase = SteadyClock::now();
+  // A restarted worker continues at the clock the shards know it at (the reader starts at that
+  // step's batch); a joining one at the clock it joined at.
+  report_.first_step = resume_;
+  if (resume_ > 0) {
+    report_.steps = static_cast<uint64_t>(resume_);
+    if (hooks_.line) {
+      const bool joined = plan_.join(rank_) == resume_ && rank_ >= plan_.initial();
+      hooks_.line("worker " + std::to_string(rank_) +
+                  (joined ? ": joined at step " : ": resuming at step ") + std::to_string(resume_) +
+                  (joined ? "" : " (the batches before it were trained on)"));
     }
-  } wait_on_exit{client_, &further, &next_ahead, &cur_ahead};
-  auto wait_pulls = [&]() -> Status {
-    Status first;
-    if (rows_pull) first = client_->Wait(*rows_pull);
-    rows_pull.reset();
-    if (cur_ahead.ticket) {
-      const Status st = client_->Wait(*cur_ahead.ticket);
-      cur_ahead.ticket.reset();
-      if (first.ok()) first = st;
-      if (st.ok() && !cur_keys.unique.empty()) {
-        std::memcpy(cur_rows, cur_ahead.rows.data(),
-                    cur_keys.unique.size() * size_t{model->sparse_dim()} * sizeof(float));
-      }
-    }
-    for (PsClient::Ticket tk : dense_pulls) {
-      Status st = client_->Wait(tk);
-      if (first.ok()) first = st;
-    }
-    dense_pulls.clear();
-    return first;
-  };
-  if (cur) {
-    if (fuse) client_->BeginStep();
-    const Status st = issue_pulls(*cur, cur_keys, true);
-    if (fuse) client_->SendStep();
+  }
+  PARASOL_ASSIGN_OR_RETURN(cur_, Take(reader_.Next()));
+  report_.data_seconds += Since(phase);
+  if (cur_) {
+    TakeKeys(*cur_, &cur_keys_);
+    if (fuse_) client_.BeginStep();
+    const Status st = IssuePulls(*cur_, cur_keys_, true);
+    if (fuse_) client_.SendStep();
     PARASOL_RETURN_IF_ERROR(st);
   }
-  std::optional<Batch> next;
-  bool next_read = false;
+  return Status::Ok();
+}
 
-  while (cur && (t.max_steps == 0 || report.steps < t.max_steps)) {
-    // The next batch is read and deduplicated while this step's pulls travel.
-    phase = SteadyClock::now();
-    if (!next_read) {
-      if (!further.empty()) {  // read, and its rows pulled, ahead
-        next = std::move(further.front().batch);
-        std::swap(next_keys, further.front().keys);
-        std::swap(next_ahead.rows, further.front().rows);
-        next_ahead.ticket = further.front().ticket;
-        spare = std::move(further.front());
-        spare.ticket.reset();
-        spare.batch.reset();
-        further.pop_front();
-      } else {
-        PARASOL_ASSIGN_OR_RETURN(next, take(reader.Next()));
-        if (next) take_keys(*next, &next_keys);
-      }
-      next_read = true;
-    }
-    report.data_seconds += Since(phase);
-    phase = SteadyClock::now();
-    PARASOL_RETURN_IF_ERROR(wait_pulls());
-    cur_slot = pull_slot;
-    pull_slot = cur_slot ^ 1;
-    report.pull_seconds += Since(phase);
-    report.pull_latency.Observe(Since(phase));
-    const bool more = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
-    bool rows_prefetched = false;
-    if (prefetch && more && depth == 1) {
-      // SSP/ASP: the next step's rows travel during this step's compute, at the clock they
-      // will be used at.
-      float* rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
-                                    static_cast<uint32_t>(next->keys.size()));
-      if (!rows) return ResourceExhausted("no host memory for the step's rows");
-      PARASOL_ASSIGN_OR_RETURN(
-          PsClient::Ticket ticket,
-          client_->PrefetchSparseAsync(model->sparse_table(), next_keys.unique, rows));
-      rows_pull = ticket;
-      rows_prefetched = true;
-      report.prefetch_ahead_max = std::max<uint32_t>(report.prefetch_ahead_max, 1);
-    } else if (prefetch && more) {
-      // Depth k: the rows of the next k steps travel during this one's compute, each pull at
-      // the clock its step will run at. Batches past max_steps or the data are not read.
-      phase = SteadyClock::now();
-      while (further.size() + 1 < depth &&
-             (t.max_steps == 0 || report.steps + 2 + further.size() < t.max_steps)) {
-        PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, take(reader.Next()));
-        if (!b) break;
-        Ahead a = std::move(spare);
-        spare = Ahead();
-        a.batch = std::move(b);
-        take_keys(*a.batch, &a.keys);
-        further.push_back(std::move(a));
-      }
-      report.data_seconds += Since(phase);
-      auto prefetch_into = [&](Ahead& a, const BatchKeys& keys, uint32_t ahead) -> Status {
-        if (a.ticket) return Status::Ok();
-        a.rows.resize(keys.unique.size() * size_t{dim});
-        PARASOL_ASSIGN_OR_RETURN(
-            PsClient::Ticket ticket,
-            client_->PrefetchSparseAsync(model->sparse_table(), keys.unique, a.rows.data(), ahead));
-        a.ticket = ticket;
-        return Status::Ok();
-      };
-      PARASOL_RETURN_IF_ERROR(prefetch_into(next_ahead, next_keys, 1));
-      for (size_t j = 0; j < further.size(); ++j) {
-        PARASOL_RETURN_IF_ERROR(prefetch_into(further[j], further[j].keys, 2 + j));
-      }
-      // The next step's slot takes its rows when it starts; sized now, before its dense pulls
-      // (with the tick) write into the same slot.
-      next_rows = model->StepRows(pull_slot, static_cast<uint32_t>(next_keys.unique.size()),
-                                  static_cast<uint32_t>(next->keys.size()));
-      if (!next_rows) return ResourceExhausted("no host memory for the step's rows");
-      rows_prefetched = true;
-      report.prefetch_ahead_max =
-          std::max(report.prefetch_ahead_max, static_cast<uint32_t>(1 + further.size()));
-    }
+bool TrainRun::HasStep() const {
+  return cur_ && (training_.max_steps == 0 || report_.steps < training_.max_steps);
+}
 
-    phase = SteadyClock::now();
-    // A batch whose every row was malformed is a step with nothing to push (the worker still
-    // ticks: its place in the job's steps stays).
-    double loss = 0;
-    if (cur->size > 0) {
-      model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
-                 cur_keys.indices.data(), /*train=*/true);
-      if (Status st = model->Finish(cur_slot); !st.ok()) {
-        return st.WithContext("step " + std::to_string(report.steps));
-      }
-      loss = model->Loss();
-    }
-    report.compute_seconds += Since(phase);
-    uint64_t step_samples = cur->size;
+Status TrainRun::Step() {
+  PARASOL_RETURN_IF_ERROR(ReadNext());
+  PARASOL_RETURN_IF_ERROR(StartStep());
+  PARASOL_ASSIGN_OR_RETURN(const bool rows_prefetched, PullAhead());
+  double loss = 0;
+  uint64_t samples = 0;
+  PARASOL_RETURN_IF_ERROR(Compute(&loss, &samples));
+  PARASOL_RETURN_IF_ERROR(PushAndTick(loss, rows_prefetched));
+  PARASOL_RETURN_IF_ERROR(FollowMembership());
+  CountStep(loss, samples);
+  // What follows (progress, evaluation) is reporting: its allocations are not the step's.
+  const uint64_t reporting_from = warm_.Now();
+  PARASOL_RETURN_IF_ERROR(ReportProgress());
+  warm_.Exclude(reporting_from);
+  MoveToNextBatch();
+  return Status::Ok();
+}
 
-    if (accumulate > 1) {
-      // k micro-batches make one step: their gradients (each of its batch's mean loss) are
-      // weighted by their sizes and averaged, which is the gradient of the mean loss over all
-      // k x batch_size samples; one push and one tick for the k of them.
-      acc.Start(*model);
-      if (cur->size > 0) acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
-      double loss_sum = loss * cur->size;
-      for (uint32_t j = 1; j < accumulate && next && next->step == cur->step; ++j) {
-        // An earlier micro-batch of the step: reported now (a restart redoes the whole step).
-        if (hooks_.trained) hooks_.trained(*cur);
-        reader.Recycle(std::move(*cur));
-        cur = std::move(next);
-        std::swap(cur_keys, next_keys);
-        phase = SteadyClock::now();
-        // The step's slot: its dense weights stay, its rows are replaced.
-        float* rows = model->StepRows(cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
-                                      static_cast<uint32_t>(cur->keys.size()));
-        if (!rows) return ResourceExhausted("no host memory for the step's rows");
-        PARASOL_RETURN_IF_ERROR(
-            client_->PullSparse(model->sparse_table(), cur_keys.unique, rows));
-        report.pull_seconds += Since(phase);
-        phase = SteadyClock::now();
-        PARASOL_ASSIGN_OR_RETURN(next, take(reader.Next()));
-        report.data_seconds += Since(phase);
-        if (next) take_keys(*next, &next_keys);
-        phase = SteadyClock::now();
-        if (cur->size == 0) continue;  // every row malformed
-        model->Run(*cur, cur_slot, static_cast<uint32_t>(cur_keys.unique.size()),
-                   cur_keys.indices.data(), /*train=*/true);
-        if (Status st = model->Finish(cur_slot); !st.ok()) {
-          return st.WithContext("step " + std::to_string(report.steps));
-        }
-        const double l = model->Loss();
-        report.compute_seconds += Since(phase);
-        acc.Add(*model, cur_keys.unique, model->RowGrads(), cur->size, dim);
-        loss_sum += l * cur->size;
-        step_samples += cur->size;
-      }
-      if (acc.samples > 0) {
-        acc.Finish(dim);
-        loss = loss_sum / static_cast<double>(step_samples);
-      }
-    }
-    const bool pull_next = next && (t.max_steps == 0 || report.steps + 1 < t.max_steps);
-
-    // The pushes travel in one message per shard (fused), then, once every shard has
-    // acknowledged them, the tick with the next step's pulls in one message per shard (under
-    // BSP the shard answers them the moment the tick is applied). The tick waits for the
-    // acknowledgements so that a worker restarted between two shards' ticks redoes a step
-    // whose pushes every shard has (and answers as duplicates). A job of one shard has no two
-    // shards' ticks: its tick goes right behind the pushes, on the same connection, and the
-    // step saves a round trip. The tick names the pushes it follows, and the shard refuses it
-    // unless it has applied them all (a push lost on its way is resent, then the tick; a push
-    // refused fails the step): no push is left behind the clock. A restarted shard gets them
-    // again before the tick (PsClient::Replay). Then the push time includes sending the tick
-    // and the next step's pulls, and the wait is what is left of the tick's round trip.
-    phase = SteadyClock::now();
-    pushes.clear();
-    const bool acc_on = accumulate > 1;
-    if (fuse) client_->BeginStep();
-    bool push_nothing = acc_on ? acc.samples == 0 : cur->size == 0;
-    if (!push_nothing) {
-      // A step whose loss or gradients are not finite would poison rows every worker reads:
-      // it stops the worker, or (on_nonfinite: skip) pushes nothing and is counted.
-      std::string bad = NonfiniteIn(manifest_, loss, *model, acc_on ? std::span<const float>(acc.rows)
-                                                         : model->RowGrads(),
-                                    acc_on ? &acc.dense : nullptr);
-      if (!bad.empty()) {
-        if (t.on_nonfinite == TrainingOptions::OnNonfinite::kFail) {
-          return FailedPrecondition(
-              "step " + std::to_string(report.steps) + ": " + bad +
-              "; nothing of it was pushed (training.on_nonfinite: skip would skip such steps)");
-        }
-        ++report.nonfinite_steps;
-        if (report.nonfinite_steps == 1 || (report.nonfinite_steps & (report.nonfinite_steps - 1)) == 0) {
-          spdlog::warn("worker {}: step {}: {}; skipped ({} such steps so far)", rank_,
-                       report.steps, bad, report.nonfinite_steps);
-        }
-        push_nothing = true;
-      }
-    }
-    Status sent = [&]() -> Status {
-      if (push_nothing) return Status::Ok();
-      PARASOL_ASSIGN_OR_RETURN(
-          PsClient::Ticket sparse_push,
-          client_->PushSparseAsync(model->sparse_table(), acc_on ? acc.keys : cur_keys.unique,
-                                   acc_on ? std::span<const float>(acc.rows)
-                                          : model->RowGrads()));
-      pushes.push_back(sparse_push);
-      for (size_t i = 0; i < model->dense_tables().size(); ++i) {
-        PARASOL_ASSIGN_OR_RETURN(
-            PsClient::Ticket tk,
-            client_->PushDenseAsync(model->dense_tables()[i],
-                                    acc_on ? std::span<const float>(acc.dense[i])
-                                           : std::span<const float>(model->DenseGrads()[i])));
-        pushes.push_back(tk);
-      }
-      return Status::Ok();
-    }();
-    if (fuse) client_->SendStep();
-    // The tick and the next step's pulls (one message per shard when fused).
-    Result<PsClient::Ticket> tick = Internal("no tick sent");
-    Status pulled = Status::Ok();
-    auto send_tick = [&] {
-      // Before the tick: a worker killed after it restarts at the next step, so every step it
-      // trained has been reported (a step redone after a restart is reported again, the same).
-      // Behind the pushes, that is before they are acknowledged.
-      if (hooks_.trained) hooks_.trained(*cur);
-      if (fuse) client_->BeginStep();
-      tick = client_->TickAsync();
-      pulled = tick.ok() && pull_next ? issue_pulls(*next, next_keys, !rows_prefetched)
-                                      : tick.status();
-      if (fuse) client_->SendStep();
-    };
-    if (tick_behind_pushes && sent.ok()) {
-      send_tick();
-      ++report.ticks_behind_pushes;
-    }
-    // Wait for all of them: on a failure none may be left borrowing the gradients.
-    for (PsClient::Ticket tk : pushes) {
-      Status st = client_->Wait(tk);
-      if (sent.ok()) sent = st;
-    }
-    PARASOL_RETURN_IF_ERROR(sent);
-    report.push_seconds += Since(phase);
-    report.push_latency.Observe(Since(phase));
-    phase = SteadyClock::now();
-    if (!tick_behind_pushes) send_tick();
-    PARASOL_RETURN_IF_ERROR(pulled);
-    PARASOL_RETURN_IF_ERROR(client_->Wait(*tick));
-    report.wait_seconds += Since(phase);
-    report.tick_latency.Observe(Since(phase));
-    PARASOL_RETURN_IF_ERROR(follow_membership());
-
-    ++report.steps;
-    report.train_samples += step_samples;
-    // The mean loss of the last (up to) 100 steps, in a ring (a skipped step's is not finite,
-    // and left out).
-    if (std::isfinite(loss)) {
-      if (recent_count < recent_losses.size()) ++recent_count;
-      recent_losses[recent_next] = loss;
-      recent_next = (recent_next + 1) % recent_losses.size();
-      report.last_loss =
-          std::accumulate(recent_losses.begin(), recent_losses.begin() + recent_count, 0.0) /
-          recent_count;
-    }
-    if (report.steps == counted_from) warm.Start();
-    // What follows (progress, evaluation) is reporting: its allocations are not the step's.
-    const uint64_t reporting_from = warm.Now();
-
-    auto point = [&](const EvalResult* e) {
-      if (hooks_.point) {
-        hooks_.point(PointOf(report, Since(start), e, *client_));
-      }
-    };
-    if (report.steps % 10 == 0) point(nullptr);
-    if (hooks_.line && Since(last_progress) * 1000 >= t.progress_ms) {
-      last_progress = SteadyClock::now();
-      const double rate = report.train_samples / Since(start);
-      const double left = expected_samples > report.train_samples
-                              ? (expected_samples - report.train_samples) / rate
-                              : 0.0;
-      char buf[256];
-      std::snprintf(buf, sizeof(buf),
-                    "worker %u: step %llu, %llu samples, %.0f samples/s, loss %.4f, ETA %.0f s",
-                    rank_, static_cast<unsigned long long>(report.steps),
-                    static_cast<unsigned long long>(report.train_samples), rate,
-                    report.last_loss, left);
-      hooks_.line(buf);
-    }
-    if (t.eval_every > 0 && report.steps % t.eval_every == 0 && rank_ == 0 &&
-        !manifest_.data.eval.empty()) {
-      // The step's own slot is free (the next step's pulls fill the other).
-      PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval, cur_slot));
-      point(&e);
-      if (hooks_.line) {
-        char buf[160];
-        std::snprintf(buf, sizeof(buf), "worker 0: step %llu: eval logloss %.4f, AUC %.4f",
-                      static_cast<unsigned long long>(report.steps), e.logloss, e.auc);
-        hooks_.line(buf);
-      }
-    }
-    warm.Exclude(reporting_from);
-    reader.Recycle(std::move(*cur));
-    cur = std::move(next);
-    std::swap(cur_keys, next_keys);
-    std::swap(cur_ahead.rows, next_ahead.rows);
-    cur_ahead.ticket = next_ahead.ticket;
-    next_ahead.ticket.reset();
-    cur_rows = next_rows;
-    next_rows = nullptr;
-    next_read = false;
+Status TrainRun::Tally() {
+  PARASOL_RETURN_IF_ERROR(WaitPulls());
+  report_.allocations_per_step =
+      warm_.PerStep(report_.steps > counted_from_ ? report_.steps - counted_from_ : 0);
+  report_.train_seconds = Since(start_);
+  report_.samples_per_second = report_.train_samples / std::max(1e-9, report_.train_seconds);
+  report_.bad_rows = reader_.bad_rows();
+  report_.pushes = client_.pushes_acknowledged();
+  report_.push_log_peak_bytes = client_.push_log_peak_bytes();
+  report_.cache_hits = client_.cache_hits();
+  report_.cache_misses = client_.cache_misses();
+  if (report_.steps > static_cast<uint64_t>(resume_)) {
+    report_.push_log_bytes_per_step = static_cast<double>(client_.push_log_added_bytes()) /
+                                      static_cast<double>(report_.steps - resume_);
+    report_.pull_bytes_per_step = static_cast<double>(client_.pulled_row_bytes()) /
+                                  static_cast<double>(report_.steps - resume_);
   }
-  PARASOL_RETURN_IF_ERROR(wait_pulls());
-  report.allocations_per_step =
-      warm.PerStep(report.steps > counted_from ? report.steps - counted_from : 0);
-  report.train_seconds = Since(start);
-  report.samples_per_second = report.train_samples / std::max(1e-9, report.train_seconds);
-  report.bad_rows = reader.bad_rows();
-  report.pushes = client_->pushes_acknowledged();
-  report.push_log_peak_bytes = client_->push_log_peak_bytes();
-  report.cache_hits = client_->cache_hits();
-  report.cache_misses = client_->cache_misses();
-  if (report.steps > static_cast<uint64_t>(resume)) {
-    report.push_log_bytes_per_step = static_cast<double>(client_->push_log_added_bytes()) /
-                                     static_cast<double>(report.steps - resume);
-    report.pull_bytes_per_step = static_cast<double>(client_->pulled_row_bytes()) /
-                                 static_cast<double>(report.steps - resume);
-  }
-  report.first_bad_row = reader.first_bad_row();
+  report_.first_bad_row = reader_.first_bad_row();
+  return Status::Ok();
+}
 
+Result<TrainReport> TrainRun::LeaveAndEvaluate() {
   // Done: the others stop waiting for this worker's clock; then all meet before evaluating. A
   // worker that left the running job early goes without meeting them.
-  phase = SteadyClock::now();
-  PARASOL_RETURN_IF_ERROR(client_->Leave());
-  const int64_t leave_at = client_->membership().leave(rank_);
-  if (leave_at >= 0 && client_->clock() >= leave_at) {
-    report.left_at = leave_at;
-    return report;
+  const auto phase = SteadyClock::now();
+  PARASOL_RETURN_IF_ERROR(client_.Leave());
+  const int64_t leave_at = client_.membership().leave(rank_);
+  if (leave_at >= 0 && client_.clock() >= leave_at) {
+    report_.left_at = leave_at;
+    return report_;
   }
-  PARASOL_RETURN_IF_ERROR(client_->Barrier(1));
-  report.wait_seconds += Since(phase);
+  PARASOL_RETURN_IF_ERROR(client_.Barrier(1));
+  report_.wait_seconds += Since(phase);
   // The lowest rank still in the job evaluates (rank 0 unless it left).
   uint32_t evaluator = rank_;
-  for (uint32_t r = 0; r < client_->membership().max_ranks(); ++r) {
-    if (client_->membership().Joined(r) && client_->membership().leave(r) < 0) {
+  for (uint32_t r = 0; r < client_.membership().max_ranks(); ++r) {
+    if (client_.membership().Joined(r) && client_.membership().leave(r) < 0) {
       evaluator = r;
       break;
     }
   }
   if (rank_ == evaluator && !manifest_.data.eval.empty()) {
-    PARASOL_ASSIGN_OR_RETURN(EvalResult e, Evaluate(manifest_.data.eval));
-    report.evaluated = true;
-    report.eval_samples = e.samples;
-    report.eval_logloss = e.logloss;
-    report.eval_auc = e.auc;
+    PARASOL_ASSIGN_OR_RETURN(EvalResult e, trainer_.Evaluate(manifest_.data.eval));
+    report_.evaluated = true;
+    report_.eval_samples = e.samples;
+    report_.eval_logloss = e.logloss;
+    report_.eval_auc = e.auc;
   }
   if (hooks_.point) {
-    EvalResult e{report.eval_samples, report.eval_logloss, report.eval_auc};
-    hooks_.point(PointOf(report, report.train_seconds, report.evaluated ? &e : nullptr,
-                         *client_));
+    EvalResult e{report_.eval_samples, report_.eval_logloss, report_.eval_auc};
+    hooks_.point(
+        PointOf(report_, report_.train_seconds, report_.evaluated ? &e : nullptr, client_));
   }
-  return report;
+  return report_;
+}
+
+Status TrainRun::ReadNext() {
+  // The next batch is read and deduplicated while this step's pulls travel.
+  const auto phase = SteadyClock::now();
+  if (!next_read_) {
+    if (!further_.empty()) {  // read, and its rows pulled, ahead
+      next_ = std::move(further_.front().batch);
+      std::swap(next_keys_, further_.front().keys);
+      std::swap(next_ahead_.rows, further_.front().rows);
+      next_ahead_.ticket = further_.front().ticket;
+      spare_ = std::move(further_.front());
+      spare_.ticket.reset();
+      spare_.batch.reset();
+      further_.pop_front();
+    } else {
+      PARASOL_ASSIGN_OR_RETURN(next_, Take(reader_.Next()));
+      if (next_) TakeKeys(*next_, &next_keys_);
+    }
+    next_read_ = true;
+  }
+  report_.data_seconds += Since(phase);
+  return Status::Ok();
+}
+
+Status TrainRun::StartStep() {
+  const auto phase = SteadyClock::now();
+  PARASOL_RETURN_IF_ERROR(WaitPulls());
+  cur_slot_ = pull_slot_;
+  pull_slot_ = cur_slot_ ^ 1;
+  report_.pull_seconds += Since(phase);
+  report_.pull_latency.Observe(Since(phase));
+  return Status::Ok();
+}
+
+Result<bool> TrainRun::PullAhead() {
+  const bool more = next_ && (training_.max_steps == 0 || report_.steps + 1 < training_.max_steps);
+  if (!prefetch_ || !more) return false;
+  if (depth_ == 1) {
+    // SSP/ASP: the next step's rows travel during this step's compute, at the clock they
+    // will be used at.
+    float* rows = model_.StepRows(pull_slot_, static_cast<uint32_t>(next_keys_.unique.size()),
+                                  static_cast<uint32_t>(next_->keys.size()));
+    if (!rows) return ResourceExhausted("no host memory for the step's rows");
+    PARASOL_ASSIGN_OR_RETURN(
+        PsClient::Ticket ticket,
+        client_.PrefetchSparseAsync(model_.sparse_table(), next_keys_.unique, rows));
+    rows_pull_ = ticket;
+    report_.prefetch_ahead_max = std::max<uint32_t>(report_.prefetch_ahead_max, 1);
+    return true;
+  }
+  // Depth k: the rows of the next k steps travel during this one's compute, each pull at
+  // the clock its step will run at. Batches past max_steps or the data are not read.
+  const auto phase = SteadyClock::now();
+  while (further_.size() + 1 < depth_ &&
+         (training_.max_steps == 0 || report_.steps + 2 + further_.size() < training_.max_steps)) {
+    PARASOL_ASSIGN_OR_RETURN(std::optional<Batch> b, Take(reader_.Next()));
+    if (!b) break;
+    Ahead a = std::move(spare_);
+    spare_ = Ahead();
+    a.batch = std::move(b);
+    TakeKeys(*a.batch, &a.keys);
+    further_.push_back(std::move(a));
+  }
+  report_.data_seconds += Since(phase);
+  PARASOL_RETURN_IF_ERROR(PrefetchInto(next_ahead_, next_keys_, 1));
+  for (size_t j = 0; j < further_.size(); ++j) {
+    PARASOL_RETURN_IF_ERROR(PrefetchInto(further_[j], further_[j].keys, 2 + j));
+  }
+  // The next step's slot takes its rows when it starts; sized now, before its dense pulls
+  // (with the tick) write into the same slot.
+  next_rows_ = model_.StepRows(pull_slot_, static_cast<uint32_t>(next_keys_.unique.size()),
+                               static_cast<uint32_t>(next_->keys.size()));
+  if (!next_rows_) return ResourceExhausted("no host memory for the step's rows");
+  report_.prefetch_ahead_max =
+      std::max(report_.prefetch_ahead_max, static_cast<uint32_t>(1 + further_.size()));
+  return true;
+}
+
+Status TrainRun::Compute(double* loss, uint64_t* samples) {
+  const auto phase = SteadyClock::now();
+  // A batch whose every row was malformed is a step with nothing to push (the worker still
+  // ticks: its place in the job's steps stays).
+  *loss = 0;
+  if (cur_->size > 0) {
+    PARASOL_ASSIGN_OR_RETURN(*loss, ForwardBackward());
+  }
+  report_.compute_seconds += Since(phase);
+  *samples = cur_->size;
+  if (accumulate_ > 1) PARASOL_RETURN_IF_ERROR(AccumulateMicroBatches(loss, samples));
+  return Status::Ok();
+}
+
+Status TrainRun::PushAndTick(double loss, bool rows_prefetched) {
+  const bool pull_next =
+      next_ && (training_.max_steps == 0 || report_.steps + 1 < training_.max_steps);
+
+  // The pushes travel in one message per shard (fused), then, once every shard has
+  // acknowledged them, the tick with the next step's pulls in one message per shard (under
+  // BSP the shard answers them the moment the tick is applied). The tick waits for the
+  // acknowledgements so that a worker restarted between two shards' ticks redoes a step
+  // whose pushes every shard has (and answers as duplicates). A job of one shard has no two
+  // shards' ticks: its tick goes right behind the pushes, on the same connection, and the
+  // step saves a round trip. The tick names the pushes it follows, and the shard refuses it
+  // unless it has applied them all (a push lost on its way is resent, then the tick; a push
+  // refused fails the step): no push is left behind the clock. A restarted shard gets them
+  // again before the tick (PsClient::Replay). Then the push time includes sending the tick
+  // and the next step's pulls, and the wait is what is left of the tick's round trip.
+  auto phase = SteadyClock::now();
+  pushes_.clear();
+  const bool acc_on = accumulate_ > 1;
+  if (fuse_) client_.BeginStep();
+  bool push_nothing = acc_on ? acc_.samples == 0 : cur_->size == 0;
+  if (!push_nothing) {
+    PARASOL_ASSIGN_OR_RETURN(push_nothing, SkipNonfinite(loss, acc_on));
+  }
+  Status sent = push_nothing ? Status::Ok() : SendPushes(acc_on);
+  if (fuse_) client_.SendStep();
+  // The tick and the next step's pulls (one message per shard when fused).
+  Result<PsClient::Ticket> tick = Internal("no tick sent");
+  Status pulled = Status::Ok();
+  auto send_tick = [&] {
+    // Before the tick: a worker killed after it restarts at the next step, so every step it
+    // trained has been reported (a step redone after a restart is reported again, the same).
+    // Behind the pushes, that is before they are acknowledged.
+    if (hooks_.trained) hooks_.trained(*cur_);
+    if (fuse_) client_.BeginStep();
+    tick = client_.TickAsync();
+    pulled =
+        tick.ok() && pull_next ? IssuePulls(*next_, next_keys_, !rows_prefetched) : tick.status();
+    if (fuse_) client_.SendStep();
+  };
+  if (tick_behind_pushes_ && sent.ok()) {
+    send_tick();
+    ++report_.ticks_behind_pushes;
+  }
+  // Wait for all of them: on a failure none may be left borrowing the gradients.
+  for (PsClient::Ticket tk : pushes_) {
+    Status st = client_.Wait(tk);
+    if (sent.ok()) sent = st;
+  }
+  PARASOL_RETURN_IF_ERROR(sent);
+  report_.push_seconds += Since(phase);
+  report_.push_latency.Observe(Since(phase));
+  phase = SteadyClock::now();
+  if (!tick_behind_pushes_) send_tick();
+  PARASOL_RETURN_IF_ERROR(pulled);
+  PARASOL_RETURN_IF_ERROR(client_.Wait(*tick));
+  report_.wait_seconds += Since(phase);
+  report_.tick_latency.Observe(Since(phase));
+  return Status::Ok();
+}
+
+Status TrainRun::FollowMembership() {
+  if (hooks_.leave_requested && !leave_asked_ && hooks_.leave_requested()) {
+    leave_asked_ = true;
+    Result<int64_t> at = client_.RequestLeave();
+    if (!at.ok()) return at.status().WithContext("asking to leave the job");
+    if (hooks_.line) {
+      hooks_.line("worker " + std::to_string(rank_) + ": leaves the job at clock " +
+                  std::to_string(*at));
+    }
+  }
+  // A membership that changed re-splits the data from the first step not read yet (shard 0
+  // names clocks far enough ahead that none of it was).
+  const Membership& now = client_.membership();
+  if (now.version() == plan_.version()) return Status::Ok();
+  const int64_t first = FirstNewClock(plan_, now);
+  if (first <= taken_step_) {
+    return FailedPrecondition("worker " + std::to_string(rank_) + ": a membership change at " +
+                              "clock " + std::to_string(first) + " arrived after this worker " +
+                              "had read the batch of step " + std::to_string(taken_step_));
+  }
+  plan_ = now;
+  ++report_.membership_changes;
+  reader_.Reposition(plan_, taken_step_ + 1);
+  return Status::Ok();
+}
+
+void TrainRun::CountStep(double loss, uint64_t samples) {
+  ++report_.steps;
+  report_.train_samples += samples;
+  // The mean loss of the last (up to) 100 steps, in a ring (a skipped step's is not finite,
+  // and left out).
+  if (std::isfinite(loss)) {
+    if (recent_count_ < recent_losses_.size()) ++recent_count_;
+    recent_losses_[recent_next_] = loss;
+    recent_next_ = (recent_next_ + 1) % recent_losses_.size();
+    report_.last_loss =
+        std::accumulate(recent_losses_.begin(), recent_losses_.begin() + recent_count_, 0.0) /
+        recent_count_;
+  }
+  if (report_.steps == counted_from_) warm_.Start();
+}
+
+Status TrainRun::ReportProgress() {
+  if (report_.steps % 10 == 0) Point(nullptr);
+  if (hooks_.line && Since(last_progress_) * 1000 >= training_.progress_ms) {
+    last_progress_ = SteadyClock::now();
+    const double rate = report_.train_samples / Since(start_);
+    const double left = expected_samples_ > report_.train_samples
+                            ? (expected_samples_ - report_.train_samples) / rate
+                            : 0.0;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "worker %u: step %llu, %llu samples, %.0f samples/s, loss %.4f, ETA %.0f s",
+                  rank_, static_cast<unsigned long long>(report_.steps),
+                  static_cast<unsigned long long>(report_.train_samples), rate, report_.last_loss,
+                  left);
+    hooks_.line(buf);
+  }
+  if (training_.eval_every > 0 && report_.steps % training_.eval_every == 0 && rank_ == 0 &&
+      !manifest_.data.eval.empty()) {
+    // The step's own slot is free (the next step's pulls fill the other).
+    PARASOL_ASSIGN_OR_RETURN(EvalResult e, trainer_.Evaluate(manifest_.data.eval, cur_slot_));
+    Point(&e);
+    if (hooks_.line) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "worker 0: step %llu: eval logloss %.4f, AUC %.4f",
+                    static_cast<unsigned long long>(report_.steps), e.logloss, e.auc);
+      hooks_.line(buf);
+    }
+  }
+  return Status::Ok();
+}
+
+void TrainRun::MoveToNextBatch() {
+  reader_.Recycle(std::move(*cur_));
+  cur_ = std::move(next_);
+  std::swap(cur_keys_, next_keys_);
+  std::swap(cur_ahead_.rows, next_ahead_.rows);
+  cur_ahead_.ticket = next_ahead_.ticket;
+  next_ahead_.ticket.reset();
+  cur_rows_ = next_rows_;
+  next_rows_ = nullptr;
+  next_read_ = false;
+}
+
+Result<std::optional<Batch>> TrainRun::Take(Result<std::optional<Batch>> b) {
+  if (b.ok() && b->has_value()) taken_step_ = std::max(taken_step_, (*b)->step);
+  return b;
+}
+
+// The pulls of the step about to run land in the model's slot pull_slot (which becomes
+// cur_slot when the step starts): its rows and its dense weights. A step's pulls are issued as
+// soon as the step before has pushed (in the same flush: under BSP the shard answers them the
+// moment the tick is applied), or earlier under SSP/ASP with prefetch.
+Status TrainRun::IssuePulls(const Batch& batch, const BatchKeys& keys, bool sparse) {
+  if (sparse) {
+    float* rows = model_.StepRows(pull_slot_, static_cast<uint32_t>(keys.unique.size()),
+                                  static_cast<uint32_t>(batch.keys.size()));
+    if (!rows) return ResourceExhausted("no host memory for the step's rows");
+    PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket tk,
+                             client_.PullSparseAsync(model_.sparse_table(), keys.unique, rows));
+    rows_pull_ = tk;
+  }
+  for (size_t i = 0; i < model_.dense_tables().size(); ++i) {
+    PARASOL_ASSIGN_OR_RETURN(
+        PsClient::Ticket tk,
+        client_.PullDenseAsync(model_.dense_tables()[i], model_.StepDense(pull_slot_, i).data()));
+    dense_pulls_.push_back(tk);
+  }
+  return Status::Ok();
+}
+
+Status TrainRun::WaitPulls() {
+  Status first;
+  if (rows_pull_) first = client_.Wait(*rows_pull_);
+  rows_pull_.reset();
+  if (cur_ahead_.ticket) {
+    const Status st = client_.Wait(*cur_ahead_.ticket);
+    cur_ahead_.ticket.reset();
+    if (first.ok()) first = st;
+    if (st.ok() && !cur_keys_.unique.empty()) {
+      std::memcpy(cur_rows_, cur_ahead_.rows.data(),
+                  cur_keys_.unique.size() * size_t{model_.sparse_dim()} * sizeof(float));
+    }
+  }
+  for (PsClient::Ticket tk : dense_pulls_) {
+    Status st = client_.Wait(tk);
+    if (first.ok()) first = st;
+  }
+  dense_pulls_.clear();
+  return first;
+}
+
+Status TrainRun::PrefetchInto(Ahead& a, const BatchKeys& keys, uint32_t ahead) {
+  if (a.ticket) return Status::Ok();
+  a.rows.resize(keys.unique.size() * size_t{dim_});
+  PARASOL_ASSIGN_OR_RETURN(
+      PsClient::Ticket ticket,
+      client_.PrefetchSparseAsync(model_.sparse_table(), keys.unique, a.rows.data(), ahead));
+  a.ticket = ticket;
+  return Status::Ok();
+}
+
+Result<double> TrainRun::ForwardBackward() {
+  model_.Run(*cur_, cur_slot_, static_cast<uint32_t>(cur_keys_.unique.size()),
+             cur_keys_.indices.data(), /*train=*/true);
+  if (Status st = model_.Finish(cur_slot_); !st.ok()) {
+    return st.WithContext("step " + std::to_string(report_.steps));
+  }
+  return model_.Loss();
+}
+
+Status TrainRun::AccumulateMicroBatches(double* loss, uint64_t* step_samples) {
+  // k micro-batches make one step: their gradients (each of its batch's mean loss) are
+  // weighted by their sizes and averaged, which is the gradient of the mean loss over all
+  // k x batch_size samples; one push and one tick for the k of them.
+  acc_.Start(model_);
+  if (cur_->size > 0) acc_.Add(model_, cur_keys_.unique, model_.RowGrads(), cur_->size, dim_);
+  double loss_sum = *loss * cur_->size;
+  for (uint32_t j = 1; j < accumulate_ && next_ && next_->step == cur_->step; ++j) {
+    // An earlier micro-batch of the step: reported now (a restart redoes the whole step).
+    if (hooks_.trained) hooks_.trained(*cur_);
+    reader_.Recycle(std::move(*cur_));
+    cur_ = std::move(next_);
+    std::swap(cur_keys_, next_keys_);
+    auto phase = SteadyClock::now();
+    // The step's slot: its dense weights stay, its rows are replaced.
+    float* rows = model_.StepRows(cur_slot_, static_cast<uint32_t>(cur_keys_.unique.size()),
+                                  static_cast<uint32_t>(cur_->keys.size()));
+    if (!rows) return ResourceExhausted("no host memory for the step's rows");
+    PARASOL_RETURN_IF_ERROR(client_.PullSparse(model_.sparse_table(), cur_keys_.unique, rows));
+    report_.pull_seconds += Since(phase);
+    phase = SteadyClock::now();
+    PARASOL_ASSIGN_OR_RETURN(next_, Take(reader_.Next()));
+    report_.data_seconds += Since(phase);
+    if (next_) TakeKeys(*next_, &next_keys_);
+    phase = SteadyClock::now();
+    if (cur_->size == 0) continue;  // every row malformed
+    PARASOL_ASSIGN_OR_RETURN(const double l, ForwardBackward());
+    report_.compute_seconds += Since(phase);
+    acc_.Add(model_, cur_keys_.unique, model_.RowGrads(), cur_->size, dim_);
+    loss_sum += l * cur_->size;
+    *step_samples += cur_->size;
+  }
+  if (acc_.samples > 0) {
+    acc_.Finish(dim_);
+    *loss = loss_sum / static_cast<double>(*step_samples);
+  }
+  return Status::Ok();
+}
+
+Result<bool> TrainRun::SkipNonfinite(double loss, bool acc_on) {
+  // A step whose loss or gradients are not finite would poison rows every worker reads:
+  // it stops the worker, or (on_nonfinite: skip) pushes nothing and is counted.
+  std::string bad = NonfiniteIn(manifest_, loss, model_,
+                                acc_on ? std::span<const float>(acc_.rows) : model_.RowGrads(),
+                                acc_on ? &acc_.dense : nullptr);
+  if (bad.empty()) return false;
+  if (training_.on_nonfinite == TrainingOptions::OnNonfinite::kFail) {
+    return FailedPrecondition(
+        "step " + std::to_string(report_.steps) + ": " + bad +
+        "; nothing of it was pushed (training.on_nonfinite: skip would skip such steps)");
+  }
+  ++report_.nonfinite_steps;
+  if (report_.nonfinite_steps == 1 ||
+      (report_.nonfinite_steps & (report_.nonfinite_steps - 1)) == 0) {
+    spdlog::warn("worker {}: step {}: {}; skipped ({} such steps so far)", rank_, report_.steps,
+                 bad, report_.nonfinite_steps);
+  }
+  return true;
+}
+
+Status TrainRun::SendPushes(bool acc_on) {
+  PARASOL_ASSIGN_OR_RETURN(
+      PsClient::Ticket sparse_push,
+      client_.PushSparseAsync(model_.sparse_table(), acc_on ? acc_.keys : cur_keys_.unique,
+                              acc_on ? std::span<const float>(acc_.rows) : model_.RowGrads()));
+  pushes_.push_back(sparse_push);
+  for (size_t i = 0; i < model_.dense_tables().size(); ++i) {
+    PARASOL_ASSIGN_OR_RETURN(
+        PsClient::Ticket tk,
+        client_.PushDenseAsync(model_.dense_tables()[i],
+                               acc_on ? std::span<const float>(acc_.dense[i])
+                                      : std::span<const float>(model_.DenseGrads()[i])));
+    pushes_.push_back(tk);
+  }
+  return Status::Ok();
+}
+
+void TrainRun::Point(const EvalResult* e) {
+  if (hooks_.point) {
+    hooks_.point(PointOf(report_, Since(start_), e, client_));
+  }
+}
+
+}  // namespace
+
+Result<TrainReport> Trainer::RunOnce() {
+  if (manifest_.data.train.empty()) {
+    return InvalidArgument(manifest_.source + ": key 'data.train': no training data given");
+  }
+  PARASOL_ASSIGN_OR_RETURN(Model * model, TheModel());
+  TrainRun run(*this, manifest_, rank_, *client_, hooks_, *model);
+  PARASOL_RETURN_IF_ERROR(run.MeetAtStart());
+  PARASOL_RETURN_IF_ERROR(run.TakeFirstBatch());
+  while (run.HasStep()) {
+    PARASOL_RETURN_IF_ERROR(run.Step());
+  }
+  PARASOL_RETURN_IF_ERROR(run.Tally());
+  return run.LeaveAndEvaluate();
 }
 
 }  // namespace parasol
