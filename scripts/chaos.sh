@@ -165,9 +165,13 @@ trap cleanup EXIT
 now() { date +%s.%N; }
 # Pids of the processes whose command line contains every argument, as a list.
 find_pids() {
-  local p cmd needle ok
+  # Without a process per /proc entry: a scan must stay quick while the machine is loaded (a
+  # kill's victims are searched for again and again until both run).
+  local p cmd needle ok args
   for p in /proc/[0-9]*; do
-    cmd="$( { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)" || continue
+    args=()
+    { mapfile -d '' -t args < "$p/cmdline"; } 2>/dev/null || continue
+    cmd="${args[*]}"
     [ -n "$cmd" ] || continue
     ok=1
     for needle in "$@"; do
@@ -444,7 +448,8 @@ run_job() {  # NAME KILLS
         # not running), then killed one right after the other; then the wait for the
         # server's recovery, unless --overlap.
         local wrank srank wpid="" spid="" workers
-        for tries in 1 2 3 4 5 6 7 8; do
+        # For up to 3 s: the one killed last time may still be starting again.
+        for tries in $(seq 1 30); do
           workers="$(worker_pids "$m")"
           if [ -z "$wpid" ]; then
             wrank=$((RANDOM % WORKERS))

@@ -33,7 +33,7 @@ Status JobRollback::Follow() {
   const Status st = FollowOnce();
   c_.rolling_back_ = false;
   // The shards' epochs are learned again from the Hellos.
-  std::fill(c_.shard_epochs_.begin(), c_.shard_epochs_.end(), 0);
+  c_.recovery_.ForgetEpochs();
   return st;
 }
 

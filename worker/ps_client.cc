@@ -45,16 +45,12 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
       membership_(JobMembership(manifest)),
       restoring_(num_shards_, std::chrono::milliseconds(manifest_.cluster.request_timeout_ms),
                  std::chrono::milliseconds(manifest_.cluster.restore_timeout_ms)) {
-  log_pushes_ = !manifest_.checkpoint.dir.empty() && JobRank();
-  shard_epochs_.assign(num_shards_, 0);
+  recovery_ = ShardRecovery(num_shards_, manifest_.checkpoint.max_log_bytes,
+                            !manifest_.checkpoint.dir.empty() && JobRank(), worker_id_);
   shard_membership_version_.assign(num_shards_, 0);
-  push_log_ = PushLog(static_cast<uint32_t>(num_shards_), manifest_.checkpoint.max_log_bytes);
-  replay_due_.assign(num_shards_, false);
   push_index_.assign(num_shards_, 0);
   last_push_count_.assign(num_shards_, 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
-  trimmed_to_.assign(num_shards_, 0);
-  restored_clock_.assign(num_shards_, -1);
 }
 
 PsClient::~PsClient() {
@@ -538,7 +534,7 @@ void PsClient::OnStepReply(uint32_t shard, const Header& step,
     // this worker's replay; a Step refused for now (behind a tick that waits for its pushes)
     // has each of its parts sent again on its own once overdue, within its attempts; a Step
     // refused otherwise fails its parts.
-    switch (OutcomeOf(Op::Step, step.status, false, replay_due_[shard])) {
+    switch (OutcomeOf(Op::Step, step.status, false, recovery_.replay_due(shard))) {
       case ReplyOutcome::kAwaitReplay:
         return;
       case ReplyOutcome::kRetryLater: {
@@ -804,7 +800,7 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
   h.rows_per_frame = c.size();
   std::vector<zmq::message_t>& payload = payload_;
   payload.clear();
-  if (log_pushes_ && WireDType() == wire::DType::F32) {
+  if (recovery_.logs_pushes() && WireDType() == wire::DType::F32) {
     // The log outlives the caller's buffer: copy. (Compressed, the 16-bit copy below is it.)
     OwnedBuffer copy = OwnedBuffer::Allocate(c.size() * sizeof(float));
     std::memcpy(copy.data(), grads.data() + c.begin, c.size() * sizeof(float));
@@ -873,7 +869,7 @@ Result<PsClient::Ticket> PsClient::Broadcast(Op op, uint64_t offset,
   for (uint32_t s : shards) {
     Header h = NewRequest(op, 0);
     h.offset = offset;
-    if (op == Op::Hello) h.known_epoch = shard_epochs_[s];
+    if (op == Op::Hello) h.known_epoch = recovery_.epoch(s);
     Send(ticket, s, std::move(h), {});
   }
   return ticket;
@@ -907,7 +903,7 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
     }
   }
   for (uint32_t s = 0; s < num_shards_; ++s) {
-    if (replay_due_[s]) Replay(s);
+    if (recovery_.replay_due(s)) Replay(s);
   }
   ReapReplays();
   // Resend or fail what is overdue.
@@ -1007,7 +1003,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     return;  // a late reply to a request that was resent and already answered
   }
   TrackedRequest& r = *found;
-  switch (OutcomeOf(r.op, h->status, false, replay_due_[shard])) {
+  switch (OutcomeOf(r.op, h->status, false, recovery_.replay_due(shard))) {
     case ReplyOutcome::kAwaitRestore:  // (not without restoring)
     case ReplyOutcome::kAwaitReplay:
       // A shard that restarted answers from its checkpoint's state until this worker's replay
@@ -1066,13 +1062,8 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   }
   p.messages[shard] = h->message;
   if (r.op == Op::PushSparse || r.op == Op::PushDense) ++pushes_acknowledged_;
-  // A duplicate too: its first acknowledgement was lost, and a restart before the next
-  // checkpoint needs it replayed like any other.
-  if (log_pushes_ && (r.op == Op::PushSparse || r.op == Op::PushDense)) {
-    // In every checkpoint begun after this reply (one written in the background now holds the
-    // state from before it).
-    push_log_.Add(shard, r.clock, h->server_epoch,
-                  std::max(h->checkpoint_count, h->checkpoints_begun), std::move(r.kept));
+  if (r.op == Op::PushSparse || r.op == Op::PushDense) {
+    recovery_.LogPush(shard, r.clock, *h, r.kept);
   }
   tracker_.Complete(r);
 }
@@ -1115,29 +1106,16 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   // A rollback's replies come from shards that have just gone back: this client replays
   // nothing to them (it connects afresh, or greets them next).
   if (reply.server_epoch == 0 || rolling_back_) return;
-  if (shard_epochs_[shard] != 0 && shard_epochs_[shard] != reply.server_epoch) {
+  ShardRecovery::Noted noted = recovery_.NoteReply(shard, reply);
+  if (noted.restarted) {
     spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
                  "pushes it had not checkpointed",
                  worker_id_, shard, reply.checkpoint_clock);
-    replay_due_[shard] = true;
-    restored_clock_[shard] = reply.checkpoint_clock;
-    if (reply.restored_count < trimmed_to_[shard] && replay_failure_.ok()) {
-      // The new process started from an older checkpoint than one this worker had trimmed its
-      // log by (the newer one was damaged, or not loaded): the pushes only it held are gone.
-      replay_failure_ = FailedPrecondition(
-          "worker " + std::to_string(worker_id_) + ": shard " + std::to_string(shard) +
-          " restarted from checkpoint " + std::to_string(reply.restored_count) +
-          ", but this worker had dropped from its log the pushes checkpoint " +
-          std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
-      spdlog::error("{}", replay_failure_.ToString());
-    }
   }
-  // What this worker trims by, for the check above (per epoch, the newest count it used).
-  if (shard_epochs_[shard] != reply.server_epoch) trimmed_to_[shard] = reply.restored_count;
-  trimmed_to_[shard] = std::max(trimmed_to_[shard], reply.checkpoint_count);
-  shard_epochs_[shard] = reply.server_epoch;
-  // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
-  push_log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
+  if (!noted.lost.ok() && replay_failure_.ok()) {
+    replay_failure_ = std::move(noted.lost);
+    spdlog::error("{}", replay_failure_.ToString());
+  }
 }
 
 void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
@@ -1152,14 +1130,13 @@ void PsClient::NoteRestoring(uint32_t shard, const Header& reply) {
 void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
   Header h = NewRequest(op, 0);
   h.done = done;
-  if (op == Op::Hello) h.known_epoch = shard_epochs_[shard];
+  if (op == Op::Hello) h.known_epoch = recovery_.epoch(shard);
   std::vector<zmq::message_t> frames;
   frames.push_back(EncodeHeader(h));
   (void)links_->Send(shard, frames, /*dontwait=*/true);  // best effort
 }
 
 void PsClient::Replay(uint32_t shard) {
-  replay_due_[shard] = false;
   // What to send, in order, is a pure plan (worker/replay_plan.hpp, where the rule is stated);
   // this gathers what it is planned from and carries it out. Every replayed request is tracked
   // like any other: resent until acknowledged, and a refusal fails the worker (see
@@ -1169,14 +1146,14 @@ void PsClient::Replay(uint32_t shard) {
   in.clock = clock_;
   in.left = left_;
   in.in_job = JobRank();
-  in.restored_clock = restored_clock_[shard];
+  in.restored_clock = recovery_.restored_clock(shard);
   in.serving_from = membership_.ServingFrom(shard);
   if (shard >= ShardsFrom(clock_ - 1) && membership_.RemovedAt(shard) >= 0) {
     in.removed_at = membership_.RemovedAt(shard);
   }
   in.last_push_count = last_push_count_[shard];
   in.last_barrier = barrier_passed_;
-  std::deque<PushLog::Entry> log = push_log_.Take(shard);
+  std::deque<PushLog::Entry> log = recovery_.StartReplay(shard);
   // Pushes from before the shard last started serving (a change removed it, a later one gave
   // it rows again) belong to rows that moved away and back with the scale tool: not replayed.
   log.erase(std::remove_if(log.begin(), log.end(),
@@ -1229,7 +1206,7 @@ void PsClient::Replay(uint32_t shard) {
     if (!h.ok()) return;  // written by this client: cannot happen
     h->request_id = next_request_id_++;
     h->replay = true;
-    h->known_epoch = shard_epochs_[shard];  // for this process of the shard only
+    h->known_epoch = recovery_.epoch(shard);  // for this process of the shard only
     std::vector<zmq::message_t> payload;
     for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
     Send(ticket, shard, *h, std::move(payload));
@@ -1240,7 +1217,7 @@ void PsClient::Replay(uint32_t shard) {
     h.done = step.done;
     h.caught_up = step.caught_up;
     h.replay = true;
-    h.known_epoch = shard_epochs_[shard];
+    h.known_epoch = recovery_.epoch(shard);
     if (step.caught_up) h.last_barrier = step.last_barrier;
     SetTickNamedPushes(h, step.named);
     Send(ticket, shard, h, {});
@@ -1356,7 +1333,7 @@ Status PsClient::Wait(Ticket ticket) {
   if (!rolled_back_.ok()) return rolled_back_;
   if (!replay_failure_.ok()) return replay_failure_;
   if (!membership_failure_.ok()) return membership_failure_;
-  if (log_pushes_) PARASOL_RETURN_IF_ERROR(push_log_.Check().WithContext("worker " + std::to_string(worker_id_)));
+  PARASOL_RETURN_IF_ERROR(recovery_.CheckLog());
   TicketState& p = *found;
   Finish(p);
   Status result = p.status;

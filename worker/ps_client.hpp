@@ -38,6 +38,7 @@
 #include "worker/push_log.hpp"
 #include "worker/request_tracker.hpp"
 #include "worker/restore_watch.hpp"
+#include "worker/shard_recovery.hpp"
 #include "worker/row_cache.hpp"
 #include "worker/step_batch.hpp"
 
@@ -196,7 +197,7 @@ class PsClient {
   Result<Reply> Collect(Ticket ticket, uint32_t shard);
   Header ToolRequest(Op op, uint32_t table) { return NewRequest(op, table); }
   // The process of `shard` this client last heard from (0: none).
-  uint64_t shard_epoch(uint32_t shard) const { return shard_epochs_[shard]; }
+  uint64_t shard_epoch(uint32_t shard) const { return recovery_.epoch(shard); }
   // Tool: asks shard 0 for `servers` shards (worker/reshard.hpp moves the rows); returns the
   // clock the change takes effect at.
   Result<int64_t> ScaleServers(uint32_t servers);
@@ -227,7 +228,7 @@ class PsClient {
   uint64_t rollback_generation() const { return rollback_gen_; }
   bool replay_pending() const {
     return !replay_tickets_.empty() ||
-           std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
+           recovery_.any_replay_due();
   }
   // The row cache (worker.cache_rows, SSP with staleness >= 1; worker/row_cache.hpp): rows
   // answered from it and pulled, and the bytes of sparse rows (keys and values) pulled.
@@ -238,9 +239,9 @@ class PsClient {
   int64_t last_barrier_seen() const { return last_barrier_seen_; }
   // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
   // most so far.
-  uint64_t push_log_bytes() const { return push_log_.bytes(); }
-  uint64_t push_log_peak_bytes() const { return push_log_.peak_bytes(); }
-  uint64_t push_log_added_bytes() const { return push_log_.added_bytes(); }
+  uint64_t push_log_bytes() const { return recovery_.log().bytes(); }
+  uint64_t push_log_peak_bytes() const { return recovery_.log().peak_bytes(); }
+  uint64_t push_log_added_bytes() const { return recovery_.log().added_bytes(); }
 
  private:
   // The step's requests gathered between BeginStep() and SendStep(), and the Steps on their
@@ -346,9 +347,9 @@ class PsClient {
   std::vector<uint32_t> tick_shards_;
   // The ticket's frames borrow the caller's memory (its tracker made once, then reused).
   void StartBorrowing(TicketState& p);
-  // Restarted shards: pushes acknowledged since a shard's checkpoint are logged (when the job
-  // checkpoints) and replayed, with their own sequence numbers, when the shard comes back with
-  // a new epoch; the shard's restored push record applies each one once.
+  // Restarted shards (worker/shard_recovery.hpp): each reply goes to recovery_, which finds
+  // restarts; Replay() sends a due replay, in the order its plan says (worker/replay_plan.hpp),
+  // with what was in flight to the old process after it.
   void NoteEpoch(uint32_t shard, const Header& reply);
   void Replay(uint32_t shard);
   // Drops the replays' finished tickets; a failed one sets replay_failure_.
@@ -374,16 +375,15 @@ class PsClient {
   Status membership_failure_;  // sticky: a shard's membership contradicted ours; Wait returns it
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;
-  bool log_pushes_ = false;
   uint64_t pushes_acknowledged_ = 0;
   bool left_ = false;
   int64_t resumed_clock_ = -1;
   int64_t last_barrier_seen_ = -1;
   int64_t barrier_passed_ = -1;  // the newest barrier this client has passed (every shard released it)
   bool resumed_done_ = false;
-  std::vector<uint64_t> shard_epochs_;
-  PushLog push_log_;
-  std::vector<bool> replay_due_;
+  // Restarted shards: the push log, each shard's process, and whether a replay to it is due
+  // (worker/shard_recovery.hpp); Replay() carries a replay out.
+  ShardRecovery recovery_;
   // Shards that answer that they are loading their checkpoint, and whether each still moves
   // (worker/restore_watch.hpp): requests to one that moves are resent without spending their
   // attempts.
@@ -406,8 +406,6 @@ class PsClient {
   // The header of `shard`'s reply to ticket `t`, once it came and while the ticket is not
   // waited on; none otherwise.
   std::optional<Header> ReplyHeader(Ticket t, uint32_t shard) const;
-  std::vector<uint64_t> trimmed_to_;  // per shard: the newest checkpoint count the log was trimmed by
-  std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
   CurveKeyPair curve_keys_;
   std::vector<std::string> server_public_keys_;
 };

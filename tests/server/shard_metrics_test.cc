@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -119,6 +120,79 @@ TEST(ShardMetricsTest, TheStatsAndThePrometheusTextOfARealShardAgreeRowByRow) {
   EXPECT_EQ(prom.samples.at("parasol_rows_total{shard=\"0\",op=\"push\"}"), 4);
   EXPECT_EQ(prom.samples.at("parasol_table_rows{shard=\"0\",table=\"e\"}"), 4);
   EXPECT_EQ(stats["clock"], 1);
+
+  // What readers of the stats (tests, `parasol stats`, the Python module) and of /metrics rely
+  // on, as the shard wrote them before the table: every key with its kind of value, and every
+  // family. i: integer, f: floating point, b: bool, s: string, a: array, o: object.
+  const std::pair<const char*, char> kKeys[] = {
+      {"shard", 'i'}, {"shards", 'i'}, {"requests", 'i'}, {"steps", 'i'},
+      {"bad_messages", 'i'}, {"errors", 'i'}, {"checkpoints", 'i'}, {"checkpoints_begun", 'i'},
+      {"checkpoint_writing", 'b'}, {"checkpoint_pause_ms_max", 'f'},
+      {"checkpoint_seconds_last", 'f'}, {"checkpoint_log_waits", 'i'},
+      {"delta_checkpoints", 'i'}, {"delta_checkpoint_bytes_last", 'i'},
+      {"full_checkpoint_bytes_last", 'i'}, {"curve_refusals", 'i'}, {"connections", 'i'},
+      {"connection_cap", 'i'}, {"connections_refused_over_cap", 'i'},
+      {"connections_evicted_over_cap", 'i'}, {"idle_connections_shut", 'i'},
+      {"duplicate_pushes", 'i'}, {"peer_refusals", 'i'}, {"peers", 'i'},
+      {"other_peers_queued_bytes", 'i'}, {"members", 'i'}, {"conflicting_resends", 'i'},
+      {"unsigned_member_entries", 'i'}, {"nonfinite_pushes", 'i'},
+      {"nonfinite_updates_kept", 'i'}, {"pull_ahead_max", 'i'}, {"replayed_pushes", 'i'},
+      {"replayed_clocks", 'i'}, {"refused_replays", 'i'}, {"worker_restarts", 'i'},
+      {"lost_replays", 'i'}, {"rollbacks", 'i'}, {"rolled_back_requests", 'i'},
+      {"rollback_generation", 'i'}, {"rollback_owed", 'b'}, {"stale_replays", 'i'},
+      {"push_record_entries", 'i'}, {"rows_pulled", 'i'}, {"rows_pushed", 'i'},
+      {"dense_elements_pulled", 'i'}, {"dense_elements_pushed", 'i'}, {"ops", 'o'},
+      {"consistency", 's'}, {"clock", 'i'}, {"min_clock", 'i'}, {"max_clock", 'i'},
+      {"held_pulls", 'i'}, {"pulls_held_total", 'i'}, {"pull_wait_ms_total", 'f'},
+      {"bsp_clocks_applied", 'i'}, {"bsp_rows_before_reply", 'i'},
+      {"bsp_rows_after_reply", 'i'}, {"tick_pushes_checked", 'i'}, {"pending_clocks", 'i'},
+      {"held_bytes", 'i'}, {"open_barriers", 'i'}, {"replies_dropped", 'i'},
+      {"queued_reply_bytes", 'i'}, {"warnings_not_logged", 'i'}, {"lost_workers", 'a'},
+      {"membership", 'a'}, {"server_changes", 'a'}, {"servers_now", 'i'},
+      {"migration_installed", 'i'}, {"migration_dropped", 'i'}, {"key_share", 'f'},
+      {"job_failure", 's'}, {"worker_clocks", 'a'}, {"tables", 'a'}};
+  const std::pair<const char*, char> kSparseKeys[] = {
+      {"name", 's'}, {"kind", 's'}, {"rows", 'i'}, {"bytes", 'i'}, {"bytes_per_row", 'f'},
+      {"row_floats", 'i'}, {"row_bytes", 'i'}, {"pending_keys", 'i'}, {"admitted", 'i'},
+      {"pushes_counted", 'i'}, {"evicted_ttl", 'i'}, {"evicted_max_rows", 'i'},
+      {"pending_expired", 'i'}, {"storage", 's'}};
+  const std::pair<const char*, char> kDenseKeys[] = {
+      {"name", 's'}, {"kind", 's'}, {"slice_begin", 'i'}, {"slice_end", 'i'}, {"bytes", 'i'},
+      {"copies_on_write", 'i'}};
+  auto kind = [](const Json& v) {
+    return v.is_boolean()           ? 'b'
+           : v.is_number_integer()  ? 'i'
+           : v.is_number_float()    ? 'f'
+           : v.is_string()          ? 's'
+           : v.is_array()           ? 'a'
+           : v.is_object()          ? 'o'
+                                    : '?';
+  };
+  auto expect_keys = [&](const Json& object, std::span<const std::pair<const char*, char>> keys) {
+    for (const auto& [key, want] : keys) {
+      ASSERT_TRUE(object.contains(key)) << key;
+      EXPECT_EQ(kind(object.at(key)), want) << key << ": " << object.at(key).dump();
+    }
+  };
+  expect_keys(stats, kKeys);
+  expect_keys(stats["tables"][0], kSparseKeys);
+  expect_keys(stats["tables"][1], kDenseKeys);
+  const char* kFamilies[] = {
+      "parasol_requests_total", "parasol_request_bytes_total", "parasol_bad_messages_total",
+      "parasol_warnings_total", "parasol_warnings_not_logged_total", "parasol_replayed_total",
+      "parasol_duplicate_pushes_total", "parasol_conflicting_resends_total",
+      "parasol_nonfinite_pushes_total", "parasol_nonfinite_updates_kept_total",
+      "parasol_worker_restarts_total", "parasol_lost_replays_total", "parasol_rollbacks_total",
+      "parasol_push_record_entries", "parasol_replies_dropped_total",
+      "parasol_queued_reply_bytes", "parasol_held_bytes", "parasol_pending_clocks",
+      "parasol_bsp_rows_applied_total", "parasol_metrics_connections_refused_total",
+      "parasol_metrics_connections_timed_out_total", "parasol_curve_refusals_total",
+      "parasol_pull_wait_seconds", "process_resident_memory_bytes", "process_cpu_seconds_total",
+      "parasol_held_pulls", "parasol_clock_min", "parasol_clock_max",
+      "parasol_checkpoint_age_seconds", "parasol_checkpoints_total", "parasol_lost_workers",
+      "parasol_table_rows", "parasol_table_bytes", "parasol_evictions_total",
+      "parasol_admission_counted_pushes_total"};
+  for (const char* family : kFamilies) EXPECT_EQ(prom.types.count(family), 1u) << family;
 }
 
 }  // namespace

@@ -90,6 +90,10 @@ TEST(RequestTrackerTest, ARenumberedRequestIsFoundByItsNewIdAndKeepsItsPlace) {
   EXPECT_EQ(moved->request_id, 40u);
   EXPECT_EQ(moved->kept.size(), 1u);
   EXPECT_EQ(tracker.ticket(ticket).outstanding, 1u);
+  // Renumbered for a resend, it is the newest request: Due() and iteration go in id order.
+  tracker.Track(ticket, Request(20, Op::PushDense), 0, 10ms, 1, TimePoint{});
+  EXPECT_EQ(tracker.Due(TimePoint{} + 10ms), (std::vector<uint64_t>{20, 40}));
+  tracker.Complete(*tracker.Find(20, 0u));
   tracker.Withdraw(*moved);
   EXPECT_EQ(tracker.ticket(ticket).outstanding, 0u);
   EXPECT_TRUE(tracker.ticket(ticket).status.ok());  // withdrawn is not failed

@@ -76,38 +76,68 @@ TEST(StepBatchTest, APartCountBeyondTheLimitStartsAnotherStep) {
   EXPECT_EQ(Cut(specs), (std::vector<size_t>{0, kMaxStepParts}));
 }
 
-// What the worker cuts, the shard's check of a Step accepts part by part (the same rule).
+// The rule as the shard checked it before it lived in common/protocol.hpp, written out on its
+// own: part i of a Step whose parts are `ops` is accepted when it is a push in a Step of pushes,
+// a pull in a Step of pulls or behind its first-part tick, or that tick (not one that leaves,
+// and not alone).
+bool OldShardAccepts(const std::vector<Spec>& run, size_t i) {
+  auto is_pull = [](Op op) { return op == Op::PullSparse || op == Op::PullDense; };
+  auto is_push = [](Op op) { return op == Op::PushSparse || op == Op::PushDense; };
+  const bool ticks = run[0].op == Op::Clock;
+  const bool pulls = is_pull(run[0].op);
+  const Spec& h = run[i];
+  const bool tick = h.op == Op::Clock && i == 0 && !h.done && run.size() > 1;
+  return (is_push(h.op) && !ticks && !pulls) || (is_pull(h.op) && (pulls || ticks || i == 0)) ||
+         tick;
+}
+
+// What the worker cuts, the shard accepts; and it cuts no later than needed: the request after
+// each run could not have joined it. Checked against the rule written out independently above,
+// over every queue of up to 4 requests of these kinds at two clocks.
 TEST(StepBatchTest, EveryRunTheWorkerCutsIsOneTheShardsRuleAccepts) {
-  const Op ops[] = {Op::PushSparse, Op::PushDense, Op::PullSparse, Op::PullDense, Op::Clock};
-  int runs = 0;
-  // Every queue of up to 4 requests from these ops, at clocks 0 and 1.
+  const Spec kinds[] = {E(Op::PushSparse, 0), E(Op::PushDense, 0), E(Op::PullSparse, 0),
+                        E(Op::PullDense, 0), E(Op::Clock, 0, 0), E(Op::Clock, 0, 0, true)};
+  constexpr int kKinds = 6, kClocks = 2, kChoices = kKinds * kClocks;
+  int runs = 0, queues = 0;
   for (int len = 1; len <= 4; ++len) {
     int combos = 1;
-    for (int i = 0; i < len; ++i) combos *= 10;
+    for (int i = 0; i < len; ++i) combos *= kChoices;
     for (int c = 0; c < combos; ++c) {
       std::vector<Spec> queue;
-      for (int i = 0, x = c; i < len; ++i, x /= 10) queue.push_back(E(ops[x % 10 % 5], x % 10 / 5));
+      for (int i = 0, x = c; i < len; ++i, x /= kChoices) {
+        Spec spec = kinds[x % kChoices % kKinds];
+        spec.clock = x % kChoices / kKinds;
+        queue.push_back(spec);
+      }
+      ++queues;
       const std::vector<size_t> starts = Cut(queue);
       ASSERT_FALSE(starts.empty());
       ASSERT_EQ(starts[0], 0u);
       for (size_t r = 0; r < starts.size(); ++r) {
         const size_t begin = starts[r], end = r + 1 < starts.size() ? starts[r + 1] : queue.size();
-        if (end - begin == 1) continue;  // travels alone, not as a Step
-        ++runs;
-        for (size_t i = begin; i < end; ++i) {
-          EXPECT_TRUE(StepMayHold(queue[begin].op, queue[i].op, queue[i].done, i - begin));
-          EXPECT_EQ(queue[i].clock, queue[begin].clock);
-          if (queue[i].op == Op::Clock) EXPECT_TRUE(StepMayLeadWithTick(end - begin));
+        const std::vector<Spec> run(queue.begin() + begin, queue.begin() + end);
+        if (run.size() > 1) {
+          ++runs;
+          for (size_t i = 0; i < run.size(); ++i) {
+            EXPECT_TRUE(OldShardAccepts(run, i)) << "queue " << c << " run " << r << " part " << i;
+            EXPECT_EQ(run[i].clock, run[0].clock);
+          }
         }
-        // Cut as late as the rule allows: the next request could not have joined.
         if (end < queue.size()) {
-          EXPECT_FALSE(queue[end].clock == queue[begin].clock &&
-                       StepMayHold(queue[begin].op, queue[end].op, queue[end].done, end - begin));
+          std::vector<Spec> longer = run;
+          longer.push_back(queue[end]);
+          bool accepted = queue[end].clock == run[0].clock;
+          for (size_t i = 0; i < longer.size() && accepted; ++i) {
+            accepted = OldShardAccepts(longer, i);
+          }
+          EXPECT_FALSE(accepted) << "queue " << c << ": cut before part " << end
+                                 << ", which the Step could have held";
         }
       }
     }
   }
-  EXPECT_GT(runs, 1000);
+  EXPECT_EQ(queues, 12 + 144 + 1728 + 20736);
+  EXPECT_GT(runs, 5000);
 }
 
 TEST(StepBatchTest, StepsOnTheirWayAreForgottenOnceEveryPartIsAnswered) {

@@ -1,0 +1,103 @@
+// A worker's shard recovery state (worker/shard_recovery.hpp), reply by reply, without a socket:
+// restarts found from the epochs, the push log trimmed by checkpoint counts, and a restart from
+// an older checkpoint than the log was trimmed by reported as lost updates.
+#include "worker/shard_recovery.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace parasol {
+namespace {
+
+Header Reply(uint64_t epoch, uint64_t count, uint64_t restored = 0, int64_t ckpt_clock = -1) {
+  Header h;
+  h.is_reply = true;
+  h.server_epoch = epoch;
+  h.checkpoint_count = count;
+  h.checkpoints_begun = count;
+  h.restored_count = restored;
+  h.checkpoint_clock = ckpt_clock;
+  return h;
+}
+
+// A push's frames (an lvalue: LogPush takes them only when it logs).
+struct Frames {
+  explicit Frames(size_t bytes) { f.emplace_back(bytes); }
+  operator std::vector<zmq::message_t>&() { return f; }
+  std::vector<zmq::message_t> f;
+};
+
+TEST(ShardRecoveryTest, ANewEpochOfAShardHeardFromBeforeIsARestartWithAReplayDue) {
+  ShardRecovery r(/*shards=*/2, /*max_log_bytes=*/1 << 20, /*log_pushes=*/true, /*worker=*/3);
+  EXPECT_FALSE(r.NoteReply(0, Reply(11, 0)).restarted);  // the first process heard from
+  EXPECT_FALSE(r.NoteReply(0, Reply(11, 0)).restarted);
+  EXPECT_EQ(r.epoch(0), 11u);
+  EXPECT_EQ(r.epoch(1), 0u);
+  EXPECT_FALSE(r.any_replay_due());
+  r.LogPush(0, /*clock=*/4, Reply(11, 0), Frames(8));
+  r.LogPush(0, /*clock=*/5, Reply(11, 0), Frames(8));
+  EXPECT_EQ(r.log().entries(0), 2u);
+  const ShardRecovery::Noted noted = r.NoteReply(0, Reply(22, 0, 0, /*ckpt_clock=*/3));
+  EXPECT_TRUE(noted.restarted);
+  EXPECT_TRUE(noted.lost.ok());
+  EXPECT_TRUE(r.replay_due(0));
+  EXPECT_FALSE(r.replay_due(1));
+  EXPECT_TRUE(r.any_replay_due());
+  EXPECT_EQ(r.restored_clock(0), 3);
+  EXPECT_EQ(r.restored_clock(1), -1);
+  const std::deque<PushLog::Entry> replay = r.StartReplay(0);
+  ASSERT_EQ(replay.size(), 2u);
+  EXPECT_EQ(replay[0].clock, 4);
+  EXPECT_EQ(replay[1].clock, 5);
+  EXPECT_FALSE(r.replay_due(0));
+  EXPECT_EQ(r.log().entries(0), 0u);
+  // After a rollback every process is learned afresh: a new epoch then is no restart.
+  r.ForgetEpochs();
+  EXPECT_FALSE(r.NoteReply(0, Reply(33, 0)).restarted);
+}
+
+TEST(ShardRecoveryTest, APushLeavesTheLogOnceAReplySaysACheckpointHoldsIt) {
+  ShardRecovery r(1, 1 << 20, true, 0);
+  r.NoteReply(0, Reply(7, 2));
+  r.LogPush(0, 1, Reply(7, 2), Frames(16));  // acknowledged at count 2: in checkpoint 3
+  r.NoteReply(0, Reply(7, 2));
+  EXPECT_EQ(r.log().entries(0), 1u);
+  r.NoteReply(0, Reply(7, 3));
+  EXPECT_EQ(r.log().entries(0), 0u);
+  EXPECT_TRUE(r.CheckLog().ok());
+}
+
+TEST(ShardRecoveryTest, ARestartFromAnOlderCheckpointThanTheLogWasTrimmedByLosesUpdates) {
+  ShardRecovery r(1, 1 << 20, true, 5);
+  r.NoteReply(0, Reply(7, 4));  // the log was trimmed by checkpoint 4
+  const ShardRecovery::Noted noted = r.NoteReply(0, Reply(8, 3, /*restored=*/3, 6));
+  EXPECT_TRUE(noted.restarted);
+  ASSERT_FALSE(noted.lost.ok());
+  EXPECT_NE(noted.lost.message().find("worker 5: shard 0 restarted from checkpoint 3"),
+            std::string::npos)
+      << noted.lost.ToString();
+  // From the checkpoint it was trimmed by, nothing is lost.
+  ShardRecovery fine(1, 1 << 20, true, 5);
+  fine.NoteReply(0, Reply(7, 4));
+  EXPECT_TRUE(fine.NoteReply(0, Reply(8, 4, 4, 6)).lost.ok());
+}
+
+TEST(ShardRecoveryTest, WithoutCheckpointsNothingIsLoggedAndALogPastItsBoundIsAnError) {
+  ShardRecovery off(1, 1 << 20, /*log_pushes=*/false, 0);
+  off.NoteReply(0, Reply(7, 0));
+  Frames kept(64);
+  off.LogPush(0, 1, Reply(7, 0), kept);
+  EXPECT_EQ(off.log().entries(0), 0u);
+  EXPECT_EQ(kept.f.size(), 1u);  // left with the request, its buffer reused by the next one
+  EXPECT_FALSE(off.logs_pushes());
+  ShardRecovery small(1, /*max_log_bytes=*/100, true, 9);
+  small.NoteReply(0, Reply(7, 0));
+  for (int i = 0; i < 4; ++i) small.LogPush(0, i, Reply(7, 0), Frames(64));
+  const Status st = small.CheckLog();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.ToString().find("worker 9"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace parasol

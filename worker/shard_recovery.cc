@@ -1,0 +1,69 @@
+#include "worker/shard_recovery.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace parasol {
+
+ShardRecovery::ShardRecovery(uint32_t shards, uint64_t max_log_bytes, bool log_pushes,
+                             uint32_t worker)
+    : worker_(worker),
+      log_pushes_(log_pushes),
+      log_(shards, max_log_bytes),
+      epochs_(shards, 0),
+      replay_due_(shards, false),
+      trimmed_to_(shards, 0),
+      restored_clock_(shards, -1) {}
+
+ShardRecovery::Noted ShardRecovery::NoteReply(uint32_t shard, const Header& reply) {
+  Noted noted;
+  if (epochs_[shard] != 0 && epochs_[shard] != reply.server_epoch) {
+    noted.restarted = true;
+    replay_due_[shard] = true;
+    restored_clock_[shard] = reply.checkpoint_clock;
+    if (reply.restored_count < trimmed_to_[shard]) {
+      // The new process started from an older checkpoint than one this worker had trimmed its
+      // log by (the newer one was damaged, or not loaded): the pushes only it held are gone.
+      noted.lost = FailedPrecondition(
+          "worker " + std::to_string(worker_) + ": shard " + std::to_string(shard) +
+          " restarted from checkpoint " + std::to_string(reply.restored_count) +
+          ", but this worker had dropped from its log the pushes checkpoint " +
+          std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
+    }
+  }
+  // What this worker trims by, for the check above (per epoch, the newest count it used).
+  if (epochs_[shard] != reply.server_epoch) trimmed_to_[shard] = reply.restored_count;
+  trimmed_to_[shard] = std::max(trimmed_to_[shard], reply.checkpoint_count);
+  epochs_[shard] = reply.server_epoch;
+  // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
+  log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
+  return noted;
+}
+
+void ShardRecovery::LogPush(uint32_t shard, int64_t clock, const Header& reply,
+                            std::vector<zmq::message_t>& frames) {
+  if (!log_pushes_) return;
+  // A duplicate too: its first acknowledgement was lost, and a restart before the next
+  // checkpoint needs it replayed like any other. In every checkpoint begun after this reply
+  // (one written in the background now holds the state from before it).
+  log_.Add(shard, clock, reply.server_epoch,
+           std::max(reply.checkpoint_count, reply.checkpoints_begun), std::move(frames));
+}
+
+bool ShardRecovery::any_replay_due() const {
+  return std::find(replay_due_.begin(), replay_due_.end(), true) != replay_due_.end();
+}
+
+std::deque<PushLog::Entry> ShardRecovery::StartReplay(uint32_t shard) {
+  replay_due_[shard] = false;
+  return log_.Take(shard);
+}
+
+void ShardRecovery::ForgetEpochs() { std::fill(epochs_.begin(), epochs_.end(), 0); }
+
+Status ShardRecovery::CheckLog() const {
+  if (!log_pushes_) return Status::Ok();
+  return log_.Check().WithContext("worker " + std::to_string(worker_));
+}
+
+}  // namespace parasol
