@@ -292,18 +292,8 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   # Still while a worker trains (the wait for a checkpoint may have outlasted the job).
   # shellcheck disable=SC2086
   any_running $workers || return 2
-  kill -KILL "$pid" 2>/dev/null || return 1
-  local at
-  at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
-  run_kills=$((run_kills + 1))
-  run_victims+="$role $rank "
-  echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
-    tee -a "$work/kills.txt"
-  [ "$role" = scale ] && return 0  # its caller runs it again
-  [ -n "$OVERLAP" ] && return 0     # the next kill may come before the job has recovered
-  # Wait until the job has recovered (failures come one at a time): a restarted worker has
-  # said Hello to every shard (each checkpoints what the dead one had pushed); a restarted
-  # shard has had both workers' replays (or the job ended, or 20 s passed).
+  # What recovery from this kill will log, counted before the kill: a restarted worker's Hello
+  # can reach a shard before this function reads the log again.
   local pattern want
   if [ "$role" = worker ]; then
     pattern="worker $rank restarted at clock"  # one line per shard
@@ -316,6 +306,18 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   # then; the workers connect again and redo their steps).
   local redo=": rolled back to "
   local redone=$(( $(grep -c -- "$redo" "$work/$name.log" || true) + SERVERS ))
+  kill -KILL "$pid" 2>/dev/null || return 1
+  local at
+  at="$(awk -v a="$(now)" -v b="$start" 'BEGIN { printf "%.2f", a - b }')"
+  run_kills=$((run_kills + 1))
+  run_victims+="$role $rank "
+  echo "  kill $run_kills: $role $rank (pid $pid) at ${at}s$([ "$during" -eq 1 ] && echo ', once its checkpoint file had appeared')" |
+    tee -a "$work/kills.txt"
+  [ "$role" = scale ] && return 0  # its caller runs it again
+  [ -n "$OVERLAP" ] && return 0     # the next kill may come before the job has recovered
+  # Wait until the job has recovered (failures come one at a time): a restarted worker has
+  # said Hello to every shard (each checkpoints what the dead one had pushed); a restarted
+  # shard has had both workers' replays (or the job ended, or 20 s passed).
   local t
   for t in $(seq 1 400); do
     [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break

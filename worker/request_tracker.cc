@@ -2,20 +2,14 @@
 
 #include <algorithm>
 
+#include "worker/node_reuse.hpp"
+
 namespace parasol {
 
 RequestTracker::Ticket RequestTracker::Open(Op op, uint32_t table) {
   const Ticket t = next_ticket_++;
-  TicketMap::node_type node;
-  if (!spare_tickets_.empty()) {
-    node = std::move(spare_tickets_.back());
-    spare_tickets_.pop_back();
-    node.key() = t;
-  } else {
-    TicketMap one;
-    one.emplace(t, std::make_unique<TicketState>());
-    node = one.extract(one.begin());
-  }
+  TicketMap::node_type node =
+      TakeNode<TicketMap>(spare_tickets_, t, [] { return std::make_unique<TicketState>(); });
   TicketState& p = *node.mapped();
   p.op = op;
   p.table = table;
@@ -73,20 +67,13 @@ void RequestTracker::Close(Ticket t) {
 TrackedRequest& RequestTracker::Track(Ticket ticket, const Header& header, uint32_t shard,
                                       std::chrono::milliseconds timeout, uint32_t max_attempts,
                                       TimePoint now) {
-  RequestMap::node_type node;
-  if (!spare_requests_.empty()) {
-    node = std::move(spare_requests_.back());
-    spare_requests_.pop_back();
-    node.key() = header.request_id;
-  } else {
-    RequestMap one;
+  RequestMap::node_type node = TakeNode<RequestMap>(spare_requests_, header.request_id, [] {
     auto r = std::make_unique<TrackedRequest>();
     // Room for a header and a few payload frames, so that a node reused for a request of more
     // frames than its last rarely grows.
     r->kept.reserve(kReservedFrames);
-    one.emplace(header.request_id, std::move(r));
-    node = one.extract(one.begin());
-  }
+    return r;
+  });
   TrackedRequest& r = *node.mapped();
   r.ticket = ticket;
   r.clock = header.clock;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/protocol.hpp"
+#include "worker/node_reuse.hpp"
 
 namespace parasol {
 
@@ -50,16 +51,8 @@ void StepBatch::Cut(std::span<const Entry> queue, uint64_t max_bytes,
 }
 
 std::vector<uint64_t>& StepBatch::Record(uint64_t step_id) {
-  StepMap::node_type node;
-  if (!spare_steps_.empty()) {
-    node = std::move(spare_steps_.back());
-    spare_steps_.pop_back();
-    node.key() = step_id;
-  } else {
-    StepMap one;
-    one.emplace(step_id, std::vector<uint64_t>());
-    node = one.extract(one.begin());
-  }
+  StepMap::node_type node =
+      TakeNode<StepMap>(spare_steps_, step_id, [] { return std::vector<uint64_t>(); });
   node.mapped().clear();
   return steps_.insert(std::move(node)).position->second;
 }
