@@ -235,7 +235,7 @@ cluster:
   request_retries: 60
   restart_servers: true
   restart_workers: true
-training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s${ROLLBACK:+, on_overlapping_failure: rollback}}
+training: {consistency: $consistency, batch_size: $BATCH, epochs: 1, worker_timeout: 120s, progress_every: 1s${ROLLBACK:+, on_overlapping_failure: rollback}}
 model: {kind: dlrm, embedding_dim: 8, bottom: [32, 8], top: [32, 16, 1]$storage}
 data: {train: $work/train.tsv, eval: $work/eval.tsv}
 checkpoint: {dir: $work/$1-ckpt, every_seconds: 1${ROLLBACK:+, every_steps: 20}, keep: 3, full_every: $FULL_EVERY${CKPT_DTYPE:+, dtype: $CKPT_DTYPE}}
@@ -294,13 +294,19 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   any_running $workers || return 2
   # What recovery from this kill will log, counted before the kill: a restarted worker's Hello
   # can reach a shard before this function reads the log again.
-  local pattern want
+  # A victim killed before it had taken part (a worker before its first Hello, a shard before
+  # any worker had pushed to it) logs none of that: then the job has recovered once its workers
+  # train again, two progress lines each after the kill (one could be on its way from before).
+  local pattern want progress="worker $([ "$role" = worker ] && echo "$rank" || echo '[0-9]*'): step [0-9]*, " trained
   if [ "$role" = worker ]; then
     pattern="worker $rank restarted at clock"  # one line per shard
     want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + SERVERS ))
+    trained=$(( $(grep -c -- "$progress" "$work/$name.log" || true) + 2 ))
   else
-    pattern="replaying .* to shard $rank\$"  # one line per worker
-    want=$(( $(grep -c -- "$pattern" "$work/$name.log" || true) + WORKERS ))
+    # One line per worker: its replay, or the shard's word that it had nothing to replay.
+    pattern="replaying .* to shard $rank\$|shard $rank: worker [0-9]* has nothing to replay"
+    want=$(( $(grep -cE -- "$pattern" "$work/$name.log" || true) + WORKERS ))
+    trained=$(( $(grep -c -- "$progress" "$work/$name.log" || true) + 2 * WORKERS ))
   fi
   # Or, where the failures overlapped (--rollback): every shard rolled back (nothing is replayed
   # then; the workers connect again and redo their steps).
@@ -320,7 +326,8 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   # shard has had both workers' replays (or the job ended, or 20 s passed).
   local t
   for t in $(seq 1 400); do
-    [ "$(grep -c -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
+    [ "$(grep -cE -- "$pattern" "$work/$name.log" || true)" -ge "$want" ] && break
+    [ "$(grep -c -- "$progress" "$work/$name.log" || true)" -ge "$trained" ] && break
     [ -n "$ROLLBACK" ] && [ "$(grep -c -- "$redo" "$work/$name.log" || true)" -ge "$redone" ] && break
     kill -0 "$launch_pid" 2>/dev/null || break
     # A shard restarted after every worker had left gets no replay: nothing to wait for.
