@@ -427,6 +427,17 @@ run_job() {  # NAME KILLS
   run_orphans=""
   run_victims=" "  # "server 0 worker 1 ...": the roles this run killed
   run_changes="-"
+  # The kills begin once every role runs (on a loaded machine the launcher may take seconds to
+  # start them; until then "no worker runs" would read as the end of the job).
+  if [ "$kills" -gt 0 ]; then
+    local up
+    for up in $(seq 1 600); do
+      [ "$(worker_pids "$m" | wc -w)" -ge "$WORKERS" ] &&
+        [ -n "$(role_pid "$m" server $((SERVERS - 1)))" ] && break
+      kill -0 "$launch_pid" 2>/dev/null || break
+      sleep 0.05
+    done
+  fi
   if [ -n "$RESHARD" ] && [ "$name" != ref ]; then
     reshard_with_kills "$name" "$m" "$start" "$kills"
     run_changes="$(grep -c '^scaled to ' "$work/$name-scale.log" || true)"

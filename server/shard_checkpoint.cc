@@ -747,9 +747,16 @@ void ShardServer::MaybeCheckpoint() {
     const int64_t clock = controller_.MinClock();
     // At a clock boundary: every push of earlier clocks is applied (under BSP, too).
     // clock - checkpoint_clock_ cannot overflow: clock >= 0 and checkpoint_clock_ >= -1.
+    // Seen at the tick that completes the clock (DispatchOp), not only at the next poll, which
+    // may come clocks later: a multiple is passed over only while the checkpoint before it is
+    // still being written (counted: the shards' checkpoints then agree at fewer clocks).
     if (clock < std::numeric_limits<int64_t>::max() &&
         clock - checkpoint_clock_ >= int64_t(c.every_steps) &&
         clock % int64_t(c.every_steps) == 0 && aggregates_.empty()) {
+      if (background_ && clock != skipped_step_clock_) {
+        skipped_step_clock_ = clock;
+        ++counters_.checkpoint_steps_skipped;
+      }
       due = true;
       reason = "every " + std::to_string(c.every_steps) + " steps";
     }

@@ -895,6 +895,9 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       if (req.done) CheckpointWhenAllDone();
       CheckpointWhenRemoved();
       AfterClockChange();
+      // A checkpoint every N steps is begun at the tick that completes its clock: the next
+      // poll may come clocks later (a loop drains every message that waits).
+      if (manifest_.checkpoint.every_steps > 0) MaybeCheckpoint();
       return Status::Ok();
     case Op::Barrier: {
       PARASOL_ASSIGN_OR_RETURN(*held, HandleBarrier(req, frames[0]));
@@ -1735,6 +1738,10 @@ MetricTable ShardServer::Metrics() const {
             "Pushes answered only once a background checkpoint was durable "
             "(checkpoint.max_log_bytes).",
             counters_.checkpoint_log_waits);
+  m.Counter("checkpoint_steps_skipped", "parasol_checkpoint_steps_skipped_total",
+            "Multiples of checkpoint.every_steps reached while the checkpoint before was still "
+            "being written: none was taken at them.",
+            counters_.checkpoint_steps_skipped);
   m.Counter("delta_checkpoints", "parasol_delta_checkpoints_total",
             "Checkpoints written as deltas.", counters_.delta_checkpoints);
   m.Gauge("delta_checkpoint_bytes_last", "parasol_checkpoint_bytes_last",

@@ -171,6 +171,9 @@ class ShardServer {
     // Pushes answered only once a background checkpoint was durable (a worker's push log
     // neared its bound, checkpoint.max_log_bytes).
     uint64_t checkpoint_log_waits = 0;
+    // Multiples of every_steps reached while the checkpoint before was still being written:
+    // none was taken at them (every_steps comes round faster than a checkpoint is written).
+    uint64_t checkpoint_steps_skipped = 0;
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
     uint64_t rollbacks = 0;             // Op.Rollback acted on (this process)
@@ -536,6 +539,7 @@ class ShardServer {
   uint64_t rollback_gen_ = 0;
   int64_t rollback_clock_ = -1;
   bool rollback_owed_ = false;
+  int64_t skipped_step_clock_ = -1;  // the multiple counted last in checkpoint_steps_skipped
   bool rollback_pending_ = false;  // a worker asked where to go back to (Op.Rollback, done)
   std::chrono::steady_clock::time_point rollback_pending_since_{};
   std::set<uint32_t> lost_updates_of_;  // workers a Hello showed lost updates of

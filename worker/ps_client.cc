@@ -17,6 +17,7 @@
 #include "worker/job_rollback.hpp"
 #include "worker/key_split.hpp"
 #include "worker/replay_plan.hpp"
+#include "worker/resume_point.hpp"
 #include "worker/reply_outcome.hpp"
 #include "worker/request_tracker.hpp"
 
@@ -42,12 +43,11 @@ PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
       num_shards_(static_cast<uint32_t>(manifest_.cluster.servers.size())),
       incarnation_(env_->Random64()),
       tracker_(num_shards_),
-      membership_(JobMembership(manifest)),
+      relay_(JobMembership(manifest), num_shards_, worker_id),
       restoring_(num_shards_, std::chrono::milliseconds(manifest_.cluster.request_timeout_ms),
                  std::chrono::milliseconds(manifest_.cluster.restore_timeout_ms)) {
   recovery_ = ShardRecovery(num_shards_, manifest_.checkpoint.max_log_bytes,
                             !manifest_.checkpoint.dir.empty() && JobRank(), worker_id_);
-  shard_membership_version_.assign(num_shards_, 0);
   push_index_.assign(num_shards_, 0);
   last_push_count_.assign(num_shards_, 0);
   cache_ = RowCache(manifest_.worker.cache_rows);
@@ -68,7 +68,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   c->wait_interrupt_ = wait_interrupt;
   if (join && !c->JobRank()) {
     return InvalidArgument("worker " + std::to_string(worker_id) + " cannot join: cluster." +
-                           "max_workers is " + std::to_string(c->membership_.max_ranks()));
+                           "max_workers is " + std::to_string(c->relay_.membership().max_ranks()));
   }
   c->joining_ = join;
   if (manifest.security.curve) PARASOL_RETURN_IF_ERROR(c->LoadKeys(key_path));
@@ -108,8 +108,8 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
       return FailedPrecondition(why + kOverlapFailNote);
     }
     const bool changed =
-        c->membership_.version() != JobMembership(manifest).version() ||
-        !c->membership_.server_changes().empty();
+        c->relay_.membership().version() != JobMembership(manifest).version() ||
+        !c->relay_.membership().server_changes().empty();
     if (rolls_back && !changed) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and
       // continues where they all are. Bounded: each round is a rollback or follows one.
@@ -199,8 +199,8 @@ Status PsClient::AwaitHellos(Ticket t) {
 }
 
 uint32_t PsClient::ShardsFrom(int64_t clock) const {
-  uint32_t n = membership_.PlacementAt(clock).count();
-  for (const auto& change : membership_.server_changes()) {
+  uint32_t n = relay_.membership().PlacementAt(clock).count();
+  for (const auto& change : relay_.membership().server_changes()) {
     if (change.clock > clock) n = std::max(n, change.count);
   }
   return n;
@@ -230,15 +230,15 @@ Status PsClient::Handshake() {
   PARASOL_RETURN_IF_ERROR(joining_ ? first_status.WithContext("joining the job") : first_status);
   PARASOL_RETURN_IF_ERROR(greeted);
   if (joining_) {
-    if (!membership_.Joined(worker_id_)) {
+    if (!relay_.membership().Joined(worker_id_)) {
       return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
     }
-    spdlog::info("worker {}: joins the job at clock {}", worker_id_, membership_.join(worker_id_));
+    spdlog::info("worker {}: joins the job at clock {}", worker_id_, relay_.membership().join(worker_id_));
   }
   // The clock this worker goes on from, as shard 0 knows it (-1: a new worker, or a tool).
   const int64_t at =
       !hellos.empty() && HelloKnownClock(hellos[0]) >= 0 ? HelloKnownClock(hellos[0]) : -1;
-  const uint32_t serving = JobRank() ? ShardsFrom(at) : membership_.LastPlacement().count();
+  const uint32_t serving = JobRank() ? ShardsFrom(at) : relay_.membership().LastPlacement().count();
   std::vector<uint32_t> rest = FirstShards(serving);
   if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
   if (!rest.empty()) {
@@ -285,45 +285,22 @@ Status PsClient::Handshake() {
   }
   // A worker of the job continues where the shards know it to be: a restarted worker redoes
   // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
-  if (membership_.Joined(worker_id_)) {
-    int64_t clock = -1;
-    bool done = true;
-    bool first_known = true;
-    for (const Header& h : hellos) {
-      // A shard that does not know the worker (one that serves nothing yet) says nothing.
-      if (HelloKnownClock(h) < 0) continue;
-      // Barrier 0 is behind this worker only if every shard released it (a worker killed in
-      // the middle of entering it reached some shards only).
-      last_barrier_seen_ = first_known ? h.last_barrier : std::min(last_barrier_seen_, h.last_barrier);
-      first_known = false;
-      clock = clock < 0 ? HelloKnownClock(h) : std::min(clock, HelloKnownClock(h));
-      done = done && HelloWorkerLeft(h);
-    }
+  if (relay_.membership().Joined(worker_id_)) {
+    const bool bsp = manifest_.training.consistency == TrainingOptions::Consistency::kBsp;
+    const ResumePoint r = ResumeFrom(hellos, worker_id_, bsp && !joining_);
+    if (r.known) last_barrier_seen_ = r.last_barrier;
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
-    // Under BSP, a worker that died after its tick out of step `clock` reached some shards but
-    // not others redoes that step. A shard that has the tick applies the step as soon as the
-    // other workers have ticked there too (it may have already: read_clock), so the redo reads
-    // other values than the first time, and what it pushes to the shards that lack the step is
-    // not what the undisturbed job pushed: reported, not hidden.
-    if (manifest_.training.consistency == TrainingOptions::Consistency::kBsp && !joining_) {
-      for (const Header& h : hellos) {
-        if (HelloKnownClock(h) <= clock) continue;
-        lost_step_ = "worker " + std::to_string(worker_id_) + " restarted after its tick out of "
-                     "step " + std::to_string(clock) + " reached shard " +
-                     std::to_string(h.shard_rank) + " but not every shard; shard " +
-                     std::to_string(h.shard_rank) + (h.read_clock > clock ? " has applied" :
-                     " may apply") + " that step before the redo reads it, so the step is "
-                     "redone from other values and its updates as first computed are lost "
-                     "(two failures overlapped, or the worker died between its ticks)";
-        spdlog::error("{}", lost_step_);
-        break;
-      }
+    if (!r.lost_step.empty()) {
+      lost_step_ = r.lost_step;
+      spdlog::error("{}", lost_step_);
     }
+    const int64_t clock = r.clock;
+    const bool done = r.done;
     if (clock > 0 || (clock == 0 && done) || joining_) {
       clock_ = clock;
       resumed_clock_ = clock;
       resumed_done_ = done;
-      if (!joining_ || clock > membership_.join(worker_id_)) {
+      if (!joining_ || clock > relay_.membership().join(worker_id_)) {
         spdlog::warn("worker {}: the shards know this worker at clock {}{}: continuing from there",
                      worker_id_, clock, done ? " (it had finished)" : "");
       }
@@ -400,7 +377,7 @@ Header PsClient::NewRequest(Op op, uint32_t table) {
   h.manifest_hash = fingerprint_;
   // A tick says where this worker really is (a replay's intermediate clocks do not).
   h.caught_up = op == Op::Clock;
-  h.membership_version = membership_.version();
+  h.membership_version = relay_.membership().version();
   h.join = joining_ && (op == Op::Hello || op == Op::Membership);
   h.rollback_gen = rollback_gen_;
   return h;
@@ -420,20 +397,10 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
   // Pulls too: a shard that gains rows at a change of the shard count must know of it before
   // it answers a pull of the change's clock.
   // And a tool's Migrate: a shard that serves nothing is ticked by no worker.
-  if (((JobRank() && (header.op == Op::Clock || header.op == Op::Hello ||
-                      header.op == Op::PullSparse || header.op == Op::PullDense)) ||
-       (!JobRank() && header.op == Op::Migrate)) &&
-      shard_membership_version_[shard] < membership_.version()) {
-    header.members = membership_.Entries();
-    header.membership_version = membership_.version();
-    header.member_macs = MacsOf(header.members);
-  }
-  // An entry learned from another shard comes without shard 0's MACs: a tick to shard 0 says it
-  // knows none, so that shard 0 answers with every entry and its MACs.
-  if (shard_zero_signs_ && shard == 0 && JobRank() &&
-      (header.op == Op::Clock || header.op == Op::Hello) && !AllSigned(membership_.Entries())) {
-    header.membership_version = 0;
-  }
+  const bool carries = JobRank() ? (header.op == Op::Clock || header.op == Op::Hello ||
+                                    header.op == Op::PullSparse || header.op == Op::PullDense)
+                                 : header.op == Op::Migrate;
+  relay_.Stamp(shard, carries, JobRank(), header);
   TrackedRequest& r = tracker_.Track(ticket, header, shard, timeout,
                                      1 + manifest_.cluster.request_retries, env_->Now());
   const uint64_t id = header.request_id;
@@ -602,7 +569,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     const int64_t at = clock_ + request_clock_offset_;
     // From a change of the shard count on, every row is read from its new shard at least once:
     // a shard that gains rows answers their first pull only once it holds them.
-    const auto& changes = membership_.server_changes();
+    const auto& changes = relay_.membership().server_changes();
     if (!changes.empty() && at >= changes.back().clock && cache_cleared_for_ < changes.back().clock) {
       cache_.Clear();
       cache_cleared_for_ = changes.back().clock;
@@ -685,7 +652,7 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   if (keys.empty()) return ticket;
   if (CacheActive()) ApplyToCache(table, *t, keys, grads);
   KeySplit& split = push_split_;  // the pushes' own: its vectors stay here
-  const Placement& placement = membership_.PlacementAt(clock_ + request_clock_offset_);
+  const Placement& placement = relay_.membership().PlacementAt(clock_ + request_clock_offset_);
   if (keys_unique_) {
     SplitUniqueKeys(keys, placement, num_shards(), split);
   } else {
@@ -748,8 +715,8 @@ const Placement& PsClient::ReadPlacement() const {
   // The keys' shards at the clock the rows are read for. A tool, and a worker done training
   // (evaluating), read the newest placement: a change named past the last clock still moves
   // the rows, and the shards that gain them answer once they hold them.
-  return JobRank() && !left_ ? membership_.PlacementAt(clock_ + request_clock_offset_)
-                             : membership_.LastPlacement();
+  return JobRank() && !left_ ? relay_.membership().PlacementAt(clock_ + request_clock_offset_)
+                             : relay_.membership().LastPlacement();
 }
 
 template <typename Fn>
@@ -839,7 +806,7 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
   StartBorrowing(tracker_.ticket(ticket));
-  ForEachDenseChunk(t->NumElements(), membership_.PlacementAt(clock_ + request_clock_offset_),
+  ForEachDenseChunk(t->NumElements(), relay_.membership().PlacementAt(clock_ + request_clock_offset_),
                     [&](uint32_t s, const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
   return ticket;
 }
@@ -855,7 +822,7 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   p.dim = 1;
   // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
   // the chunk, then reads it back, while the next chunk is still on its way up.
-  ForEachDenseChunk(t->NumElements(), membership_.PlacementAt(clock_ + request_clock_offset_),
+  ForEachDenseChunk(t->NumElements(), relay_.membership().PlacementAt(clock_ + request_clock_offset_),
                     [&](uint32_t s, const SliceRange& c) {
                       SendDensePush(ticket, table, s, c, grads);
                       SendDensePull(ticket, table, s, c, 1, false);
@@ -990,7 +957,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   NoteRollback(shard, *h);
   // A shard that rolled back has a new epoch too, but nothing is replayed to it.
   if (rolled_back_.ok()) NoteEpoch(shard, *h);
-  NoteMembership(shard, *h);
+  relay_.Note(shard, *h);
   if (h->op == Op::Step) {
     OnStepReply(shard, *h, frames);
     return;
@@ -1147,9 +1114,9 @@ void PsClient::Replay(uint32_t shard) {
   in.left = left_;
   in.in_job = JobRank();
   in.restored_clock = recovery_.restored_clock(shard);
-  in.serving_from = membership_.ServingFrom(shard);
-  if (shard >= ShardsFrom(clock_ - 1) && membership_.RemovedAt(shard) >= 0) {
-    in.removed_at = membership_.RemovedAt(shard);
+  in.serving_from = relay_.membership().ServingFrom(shard);
+  if (shard >= ShardsFrom(clock_ - 1) && relay_.membership().RemovedAt(shard) >= 0) {
+    in.removed_at = relay_.membership().RemovedAt(shard);
   }
   in.last_push_count = last_push_count_[shard];
   in.last_barrier = barrier_passed_;
@@ -1327,12 +1294,12 @@ Status PsClient::Wait(Ticket ticket) {
     if (!st.ok()) return st;
     if (!rolled_back_.ok()) return rolled_back_;
     if (!replay_failure_.ok()) return replay_failure_;
-    if (!membership_failure_.ok()) return membership_failure_;
+    if (!relay_.failure().ok()) return relay_.failure();
     if (wait_interrupt_ && found->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
   if (!rolled_back_.ok()) return rolled_back_;
   if (!replay_failure_.ok()) return replay_failure_;
-  if (!membership_failure_.ok()) return membership_failure_;
+  if (!relay_.failure().ok()) return relay_.failure();
   PARASOL_RETURN_IF_ERROR(recovery_.CheckLog());
   TicketState& p = *found;
   Finish(p);
@@ -1439,7 +1406,7 @@ Result<PsClient::Ticket> PsClient::TickAsync() {
   std::fill(push_index_.begin(), push_index_.end(), 0);
   // The shards that served the clock just finished (one that serves from the next clock on
   // takes the workers' clocks when it commits the change).
-  const uint32_t n = membership_.PlacementAt(clock_ - 1).count();
+  const uint32_t n = relay_.membership().PlacementAt(clock_ - 1).count();
   if (tick_shards_.size() != n) tick_shards_ = FirstShards(n);
   const Ticket ticket = NewTicket(Op::Clock, 0);
   for (uint32_t s : tick_shards_) {
@@ -1459,66 +1426,13 @@ Status PsClient::Leave() {
   const Ticket t = NewTicket(Op::Clock, 0);
   // The shards serving its clock (which would wait for its pushes); those that served only the
   // clock before have had its tick.
-  const uint32_t n = membership_.PlacementAt(clock_).count();
+  const uint32_t n = relay_.membership().PlacementAt(clock_).count();
   for (uint32_t s = 0; s < std::min<size_t>(n, num_shards_); ++s) {
     Header h = NewRequest(Op::Clock, 0);
     h.done = true;
     Send(t, s, std::move(h), {});
   }
   return Wait(t);
-}
-
-void PsClient::NoteMembership(uint32_t shard, const Header& reply) {
-  // The latest reply's: a shard restarted from an older checkpoint knows less again, and its
-  // next tick carries what it lacks.
-  shard_membership_version_[shard] = reply.membership_version;
-  if (reply.members.empty()) return;
-  // Shard 0's MACs, kept with their entries to travel with them.
-  const size_t per_entry = reply.members.empty() ? 0 : reply.member_macs.size() / reply.members.size();
-  if (shard == 0 && per_entry > 0 && per_entry * reply.members.size() == reply.member_macs.size()) {
-    shard_zero_signs_ = true;
-    for (size_t i = 0; i < reply.members.size(); ++i) {
-      const MemberEntry& e = reply.members[i];
-      member_macs_[{e.worker, e.join, e.leave}].assign(
-          reply.member_macs.begin() + i * per_entry, reply.member_macs.begin() + (i + 1) * per_entry);
-    }
-  }
-  const uint64_t before = membership_.version();
-  if (Status st = membership_.Merge(reply.members); !st.ok()) {
-    // Two copies disagree on a named clock: going on would train lines twice or not at all.
-    if (membership_failure_.ok()) {
-      membership_failure_ = st.WithContext("worker " + std::to_string(worker_id_) + ": shard " +
-                                           std::to_string(shard) + " sent a membership that " +
-                                           "contradicts this worker's");
-      spdlog::error("{}", membership_failure_.ToString());
-    }
-    return;
-  }
-  if (membership_.version() != before) {
-    spdlog::info("worker {}: membership now names {} clock(s) (from shard {})", worker_id_,
-                 membership_.version(), shard);
-  }
-}
-
-std::vector<uint8_t> PsClient::MacsOf(const std::vector<MemberEntry>& entries) const {
-  if (member_macs_.empty()) return {};
-  const size_t per_entry = member_macs_.begin()->second.size();
-  std::vector<uint8_t> out(entries.size() * per_entry, 0);
-  size_t held = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    auto it = member_macs_.find({entries[i].worker, entries[i].join, entries[i].leave});
-    if (it == member_macs_.end() || it->second.size() != per_entry) continue;
-    std::copy(it->second.begin(), it->second.end(), out.begin() + i * per_entry);
-    ++held;
-  }
-  if (held == 0) return {};  // none held: none sent
-  return out;                 // zeros where one is missing (the shard leaves that entry out)
-}
-
-bool PsClient::AllSigned(const std::vector<MemberEntry>& entries) const {
-  return std::all_of(entries.begin(), entries.end(), [&](const MemberEntry& e) {
-    return member_macs_.count({e.worker, e.join, e.leave}) > 0;
-  });
 }
 
 Status PsClient::AskShardZero(bool done, uint64_t count) {
@@ -1531,15 +1445,15 @@ Status PsClient::AskShardZero(bool done, uint64_t count) {
 }
 
 Result<int64_t> PsClient::RequestLeave() {
-  if (!JobRank() || !membership_.Joined(worker_id_)) {
+  if (!JobRank() || !relay_.membership().Joined(worker_id_)) {
     return FailedPrecondition("worker " + std::to_string(worker_id_) + " is not in the job");
   }
   PARASOL_RETURN_IF_ERROR(AskShardZero(/*done=*/true, 0));
-  if (membership_.leave(worker_id_) < 0) {
+  if (relay_.membership().leave(worker_id_) < 0) {
     return FailedPrecondition("shard 0 named no leave clock for worker " +
                               std::to_string(worker_id_));
   }
-  return membership_.leave(worker_id_);
+  return relay_.membership().leave(worker_id_);
 }
 
 Result<uint64_t> PsClient::Scale(uint64_t workers) {
@@ -1547,8 +1461,8 @@ Result<uint64_t> PsClient::Scale(uint64_t workers) {
   if (workers == 0) return InvalidArgument("a job needs at least one worker");
   PARASOL_RETURN_IF_ERROR(AskShardZero(/*done=*/false, workers));
   uint64_t staying = 0;
-  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
-    if (membership_.Joined(w) && membership_.leave(w) < 0) ++staying;
+  for (uint32_t w = 0; w < relay_.membership().max_ranks(); ++w) {
+    if (relay_.membership().Joined(w) && relay_.membership().leave(w) < 0) ++staying;
   }
   return staying;
 }
@@ -1559,7 +1473,7 @@ Status PsClient::Barrier(int64_t id) {
   // Every shard that serves this worker's clock holds the barrier, so every one knows this
   // worker is waiting, not lost. (One that serves only later clocks learns at its commit who
   // left before it.)
-  const std::vector<uint32_t> all = FirstShards(membership_.PlacementAt(clock_).count());
+  const std::vector<uint32_t> all = FirstShards(relay_.membership().PlacementAt(clock_).count());
   PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Barrier, static_cast<uint64_t>(id), all));
   PARASOL_RETURN_IF_ERROR(Wait(t));
   barrier_passed_ = std::max(barrier_passed_, id);
@@ -1654,7 +1568,7 @@ Status PsClient::Shutdown() {
 }
 
 std::vector<uint32_t> PsClient::ServingShards() {
-  return FirstShards(membership_.LastPlacement().count());
+  return FirstShards(relay_.membership().LastPlacement().count());
 }
 
 }  // namespace parasol

@@ -36,6 +36,7 @@
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 #include "worker/push_log.hpp"
+#include "worker/membership_relay.hpp"
 #include "worker/request_tracker.hpp"
 #include "worker/restore_watch.hpp"
 #include "worker/shard_recovery.hpp"
@@ -172,7 +173,7 @@ class PsClient {
 
   // Which ranks train at which clock, as far as this client has heard (common/membership.hpp):
   // every reply of a shard that knows more brings it, and every tick passes it on.
-  const Membership& membership() const { return membership_; }
+  const Membership& membership() const { return relay_.membership(); }
   // Asks shard 0 to name the clock at which this worker leaves (it trains the steps before it,
   // then calls Leave()). Returns that clock.
   Result<int64_t> RequestLeave();
@@ -357,22 +358,10 @@ class PsClient {
   void SendDetached(uint32_t shard, Op op, bool done);
 
   // A rank of the job (below cluster.max_workers), not a tool.
-  bool JobRank() const { return worker_id_ < membership_.max_ranks(); }
-  // Takes in the membership a reply brings, and what the shard knows.
-  void NoteMembership(uint32_t shard, const Header& reply);
+  bool JobRank() const { return worker_id_ < relay_.membership().max_ranks(); }
   // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
   Status AskShardZero(bool done, uint64_t count);
-  Membership membership_;
-  // Shard 0's MACs of the entries it named (with worker keys), by entry, for every shard: they
-  // travel with the entries to the other shards (common/membership_macs.hpp).
-  std::map<std::tuple<uint32_t, int64_t, int64_t>, std::vector<uint8_t>> member_macs_;
-  bool shard_zero_signs_ = false;  // a reply of shard 0 carried MACs
-  // The MACs of `entries`, entry by entry (zeros where none is held); empty when none is.
-  std::vector<uint8_t> MacsOf(const std::vector<MemberEntry>& entries) const;
-  // Whether shard 0's MACs of each of `entries` are held.
-  bool AllSigned(const std::vector<MemberEntry>& entries) const;
-  std::vector<uint64_t> shard_membership_version_;  // per shard: what its last reply knew
-  Status membership_failure_;  // sticky: a shard's membership contradicted ours; Wait returns it
+  MembershipRelay relay_;  // the job's membership as this worker knows it, and its relay
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;
   uint64_t pushes_acknowledged_ = 0;

@@ -382,6 +382,21 @@ TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums
       }
       ASSERT_GT(pid, 0) << "no server 1 process within 5 s\n"
                         << ReadFile(*dir_ + "/" + name + ".log");
+      // Not before the server has set its handler, which it has once it says it serves (a
+      // loaded machine can take seconds to start it): bounded, 10 s.
+      auto serving = [&] {
+        std::istringstream lines(ReadFile(*dir_ + "/" + name + ".log"));
+        for (std::string line; std::getline(lines, line);) {
+          if (line.find("shard 1/") != std::string::npos &&
+              line.find(" serving on ") != std::string::npos) {
+            return true;
+          }
+        }
+        return false;
+      };
+      for (int tries = 0; tries < 200 && !serving(); ++tries) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
       ASSERT_EQ(::kill(pid, SIGTERM), 0);
       auto status = job->Wait(std::chrono::seconds(240));
       const std::string log = ReadFile(*dir_ + "/" + name + ".log");

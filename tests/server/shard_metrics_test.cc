@@ -129,6 +129,7 @@ TEST(ShardMetricsTest, TheStatsAndThePrometheusTextOfARealShardAgreeRowByRow) {
       {"bad_messages", 'i'}, {"errors", 'i'}, {"checkpoints", 'i'}, {"checkpoints_begun", 'i'},
       {"checkpoint_writing", 'b'}, {"checkpoint_pause_ms_max", 'f'},
       {"checkpoint_seconds_last", 'f'}, {"checkpoint_log_waits", 'i'},
+      {"checkpoint_steps_skipped", 'i'},
       {"delta_checkpoints", 'i'}, {"delta_checkpoint_bytes_last", 'i'},
       {"full_checkpoint_bytes_last", 'i'}, {"curve_refusals", 'i'}, {"connections", 'i'},
       {"connection_cap", 'i'}, {"connections_refused_over_cap", 'i'},
