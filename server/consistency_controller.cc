@@ -82,9 +82,10 @@ Status ConsistencyController::Advance(uint32_t worker, int64_t clock, bool done,
   const int64_t current = clocks_[worker];
   if (restored_[worker] && !replay) {
     PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "Clock"));
-    return FailedPrecondition("Clock: worker " + std::to_string(worker) + "'s clock was " +
-                              "restored from a checkpoint (" + std::to_string(current) +
-                              "); it is taken from the worker's replay first");
+    // Asked again after the replay (one cut off on its way is resent before this tick).
+    return Unavailable("Clock: worker " + std::to_string(worker) + "'s clock was " +
+                       "restored from a checkpoint (" + std::to_string(current) +
+                       "); it is taken from the worker's replay first");
   }
   if (clock > current && clock - current > 1) {
     PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "Clock"));
@@ -148,6 +149,14 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
   const int64_t ahead = prefetch ? AheadOf(options_) : 1;
   if (clock > own && clock - own > ahead) {
     PARASOL_RETURN_IF_ERROR(BehindWaitingTick(worker, clock, "request"));
+    // A restored clock is only a lower bound until the worker's replay has come: what it asks
+    // beyond is asked again after the replay (one cut off on its way is resent).
+    if (restored_[worker]) {
+      return Unavailable("worker " + std::to_string(worker) + " asks at clock " +
+                         std::to_string(clock) + ", beyond its restored clock " +
+                         std::to_string(own) + " + " + std::to_string(ahead) +
+                         "; its clock is taken from its replay first");
+    }
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
         (ahead == 1 ? ", beyond its own next clock " + std::to_string(own + 1)

@@ -121,7 +121,9 @@ int main(int argc, char** argv) {
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, Reference> references;
+  // By the whole job (its faults' moments are drawn within the reference's duration, which
+  // fused steps and the checkpoint period change): a seed's run is the same alone or in a list.
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool>, Reference> references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
   uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
   uint64_t rolled_back = 0, equal_after_rollback = 0;
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
     SimOptions o = base;
     o.seed = seed;
     const SimJob job = JobOf(seed);
-    const auto key = std::make_tuple(job.workers, job.shards, job.steps);
+    const auto key =
+        std::make_tuple(job.workers, job.shards, job.steps, job.every_steps, job.fused);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;
