@@ -627,6 +627,7 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
 }
 
 void ShardServer::SettleRollback(int64_t clock, bool restarted) {
+  step_waiting_clock_ = -1;  // the clocks from `clock` on come again
   // The pushes of the clocks from `clock` on are redone: their sums and their names go.
   aggregates_.clear();
   push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));
@@ -749,14 +750,17 @@ void ShardServer::MaybeCheckpoint() {
     // clock - checkpoint_clock_ cannot overflow: clock >= 0 and checkpoint_clock_ >= -1.
     // Seen at the tick that completes the clock (DispatchOp), not only at the next poll, which
     // may come clocks later: a multiple is passed over only while the checkpoint before it is
-    // still being written (counted: the shards' checkpoints then agree at fewer clocks).
+    // still being written, and counted once the clock has moved on without one begun at it
+    // (the shards' checkpoints then agree at fewer clocks).
+    if (step_waiting_clock_ >= 0 && clock != step_waiting_clock_) {
+      ++counters_.checkpoint_steps_skipped;
+      step_waiting_clock_ = -1;
+    }
     if (clock < std::numeric_limits<int64_t>::max() &&
         clock - checkpoint_clock_ >= int64_t(c.every_steps) &&
         clock % int64_t(c.every_steps) == 0 && aggregates_.empty()) {
-      if (background_ && clock != skipped_step_clock_) {
-        skipped_step_clock_ = clock;
-        ++counters_.checkpoint_steps_skipped;
-      }
+      // Not while the one being written is this clock's (begun, not yet durable).
+      if (background_ && background_->header.clock != clock) step_waiting_clock_ = clock;
       due = true;
       reason = "every " + std::to_string(c.every_steps) + " steps";
     }
@@ -797,6 +801,8 @@ void ShardServer::MaybeCheckpoint() {
     }
   }
   if (!due || background_) return;
+  // One begun at the clock a multiple waited at: it is not passed over.
+  if (step_waiting_clock_ == controller_.MinClock()) step_waiting_clock_ = -1;
   if (forced) NoteForcedCheckpoint();
   if (Status st = BeginCheckpoint(reason); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());

@@ -897,7 +897,10 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       AfterClockChange();
       // A checkpoint every N steps is begun at the tick that completes its clock: the next
       // poll may come clocks later (a loop drains every message that waits).
-      if (manifest_.checkpoint.every_steps > 0) MaybeCheckpoint();
+      if (manifest_.checkpoint.every_steps > 0) {
+        PollBackgroundCheckpoint(/*wait=*/false);  // one that has finished is no obstacle
+        MaybeCheckpoint();
+      }
       return Status::Ok();
     case Op::Barrier: {
       PARASOL_ASSIGN_OR_RETURN(*held, HandleBarrier(req, frames[0]));

@@ -539,7 +539,9 @@ class ShardServer {
   uint64_t rollback_gen_ = 0;
   int64_t rollback_clock_ = -1;
   bool rollback_owed_ = false;
-  int64_t skipped_step_clock_ = -1;  // the multiple counted last in checkpoint_steps_skipped
+  // A multiple of every_steps reached while another checkpoint was being written (-1: none):
+  // counted in checkpoint_steps_skipped once the clock moves on with none begun at it.
+  int64_t step_waiting_clock_ = -1;
   bool rollback_pending_ = false;  // a worker asked where to go back to (Op.Rollback, done)
   std::chrono::steady_clock::time_point rollback_pending_since_{};
   std::set<uint32_t> lost_updates_of_;  // workers a Hello showed lost updates of

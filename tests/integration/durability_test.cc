@@ -397,6 +397,7 @@ TEST_F(DurabilityTest, ASigtermedServerInTheMiddleOfABspClockKeepsItsPendingSums
       for (int tries = 0; tries < 200 && !serving(); ++tries) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
+      if (!serving()) std::printf("[ seed     ] server 1 did not say it serves within 10 s\n");
       ASSERT_EQ(::kill(pid, SIGTERM), 0);
       auto status = job->Wait(std::chrono::seconds(240));
       const std::string log = ReadFile(*dir_ + "/" + name + ".log");
