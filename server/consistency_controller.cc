@@ -153,9 +153,9 @@ Status ConsistencyController::CheckRequestClock(uint32_t worker, int64_t clock,
     // beyond is asked again after the replay (one cut off on its way is resent).
     if (restored_[worker]) {
       return Unavailable("worker " + std::to_string(worker) + " asks at clock " +
-                         std::to_string(clock) + ", beyond its restored clock " +
-                         std::to_string(own) + " + " + std::to_string(ahead) +
-                         "; its clock is taken from its replay first");
+                         std::to_string(clock) + ", beyond its clock " + std::to_string(own) +
+                         " + " + std::to_string(ahead) + " as this shard came back with it; "
+                         "its clock is taken from its replay first");
     }
     return FailedPrecondition(
         "worker " + std::to_string(worker) + " asks at clock " + std::to_string(clock) +
