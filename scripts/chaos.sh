@@ -182,8 +182,13 @@ find_pids() {
   return 0
 }
 # The pid of a role (server 0, worker 1, ...) of the job with manifest $1, or nothing.
+# The first one found: a shard's checkpoint child has its parent's command line. Without a pipe
+# into head, whose early exit would end the search with SIGPIPE, which (pipefail, set -e) ended
+# the whole script where a caller assigns the pid.
 role_pid() {
-  find_pids "$PARASOL $2 --manifest $1 --rank $3" | head -n 1
+  local pids
+  pids="$(find_pids "$PARASOL $2 --manifest $1 --rank $3")"
+  echo "${pids%%$'\n'*}"
 }
 # A TCP port nothing listens on, below the kernel's range for outgoing connections' local ports
 # (a port picked inside it could be taken by any connection before the shard binds it).
@@ -271,7 +276,8 @@ kill_now() {  # NAME M START ROLE RANK CKPT [PID WORKERS]
   if [ -n "$pid" ]; then
     :
   elif [ "$role" = scale ]; then
-    pid="$(find_pids "$PARASOL scale --manifest $m" | head -n 1)"
+    pid="$(find_pids "$PARASOL scale --manifest $m")"
+    pid="${pid%%$'\n'*}"
   else
     pid="$(role_pid "$m" "$role" "$rank")"
   fi
