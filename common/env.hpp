@@ -1,12 +1,10 @@
 // Env: what a process of the job takes from outside its own code: the time, random numbers,
-// and a worker's connections to the shards. It is passed in rather than read from globals, as
+// a worker's connections to the shards, a shard's files and the fault points. It is passed in rather than read from globals, as
 // leveldb's Env is. Env::Real() is the steady clock, the OS's random device and ZeroMQ. The
 // deterministic simulation (tests/sim) gives each process it runs an Env of its own, so that
-// shards and workers share one virtual clock, one seeded source of randomness and a simulated
-// network, and a whole job runs in one process on one seeded schedule.
-//
-// What is not in it yet: the file system (checkpoints are written through the OS) and the
-// fault points of common/fault_points.hpp, which stay a process-wide plan.
+// shards and workers share one virtual clock, one seeded source of randomness, a simulated
+// network and a simulated disk (whose hosts may crash, losing what was not synced), and a
+// whole job runs in one process on one seeded schedule.
 //
 // Thread-safety: Env::Real() may be used from any thread. A ShardLinks belongs to one thread.
 #pragma once
@@ -20,6 +18,8 @@
 #include <zmq.hpp>
 
 #include "common/curve_keys.hpp"
+#include "common/fault_points.hpp"
+#include "common/file_system.hpp"
 #include "common/manifest.hpp"
 #include "common/status.hpp"
 
@@ -65,6 +65,11 @@ class Env {
   virtual Result<std::unique_ptr<ShardLinks>> LinkShards(
       const Manifest& manifest, uint32_t worker, const CurveKeyPair* keys,
       const std::vector<std::string>& server_public_keys) = 0;
+  // The files a shard keeps its checkpoints and marks in.
+  virtual FileSystem* Files() { return FileSystem::Real(); }
+  // What to do at fault point `point` now (common/fault_points.hpp lists them). kKill never
+  // returns from the real one.
+  virtual Fault Hit(std::string_view point) { return FaultPoints::Get().Hit(point); }
 };
 
 }  // namespace parasol

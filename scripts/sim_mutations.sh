@@ -19,6 +19,7 @@ mutations=(
   "the push record's duplicate check removed|server/push_gate.cc|s.replace('return {Admission::kDuplicate, \"in the push record\"};', 'return {Admission::kNew, \"\"};')"
   "the replay sent in reverse order|worker/ps_client.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')"
   "the tick's check of the pushes it names dropped|server/shard_server.cc|s.replace('if (Status pushes = CheckTickPushes(req); !pushes.ok()) {', 'if (Status pushes = Status::Ok(); !pushes.ok()) {')"
+  "a checkpoint's folder not synced after its rename (a host crash loses it)|server/checkpoint.cc|s.replace('return fs->SyncDir(ParentOf(path));', 'return Status::Ok();')"
 )
 uncaught=0
 for m in "${mutations[@]}"; do

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test through ctest.
 # Tests labelled `gpu` skip themselves when no CUDA device is present.
-#   scripts/test.sh [extra ctest arguments, e.g. -L unit or -R Cluster]
+#   scripts/test.sh [--long] [extra ctest arguments, e.g. -L unit or -R Cluster]
+# Tests labelled `long` (chaos variants, two minutes of resharding) run only with --long; the
+# default run is CI's, about 30 minutes on 2 cores.
 set -euo pipefail
+skip_long=(-LE long)
+if [[ ${1:-} == --long ]]; then
+  skip_long=()
+  shift
+fi
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The Python module's tests run pytest, and parasol.torch's need PyTorch.
@@ -13,4 +20,4 @@ parasol_build Release
 # The fuzzers' own build folder (clang, ASan + UBSan); their ctest entries run them.
 bash "$PARASOL_ROOT/scripts/fuzz.sh" build
 cd "$PARASOL_BUILD"
-ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+ctest --output-on-failure -j "$(nproc)" --timeout 600 "${skip_long[@]}" "$@"

@@ -40,6 +40,15 @@ static_assert(sizeof(RawHeader) == kCheckpointHeaderBytes);
 static_assert(sizeof(RawBlock) == kCheckpointBlockHeaderBytes);
 static_assert(sizeof(RawFooter) == kCheckpointFooterBytes);
 
+// FileSystem::Open's error ("cannot read 'P': why") as a checkpoint's ("cannot read checkpoint
+// 'P': why").
+Status CheckpointNotReadable(const Status& st) {
+  std::string m = st.message();
+  const std::string prefix = "cannot read ";
+  if (m.rfind(prefix, 0) == 0) m.insert(prefix.size(), "checkpoint ");
+  return Status(st.code(), m);
+}
+
 // Seeded with the block's index, so a block header copied to another place does not verify.
 uint64_t BlockHeaderChecksum(const RawBlock& b, uint64_t index) {
   return Checksum64(&b, offsetof(RawBlock, header_checksum), index);
@@ -66,28 +75,6 @@ class Cursor {
   uint64_t offset_ = 0;
 };
 
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("cannot write '" + path + "': " + std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
-
-Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return IoError("cannot open folder '" + dir + "': " + std::strerror(errno));
-  ::fsync(fd);
-  ::close(fd);
-  return Status::Ok();
-}
-
 }  // namespace
 
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed) {
@@ -105,78 +92,75 @@ uint64_t Checksum64(const void* data, size_t n, uint64_t seed) {
 }
 
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
-                           const std::vector<CheckpointBlock>& blocks) {
+                           const std::vector<CheckpointBlock>& blocks, Env* env) {
   return WriteCheckpointFile(path, header, [&](const CheckpointBlockSink& sink) -> Status {
     for (const CheckpointBlock& b : blocks) PARASOL_RETURN_IF_ERROR(sink(b));
     return Status::Ok();
-  });
+  }, env);
 }
 
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
-                           const CheckpointBlockProducer& produce) {
+                           const CheckpointBlockProducer& produce, Env* env) {
   if (std::string problem = CheckpointSequenceProblem(header.sequence, "checkpoint '" + path + "'");
       !problem.empty()) {
     return FailedPrecondition("cannot write " + problem);
   }
-  const std::filesystem::path target(path);
-  std::error_code ec;
-  std::filesystem::create_directories(target.parent_path(), ec);
+  if (env == nullptr) env = Env::Real();
+  FileSystem* fs = env->Files();
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
-  RawHeader h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.version = kCheckpointVersion;
-  h.shard = header.shard;
-  h.shards = header.shards;
-  h.fingerprint = header.fingerprint;
-  h.clock = header.clock;
-  h.sequence = header.sequence;
-  h.flags = (header.final ? 1u : 0u) | (header.delta ? 2u : 0u);
-  // The block count is known at the end: the header is written again then.
-  Status st = WriteAll(fd, &h, sizeof(h), tmp);
-  uint64_t all = 0, count = 0;
-  if (st.ok()) {
-    st = produce([&](const CheckpointBlock& b) -> Status {
-      RawBlock rb{b.kind, b.table, b.count, b.bytes.size(),
-                  Checksum64(b.bytes.data(), b.bytes.size()), 0};
-      rb.header_checksum = BlockHeaderChecksum(rb, count);
-      all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
-      ++count;
-      PARASOL_RETURN_IF_ERROR(WriteAll(fd, &rb, sizeof(rb), tmp));
-      return WriteAll(fd, b.bytes.data(), b.bytes.size(), tmp);
-    });
-  }
-  RawFooter f{};
-  std::memcpy(f.magic, kEnd, 8);
-  f.blocks = count;
-  f.checksum = all;
-  if (st.ok()) st = WriteAll(fd, &f, sizeof(f), tmp);
-  h.blocks = count;
-  h.checksum = Checksum64(&h, offsetof(RawHeader, checksum));
-  if (st.ok() && ::pwrite(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
-    st = IoError("cannot write '" + tmp + "': " + std::strerror(errno));
-  }
-  if (st.ok()) {
-    const Fault fault = FaultPoints::Get().Hit("checkpoint.write");
-    if (fault == Fault::kFail) {
-      st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
-    } else if (fault == Fault::kSlow) {
-      ::usleep(500 * 1000);  // a large table's write, in a test
+  Status st;
+  {
+    Result<std::unique_ptr<WritableFile>> opened = fs->Create(tmp);
+    if (!opened.ok()) return opened.status();
+    WritableFile& file = **opened;
+    RawHeader h{};
+    std::memcpy(h.magic, kMagic, 8);
+    h.version = kCheckpointVersion;
+    h.shard = header.shard;
+    h.shards = header.shards;
+    h.fingerprint = header.fingerprint;
+    h.clock = header.clock;
+    h.sequence = header.sequence;
+    h.flags = (header.final ? 1u : 0u) | (header.delta ? 2u : 0u);
+    // The block count is known at the end: the header is written again then.
+    st = file.Append(&h, sizeof(h));
+    uint64_t all = 0, count = 0;
+    if (st.ok()) {
+      st = produce([&](const CheckpointBlock& b) -> Status {
+        RawBlock rb{b.kind, b.table, b.count, b.bytes.size(),
+                    Checksum64(b.bytes.data(), b.bytes.size()), 0};
+        rb.header_checksum = BlockHeaderChecksum(rb, count);
+        all = Checksum64(&rb.checksum, sizeof(rb.checksum), all);
+        ++count;
+        PARASOL_RETURN_IF_ERROR(file.Append(&rb, sizeof(rb)));
+        return file.Append(b.bytes.data(), b.bytes.size());
+      });
     }
+    RawFooter f{};
+    std::memcpy(f.magic, kEnd, 8);
+    f.blocks = count;
+    f.checksum = all;
+    if (st.ok()) st = file.Append(&f, sizeof(f));
+    h.blocks = count;
+    h.checksum = Checksum64(&h, offsetof(RawHeader, checksum));
+    if (st.ok()) st = file.WriteAt(0, &h, sizeof(h));
+    if (st.ok()) {
+      const Fault fault = env->Hit("checkpoint.write");
+      if (fault == Fault::kFail) {
+        st = IoError("cannot write '" + tmp + "': injected fault (checkpoint.write)");
+      } else if (fault == Fault::kSlow) {
+        ::usleep(500 * 1000);  // a large table's write, in a test
+      }
+    }
+    if (st.ok()) st = file.Sync();
   }
-  if (st.ok() && ::fsync(fd) != 0)
-    st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
-  ::close(fd);
-  if (st.ok()) (void)FaultPoints::Get().Hit("checkpoint.rename");
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-  }
+  if (st.ok()) (void)env->Hit("checkpoint.rename");
+  if (st.ok()) st = fs->Rename(tmp, path);
   if (!st.ok()) {
-    ::unlink(tmp.c_str());
+    (void)fs->Remove(tmp);
     return st;
   }
-  return FsyncDir(target.parent_path().string());
+  return fs->SyncDir(ParentOf(path));
 }
 
 Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeader* header,
@@ -273,10 +257,12 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
 }
 
 Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
-                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
-  return ReadCheckpoint(in, path, header, block, check);
+                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check,
+                          FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
+  Result<std::unique_ptr<std::istream>> in = fs->Open(path);
+  if (!in.ok()) return CheckpointNotReadable(in.status());
+  return ReadCheckpoint(**in, path, header, block, check);
 }
 
 std::string CheckpointSequenceProblem(uint64_t sequence, const std::string& what) {
@@ -310,17 +296,17 @@ std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequ
   return dir + name;
 }
 
-std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard) {
+std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard,
+                                         FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
   std::vector<std::string> out;
-  std::error_code ec;
   const std::string folder = dir + "/shard-" + std::to_string(shard);
-  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const std::string& name : fs->List(folder)) {
     // ckpt-DIGITS.bin only (a name with too many digits is listed, for Restore to refuse).
     if (name.rfind("ckpt-", 0) == 0 && name.size() > 9 &&
         name.compare(name.size() - 4, 4, ".bin") == 0 &&
         name.find_first_not_of("0123456789", 5) == name.size() - 4) {
-      out.push_back(e.path().string());
+      out.push_back(folder + "/" + name);
     }
   }
   std::sort(out.rbegin(), out.rend());  // zero-padded sequences: newest first
@@ -339,9 +325,11 @@ uint64_t SequenceOf(const std::string& path) {
 
 }  // namespace
 
-Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
+Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path, FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
+  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
+  if (!opened.ok()) return CheckpointNotReadable(opened.status());
+  std::istream& in = **opened;
   RawHeader h{};
   if (!in.read(reinterpret_cast<char*>(&h), sizeof(h))) {
     return IoError("checkpoint '" + path + "' is damaged: the file ends inside the header");
@@ -370,11 +358,11 @@ Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path) {
 }
 
 Result<std::vector<std::string>> CheckpointChain(const std::string& dir, uint32_t shard,
-                                                 uint64_t sequence) {
+                                                 uint64_t sequence, FileSystem* fs) {
   std::vector<std::string> chain;
   for (uint64_t s = sequence; s > 0; --s) {
     const std::string path = CheckpointPath(dir, shard, s);
-    Result<CheckpointHeader> h = ReadCheckpointHeader(path);
+    Result<CheckpointHeader> h = ReadCheckpointHeader(path, fs);
     if (!h.ok()) {
       return Status(h.status().code(),
                     (s == sequence ? std::string() : "checkpoint " + std::to_string(sequence) +
@@ -395,20 +383,20 @@ Result<std::vector<std::string>> CheckpointChain(const std::string& dir, uint32_
                   std::to_string(shard) + " is a delta with no full checkpoint before it");
 }
 
-void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep) {
-  const std::vector<std::string> all = ListCheckpoints(dir, shard);
+void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep, FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
+  const std::vector<std::string> all = ListCheckpoints(dir, shard, fs);
   if (all.size() <= keep || keep == 0) return;
   // The oldest kept checkpoint, and the full one its chain starts from: nothing from there on
   // goes. A chain that cannot be read now prunes nothing (its base may be what a newer delta
   // builds on); the next checkpoint tries again.
   uint64_t first_kept = SequenceOf(all[keep - 1]);
-  Result<std::vector<std::string>> chain = CheckpointChain(dir, shard, first_kept);
+  Result<std::vector<std::string>> chain = CheckpointChain(dir, shard, first_kept, fs);
   if (!chain.ok()) return;
   first_kept = SequenceOf(chain->front());
   for (const std::string& path : all) {
     if (SequenceOf(path) >= first_kept) continue;
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
+    (void)fs->Remove(path);
   }
 }
 
@@ -420,36 +408,23 @@ std::string RollbackMarkPath(const std::string& dir, uint32_t shard) {
 
 }  // namespace
 
-Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark) {
-  const std::string path = RollbackMarkPath(dir, shard);
-  const std::string folder = dir + "/shard-" + std::to_string(shard);
-  std::error_code ec;
-  std::filesystem::create_directories(folder, ec);
-  const std::string tmp = path + ".tmp";
+Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark,
+                         FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
   const std::string text = "parasol-rollback 1 " + std::to_string(mark.generation) + " " +
                            std::to_string(mark.clock) + " " + std::to_string(mark.sequence) +
                            " " + std::to_string(mark.first_new) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("cannot create '" + tmp + "': " + std::strerror(errno));
-  Status st = WriteAll(fd, text.data(), text.size(), tmp);
-  if (st.ok() && ::fsync(fd) != 0) {
-    st = IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
-  }
-  ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = IoError("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-  }
-  if (!st.ok()) return st;
-  return FsyncDir(folder);
+  return WriteFileDurably(fs, RollbackMarkPath(dir, shard), text);
 }
 
-Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard) {
+Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard,
+                                                    FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
   const std::string path = RollbackMarkPath(dir, shard);
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<RollbackMark>();
-  std::ifstream in(path);
+  if (!fs->Exists(path)) return std::optional<RollbackMark>();
+  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
   std::string line;
-  if (!in || !std::getline(in, line) || line.size() > 200) {
+  if (!opened.ok() || !std::getline(**opened, line) || line.size() > 200) {
     return IoError("rollback mark '" + path + "' cannot be read");
   }
   std::istringstream fields(line);

@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "common/env.hpp"
+#include "common/file_system.hpp"
 #include "common/status.hpp"
 
 namespace parasol {
@@ -97,9 +99,13 @@ using CheckpointBlockFn = std::function<Status(CheckpointBlock&)>;
 // 64-bit checksum of `n` bytes (word-wise multiply-mix; detects flipped bits and truncation).
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 
-// Writes `blocks` under `path` atomically (tmp + fsync + rename + fsync of the folder).
+// The functions below take the files from `env` or `fs` (Env::Real() and FileSystem::Real()
+// when null): a simulated shard's are in memory (common/file_system.hpp).
+
+// Writes `blocks` under `path` atomically (tmp + fsync + rename + fsync of the folder). The
+// fault points checkpoint.write and checkpoint.rename are `env`'s.
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
-                           const std::vector<CheckpointBlock>& blocks);
+                           const std::vector<CheckpointBlock>& blocks, Env* env = nullptr);
 
 // The same, streaming: `produce` hands each block to the sink in order, which writes it at
 // once, so the file never has to fit in memory (the header's block count and checksum are
@@ -107,7 +113,7 @@ Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& head
 using CheckpointBlockSink = std::function<Status(const CheckpointBlock&)>;
 using CheckpointBlockProducer = std::function<Status(const CheckpointBlockSink&)>;
 Status WriteCheckpointFile(const std::string& path, const CheckpointHeader& header,
-                           const CheckpointBlockProducer& produce);
+                           const CheckpointBlockProducer& produce, Env* env = nullptr);
 
 // Reads and verifies a whole checkpoint from `in` (`name` says which in errors). Sets *header
 // once the file header is verified, before the first block. For each block in order, calls
@@ -118,22 +124,25 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
                       const CheckpointBlockFn& block, const CheckpointBlockCheck& check = {});
 // The same for the file at `path`.
 Status ReadCheckpointFile(const std::string& path, CheckpointHeader* header,
-                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check = {});
+                          const CheckpointBlockFn& block, const CheckpointBlockCheck& check = {},
+                          FileSystem* fs = nullptr);
 
 // The checkpoints of shard `shard` under `dir` (dir/shard-N/ckpt-SEQUENCE.bin), newest first.
-std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard);
+std::vector<std::string> ListCheckpoints(const std::string& dir, uint32_t shard,
+                                         FileSystem* fs = nullptr);
 // The header of the checkpoint at `path` (checked: magic, checksum, version).
-Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path);
+Result<CheckpointHeader> ReadCheckpointHeader(const std::string& path, FileSystem* fs = nullptr);
 // The files checkpoint `sequence` of the shard is made of, oldest first: the full checkpoint it
 // builds on, then each delta after it up to `sequence` (just the file itself when it is full).
 // Fails naming the first that is missing or unreadable.
 Result<std::vector<std::string>> CheckpointChain(const std::string& dir, uint32_t shard,
-                                                 uint64_t sequence);
+                                                 uint64_t sequence, FileSystem* fs = nullptr);
 // dir/shard-N/ckpt-SEQUENCE.bin
 std::string CheckpointPath(const std::string& dir, uint32_t shard, uint64_t sequence);
 // Removes all but the newest `keep` checkpoints of the shard and the files they build on (a
 // delta's full checkpoint and the deltas between them): a chain is never broken.
-void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep);
+void PruneCheckpoints(const std::string& dir, uint32_t shard, uint32_t keep,
+                      FileSystem* fs = nullptr);
 
 // A rollback of the job (protocols/message.fbs, Op.Rollback), as the shard records it before it
 // acts: dir/shard-N/rollback, one line "parasol-rollback 1 GENERATION CLOCK SEQUENCE FIRST_NEW".
@@ -148,8 +157,10 @@ struct RollbackMark {
   // Whether checkpoint `sequence` belongs to the undone history.
   bool Undone(uint64_t s) const { return s > sequence && s < first_new; }
 };
-Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark);
+Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark,
+                         FileSystem* fs = nullptr);
 // The mark, or none when the shard never rolled back; a damaged one is an error naming the file.
-Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard);
+Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard,
+                                                    FileSystem* fs = nullptr);
 
 }  // namespace parasol

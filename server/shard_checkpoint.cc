@@ -61,7 +61,7 @@ Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& 
           return sink(b);
         },
         checkpoint_block_bytes_, delta);
-  });
+  }, env_);
 }
 
 Status ShardServer::VisitModel(const std::function<void(const CheckpointBlock&)>& visit) {
@@ -97,7 +97,7 @@ void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string
   checkpoints_begun_ = std::max(checkpoints_begun_, h.sequence);
   checkpoint_owed_ = false;
   // Not while a rollback is owed or asked about: the checkpoint it goes back to stays.
-  if (!rollback_owed_ && !rollback_pending_) PruneCheckpoints(c.dir, rank_, c.keep);
+  if (!rollback_owed_ && !rollback_pending_) PruneCheckpoints(c.dir, rank_, c.keep, env_->Files());
   ++counters_.checkpoints;
   counters_.checkpoint_pause_ms_max = std::max(counters_.checkpoint_pause_ms_max, pause_ms);
   counters_.checkpoint_seconds_last = seconds;
@@ -180,6 +180,8 @@ bool ShardServer::CanCheckpointInBackground() const {
   // An in-process driver (a reply sink: the request fuzzer) has every answer at once, and its
   // process is no shard to copy.
   if (reply_sink_) return false;
+  // A child process writes the OS's files only (a simulated shard's are in its parent).
+  if (env_->Files() != FileSystem::Real()) return false;
   return manifest_.checkpoint.background;
 }
 
@@ -316,8 +318,7 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
                       bg.pushed_at_start, seconds, bg.pause_ms,
                       std::strtoull(said.c_str(), nullptr, 10), bg.begun_clock);
   } else {
-    std::error_code ec;
-    std::filesystem::remove(bg.path + ".tmp", ec);
+    (void)env_->Files()->Remove(bg.path + ".tmp");
     requested_checkpoint_stamp_ = ~uint64_t{0};  // a request asked again writes again
     checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
     force_full_ = true;       // the rows it removed are recorded nowhere else
@@ -374,8 +375,9 @@ void ShardServer::StartRequestedCheckpoint() {
 // Never throws: Restore() tries the next file on any error.
 Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint64_t base) {
   try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return NotFound("cannot read checkpoint '" + path + "': " + std::strerror(errno));
+    Result<std::unique_ptr<std::istream>> opened = env_->Files()->Open(path);
+    if (!opened.ok()) return opened.status().WithContext("checkpoint");
+    std::istream& in = **opened;
     ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(), aggregates_,
                      engines_.size(), membership_, &migration_);
     state.set_engine_runner(
@@ -384,7 +386,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
     restore_progress_.rows_total = 0;
     restore_progress_.rows_done = 0;
     // A test's fault point: each block of the file read slowly (a load of a huge table).
-    if (FaultPoints::Get().Hit("shard.restore") == Fault::kSlow) {
+    if (env_->Hit("shard.restore") == Fault::kSlow) {
       state.set_block_delay(std::chrono::milliseconds(500));
     }
     state.set_progress(&restore_progress_);
@@ -418,15 +420,16 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
 Status ShardServer::LoadChain(const std::string& path) {
   // A delta is its full checkpoint and every delta up to it, loaded in order.
   const CheckpointOptions& c = manifest_.checkpoint;
-  PARASOL_ASSIGN_OR_RETURN(CheckpointHeader header, ReadCheckpointHeader(path));
+  FileSystem* fs = env_->Files();
+  PARASOL_ASSIGN_OR_RETURN(CheckpointHeader header, ReadCheckpointHeader(path, fs));
   PARASOL_ASSIGN_OR_RETURN(std::vector<std::string> chain,
-                           CheckpointChain(c.dir, rank_, header.sequence));
+                           CheckpointChain(c.dir, rank_, header.sequence, fs));
   uint64_t onto = 0;
-  Result<CheckpointHeader> first = ReadCheckpointHeader(chain.front());
+  Result<CheckpointHeader> first = ReadCheckpointHeader(chain.front(), fs);
   const uint64_t base = first.ok() ? first->sequence : 0;
   for (const std::string& file : chain) {
     PARASOL_RETURN_IF_ERROR(LoadCheckpoint(file, onto, base));
-    Result<CheckpointHeader> loaded = ReadCheckpointHeader(file);
+    Result<CheckpointHeader> loaded = ReadCheckpointHeader(file, fs);
     onto = loaded.ok() ? loaded->sequence : 0;
   }
   if (chain.size() > 1) {
@@ -440,13 +443,14 @@ Result<std::pair<std::string, CheckpointHeader>> ShardServer::CheckpointAtOrBefo
     int64_t clock, bool exact) const {
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return NotFound("shard " + std::to_string(rank_) + " takes no checkpoints");
-  for (const std::string& path : ListCheckpoints(c.dir, rank_)) {  // newest first
+  FileSystem* fs = env_->Files();
+  for (const std::string& path : ListCheckpoints(c.dir, rank_, fs)) {  // newest first
     Result<uint64_t> sequence = CheckpointSequenceOfName(path);
     if (!sequence.ok() || (rollback_mark_ && rollback_mark_->Undone(*sequence))) continue;
-    Result<CheckpointHeader> h = ReadCheckpointHeader(path);
+    Result<CheckpointHeader> h = ReadCheckpointHeader(path, fs);
     if (!h.ok() || h->clock < 0 || h->clock > clock || (exact && h->clock != clock)) continue;
     // Only one whose chain is whole (a delta's full checkpoint may have been pruned).
-    if (!CheckpointChain(c.dir, rank_, h->sequence).ok()) continue;
+    if (!CheckpointChain(c.dir, rank_, h->sequence, fs).ok()) continue;
     return std::make_pair(path, *h);
   }
   return NotFound("shard " + std::to_string(rank_) + " holds no checkpoint " +
@@ -533,26 +537,23 @@ namespace {
 
 // Files of an undone history are kept aside (renamed, never loaded) until the next rollback:
 // a rollback asked for by mistake, or by a stolen worker key, destroys nothing.
-void SetAsideUndone(const std::string& dir, uint32_t shard, const RollbackMark& mark) {
-  std::error_code ec;
-  const std::string folder = dir + "/shard-" + std::to_string(shard);
-  for (const std::string& file : ListCheckpoints(dir, shard)) {
+// (The renames need not be durable: the rollback's mark, written first, says which files they
+// are, and a restart sets them aside again.)
+void SetAsideUndone(FileSystem* fs, const std::string& dir, uint32_t shard,
+                    const RollbackMark& mark) {
+  for (const std::string& file : ListCheckpoints(dir, shard, fs)) {
     Result<uint64_t> sequence = CheckpointSequenceOfName(file);
     if (sequence.ok() && mark.Undone(*sequence)) {
-      std::filesystem::rename(file, file + ".undone-" + std::to_string(mark.generation), ec);
+      (void)fs->Rename(file, file + ".undone-" + std::to_string(mark.generation));
     }
   }
 }
 
 // Removes the files an earlier rollback set aside.
-void RemoveSetAside(const std::string& dir, uint32_t shard) {
-  std::error_code ec;
+void RemoveSetAside(FileSystem* fs, const std::string& dir, uint32_t shard) {
   const std::string folder = dir + "/shard-" + std::to_string(shard);
-  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
-    if (e.path().filename().string().find(".bin.undone-") != std::string::npos) {
-      std::error_code rm;
-      std::filesystem::remove(e.path(), rm);
-    }
+  for (const std::string& name : fs->List(folder)) {
+    if (name.find(".bin.undone-") != std::string::npos) (void)fs->Remove(folder + "/" + name);
   }
 }
 
@@ -567,11 +568,11 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
   mark.clock = h.clock;
   mark.sequence = h.sequence;
   mark.first_new = std::max(checkpoints_begun_, checkpoint_sequence_) + 1;
-  RemoveSetAside(c.dir, rank_);
-  PARASOL_RETURN_IF_ERROR(WriteRollbackMark(c.dir, rank_, mark));
+  RemoveSetAside(env_->Files(), c.dir, rank_);
+  PARASOL_RETURN_IF_ERROR(WriteRollbackMark(c.dir, rank_, mark, env_->Files()));
   rollback_mark_ = mark;
   checkpoints_begun_ = std::max(checkpoints_begun_, mark.first_new - 1);
-  SetAsideUndone(c.dir, rank_, mark);
+  SetAsideUndone(env_->Files(), c.dir, rank_, mark);
   // Whatever waits is answered as of the undone history (the replies say the new generation).
   rollback_gen_ = generation;
   rollback_clock_ = h.clock;
@@ -645,11 +646,12 @@ Status ShardServer::Restore() {
   restore_attempted_ = true;
   const CheckpointOptions& c = manifest_.checkpoint;
   if (c.dir.empty()) return Status::Ok();
-  const std::vector<std::string> files = ListCheckpoints(c.dir, rank_);
+  FileSystem* fs = env_->Files();
+  const std::vector<std::string> files = ListCheckpoints(c.dir, rank_, fs);
   // New checkpoints are numbered past every file in the folder (ones not loaded, or refused,
   // included): a delta never meets a file of another history under the number it names.
   for (const std::string& path : files) {
-    if (Result<CheckpointHeader> h = ReadCheckpointHeader(path); h.ok()) {
+    if (Result<CheckpointHeader> h = ReadCheckpointHeader(path, fs); h.ok()) {
       checkpoints_begun_ = std::max(checkpoints_begun_, h->sequence);
     }
     // A name beyond the largest sequence would make every later number wrap: refused.
@@ -659,7 +661,7 @@ Status ShardServer::Restore() {
   }
   // A rollback (Op.Rollback) left its mark: the files of the history it undid are never
   // loaded, and a restart from its checkpoint settles as the rollback did.
-  Result<std::optional<RollbackMark>> marked = ReadRollbackMark(c.dir, rank_);
+  Result<std::optional<RollbackMark>> marked = ReadRollbackMark(c.dir, rank_, fs);
   if (!marked.ok()) return marked.status().WithContext("shard " + std::to_string(rank_));
   rollback_mark_ = *marked;
   std::vector<std::string> loadable;
@@ -677,7 +679,7 @@ Status ShardServer::Restore() {
     rollback_clock_ = rollback_mark_->clock;
     // Numbers of the undone history are never used again.
     checkpoints_begun_ = std::max(checkpoints_begun_, rollback_mark_->first_new - 1);
-    SetAsideUndone(c.dir, rank_, *rollback_mark_);
+    SetAsideUndone(fs, c.dir, rank_, *rollback_mark_);
   }
   if (!c.restore) return Status::Ok();
   for (const std::string& path : loadable) {
@@ -717,15 +719,18 @@ Status ShardServer::Restore() {
   // checkpoint: every worker's clock counts as restored at 0, so that only its replay (which
   // holds everything it pushed) moves it, not a tick that was on its way to the old process.
   const std::string mark = c.dir + "/shard-" + std::to_string(rank_) + "/started";
-  std::error_code ec;
-  if (std::filesystem::exists(mark, ec)) {
+  if (fs->Exists(mark)) {
     for (uint32_t w = 0; w < membership_.max_ranks(); ++w) controller_.SetClock(w, 0);
     spdlog::warn("shard {}: restarted before its first checkpoint; the workers replay everything",
                  rank_);
     return Status::Ok();
   }
-  std::filesystem::create_directories(std::filesystem::path(mark).parent_path(), ec);
-  std::ofstream(mark) << "started\n";
+  // Durable before the shard answers anyone: after a crash of its host the shard must still
+  // know it ran (a mark lost with the page cache would make it a first start).
+  const Status marked_start = WriteFileDurably(fs, mark, "started\n");
+  if (!marked_start.ok()) {
+    return marked_start.WithContext("shard " + std::to_string(rank_) + ": its start mark");
+  }
   return Status::Ok();
 }
 

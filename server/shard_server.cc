@@ -353,7 +353,9 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
 Status ShardServer::RestoreWhileAnswering(const std::atomic<bool>& stop) {
   const CheckpointOptions& c = manifest_.checkpoint;
   // Nothing to load: nothing to wait for.
-  if (c.dir.empty() || !c.restore || ListCheckpoints(c.dir, rank_).empty()) return Restore();
+  if (c.dir.empty() || !c.restore || ListCheckpoints(c.dir, rank_, env_->Files()).empty()) {
+    return Restore();
+  }
   std::atomic<bool> done{false};
   Status restored;
   std::thread loader([&] {
@@ -691,8 +693,8 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
     reply = ReplyTo(req, st.WithContext("shard " + std::to_string(rank_)));
     payload.clear();
   }
-  if (FaultPoints::Get().Hit("shard.reply") == Fault::kDrop ||
-      (req.replay && FaultPoints::Get().Hit("shard.replay_reply") == Fault::kDrop)) {
+  if (env_->Hit("shard.reply") == Fault::kDrop ||
+      (req.replay && env_->Hit("shard.replay_reply") == Fault::kDrop)) {
     return;  // the worker resends after cluster.request_timeout
   }
   SendReply(identity, reply, std::move(payload));
@@ -880,8 +882,8 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
         }
         if (pushed >= share / 2) MaybeCheckpoint();
       }
-      (void)FaultPoints::Get().Hit("shard.applied");
-      if (req.replay) (void)FaultPoints::Get().Hit("shard.replay_applied");
+      (void)env_->Hit("shard.applied");
+      if (req.replay) (void)env_->Hit("shard.replay_applied");
       return Status::Ok();
     }
     case Op::Clock:
@@ -2251,7 +2253,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     replies.push_back(std::move(r));
   }
   if (replies.empty()) return;  // every part is held
-  if (FaultPoints::Get().Hit("shard.reply") == Fault::kDrop) return;
+  if (env_->Hit("shard.reply") == Fault::kDrop) return;
   Header reply = ReplyTo(step, Status::Ok());
   SetStepParts(reply, replies.size());
   std::vector<zmq::message_t> payload;

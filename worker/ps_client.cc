@@ -426,7 +426,7 @@ void PsClient::Send(Ticket ticket, uint32_t shard, Header header,
     return;
   }
   // drop: the message is lost on its way (the request is resent when it is overdue).
-  const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;
+  const bool lost = env_->Hit("client.send") == Fault::kDrop;
   Status st = lost ? Status::Ok() : links_->Send(shard, frames);
   frames.clear();  // what a failed send left: borrowed frames must not outlive the request
   if (!st.ok()) FailRequest(r, st);
@@ -470,7 +470,7 @@ void PsClient::SendGathered(uint32_t shard, std::span<StepBatch::Entry> group) {
       for (auto& f : g.frames) frames->push_back(std::move(f));
     }
   }
-  const bool lost = FaultPoints::Get().Hit("client.send") == Fault::kDrop;  // as in Send()
+  const bool lost = env_->Hit("client.send") == Fault::kDrop;  // as in Send()
   Status st = lost ? Status::Ok() : links_->Send(shard, *frames);
   frames->clear();  // what a failed send left: borrowed frames must not outlive the request
   if (st.ok()) return;

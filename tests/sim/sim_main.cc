@@ -1,10 +1,13 @@
 // parasol_sim: runs the deterministic simulation (tests/sim/simulation.hpp) over many seeds.
-//   parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] [--cpu C]
+//   parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] [--no-disk-faults]
+//               [--cpu C]
 //   parasol_sim --seed S [--verbose]      one seed again, every event printed with --verbose
 //   parasol_sim --seed-list S1,S2,...     these seeds (those long runs found, in a ctest)
 // --stop-at-failure: ends at the first failed seed (scripts/sim_mutations.sh).
 // --no-overlap: a fault waits until the one before it is over (no process is killed while
-// another is down or a connection is cut). --cpu: the process runs on that CPU only (of those
+// another is down or a connection is cut). --no-disk-faults: shards are killed only as before
+// the simulated disk had faults (no deaths at fault points, no crashes of their hosts): the
+// schedules of the seeds found before then. --cpu: the process runs on that CPU only (of those
 // it may use, modulo their number): only one of its threads runs at a time, and handing the
 // turn between threads on one CPU is about twice as fast.
 // Prints each failed seed with the command that replays it, and a summary; exits 1 when any
@@ -29,6 +32,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
+               "[--no-disk-faults] "
                "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
@@ -90,6 +94,8 @@ int main(int argc, char** argv) {
       base.max_faults = static_cast<uint32_t>(value());
     } else if (a == "--no-overlap") {
       base.overlap = false;
+    } else if (a == "--no-disk-faults") {
+      base.disk_faults = false;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
     } else if (a == "--cpu") {
@@ -118,6 +124,7 @@ int main(int argc, char** argv) {
   }
   // What a replay of a seed needs besides the seed.
   std::string flags = base.overlap ? "" : " --no-overlap";
+  if (!base.disk_faults) flags += " --no-disk-faults";
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
@@ -125,7 +132,7 @@ int main(int argc, char** argv) {
   // fused steps and the checkpoint period change): a seed's run is the same alone or in a list.
   std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool>, Reference> references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
-  uint64_t shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
+  uint64_t point_deaths = 0, host_crashes = 0, shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
   uint64_t rolled_back = 0, equal_after_rollback = 0;
   uint64_t ran = 0;
   if (list.empty()) {
@@ -157,6 +164,8 @@ int main(int argc, char** argv) {
     }
     const SimOutcome out = RunSeed(o, it->second);
     shard_kills += out.shard_kills;
+    host_crashes += out.host_crashes;
+    point_deaths += out.point_deaths;
     worker_kills += out.worker_kills;
     cuts += out.cuts;
     drops += out.drops;
@@ -202,11 +211,11 @@ int main(int argc, char** argv) {
   auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf("%llu seeds from %llu: %llu equal to the run without faults, %llu with a reported "
               "loss (%llu of them after one failure), %llu failed; %llu seeds with faults: %llu "
-              "shard kills, %llu worker kills, %llu connection cuts, %llu lost messages, %llu kills "
+              "shard kills (%llu with their host, %llu at a fault point), %llu worker kills, %llu connection cuts, %llu lost messages, %llu kills "
               "while another process was down or a connection cut; %llu seeds rolled back (%llu "
               "of them ended equal); %.1f s\n",
               u(ran), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
-              u(shard_kills), u(worker_kills), u(cuts), u(drops), u(overlaps), u(rolled_back),
+              u(shard_kills), u(host_crashes), u(point_deaths), u(worker_kills), u(cuts), u(drops), u(overlaps), u(rolled_back),
               u(equal_after_rollback), wall);
   return failed == 0 ? 0 : 1;
 }

@@ -23,6 +23,7 @@
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
 #include "server/shard_state.hpp"
+#include "tests/sim/sim_file_system.hpp"
 #include "worker/ps_client.hpp"
 #include "worker/trainer.hpp"
 
@@ -84,18 +85,23 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
 
 class Sim;
 
-// The environment of one simulated process: the simulation's clock, randomness and network.
+// The environment of one simulated process: the simulation's clock, randomness, network,
+// disk and fault points.
 class SimEnv final : public Env {
  public:
-  SimEnv(Sim* sim, int worker) : sim_(sim), worker_(worker) {}
+  // A worker's (worker >= 0) or shard `shard`'s (worker < 0).
+  SimEnv(Sim* sim, int worker, int shard = -1) : sim_(sim), worker_(worker), shard_(shard) {}
   Clock::time_point Now() override;
   uint64_t Random64() override;
   Result<std::unique_ptr<ShardLinks>> LinkShards(const Manifest&, uint32_t, const CurveKeyPair*,
                                                  const std::vector<std::string>&) override;
+  FileSystem* Files() override;
+  Fault Hit(std::string_view point) override;
 
  private:
   Sim* sim_;
   int worker_;
+  int shard_;
 };
 
 // A worker's connection to a shard.
@@ -132,6 +138,14 @@ struct WorkerProc {
 struct ShardProc {
   std::unique_ptr<SimEnv> env;
   std::unique_ptr<ShardServer> server;
+  // Dies (its process, or its whole host) at its `die_hits`-th pass of fault point `die_at`
+  // (common/fault_points.hpp) from now, if that comes before `die_by`.
+  std::string die_at;
+  uint32_t die_hits = 0;
+  bool die_with_host = false;
+  Clock::time_point die_by{};
+  // Dead since a fault point: what it does until the kill takes effect reaches no one.
+  bool dying = false;
   uint64_t lost_replays = 0;  // over all its processes
   bool restart_due = false;
   Clock::time_point up_since{};
@@ -141,14 +155,14 @@ struct ShardProc {
 class Sim {
  public:
   Sim(const SimJob& job, uint64_t seed, const SimOptions* faults, const Reference* reference)
-      : job_(job), rng_(seed), faults_(faults), reference_(reference) {
-    const std::filesystem::path base =
-        std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
-    dir_ = (base / ("parasol-sim-" + std::to_string(::getpid()) + "-" + std::to_string(seed) +
-                    (faults ? "-f" : "-r")))
-               .string();
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+      : job_(job),
+        rng_(seed),
+        disk_rng_(Mix(seed) ^ 0xd15c),
+        fs_([this] { return disk_rng_(); }),
+        faults_(faults),
+        reference_(reference) {
+    // On the simulated disk (in memory): each shard's folder is on a host of its own.
+    dir_ = "/sim/checkpoints";
     Result<Manifest> m = ParseManifest(ManifestText(job, dir_), "sim");
     if (!m.ok()) {
       Fail("the simulated job's manifest: " + m.status().ToString());
@@ -172,8 +186,6 @@ class Sim {
       if (w.thread.joinable()) w.thread.join();
     }
     for (ShardProc& s : shards_) s.server.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
 
   // Runs the job to its end (or a failed check); what it pulled and ended in.
@@ -308,6 +320,26 @@ class Sim {
   const SimJob& job() const { return job_; }
   const std::string& failure() const { return failure_; }
   double seconds() const { return seconds_; }
+  FileSystem* files() { return &fs_; }
+  // Shard `s` passes fault point `point`: it dies there when its armed death says so.
+  Fault Hit(uint32_t s, std::string_view point) {
+    ShardProc& p = shards_[s];
+    if (p.dying || p.die_hits == 0 || point != p.die_at) return Fault::kNone;
+    if (now_ > p.die_by) {
+      p.die_hits = 0;  // its moment passed (no more checkpoints, say)
+      return Fault::kNone;
+    }
+    if (--p.die_hits > 0) return Fault::kNone;
+    // Dead from this instant: nothing it does from here reaches the disk or a worker.
+    p.dying = true;
+    ++counts_.point_deaths;
+    fs_.Freeze(ShardPrefix(s));
+    const bool host = p.die_with_host;
+    Log("shard " + std::to_string(s) + (host ? "'s host crashes" : " dies") + " at " +
+        std::string(point));
+    At(now_, [this, s, host] { KillShard(s, host); });
+    return Fault::kNone;
+  }
   Reference& result() { return result_; }
   bool reported_loss() const { return reported_loss_; }
   SimOutcome& counts() { return counts_; }
@@ -367,7 +399,7 @@ class Sim {
     });
   }
   void Reply(uint32_t s, std::vector<zmq::message_t>& frames) {
-    if (frames.empty()) return;
+    if (frames.empty() || shards_[s].dying) return;
     const std::string id(static_cast<const char*>(frames[0].data()), frames[0].size());
     const size_t colon = id.find(':');
     if (colon == std::string::npos) return;
@@ -416,11 +448,12 @@ class Sim {
   }
 
   // --- processes ---
+  std::string ShardPrefix(uint32_t s) const { return dir_ + "/shard-" + std::to_string(s) + "/"; }
   void StartShard(uint32_t s) {
     ShardProc& p = shards_[s];
     p.restart_due = false;
     p.up_since = now_;
-    p.env = std::make_unique<SimEnv>(this, -1);
+    p.env = std::make_unique<SimEnv>(this, -1, static_cast<int>(s));
     p.server = std::make_unique<ShardServer>(manifest_, s, p.env.get());
     p.server->set_reply_sink([this, s](std::vector<zmq::message_t>& f) { Reply(s, f); });
     Status st = p.server->Restore();
@@ -433,12 +466,26 @@ class Sim {
       At(now_ + microseconds(100 + Draw(2000)), [this, w, s] { Reconnect(w, s); });
     }
   }
-  void KillShard(uint32_t s) {
+  // Kills shard s's process; with `host`, its host crashes too (its disk keeps what was synced).
+  void KillShard(uint32_t s, bool host = false) {
     ShardProc& p = shards_[s];
+    if (!p.server) return;
     NoteLost(p);
     p.server.reset();
     p.restart_due = true;
+    p.dying = false;
+    p.die_hits = 0;
     ++p.restarts;
+    if (host) {
+      const uint64_t bytes = fs_.lost_bytes(), names = fs_.lost_names();
+      fs_.Crash(ShardPrefix(s));
+      ++counts_.host_crashes;
+      Log("shard " + std::to_string(s) + "'s host crashed: " +
+          std::to_string(fs_.lost_bytes() - bytes) + " bytes and " +
+          std::to_string(fs_.lost_names() - names) + " names not synced are lost");
+    } else {
+      fs_.Thaw(ShardPrefix(s));
+    }
     for (uint32_t w = 0; w < job_.workers; ++w) Break(w, s);
     Log("shard " + std::to_string(s) + " killed");
     At(now_ + milliseconds(1 + Draw(400)), [this, s] { StartShard(s); });
@@ -674,10 +721,10 @@ class Sim {
       const auto at = now_ + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(span * (Draw(10000) / 1e4)));
       const uint64_t kind = Draw(faults_->overlap ? 100 : 90);
-      At(at, [this, kind] { Fault(kind); });
+      At(at, [this, kind] { Inject(kind); });
     }
   }
-  void Fault(uint64_t kind) {
+  void Inject(uint64_t kind) {
     if (AllDone()) return;
     auto live_worker = [&]() -> WorkerProc* {
       std::vector<WorkerProc*> live;
@@ -696,12 +743,35 @@ class Sim {
     auto any_down = [&] { return AnyFaultUnderWay(); };
     // Without overlaps, a fault waits for the last one to be over (it is drawn again later).
     if (!faults_->overlap && any_down()) {
-      At(now_ + milliseconds(20 + Draw(100)), [this, kind] { Fault(kind); });
+      At(now_ + milliseconds(20 + Draw(100)), [this, kind] { Inject(kind); });
       return;
     }
     if (kind < 30) {
       const int s = live_shard();
       if (s < 0) return;
+      if (faults_->disk_faults) {
+        // Now or at a point where durability is decided; the process, or its whole host.
+        ShardProc& p = shards_[s];
+        const uint64_t how = Draw(4);
+        if (how >= 2) {
+          if (p.die_hits > 0) return;
+          static const char* const kPoints[] = {"checkpoint.write", "checkpoint.rename",
+                                                "shard.applied", "shard.reply"};
+          p.die_at = kPoints[Draw(4)];
+          p.die_hits = 1 + static_cast<uint32_t>(Draw(3));
+          p.die_with_host = how == 3;
+          p.die_by = now_ + milliseconds(2000);
+          counts_.overlaps += any_down();
+          ++counts_.shard_kills;
+          Log("shard " + std::to_string(s) + (p.die_with_host ? "'s host" : "") +
+              " is to die at its pass " + std::to_string(p.die_hits) + " of " + p.die_at);
+          return;
+        }
+        counts_.overlaps += any_down();
+        ++counts_.shard_kills;
+        KillShard(static_cast<uint32_t>(s), /*host=*/how == 1);
+        return;
+      }
       counts_.overlaps += any_down();
       ++counts_.shard_kills;
       KillShard(static_cast<uint32_t>(s));
@@ -758,6 +828,7 @@ class Sim {
     const auto recovering = milliseconds(100);
     for (const ShardProc& p : shards_) {
       if (!p.server || (p.restarts > 0 && now_ - p.up_since < recovering)) return true;
+      if (p.die_hits > 0 && now_ <= p.die_by) return true;  // a death waiting for its point
     }
     for (const WorkerProc& w : workers_) {
       if (w.restart_due || w.drop_at_send > 0 || w.kill_at_send > 0) return true;
@@ -786,6 +857,8 @@ class Sim {
 
   const SimJob job_;
   std::mt19937_64 rng_;
+  std::mt19937_64 disk_rng_;  // torn writes (apart, so that the schedule is rng_'s alone)
+  SimFileSystem fs_;
   const SimOptions* faults_;
   const Reference* reference_;
   std::string dir_;
@@ -852,6 +925,10 @@ std::unique_ptr<ShardLinks> Sim::Links(uint32_t worker) {
 }
 
 Clock::time_point SimEnv::Now() { return sim_->Now(); }
+FileSystem* SimEnv::Files() { return sim_->files(); }
+Fault SimEnv::Hit(std::string_view point) {
+  return shard_ >= 0 ? sim_->Hit(static_cast<uint32_t>(shard_), point) : Fault::kNone;
+}
 uint64_t SimEnv::Random64() { return sim_->Random64(); }
 Result<std::unique_ptr<ShardLinks>> SimEnv::LinkShards(const Manifest&, uint32_t,
                                                        const CurveKeyPair*,
