@@ -7,7 +7,8 @@
 // --no-overlap: a fault waits until the one before it is over (no process is killed while
 // another is down or a connection is cut). --no-disk-faults: shards are killed only as before
 // the simulated disk had faults (no deaths at fault points, no crashes of their hosts): the
-// schedules of the seeds found before then. --cpu: the process runs on that CPU only (of those
+// schedules of the seeds found before then. --ssp: jobs under SSP (staleness 1 to 3 from the
+// seed), their final model compared exactly as a set of updates. --cpu: the process runs on that CPU only (of those
 // it may use, modulo their number): only one of its threads runs at a time, and handing the
 // turn between threads on one CPU is about twice as fast.
 // Prints each failed seed with the command that replays it, and a summary; exits 1 when any
@@ -32,7 +33,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
-               "[--no-disk-faults] "
+               "[--no-disk-faults] [--ssp] "
                "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
@@ -96,6 +97,8 @@ int main(int argc, char** argv) {
       base.overlap = false;
     } else if (a == "--no-disk-faults") {
       base.disk_faults = false;
+    } else if (a == "--ssp") {
+      base.ssp = true;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
     } else if (a == "--cpu") {
@@ -125,12 +128,14 @@ int main(int argc, char** argv) {
   // What a replay of a seed needs besides the seed.
   std::string flags = base.overlap ? "" : " --no-overlap";
   if (!base.disk_faults) flags += " --no-disk-faults";
+  if (base.ssp) flags += " --ssp";
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
   // By the whole job (its faults' moments are drawn within the reference's duration, which
   // fused steps and the checkpoint period change): a seed's run is the same alone or in a list.
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool>, Reference> references;
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t>, Reference>
+      references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
   uint64_t point_deaths = 0, host_crashes = 0, shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
   uint64_t rolled_back = 0, equal_after_rollback = 0;
@@ -145,9 +150,9 @@ int main(int argc, char** argv) {
     ++ran;
     SimOptions o = base;
     o.seed = seed;
-    const SimJob job = JobOf(seed);
-    const auto key =
-        std::make_tuple(job.workers, job.shards, job.steps, job.every_steps, job.fused);
+    const SimJob job = JobOf(seed, base.ssp);
+    const auto key = std::make_tuple(job.workers, job.shards, job.steps, job.every_steps,
+                                     job.fused, job.ssp ? job.staleness : 0);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;

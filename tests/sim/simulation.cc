@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -72,15 +73,18 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
   }
   return "cluster:\n  servers: [" + servers + "]\n  workers: " + std::to_string(job.workers) +
          "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
-         "server: {engine_threads: 2}\n"
-         "training: {consistency: bsp, worker_timeout: 60s}\n"
+         "server: {engine_threads: 2}\n" +
+         (job.ssp ? "training: {consistency: ssp, staleness: " + std::to_string(job.staleness) +
+                        ", worker_timeout: 60s}\n"
+                  : std::string("training: {consistency: bsp, worker_timeout: 60s}\n")) +
          "checkpoint: {dir: " + dir + ", every_steps: " + std::to_string(job.every_steps) +
          ", keep: 3, background: false}\n"
          "tables:\n"
          "  - {name: e, kind: sparse, dim: " + std::to_string(kDim) +
-         ", optimizer: {kind: sgd, lr: 0.5}}\n"
+         (job.ssp ? ", init: {kind: zeros}" : "") + ", optimizer: {kind: sgd, lr: 0.5}}\n"
          "  - name: w\n    kind: dense\n    shape: [" + std::to_string(kDense) +
-         "]\n    optimizer: {kind: sgd, lr: 0.25}\n";
+         "]\n" + (job.ssp ? "    init: {kind: zeros}\n" : "") +
+         "    optimizer: {kind: sgd, lr: 0.25}\n";
 }
 
 class Sim;
@@ -624,6 +628,10 @@ class Sim {
       PARASOL_RETURN_IF_ERROR(killed());
       PARASOL_RETURN_IF_ERROR(a);
       PARASOL_RETURN_IF_ERROR(b);
+      if (job_.ssp) {
+        PARASOL_RETURN_IF_ERROR(CheckStaleness(w.rank, step, dense));
+        SspGradients(w.rank, step, keys, &grows, &gdense);
+      } else {
       uint64_t h = HashBytes(rows.data(), rows.size() * sizeof(float), 0xcbf29ce484222325ull);
       h = HashBytes(dense.data(), dense.size() * sizeof(float), h);
       NotePull(w.rank, step, h);
@@ -639,6 +647,7 @@ class Sim {
       for (uint32_t i = 0; i < kDense; ++i) {
         gdense[i] = 0.03f * dense[i] + 0.001f * static_cast<float>(i % 5 + w.rank + step) +
                     0.02f * row_mean;
+      }
       }
       if (job_.fused) client.BeginStep();
       Result<PsClient::Ticket> push_rows = client.PushSparseAsync(0, keys, grows);
@@ -666,6 +675,43 @@ class Sim {
     Status met = client.Barrier(1);
     PARASOL_RETURN_IF_ERROR(killed());
     return met;
+  }
+
+  // SSP: dense element r counts worker r's steps applied (each of its pushes adds 1 there, and
+  // the optimizer steps by -0.25). A pull at step s must see at least s - staleness of every
+  // worker's steps (each clock's pushes come before its tick), and none beyond the job's.
+  Status CheckStaleness(uint32_t rank, uint32_t step, const std::vector<float>& dense) {
+    for (uint32_t r = 0; r < job_.workers; ++r) {
+      const float count = -dense[r] / 0.25f;
+      const int64_t least = int64_t{step} - job_.staleness;
+      if (!(count >= static_cast<float>(least)) || !(count <= static_cast<float>(job_.steps)) ||
+          count != std::floor(count)) {
+        const std::string what = "worker " + std::to_string(rank) + " pulled at step " +
+                                 std::to_string(step) + " a model holding " +
+                                 std::to_string(count) + " steps of worker " + std::to_string(r) +
+                                 " (the staleness bound " + std::to_string(job_.staleness) +
+                                 " asks for at least " + std::to_string(least) + ", at most " +
+                                 std::to_string(job_.steps) + ")";
+        Fail(what);
+        return Internal(what);
+      }
+    }
+    return Status::Ok();
+  }
+  // SSP's gradients: of the worker, the step and the key only, small multiples of 1/16.
+  void SspGradients(uint32_t rank, uint32_t step, const std::vector<uint64_t>& keys,
+                    std::vector<float>* grows, std::vector<float>* gdense) const {
+    for (size_t i = 0; i < grows->size(); ++i) {
+      (*grows)[i] =
+          static_cast<float>(static_cast<int>((keys[i / kDim] * 7 + i + rank + step) % 9) - 4) *
+          0.0625f;
+    }
+    for (uint32_t i = 0; i < kDense; ++i) {
+      (*gdense)[i] = i < job_.workers
+                         ? (i == rank ? 1.0f : 0.0f)
+                         : static_cast<float>(static_cast<int>((i * 3 + rank + step) % 7) - 3) *
+                               0.125f;
+    }
   }
 
   void NotePull(uint32_t worker, uint32_t step, uint64_t h) {
@@ -942,10 +988,11 @@ Result<std::unique_ptr<ShardLinks>> SimEnv::LinkShards(const Manifest&, uint32_t
 std::string SimJob::ToString() const {
   return std::to_string(workers) + " workers, " + std::to_string(shards) + " shards, " +
          std::to_string(steps) + " steps, a checkpoint every " + std::to_string(every_steps) +
-         (fused ? ", fused steps" : "");
+         (fused ? ", fused steps" : "") +
+         (ssp ? ", SSP with staleness " + std::to_string(staleness) : "");
 }
 
-SimJob JobOf(uint64_t seed) {
+SimJob JobOf(uint64_t seed, bool ssp) {
   std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
   SimJob job;
   job.workers = 2 + static_cast<uint32_t>(rng() % 3);
@@ -953,6 +1000,12 @@ SimJob JobOf(uint64_t seed) {
   job.steps = 6 + static_cast<uint32_t>(rng() % 9);
   job.every_steps = 1 + static_cast<uint32_t>(rng() % 3);
   job.fused = rng() % 2 == 0;
+  if (ssp) {
+    // From a stream of its own: a seed's BSP job stays what it was.
+    std::mt19937_64 more(Mix(seed) ^ 0x55b);
+    job.ssp = true;
+    job.staleness = 1 + static_cast<uint32_t>(more() % 3);
+  }
   return job;
 }
 
@@ -966,7 +1019,7 @@ Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
 }
 
 SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
-  const SimJob job = JobOf(options.seed);
+  const SimJob job = JobOf(options.seed, options.ssp);
   Sim sim(job, options.seed, &options, &reference);
   sim.Run();
   SimOutcome out = sim.counts();
@@ -978,10 +1031,13 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   auto cannot_roll_back = [](const std::string& what) {
     return what.find("the job cannot roll back") != std::string::npos;
   };
+  // Under SSP nothing rolls back: a loss is acceptable when it was reported.
+  const bool reported_without_rollback = job.ssp && sim.reported_loss();
   if (!sim.failure().empty()) {
     // A job that stops is a failure, unless what stopped it is a loss it could not undo.
-    out.kind = cannot_roll_back(sim.failure()) ? SimOutcome::Kind::kReported
-                                               : SimOutcome::Kind::kFailed;
+    out.kind = cannot_roll_back(sim.failure()) || reported_without_rollback
+                   ? SimOutcome::Kind::kReported
+                   : SimOutcome::Kind::kFailed;
     out.failure = sim.failure();
     return out;
   }
@@ -996,6 +1052,9 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   }
   if (differs.empty()) {
     out.kind = SimOutcome::Kind::kEqual;
+  } else if (reported_without_rollback) {
+    out.kind = SimOutcome::Kind::kReported;
+    out.failure = differs + " (a loss was reported; under SSP the job does not roll back)";
   } else {
     // Under rollback a reported loss that the job went on with is a failure too.
     out.kind = SimOutcome::Kind::kFailed;

@@ -42,6 +42,8 @@ struct SimOptions {
   // not synced (tests/sim/sim_file_system.hpp). Off: the schedules of seeds found before these
   // faults existed.
   bool disk_faults = true;
+  // Jobs under SSP (staleness 1 to 3, drawn from the seed) rather than BSP.
+  bool ssp = false;
   bool verbose = false;  // every event, and the processes' log lines
 };
 
@@ -49,6 +51,12 @@ struct SimOptions {
 struct SimJob {
   uint32_t workers = 2, shards = 2, steps = 8, every_steps = 2;
   bool fused = false;
+  // Under SSP no run repeats another's pulls, so gradients depend on the worker and the step
+  // only, and every value is a small multiple of a power of two (tables start at zero): sums
+  // are exact in any order, and the final model equals the reference's exactly when the same
+  // set of updates was applied, each once. Pulls are checked against the staleness bound.
+  bool ssp = false;
+  uint32_t staleness = 0;
   std::string ToString() const;
 };
 
@@ -79,7 +87,7 @@ struct SimOutcome {
   double seconds = 0;    // virtual
 };
 
-SimJob JobOf(uint64_t seed);
+SimJob JobOf(uint64_t seed, bool ssp = false);
 // A run of the seed's job without faults (with the seed's network delays).
 Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
 // A run with the seed's faults, checked against `reference`.
