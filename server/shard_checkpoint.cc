@@ -389,6 +389,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
     if (env_->Hit("shard.restore") == Fault::kSlow) {
       state.set_block_delay(std::chrono::milliseconds(500));
     }
+    state.set_now(env_->Now());
     state.set_progress(&restore_progress_);
     state.set_expected_base(base);
     CheckpointHeader h;

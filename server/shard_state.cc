@@ -563,7 +563,7 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
     membership_ = std::move(membership);
     for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
       if (membership_.Joined(w)) {
-        controller_.Join(w, membership_.join(w), ConsistencyController::SteadyClock::now());
+        controller_.Join(w, membership_.join(w), now_);
       }
     }
     for (size_t w = 0; w < clocks.size(); ++w) {

@@ -207,6 +207,8 @@ class ShardState {
   // Each block of the file waits this long before it is checked, and again before it is
   // applied (a test's stand-in for a huge table's load).
   void set_block_delay(std::chrono::milliseconds delay) { block_delay_ = delay; }
+  // The shard's time (its Env's): workers that joined are heard from as of then.
+  void set_now(std::chrono::steady_clock::time_point now) { now_ = now; }
 
  private:
   Status CheckHeader(const CheckpointHeader& h) const;
@@ -259,6 +261,7 @@ class ShardState {
   LoadProgress* progress_ = nullptr;
   uint64_t expected_base_ = 0;
   std::chrono::milliseconds block_delay_{0};
+  std::chrono::steady_clock::time_point now_ = std::chrono::steady_clock::now();
   // Unavailable once the load is cancelled (LoadProgress::cancel).
   Status AddProgress(uint64_t bytes, uint64_t rows = 0) const {
     if (block_delay_.count() > 0 && bytes > 0) std::this_thread::sleep_for(block_delay_);
