@@ -60,8 +60,14 @@ class PosixFile final : public WritableFile {
 class PosixFileSystem final : public FileSystem {
  public:
   Result<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
+    // A folder made here is itself a name in its parent: synced too, so that a crash right
+    // after cannot lose the folder with the file.
+    const std::string folder = ParentOf(path);
     std::error_code ec;
-    std::filesystem::create_directories(ParentOf(path), ec);
+    if (!std::filesystem::exists(folder, ec)) {
+      std::filesystem::create_directories(folder, ec);
+      (void)SyncDir(ParentOf(folder));
+    }
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return Errno("create", path);
     return std::unique_ptr<WritableFile>(std::make_unique<PosixFile>(fd, path));
@@ -87,7 +93,9 @@ class PosixFileSystem final : public FileSystem {
     const int rc = ::fsync(fd);
     const int err = errno;
     ::close(fd);
-    if (rc != 0) {
+    // A file system that cannot sync a folder (EINVAL, ENOTSUP) keeps its names as it can, as
+    // PostgreSQL assumes too; failing every checkpoint there would help no one.
+    if (rc != 0 && err != EINVAL && err != ENOTSUP && err != EBADF) {
       errno = err;
       return Errno("fsync folder", dir);
     }

@@ -40,15 +40,6 @@ static_assert(sizeof(RawHeader) == kCheckpointHeaderBytes);
 static_assert(sizeof(RawBlock) == kCheckpointBlockHeaderBytes);
 static_assert(sizeof(RawFooter) == kCheckpointFooterBytes);
 
-// FileSystem::Open's error ("cannot read 'P': why") as a checkpoint's ("cannot read checkpoint
-// 'P': why").
-Status CheckpointNotReadable(const Status& st) {
-  std::string m = st.message();
-  const std::string prefix = "cannot read ";
-  if (m.rfind(prefix, 0) == 0) m.insert(prefix.size(), "checkpoint ");
-  return Status(st.code(), m);
-}
-
 // Seeded with the block's index, so a block header copied to another place does not verify.
 uint64_t BlockHeaderChecksum(const RawBlock& b, uint64_t index) {
   return Checksum64(&b, offsetof(RawBlock, header_checksum), index);
@@ -76,6 +67,13 @@ class Cursor {
 };
 
 }  // namespace
+
+Status CheckpointNotReadable(const Status& st) {
+  std::string m = st.message();
+  const std::string prefix = "cannot read ";
+  if (m.rfind(prefix, 0) == 0) m.insert(prefix.size(), "checkpoint ");
+  return Status(st.code(), m);
+}
 
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -96,6 +96,10 @@ using CheckpointBlockCheck = std::function<Status(const CheckpointBlockHeader&)>
 // The block may be changed (its bytes taken, say): the reader refills it for the next one.
 using CheckpointBlockFn = std::function<Status(CheckpointBlock&)>;
 
+// FileSystem::Open's error ("cannot read 'P': why") as a checkpoint's ("cannot read checkpoint
+// 'P': why").
+Status CheckpointNotReadable(const Status& st);
+
 // 64-bit checksum of `n` bytes (word-wise multiply-mix; detects flipped bits and truncation).
 uint64_t Checksum64(const void* data, size_t n, uint64_t seed = 0);
 

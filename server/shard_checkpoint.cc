@@ -376,7 +376,7 @@ void ShardServer::StartRequestedCheckpoint() {
 Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint64_t base) {
   try {
     Result<std::unique_ptr<std::istream>> opened = env_->Files()->Open(path);
-    if (!opened.ok()) return opened.status().WithContext("checkpoint");
+    if (!opened.ok()) return CheckpointNotReadable(opened.status());
     std::istream& in = **opened;
     ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(), aggregates_,
                      engines_.size(), membership_, &migration_);

@@ -1451,6 +1451,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     // nothing to replay to it (it had pushed nothing that was acknowledged).
     spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
                  HelloKnownClock(*reply));
+    ReleaseAfterGivingUpAReplay(reply);
   }
   auto hold = [&](const std::string& why) -> Status {
     if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
@@ -1485,13 +1486,10 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
   }
   if (req.incarnation != 0 && controller_.incarnation(w) != req.incarnation) {
     const bool restarted = controller_.incarnation(w) != 0;
-    // Below, a barrier held only while a replay was owed is released once the replay is given
-    // up: nothing else would look at it again (parasol_sim --ssp --seed 1773: every worker
-    // waited at the first barrier for ever).
     if (!restarted && req.known_epoch == 0 && controller_.AbandonReplay(w)) {
       spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
                    HelloKnownClock(*reply));
-      ReleaseBarriers();
+      ReleaseAfterGivingUpAReplay(reply);
     }
     controller_.set_incarnation(w, req.incarnation);
     if (restarted) {
@@ -1523,7 +1521,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
                       rank_, w, checkpoint_clock_,
                       rollback_owed_ ? "; the job rolls back to a checkpoint every shard holds"
                                      : "");
-        ReleaseBarriers();
+        ReleaseAfterGivingUpAReplay(reply);
       }
       // The rollback replaces this state: nothing to checkpoint for the worker.
       if (rollback_owed_) return Status::Ok();
@@ -1544,6 +1542,13 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     }
   }
   return Status::Ok();
+}
+
+void ShardServer::ReleaseAfterGivingUpAReplay(Header* reply) {
+  // A barrier held only while the replay was owed: nothing else would look at it again
+  // (parasol_sim --ssp --seed 1773: every worker waited at the first barrier for ever).
+  ReleaseBarriers();
+  reply->last_barrier = controller_.last_barrier();
 }
 
 void ShardServer::CheckpointWhenAllDone() {

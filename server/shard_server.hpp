@@ -239,6 +239,9 @@ class ShardServer {
   void AfterClockChange();
   void ReleaseHeldPulls();
   void ReleaseBarriers();
+  // After a worker's replay was given up (AbandonReplay): releases what waited for it only,
+  // and says so in the Hello reply being made.
+  void ReleaseAfterGivingUpAReplay(Header* reply);
   // BSP: the last clock a tick completes is applied in two passes (DeferredBspApply).
   using DeferredApply = DeferredBspApply;
   // Engine e's rows of a clock's sparse sums: all of them (split null), or a split's pass; the

@@ -20,6 +20,7 @@
 
 #include "common/env.hpp"
 #include "common/manifest.hpp"
+#include "common/sharding.hpp"
 #include "common/wire.hpp"
 #include "server/checkpoint.hpp"
 #include "server/shard_server.hpp"
@@ -217,8 +218,10 @@ class Sim {
     }
     seconds_ = std::chrono::duration<double>(now_ - start).count();
     if (!failure_.empty()) return;
-    // The model, from every shard (each up: a shard down at the end restarts first).
+    // The model, from every shard (each up: a shard down at the end restarts first, and one
+    // that died at a fault point is killed, its host with it, and restarts from its disk).
     for (uint32_t s = 0; s < job_.shards; ++s) {
+      if (shards_[s].dying) KillShard(s, shards_[s].die_with_host);
       if (!shards_[s].server) StartShard(s);
       if (!failure_.empty()) return;
       ShardProc& p = shards_[s];
@@ -677,18 +680,32 @@ class Sim {
     return met;
   }
 
-  // SSP: dense element r counts worker r's steps applied (each of its pushes adds 1 there, and
-  // the optimizer steps by -0.25). A pull at step s must see at least s - staleness of every
-  // worker's steps (each clock's pushes come before its tick), and none beyond the job's.
+  // SSP: in each shard's slice of the dense table, element r counts worker r's steps applied
+  // there (each of its pushes adds 1, and the optimizer steps by -0.25). A pull at step s must
+  // see at least s - staleness of every worker's steps on every shard (each clock's pushes
+  // come before its tick), and none beyond the job's.
+  bool IsCounter(uint32_t element, uint32_t* worker) const {
+    for (uint32_t s = 0; s < job_.shards; ++s) {
+      const SliceRange slice = DenseSlice(kDense, s, job_.shards);
+      if (element >= slice.begin && element < slice.begin + job_.workers) {
+        *worker = static_cast<uint32_t>(element - slice.begin);
+        return true;
+      }
+    }
+    return false;
+  }
   Status CheckStaleness(uint32_t rank, uint32_t step, const std::vector<float>& dense) {
-    for (uint32_t r = 0; r < job_.workers; ++r) {
-      const float count = -dense[r] / 0.25f;
+    for (uint32_t i = 0; i < kDense; ++i) {
+      uint32_t r = 0;
+      if (!IsCounter(i, &r)) continue;
+      const float count = -dense[i] / 0.25f;
       const int64_t least = int64_t{step} - job_.staleness;
       if (!(count >= static_cast<float>(least)) || !(count <= static_cast<float>(job_.steps)) ||
           count != std::floor(count)) {
         const std::string what = "worker " + std::to_string(rank) + " pulled at step " +
                                  std::to_string(step) + " a model holding " +
                                  std::to_string(count) + " steps of worker " + std::to_string(r) +
+                                 " on the shard of dense element " + std::to_string(i) +
                                  " (the staleness bound " + std::to_string(job_.staleness) +
                                  " asks for at least " + std::to_string(least) + ", at most " +
                                  std::to_string(job_.steps) + ")";
@@ -707,8 +724,9 @@ class Sim {
           0.0625f;
     }
     for (uint32_t i = 0; i < kDense; ++i) {
-      (*gdense)[i] = i < job_.workers
-                         ? (i == rank ? 1.0f : 0.0f)
+      uint32_t r = 0;
+      (*gdense)[i] = IsCounter(i, &r)
+                         ? (r == rank ? 1.0f : 0.0f)
                          : static_cast<float>(static_cast<int>((i * 3 + rank + step) % 7) - 3) *
                                0.125f;
     }
@@ -799,6 +817,7 @@ class Sim {
         // Now or at a point where durability is decided; the process, or its whole host.
         ShardProc& p = shards_[s];
         const uint64_t how = Draw(4);
+        if (p.dying) return;  // its death is under way
         if (how >= 2) {
           if (p.die_hits > 0) return;
           static const char* const kPoints[] = {"checkpoint.write", "checkpoint.rename",
@@ -1031,11 +1050,15 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   auto cannot_roll_back = [](const std::string& what) {
     return what.find("the job cannot roll back") != std::string::npos;
   };
-  // Under SSP nothing rolls back: a loss is acceptable when it was reported.
+  // Under SSP nothing rolls back: a loss is acceptable when it was reported, and the job may
+  // then stop on a worker's error (not on a hang, a deadlock or a failed check of the
+  // simulation's own).
   const bool reported_without_rollback = job.ssp && sim.reported_loss();
   if (!sim.failure().empty()) {
+    const bool worker_stopped =
+        sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
     // A job that stops is a failure, unless what stopped it is a loss it could not undo.
-    out.kind = cannot_roll_back(sim.failure()) || reported_without_rollback
+    out.kind = cannot_roll_back(sim.failure()) || (reported_without_rollback && worker_stopped)
                    ? SimOutcome::Kind::kReported
                    : SimOutcome::Kind::kFailed;
     out.failure = sim.failure();
