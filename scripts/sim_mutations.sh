@@ -4,7 +4,10 @@
 # (a seed fails) within the seeds CI runs (1..2000, without overlapping failures).
 #   bash scripts/sim_mutations.sh [SEEDS]
 # Prints, per mutation, the seed that caught it and how many seeds that took; exits 1 when a
-# mutation went uncaught.
+# mutation went uncaught. One is listed as tolerated: the protocol no longer depends on it (the
+# replay sent in reverse order: the shard refuses for now a replayed tick that names pushes
+# not applied yet, and the worker sends it again after them), and the simulation must then end
+# every seed equal; the script says how it went and exits 1 if such a seed failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-2000}
@@ -14,16 +17,16 @@ git worktree add --detach "$work/src" HEAD >/dev/null
 cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPARASOL_ENABLE_CUDA=OFF -DPARASOL_BUILD_PYTHON=OFF >/dev/null
 
-# name|file|python expression that rewrites the file's text s
+# name|file|python expression that rewrites the file's text s[|tolerated]
 mutations=(
   "the push record's duplicate check removed|server/push_gate.cc|s.replace('return {Admission::kDuplicate, \"in the push record\"};', 'return {Admission::kNew, \"\"};')"
-  "the replay sent in reverse order|worker/ps_client.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')"
+  "the replay sent in reverse order|worker/ps_client.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')|tolerated"
   "the tick's check of the pushes it names dropped|server/shard_server.cc|s.replace('if (Status pushes = CheckTickPushes(req); !pushes.ok()) {', 'if (Status pushes = Status::Ok(); !pushes.ok()) {')"
   "a checkpoint's folder not synced after its rename (a host crash loses it)|server/checkpoint.cc|s.replace('return fs->SyncDir(ParentOf(path));', 'return Status::Ok();')"
 )
 uncaught=0
 for m in "${mutations[@]}"; do
-  IFS='|' read -r name file expr <<<"$m"
+  IFS='|' read -r name file expr expect <<<"$m"
   git -C "$work/src" checkout -q -- .
   python3 - "$work/src/$file" "$expr" <<'PY'
 import sys
@@ -37,7 +40,14 @@ PY
   cmake --build "$work/build" --target parasol_sim -j2 >/dev/null
   out=$("$work/build/tests/parasol_sim" --seeds "$seeds" --no-overlap --cpu 0 --stop-at-failure || true)
   first=$(grep -m1 '^FAIL seed' <<<"$out" || true)
-  if [[ -n $first ]]; then
+  if [[ ${expect:-} == tolerated ]]; then
+    if [[ -n $first ]]; then
+      echo "FAILED A TOLERATED MUTATION: $name: ${first#FAIL }"
+      uncaught=$((uncaught + 1))
+    else
+      echo "tolerated, as the protocol says: $name: $seeds seeds equal"
+    fi
+  elif [[ -n $first ]]; then
     seed=$(awk '{print $3}' <<<"$first")
     echo "caught: $name: at seed $seed ($((seed)) seeds): ${first#FAIL }"
   else
