@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "common/protocol.hpp"
+#include "worker/shard_greeting.hpp"
 
 namespace parasol {
 
@@ -18,7 +19,7 @@ Result<std::vector<Header>> JobRollback::Ask(int64_t clock, bool stop) {
     SetRollbackQuestion(h, /*about_to_make=*/stop);
     c_.Send(t, s, std::move(h), {});
   }
-  Status awaited = c_.AwaitHellos(t);  // a shard may still be starting
+  Status awaited = ShardGreeting(c_).Await(t);  // a shard may still be starting
   std::vector<Header> out(c_.num_shards_);
   for (uint32_t s = 0; s < c_.num_shards_ && awaited.ok(); ++s) {
     if (std::optional<Header> h = c_.ReplyHeader(t, s)) out[s] = *h;

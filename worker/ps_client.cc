@@ -17,8 +17,11 @@
 #include "worker/job_rollback.hpp"
 #include "worker/key_split.hpp"
 #include "worker/replay_plan.hpp"
+#include "worker/shard_greeting.hpp"
+#include "worker/reply_assembly.hpp"
 #include "worker/resume_point.hpp"
 #include "worker/reply_outcome.hpp"
+#include "worker/request_frames.hpp"
 #include "worker/request_tracker.hpp"
 
 namespace parasol {
@@ -141,63 +144,6 @@ Status PsClient::LoadKeys(const std::string& key_path) {
 
 int PsClient::Mechanism(uint32_t shard) const { return links_->Mechanism(shard); }
 
-Status PsClient::AwaitHellos(Ticket t) {
-  // One long attempt: a shard that is still starting will get the queued Hello when it binds.
-  const auto timeout = std::chrono::milliseconds(manifest_.cluster.connect_timeout_ms);
-  for (auto& [id, r] : tracker_.requests()) {
-    if (r->ticket != t) continue;
-    r->timeout = timeout;
-    r->deadline = env_->Now() + timeout;
-    r->max_attempts = 1;
-  }
-  auto next_note = env_->Now() + std::chrono::seconds(2);
-  // Whether each shard's host resolves, looked up once (a lookup may block for the resolver's
-  // time-out), at the first note about it.
-  std::map<uint32_t, Status> resolved;
-  while (tracker_.ticket(t).outstanding > 0) {
-    PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 200)));
-    if (wait_interrupt_ && tracker_.ticket(t).outstanding > 0) {
-      PARASOL_RETURN_IF_ERROR(wait_interrupt_());
-    }
-    if (env_->Now() >= next_note && tracker_.ticket(t).outstanding > 0) {
-      for (const auto& [id, r] : tracker_.requests()) {
-        if (r->ticket != t) continue;
-        auto [it, first] = resolved.try_emplace(r->shard);
-        if (first) it->second = CheckResolves(manifest_.cluster.servers[r->shard].host);
-        const Status& resolves = it->second;
-        spdlog::info("worker {}: waiting for shard {} at {}{}", worker_id_, r->shard,
-                     manifest_.cluster.servers[r->shard].ToString(),
-                     resolves.ok() ? "" : " (" + resolves.message() + ")");
-      }
-      next_note = env_->Now() + std::chrono::seconds(5);
-    }
-  }
-  TicketState& p = tracker_.ticket(t);
-  if (!p.status.ok()) {
-    // A host that does not resolve is why its shard never answered: say so first.
-    std::string unresolved;
-    for (const ServerAddress& a : manifest_.cluster.servers) {
-      const Status resolves = CheckResolves(a.host);
-      if (!resolves.ok() && unresolved.find(resolves.message()) == std::string::npos) {
-        unresolved += resolves.message() + "; ";
-      }
-    }
-    if (!unresolved.empty()) p.status = Status(p.status.code(), unresolved + p.status.message());
-  }
-  for (uint32_t s = 0; s < p.replies.size() && p.status.ok(); ++s) {
-    if (p.replies[s].empty()) continue;  // not greeted
-    Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-    if (h.ok() && (h->shard_rank != s || h->shard_count != num_shards_)) {
-      p.status = FailedPrecondition(
-          "shard at " + manifest_.cluster.servers[s].ToString() + " says it is rank " +
-          std::to_string(h->shard_rank) + " of " + std::to_string(h->shard_count) +
-          ", but the manifest lists it as rank " + std::to_string(s) + " of " +
-          std::to_string(num_shards_));
-    }
-  }
-  return p.status;
-}
-
 uint32_t PsClient::ShardsFrom(int64_t clock) const {
   uint32_t n = relay_.membership().PlacementAt(clock).count();
   for (const auto& change : relay_.membership().server_changes()) {
@@ -213,76 +159,7 @@ std::vector<uint32_t> PsClient::FirstShards(uint32_t n) {
 }
 
 Status PsClient::Handshake() {
-  // Shard 0 first: its reply brings the membership, whose changes of the shard count say which
-  // shards serve the clocks this worker goes on from (the others hold nothing it needs, and
-  // need not run); a tool greets those the newest placement has. A joining worker's Hello asks
-  // shard 0 to name its clock; its Hellos then tell the other shards.
-  PARASOL_ASSIGN_OR_RETURN(Ticket first, Broadcast(Op::Hello, 0, {0}));
-  Status greeted = AwaitHellos(first);
-  if (!greeted.ok() && tracker_.ticket(first).outstanding > 0) return greeted;
-  std::vector<Header> hellos;
-  TicketState& p0 = tracker_.ticket(first);
-  if (greeted.ok() && !p0.replies[0].empty()) {
-    Result<Header> h = DecodeHeader(p0.replies[0][0].data(), p0.replies[0][0].size());
-    if (h.ok()) hellos.push_back(*h);
-  }
-  const Status first_status = Wait(first);
-  PARASOL_RETURN_IF_ERROR(joining_ ? first_status.WithContext("joining the job") : first_status);
-  PARASOL_RETURN_IF_ERROR(greeted);
-  if (joining_) {
-    if (!relay_.membership().Joined(worker_id_)) {
-      return FailedPrecondition("shard 0 did not admit worker " + std::to_string(worker_id_));
-    }
-    spdlog::info("worker {}: joins the job at clock {}", worker_id_, relay_.membership().join(worker_id_));
-  }
-  // The clock this worker goes on from, as shard 0 knows it (-1: a new worker, or a tool).
-  const int64_t at =
-      !hellos.empty() && HelloKnownClock(hellos[0]) >= 0 ? HelloKnownClock(hellos[0]) : -1;
-  const uint32_t serving = JobRank() ? ShardsFrom(at) : relay_.membership().LastPlacement().count();
-  std::vector<uint32_t> rest = FirstShards(serving);
-  if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
-  if (!rest.empty()) {
-    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, rest));
-    greeted = AwaitHellos(t);
-    if (!greeted.ok() && tracker_.ticket(t).outstanding > 0) return greeted;
-    TicketState& p = tracker_.ticket(t);
-    for (uint32_t s : rest) {
-      if (!greeted.ok() || p.replies[s].empty()) continue;
-      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-      if (h.ok()) hellos.push_back(*h);
-    }
-    PARASOL_RETURN_IF_ERROR(Wait(t));
-    PARASOL_RETURN_IF_ERROR(greeted);
-  }
-  // A shard that served only the clock before (removed at this worker's clock) may know the
-  // worker a clock behind, if it died between its ticks: asked once, and skipped when it does
-  // not answer (a shard removed by a finished change may have been stopped).
-  if (JobRank() && at > 0 && ShardsFrom(at - 1) > serving) {
-    std::vector<uint32_t> before;
-    for (uint32_t s = serving; s < std::min<size_t>(ShardsFrom(at - 1), num_shards_); ++s) {
-      before.push_back(s);
-    }
-    PARASOL_ASSIGN_OR_RETURN(Ticket t, Broadcast(Op::Hello, 0, before));
-    for (auto& [id, r] : tracker_.requests()) {
-      if (r->ticket == t) r->max_attempts = 1;
-    }
-    while (tracker_.ticket(t).outstanding > 0) {
-      PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(100)));
-      if (wait_interrupt_ && tracker_.ticket(t).outstanding > 0) {
-        PARASOL_RETURN_IF_ERROR(wait_interrupt_());
-      }
-    }
-    TicketState& p = tracker_.ticket(t);
-    for (uint32_t s : before) {
-      if (p.replies[s].empty()) continue;
-      Result<Header> h = DecodeHeader(p.replies[s][0].data(), p.replies[s][0].size());
-      if (h.ok() && HelloKnownClock(*h) >= 0) hellos.push_back(*h);
-    }
-    if (Status st = Wait(t); !st.ok()) {
-      spdlog::info("worker {}: a shard that served only the clock before did not answer ({}); "
-                   "going on without it", worker_id_, st.ToString());
-    }
-  }
+  PARASOL_ASSIGN_OR_RETURN(const std::vector<Header> hellos, ShardGreeting(*this).Greet());
   // A worker of the job continues where the shards know it to be: a restarted worker redoes
   // the step it died in (its pushes that arrived are answered as duplicates) and goes on.
   if (relay_.membership().Joined(worker_id_)) {
@@ -342,29 +219,7 @@ uint64_t PsClient::NextPushIndex(uint32_t shard) {
   return push_index_[shard]++;
 }
 
-wire::DType PsClient::WireDType() const {
-  switch (manifest_.wire.compression) {
-    case WireOptions::Compression::kBf16:
-      return wire::DType::BF16;
-    case WireOptions::Compression::kF16:
-      return wire::DType::F16;
-    case WireOptions::Compression::kNone:
-      break;
-  }
-  return wire::DType::F32;
-}
-
-// A push's f32 value frames in the manifest's wire dtype (wire.compression): the same frames,
-// or their 16-bit copies (f16 scaled by one power of two for the whole message).
-void PsClient::CompressValues(Header* h, std::vector<zmq::message_t>* payload,
-                              size_t first_value_frame) const {
-  const wire::DType dtype = WireDType();
-  if (dtype == wire::DType::F32) return;
-  const int scale =
-      NarrowValueFrames(std::span<zmq::message_t>(*payload).subspan(first_value_frame), dtype);
-  h->dtype = dtype;
-  h->value_scale = static_cast<int16_t>(scale);
-}
+wire::DType PsClient::WireDType() const { return WireDTypeOf(manifest_.wire); }
 
 Header PsClient::NewRequest(Op op, uint32_t table) {
   Header h;
@@ -585,7 +440,7 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
       const size_t at_row = p.hit_rows.size();
       p.hit_rows.resize(at_row + dim);
       if (cache_.Lookup(table, keys[i], at, p.hit_rows.data() + at_row, dim)) {
-        split.unique_shard[u] = kFromCache;
+        split.unique_shard[u] = kNoShard;
         split.unique_local[u] = static_cast<uint32_t>(at_row / dim);
         ++cache_hits_;
       } else {
@@ -599,19 +454,8 @@ Result<PsClient::Ticket> PsClient::PullSparseAsync(uint32_t table, std::span<con
     p.cache_table = table;
     p.read_clocks.assign(num_shards(), -1);
   }
-  // Written straight into ZeroMQ messages (its own blocks, 8-byte aligned).
   std::vector<zmq::message_t>& key_bufs = key_bufs_;
-  key_bufs.resize(num_shards());
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    key_bufs[s].rebuild(split.counts[s] * sizeof(uint64_t));
-  }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t u = split.inverse[i];
-    if (split.unique_shard[u] == kFromCache) continue;
-    std::memcpy(key_bufs[split.unique_shard[u]].data<std::byte>() +
-                    split.unique_local[u] * sizeof(uint64_t),
-                &keys[i], sizeof(uint64_t));
-  }
+  PullKeyFrames(keys, split, num_shards(), key_bufs);
   for (uint32_t s = 0; s < num_shards(); ++s) {
     if (split.counts[s] == 0) continue;
     Header h = NewRequest(Op::PullSparse, table);
@@ -652,63 +496,34 @@ Result<PsClient::Ticket> PsClient::PushSparseAsync(uint32_t table, std::span<con
   if (keys.empty()) return ticket;
   if (CacheActive()) ApplyToCache(table, *t, keys, grads);
   KeySplit& split = push_split_;  // the pushes' own: its vectors stay here
-  const Placement& placement = relay_.membership().PlacementAt(clock_ + request_clock_offset_);
+  const Placement& placement = WritePlacement();
   if (keys_unique_) {
     SplitUniqueKeys(keys, placement, num_shards(), split);
   } else {
     SplitKeys(keys, placement, num_shards(), dedup_, split);
   }
-  const size_t row_bytes = size_t{dim} * sizeof(float);
-  // Written straight into ZeroMQ messages (its own blocks, 8-byte aligned).
-  std::vector<zmq::message_t>& key_bufs = key_bufs_;
-  std::vector<FramePlan>& plans = plans_;
-  std::vector<std::vector<zmq::message_t>>& value_bufs = value_bufs_;
-  key_bufs.resize(num_shards());
-  plans.resize(num_shards());
-  value_bufs.resize(num_shards());
-  for (uint32_t s = 0; s < num_shards(); ++s) {
-    value_bufs[s].clear();
-    key_bufs[s].rebuild(split.counts[s] * sizeof(uint64_t));
-    plans[s] = PlanValueFrames(split.counts[s], dim, manifest_.server.frame_bytes);
-    for (uint32_t f = 0; f < plans[s].frames; ++f) {
-      value_bufs[s].emplace_back(plans[s].RowsInFrame(f, split.counts[s]) * row_bytes);
-    }
-  }
-  std::vector<uint8_t>& written = first_seen_;
-  written.assign(split.unique_shard.size(), 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t u = split.inverse[i];
-    const uint32_t s = split.unique_shard[u];
-    const uint64_t local = split.unique_local[u];
-    const uint64_t f = local / plans[s].rows_per_frame;
-    float* dst = reinterpret_cast<float*>(value_bufs[s][f].data<std::byte>() +
-                                          (local - f * plans[s].rows_per_frame) * row_bytes);
-    const float* src = grads.data() + i * dim;
-    if (!written[u]) {
-      written[u] = 1;
-      std::memcpy(key_bufs[s].data<std::byte>() + local * sizeof(uint64_t), &keys[i],
-                  sizeof(uint64_t));
-      std::memcpy(dst, src, row_bytes);
-    } else {
-      for (uint32_t d = 0; d < dim; ++d) dst[d] += src[d];
-    }
-  }
+  PushFrames& frames = push_frames_;
+  BuildPushFrames(keys, grads, dim, split, num_shards(), manifest_.server.frame_bytes, frames);
   for (uint32_t s = 0; s < num_shards(); ++s) {
     if (split.counts[s] == 0) continue;
     Header h = NewRequest(Op::PushSparse, table);
     h.seq = NextPushIndex(s);
     h.key_count = split.counts[s];
     h.value_dim = dim;
-    h.value_frames = plans[s].frames;
-    h.rows_per_frame = plans[s].rows_per_frame;
+    h.value_frames = frames.plans[s].frames;
+    h.rows_per_frame = frames.plans[s].rows_per_frame;
     std::vector<zmq::message_t>& payload = payload_;
     payload.clear();
-    payload.push_back(std::move(key_bufs[s]));
-    for (auto& b : value_bufs[s]) payload.push_back(std::move(b));
-    CompressValues(&h, &payload, 1);
+    payload.push_back(std::move(frames.keys[s]));
+    for (auto& b : frames.values[s]) payload.push_back(std::move(b));
+    CompressValueFrames(WireDType(), &h, &payload, 1);
     Send(ticket, s, std::move(h), std::move(payload));
   }
   return ticket;
+}
+
+const Placement& PsClient::WritePlacement() const {
+  return relay_.membership().PlacementAt(clock_ + request_clock_offset_);
 }
 
 const Placement& PsClient::ReadPlacement() const {
@@ -717,26 +532,6 @@ const Placement& PsClient::ReadPlacement() const {
   // the rows, and the shards that gain them answer once they hold them.
   return JobRank() && !left_ ? relay_.membership().PlacementAt(clock_ + request_clock_offset_)
                              : relay_.membership().LastPlacement();
-}
-
-template <typename Fn>
-void PsClient::ForEachDenseChunk(uint64_t total, const Placement& placement, Fn&& fn) const {
-  // Each shard's slice (in `placement`) travels as several requests of one frame each, so that
-  // the transfer of one chunk overlaps the update (push) or the copy-out (pull) of the previous
-  // one.
-  for (uint32_t shard = 0; shard < placement.count(); ++shard) {
-    ForEachDenseChunkOf(total, shard, placement, [&](const SliceRange& c) { fn(shard, c); });
-  }
-}
-
-template <typename Fn>
-void PsClient::ForEachDenseChunkOf(uint64_t total, uint32_t shard, const Placement& placement,
-                                   Fn&& fn) const {
-  const SliceRange slice = placement.DenseSliceOf(total, shard);
-  const uint64_t chunk = std::max<uint64_t>(1, manifest_.server.frame_bytes / sizeof(float));
-  for (uint64_t b = slice.begin; b < slice.end; b += chunk) {
-    fn(SliceRange{b, std::min(slice.end, b + chunk)});
-  }
 }
 
 void PsClient::SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& c,
@@ -776,7 +571,7 @@ void PsClient::SendDensePush(Ticket ticket, uint32_t table, uint32_t shard, cons
     payload.push_back(BorrowedMessage(grads.data() + c.begin, c.size() * sizeof(float),
                                       tracker_.ticket(ticket).borrows.get()));
   }
-  CompressValues(&h, &payload, 0);  // a 16-bit copy replaces the borrowed frame, for good
+  CompressValueFrames(WireDType(), &h, &payload, 0);  // a 16-bit copy replaces the borrowed frame, for good
   Send(ticket, shard, std::move(h), std::move(payload));
 }
 
@@ -786,9 +581,10 @@ Result<PsClient::Ticket> PsClient::PullDenseAsync(uint32_t table, float* out, bo
   const uint32_t dim = with_state ? RowFloats(table) : 1;
   tracker_.ticket(ticket).out = out;
   tracker_.ticket(ticket).dim = dim;
-  ForEachDenseChunk(t->NumElements(), ReadPlacement(), [&](uint32_t s, const SliceRange& c) {
-    SendDensePull(ticket, table, s, c, dim, with_state);
-  });
+  ForEachDenseChunk(t->NumElements(), ReadPlacement(), manifest_.server.frame_bytes,
+                    [&](uint32_t s, const SliceRange& c) {
+                      SendDensePull(ticket, table, s, c, dim, with_state);
+                    });
   return ticket;
 }
 
@@ -806,7 +602,7 @@ Result<PsClient::Ticket> PsClient::PushDenseAsync(uint32_t table, std::span<cons
   PARASOL_RETURN_IF_ERROR(CheckDenseGrads(*t, grads));
   const Ticket ticket = NewTicket(Op::PushDense, table);
   StartBorrowing(tracker_.ticket(ticket));
-  ForEachDenseChunk(t->NumElements(), relay_.membership().PlacementAt(clock_ + request_clock_offset_),
+  ForEachDenseChunk(t->NumElements(), WritePlacement(), manifest_.server.frame_bytes,
                     [&](uint32_t s, const SliceRange& c) { SendDensePush(ticket, table, s, c, grads); });
   return ticket;
 }
@@ -822,7 +618,7 @@ Result<PsClient::Ticket> PsClient::PushPullDenseAsync(uint32_t table, std::span<
   p.dim = 1;
   // Chunk by chunk, each pull right behind its push on the same connection: the shard applies
   // the chunk, then reads it back, while the next chunk is still on its way up.
-  ForEachDenseChunk(t->NumElements(), relay_.membership().PlacementAt(clock_ + request_clock_offset_),
+  ForEachDenseChunk(t->NumElements(), WritePlacement(), manifest_.server.frame_bytes,
                     [&](uint32_t s, const SliceRange& c) {
                       SendDensePush(ticket, table, s, c, grads);
                       SendDensePull(ticket, table, s, c, 1, false);
@@ -989,45 +785,15 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
     case ReplyOutcome::kDone:
       break;
   }
-  TicketState& p = tracker_.ticket(r.ticket);
-  // Swapped, not moved: the caller's vector takes the slot's empty buffer back for reuse.
-  p.replies[shard].clear();
-  std::swap(p.replies[shard], frames);
-  std::vector<zmq::message_t>& stored = p.replies[shard];
   if (r.op == Op::PullSparse) {  // the rows' bytes as they travelled (16-bit when compressed)
-    for (size_t f = 1; f < stored.size(); ++f) pulled_row_bytes_ += stored[f].size();
+    for (size_t f = 1; f < frames.size(); ++f) pulled_row_bytes_ += frames[f].size();
   }
-  Result<PayloadView> view =
-      PayloadView::Parse(*h, std::span<zmq::message_t>(stored).subspan(1),
-                         manifest_.server.max_request_bytes, tracker_.TakeView());
-  // Built only for an error.
-  auto where = [&] { return "shard " + std::to_string(shard) + " reply to " + OpName(r.op); };
-  if (!view.ok()) {
-    FailRequest(r, view.status().WithContext(where()));
+  if (Status st = AcceptReply(*h, r, tracker_.ticket(r.ticket), shard, frames,
+                              manifest_.server.max_request_bytes, tracker_);
+      !st.ok()) {
+    FailRequest(r, std::move(st));
     return;
   }
-  if ((r.op == Op::PullSparse || r.op == Op::PullDense) &&
-      (view->rows() != r.expect_rows || view->dim() != r.expect_dim ||
-       h->offset != r.expect_offset)) {
-    FailRequest(r, BadMessage(where() + ": " + std::to_string(view->rows()) + " rows of dim " +
-                              std::to_string(view->dim()) + ", expected " +
-                              std::to_string(r.expect_rows) + " of dim " +
-                              std::to_string(r.expect_dim)));
-    return;
-  }
-  if (r.op == Op::PullDense) {
-    // Copy now so that the other shards' replies overlap with it; then release the frames.
-    const uint64_t row_floats = view->dim();
-    view->ForEachValueFrame([&](uint64_t first, const std::byte* data, uint64_t rows) {
-      std::memcpy(p.out + (h->offset + first) * row_floats, data, rows * row_floats * sizeof(float));
-    });
-    stored.clear();
-    tracker_.KeepView(std::move(*view));
-  } else {
-    p.views[shard] = std::move(*view);
-    if (!p.read_clocks.empty()) p.read_clocks[shard] = h->read_clock;
-  }
-  p.messages[shard] = h->message;
   if (r.op == Op::PushSparse || r.op == Op::PushDense) ++pushes_acknowledged_;
   if (r.op == Op::PushSparse || r.op == Op::PushDense) {
     recovery_.LogPush(shard, r.clock, *h, r.kept);
@@ -1254,23 +1020,7 @@ void PsClient::FailRequest(TrackedRequest& r, Status status) {
 
 void PsClient::Finish(TicketState& p) {
   if (!p.status.ok() || p.op != Op::PullSparse) return;
-  const size_t row_bytes = size_t{p.dim} * sizeof(float);
-  for (size_t i = 0; i < p.inverse.size(); ++i) {
-    const uint32_t u = p.inverse[i];
-    const float* row = nullptr;
-    float copy[256];
-    if (p.unique_shard[u] == kFromCache) {
-      row = p.hit_rows.data() + size_t{p.unique_local[u]} * p.dim;
-    } else if (p.dim <= 256) {
-      std::memcpy(copy, p.views[p.unique_shard[u]]->Row(p.unique_local[u]), row_bytes);
-      row = copy;
-    } else {
-      std::memcpy(p.out + i * p.dim, p.views[p.unique_shard[u]]->Row(p.unique_local[u]),
-                  row_bytes);
-      continue;
-    }
-    std::memcpy(p.out + i * p.dim, row, row_bytes);
-  }
+  AssembleSparsePull(p);
   // The rows pulled join the cache, valid while the read bound allows them.
   if (!p.cache_keys.empty()) {
     const int64_t staleness = manifest_.training.staleness;
@@ -1278,7 +1028,7 @@ void PsClient::Finish(TicketState& p) {
     for (uint32_t s = 0; s < p.cache_keys.size(); ++s) {
       if (!p.views[s]) continue;
       for (size_t l = 0; l < p.cache_keys[s].size(); ++l) {
-        std::memcpy(row.data(), p.views[s]->Row(l), row_bytes);
+        std::memcpy(row.data(), p.views[s]->Row(l), row.size() * sizeof(float));
         cache_.Insert(p.cache_table, p.cache_keys[s][l], row.data(), p.dim,
                       p.read_clocks[s] + staleness);
       }

@@ -37,6 +37,7 @@
 #include "common/wire.hpp"
 #include "worker/push_log.hpp"
 #include "worker/membership_relay.hpp"
+#include "worker/request_frames.hpp"
 #include "worker/request_tracker.hpp"
 #include "worker/restore_watch.hpp"
 #include "worker/shard_recovery.hpp"
@@ -257,10 +258,8 @@ class PsClient {
   Status LoadKeys(const std::string& key_path);
   // Opens (or reopens) the socket of `shard` with its options, and connects it.
   Status OpenShard(uint32_t shard);
+  // Greets the shards (worker/shard_greeting.hpp) and continues where they know this worker.
   Status Handshake();
-  // Waits for the Hellos of ticket `t` (one long attempt, noting the shards waited for), and
-  // checks each answering shard's rank; the ticket stays for Wait().
-  Status AwaitHellos(Ticket t);
   // The most shards any placement from `clock` on has (those serving a worker from there).
   uint32_t ShardsFrom(int64_t clock) const;
   // Shards 0 .. n - 1 (at most the listed ones).
@@ -269,16 +268,11 @@ class PsClient {
   std::vector<uint32_t> ServingShards();
   // Sends a payload-less `op` to `shards`; `offset` goes in the header's offset field.
   Result<Ticket> Broadcast(Op op, uint64_t offset, const std::vector<uint32_t>& shards);
-  // fn(shard, chunk) for each chunk of each shard's slice of a `total`-element tensor in
-  // `placement`; ForEachDenseChunkOf: fn(chunk) for one shard's.
-  template <typename Fn>
-  void ForEachDenseChunk(uint64_t total, const Placement& placement, Fn&& fn) const;
-  template <typename Fn>
-  void ForEachDenseChunkOf(uint64_t total, uint32_t shard, const Placement& placement,
-                           Fn&& fn) const;
   // The placement a read routes by: the one of the request's clock for a worker training, the
   // newest for a tool or a worker done training.
   const Placement& ReadPlacement() const;
+  // The placement a push routes by: the one of the request's clock.
+  const Placement& WritePlacement() const;
   // One chunk's request of a dense pull or push, tracked under `ticket`.
   void SendDensePull(Ticket ticket, uint32_t table, uint32_t shard, const SliceRange& chunk,
                      uint32_t dim, bool with_state);
@@ -289,11 +283,8 @@ class PsClient {
 
   Ticket NewTicket(Op op, uint32_t table);
   Header NewRequest(Op op, uint32_t table);
-  // The dtype values travel in (manifest wire.compression), and a push's value frames (from
-  // index first_value_frame of payload) converted to it.
+  // The dtype values travel in (manifest wire.compression; worker/request_frames.hpp).
   wire::DType WireDType() const;
-  void CompressValues(Header* h, std::vector<zmq::message_t>* payload,
-                      size_t first_value_frame) const;
   // `payload`'s messages are moved out (the caller may reuse the vector).
   void Send(Ticket ticket, uint32_t shard, Header header, std::vector<zmq::message_t>&& payload);
   // Receives what is waiting (up to `timeout`) and resends overdue requests.
@@ -316,8 +307,7 @@ class PsClient {
   uint64_t NextPushIndex(uint32_t shard);
   int64_t request_clock_offset_ = 0;
   bool keys_unique_ = false;
-  // The row cache: kFromCache marks a unique key answered from it.
-  static constexpr uint32_t kFromCache = 0xffffffffu;
+  // The row cache (a unique key answered from it has shard kNoShard in the split).
   bool CacheActive() const;
   void ApplyToCache(uint32_t table, const TableOptions& t, std::span<const uint64_t> keys,
                     std::span<const float> grads);
@@ -342,8 +332,7 @@ class PsClient {
   KeySplit split_, push_split_;
   std::vector<zmq::message_t> payload_;
   std::vector<zmq::message_t> key_bufs_;
-  std::vector<FramePlan> plans_;
-  std::vector<std::vector<zmq::message_t>> value_bufs_;
+  PushFrames push_frames_;
   std::vector<uint8_t> first_seen_;
   std::vector<uint32_t> tick_shards_;
   // The ticket's frames borrow the caller's memory (its tracker made once, then reused).
@@ -391,7 +380,8 @@ class PsClient {
   Status rolled_back_;
   void NoteRollback(uint32_t shard, const Header& reply);
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
-  friend class JobRollback;  // worker/job_rollback.hpp: makes and follows rollbacks
+  friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
+  friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect
   // The header of `shard`'s reply to ticket `t`, once it came and while the ticket is not
   // waited on; none otherwise.
   std::optional<Header> ReplyHeader(Ticket t, uint32_t shard) const;
