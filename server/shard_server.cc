@@ -2152,6 +2152,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
                          " is not in this job");
   }
   if (!st.ok()) {
+    NoteBehind();  // before the reply: it carries rollback_needed when this refusal owes one
     NoteFailure("Step", step.worker_id, st);
     SendReply(frames[0], ReplyTo(step, st.WithContext("shard " + std::to_string(rank_))), {});
     return;
@@ -2262,6 +2263,7 @@ void ShardServer::AnswerStep(const Header& step, std::vector<zmq::message_t>& fr
     }
     replies.push_back(std::move(r));
   }
+  NoteBehind();  // before the parts are stamped: a refused part's reply says rollback_needed
   if (replies.empty()) return;  // every part is held
   if (env_->Hit("shard.reply") == Fault::kDrop) return;
   Header reply = ReplyTo(step, Status::Ok());
