@@ -16,7 +16,7 @@
 #include "common/sharding.hpp"
 #include "worker/job_rollback.hpp"
 #include "worker/key_split.hpp"
-#include "worker/replay_plan.hpp"
+#include "worker/replay_sender.hpp"
 #include "worker/shard_greeting.hpp"
 #include "worker/reply_assembly.hpp"
 #include "worker/resume_point.hpp"
@@ -28,15 +28,6 @@ namespace parasol {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-zmq::message_t CopyMessage(zmq::message_t& m) {
-  zmq::message_t c;
-  c.copy(m);
-  return c;
-}
-
-}  // namespace
 
 PsClient::PsClient(const Manifest& manifest, uint32_t worker_id, Env* env)
     : manifest_(manifest),
@@ -665,10 +656,11 @@ Status PsClient::Pump(std::chrono::milliseconds timeout) {
                                                     manifest_.cluster.request_timeout_ms));
     }
   }
+  ReplaySender replays(*this);
   for (uint32_t s = 0; s < num_shards_; ++s) {
-    if (recovery_.replay_due(s)) Replay(s);
+    if (recovery_.replay_due(s)) replays.Start(s);
   }
-  ReapReplays();
+  replays.Reap();
   // Resend or fail what is overdue.
   const auto later = env_->Now();
   for (uint64_t id : tracker_.Due(later)) {
@@ -867,146 +859,6 @@ void PsClient::SendDetached(uint32_t shard, Op op, bool done) {
   std::vector<zmq::message_t> frames;
   frames.push_back(EncodeHeader(h));
   (void)links_->Send(shard, frames, /*dontwait=*/true);  // best effort
-}
-
-void PsClient::Replay(uint32_t shard) {
-  // What to send, in order, is a pure plan (worker/replay_plan.hpp, where the rule is stated);
-  // this gathers what it is planned from and carries it out. Every replayed request is tracked
-  // like any other: resent until acknowledged, and a refusal fails the worker (see
-  // replay_failure_) instead of losing the update; an acknowledged push goes back into the log.
-  const Ticket ticket = NewTicket(Op::Clock, 0);
-  ReplayInputs in;
-  in.clock = clock_;
-  in.left = left_;
-  in.in_job = JobRank();
-  in.restored_clock = recovery_.restored_clock(shard);
-  in.serving_from = relay_.membership().ServingFrom(shard);
-  if (shard >= ShardsFrom(clock_ - 1) && relay_.membership().RemovedAt(shard) >= 0) {
-    in.removed_at = relay_.membership().RemovedAt(shard);
-  }
-  in.last_push_count = last_push_count_[shard];
-  in.last_barrier = barrier_passed_;
-  std::deque<PushLog::Entry> log = recovery_.StartReplay(shard);
-  // Pushes from before the shard last started serving (a change removed it, a later one gave
-  // it rows again) belong to rows that moved away and back with the scale tool: not replayed.
-  log.erase(std::remove_if(log.begin(), log.end(),
-                           [&](const PushLog::Entry& e) { return e.clock < in.serving_from; }),
-            log.end());
-  // What was in flight to the old process, in the order it was first sent (the tracker's
-  // requests are ordered by request id, which grows). A replay that the shard's previous process had not
-  // finished: its pushes not yet acknowledged go back into this replay's log, in clock order;
-  // its Clocks are sent again anyway.
-  bool merged = false;
-  RequestTracker::RequestMap& requests = tracker_.requests();
-  for (auto it = requests.begin(); it != requests.end();) {
-    TrackedRequest& r = *it->second;
-    if (r.shard != shard) {
-      ++it;
-      continue;
-    }
-    const bool of_replay =
-        std::find(replay_tickets_.begin(), replay_tickets_.end(), r.ticket) != replay_tickets_.end();
-    if (!of_replay) {
-      in.in_flight.push_back({it->first, r.op, r.clock, r.done});
-      ++it;
-      continue;
-    }
-    if (r.op == Op::PushSparse || r.op == Op::PushDense) {
-      PushLog::Entry e;
-      e.clock = r.clock;
-      e.frames = std::move(r.kept);
-      log.push_back(std::move(e));
-      merged = true;
-    }
-    ++it;  // before `r` is withdrawn
-    tracker_.Withdraw(r);
-  }
-  replay_tickets_.push_back(ticket);
-  if (merged) {
-    std::stable_sort(log.begin(), log.end(), [](const PushLog::Entry& a, const PushLog::Entry& b) {
-      return a.clock < b.clock;
-    });
-  }
-  for (const PushLog::Entry& e : log) {
-    in.log_clocks.push_back(e.clock);
-    Result<Header> h = DecodeHeader(e.frames[0].data(), e.frames[0].size());
-    in.log_indexes.push_back(h.ok() ? h->seq : 0);
-  }
-  const ReplayPlan plan = PlanReplay(in);
-
-  auto send_push = [&](PushLog::Entry& entry) {
-    Result<Header> h = DecodeHeader(entry.frames[0].data(), entry.frames[0].size());
-    if (!h.ok()) return;  // written by this client: cannot happen
-    h->request_id = next_request_id_++;
-    h->replay = true;
-    h->known_epoch = recovery_.epoch(shard);  // for this process of the shard only
-    std::vector<zmq::message_t> payload;
-    for (size_t f = 1; f < entry.frames.size(); ++f) payload.push_back(std::move(entry.frames[f]));
-    Send(ticket, shard, *h, std::move(payload));
-  };
-  auto send_clock = [&](const ReplayStep& step) {
-    Header h = NewRequest(Op::Clock, 0);
-    h.clock = step.clock;
-    h.done = step.done;
-    h.caught_up = step.caught_up;
-    h.replay = true;
-    h.known_epoch = recovery_.epoch(shard);
-    if (step.caught_up) h.last_barrier = step.last_barrier;
-    SetTickNamedPushes(h, step.named);
-    Send(ticket, shard, h, {});
-  };
-  // Whatever was in flight to the old process is gone: sent again under a new request id, so
-  // that a late answer to a copy that reached the new process before this replay (an error
-  // from its restored state) cannot complete it.
-  auto resend = [&](uint64_t id) {
-    TrackedRequest* found = tracker_.Find(id, std::nullopt);
-    if (!found) return;
-    TrackedRequest& r = *found;
-    Result<Header> h = DecodeHeader(r.kept[0].data(), r.kept[0].size());
-    if (h.ok()) {
-      h->request_id = next_request_id_++;
-      r.kept[0] = EncodeHeader(*h);
-      tracker_.Renumber(r, h->request_id);
-    }
-    std::vector<zmq::message_t> frames;
-    for (auto& k : r.kept) frames.push_back(CopyMessage(k));
-    (void)links_->Send(shard, frames);
-    r.deadline = env_->Now() + r.timeout;
-  };
-  for (const ReplayStep& step : plan.steps) {
-    switch (step.kind) {
-      case ReplayStep::Kind::kClock:
-        send_clock(step);
-        break;
-      case ReplayStep::Kind::kPush:
-        send_push(log[step.index]);
-        break;
-      case ReplayStep::Kind::kResend:
-        resend(step.index);
-        break;
-    }
-  }
-  spdlog::info("worker {}: replaying {} pushes and clocks {}..{} to shard {}", worker_id_,
-               plan.pushes, plan.first, plan.last, shard);
-}
-
-void PsClient::ReapReplays() {
-  for (auto it = replay_tickets_.begin(); it != replay_tickets_.end();) {
-    TicketState* p = tracker_.Find(*it);
-    if (!p || p->outstanding > 0) {
-      ++it;
-      continue;
-    }
-    if (!p->status.ok() && replay_failure_.ok()) {
-      replay_failure_ = p->status.WithContext(
-          "worker " + std::to_string(worker_id_) +
-          ": a replay to a restarted shard was not accepted, so acknowledged updates would be "
-          "lost");
-      spdlog::error("{}", replay_failure_.ToString());
-    }
-    tracker_.Close(*it);
-    it = replay_tickets_.erase(it);
-  }
 }
 
 void PsClient::FailRequest(TrackedRequest& r, Status status) {

@@ -338,12 +338,9 @@ class PsClient {
   // The ticket's frames borrow the caller's memory (its tracker made once, then reused).
   void StartBorrowing(TicketState& p);
   // Restarted shards (worker/shard_recovery.hpp): each reply goes to recovery_, which finds
-  // restarts; Replay() sends a due replay, in the order its plan says (worker/replay_plan.hpp),
-  // with what was in flight to the old process after it.
+  // restarts; worker/replay_sender.hpp sends a due replay, in the order its plan says
+  // (worker/replay_plan.hpp), with what was in flight to the old process after it.
   void NoteEpoch(uint32_t shard, const Header& reply);
-  void Replay(uint32_t shard);
-  // Drops the replays' finished tickets; a failed one sets replay_failure_.
-  void ReapReplays();
   void SendDetached(uint32_t shard, Op op, bool done);
 
   // A rank of the job (below cluster.max_workers), not a tool.
@@ -360,7 +357,7 @@ class PsClient {
   int64_t barrier_passed_ = -1;  // the newest barrier this client has passed (every shard released it)
   bool resumed_done_ = false;
   // Restarted shards: the push log, each shard's process, and whether a replay to it is due
-  // (worker/shard_recovery.hpp); Replay() carries a replay out.
+  // (worker/shard_recovery.hpp); worker/replay_sender.hpp carries a replay out.
   ShardRecovery recovery_;
   // Shards that answer that they are loading their checkpoint, and whether each still moves
   // (worker/restore_watch.hpp): requests to one that moves are resent without spending their
@@ -382,6 +379,7 @@ class PsClient {
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
   friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
   friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect
+  friend class ReplaySender;   // worker/replay_sender.hpp: carries out replays to restarted shards
   // The header of `shard`'s reply to ticket `t`, once it came and while the ticket is not
   // waited on; none otherwise.
   std::optional<Header> ReplyHeader(Ticket t, uint32_t shard) const;

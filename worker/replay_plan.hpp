@@ -1,7 +1,7 @@
 // ReplayPlan: what a worker sends a shard that restarted from a checkpoint, in order, as a pure
 // function of what the worker knows: its clock, the shard's restored clock and membership, the
 // requests it had in flight to the old process, and the clocks of the pushes its log holds.
-// PsClient::Replay() carries the plan out; tests/worker/replay_plan_test.cc checks it without
+// worker/replay_sender.hpp carries the plan out; tests/worker/replay_plan_test.cc checks it without
 // a socket.
 //
 // The rule it keeps (README "How a job survives failures"): the restored shard must see every

@@ -21,6 +21,14 @@
 
 namespace parasol {
 
+// Another reference to a frame's bytes (zmq_msg_copy: a large frame's buffer is shared, not
+// copied), to send while the tracker keeps the frame for a later resend.
+inline zmq::message_t CopyMessage(zmq::message_t& m) {
+  zmq::message_t c;
+  c.copy(m);
+  return c;
+}
+
 // The dtype values travel in for the manifest's wire.compression.
 wire::DType WireDTypeOf(const WireOptions& wire);
 
