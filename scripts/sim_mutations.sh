@@ -2,7 +2,7 @@
 # Mutation checks of the deterministic simulation: each mutation below breaks one rule of the
 # delivery protocol on purpose, in a copy of the source tree; the simulation must catch it
 # (a seed fails) within the seeds CI runs (1..2000, without overlapping failures).
-#   bash scripts/sim_mutations.sh [SEEDS]
+#   bash scripts/sim_mutations.sh [SEEDS] [SIM FLAGS...]     e.g. 2000 --ssp, or 2000 --asp
 # Prints, per mutation, the seed that caught it and how many seeds that took; exits 1 when a
 # mutation went uncaught. One is listed as tolerated: the protocol no longer depends on it (the
 # replay sent in reverse order: the shard refuses for now a replayed tick that names pushes
@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-2000}
+shift || true
+flags=("$@")  # the jobs' mode: none (BSP), --ssp or --asp
 work=$(mktemp -d)
 trap 'git worktree remove --force "$work/src" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 git worktree add --detach "$work/src" HEAD >/dev/null
@@ -20,7 +22,7 @@ cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 # name|file|python expression that rewrites the file's text s[|tolerated]
 mutations=(
   "the push record's duplicate check removed|server/push_gate.cc|s.replace('return {Admission::kDuplicate, \"in the push record\"};', 'return {Admission::kNew, \"\"};')"
-  "the replay sent in reverse order|worker/ps_client.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')|tolerated"
+  "the replay sent in reverse order|worker/replay_sender.cc|s.replace('for (const ReplayStep& step : plan.steps) {', 'for (const ReplayStep& step : std::vector<ReplayStep>(plan.steps.rbegin(), plan.steps.rend())) {')|tolerated"
   "the tick's check of the pushes it names dropped|server/shard_server.cc|s.replace('if (Status pushes = CheckTickPushes(req); !pushes.ok()) {', 'if (Status pushes = Status::Ok(); !pushes.ok()) {')"
   "a checkpoint's folder not synced after its rename (a host crash loses it)|server/checkpoint.cc|s.replace('return fs->SyncDir(ParentOf(path));', 'return Status::Ok();')"
 )
@@ -38,7 +40,7 @@ if t == s:
 open(path, "w").write(t)
 PY
   cmake --build "$work/build" --target parasol_sim -j2 >/dev/null
-  out=$("$work/build/tests/parasol_sim" --seeds "$seeds" --no-overlap --cpu 0 --stop-at-failure || true)
+  out=$("$work/build/tests/parasol_sim" --seeds "$seeds" --no-overlap --cpu 0 --stop-at-failure "${flags[@]}" || true)
   first=$(grep -m1 '^FAIL seed' <<<"$out" || true)
   if [[ ${expect:-} == tolerated ]]; then
     if [[ -n $first ]]; then

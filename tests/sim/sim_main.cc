@@ -8,9 +8,10 @@
 // another is down or a connection is cut). --no-disk-faults: shards are killed only as before
 // the simulated disk had faults (no deaths at fault points, no crashes of their hosts): the
 // schedules of the seeds found before then. --ssp: jobs under SSP (staleness 1 to 3 from the
-// seed), their final model compared exactly as a set of updates. --cpu: the process runs on that CPU only (of those
-// it may use, modulo their number): only one of its threads runs at a time, and handing the
-// turn between threads on one CPU is about twice as fast.
+// seed), their final model compared exactly as a set of updates. --asp: the same under ASP (no
+// staleness bound on the pulls). --cpu: the process runs on that CPU only (of those it may
+// use, modulo their number): only one of its threads runs at a time, and handing the turn
+// between threads on one CPU is about twice as fast.
 // Prints each failed seed with the command that replays it, and a summary; exits 1 when any
 // seed failed.
 #include <sched.h>
@@ -33,7 +34,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
-               "[--no-disk-faults] [--ssp] "
+               "[--no-disk-faults] [--ssp | --asp] "
                "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
@@ -99,6 +100,8 @@ int main(int argc, char** argv) {
       base.disk_faults = false;
     } else if (a == "--ssp") {
       base.ssp = true;
+    } else if (a == "--asp") {
+      base.asp = true;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
     } else if (a == "--cpu") {
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
   std::string flags = base.overlap ? "" : " --no-overlap";
   if (!base.disk_faults) flags += " --no-disk-faults";
   if (base.ssp) flags += " --ssp";
+  if (base.asp) flags += " --asp";
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
@@ -150,9 +154,9 @@ int main(int argc, char** argv) {
     ++ran;
     SimOptions o = base;
     o.seed = seed;
-    const SimJob job = JobOf(seed, base.ssp);
+    const SimJob job = JobOf(seed, base.ssp, base.asp);
     const auto key = std::make_tuple(job.workers, job.shards, job.steps, job.every_steps,
-                                     job.fused, job.ssp ? job.staleness : 0);
+                                     job.fused, job.asp ? 100u : job.ssp ? job.staleness : 0u);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;

@@ -75,9 +75,10 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
   return "cluster:\n  servers: [" + servers + "]\n  workers: " + std::to_string(job.workers) +
          "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
          "server: {engine_threads: 2}\n" +
-         (job.ssp ? "training: {consistency: ssp, staleness: " + std::to_string(job.staleness) +
-                        ", worker_timeout: 60s}\n"
-                  : std::string("training: {consistency: bsp, worker_timeout: 60s}\n")) +
+         (job.asp   ? std::string("training: {consistency: asp, worker_timeout: 60s}\n")
+          : job.ssp ? "training: {consistency: ssp, staleness: " + std::to_string(job.staleness) +
+                          ", worker_timeout: 60s}\n"
+                    : std::string("training: {consistency: bsp, worker_timeout: 60s}\n")) +
          "checkpoint: {dir: " + dir + ", every_steps: " + std::to_string(job.every_steps) +
          ", keep: 3, background: false}\n"
          "tables:\n"
@@ -699,7 +700,8 @@ class Sim {
       uint32_t r = 0;
       if (!IsCounter(i, &r)) continue;
       const float count = -dense[i] / 0.25f;
-      const int64_t least = int64_t{step} - job_.staleness;
+      // Under ASP a pull may see none of another worker's steps.
+      const int64_t least = job_.asp ? 0 : int64_t{step} - job_.staleness;
       if (!(count >= static_cast<float>(least)) || !(count <= static_cast<float>(job_.steps)) ||
           count != std::floor(count)) {
         const std::string what = "worker " + std::to_string(rank) + " pulled at step " +
@@ -1008,10 +1010,10 @@ std::string SimJob::ToString() const {
   return std::to_string(workers) + " workers, " + std::to_string(shards) + " shards, " +
          std::to_string(steps) + " steps, a checkpoint every " + std::to_string(every_steps) +
          (fused ? ", fused steps" : "") +
-         (ssp ? ", SSP with staleness " + std::to_string(staleness) : "");
+         (asp ? ", ASP" : ssp ? ", SSP with staleness " + std::to_string(staleness) : "");
 }
 
-SimJob JobOf(uint64_t seed, bool ssp) {
+SimJob JobOf(uint64_t seed, bool ssp, bool asp) {
   std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
   SimJob job;
   job.workers = 2 + static_cast<uint32_t>(rng() % 3);
@@ -1024,6 +1026,10 @@ SimJob JobOf(uint64_t seed, bool ssp) {
     std::mt19937_64 more(Mix(seed) ^ 0x55b);
     job.ssp = true;
     job.staleness = 1 + static_cast<uint32_t>(more() % 3);
+  }
+  if (asp) {
+    job.ssp = job.asp = true;
+    job.staleness = 0;
   }
   return job;
 }
@@ -1038,7 +1044,7 @@ Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
 }
 
 SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
-  const SimJob job = JobOf(options.seed, options.ssp);
+  const SimJob job = JobOf(options.seed, options.ssp, options.asp);
   Sim sim(job, options.seed, &options, &reference);
   sim.Run();
   SimOutcome out = sim.counts();

@@ -44,6 +44,8 @@ struct SimOptions {
   bool disk_faults = true;
   // Jobs under SSP (staleness 1 to 3, drawn from the seed) rather than BSP.
   bool ssp = false;
+  // Jobs under ASP: as under SSP, without a bound on how stale a pull may be.
+  bool asp = false;
   bool verbose = false;  // every event, and the processes' log lines
 };
 
@@ -55,7 +57,9 @@ struct SimJob {
   // only, and every value is a small multiple of a power of two (tables start at zero): sums
   // are exact in any order, and the final model equals the reference's exactly when the same
   // set of updates was applied, each once. Pulls are checked against the staleness bound.
+  // ASP is checked as SSP is (ssp is set too), with no lower bound on what a pull sees.
   bool ssp = false;
+  bool asp = false;
   uint32_t staleness = 0;
   std::string ToString() const;
 };
@@ -87,7 +91,7 @@ struct SimOutcome {
   double seconds = 0;    // virtual
 };
 
-SimJob JobOf(uint64_t seed, bool ssp = false);
+SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false);
 // A run of the seed's job without faults (with the seed's network delays).
 Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
 // A run with the seed's faults, checked against `reference`.
