@@ -1236,10 +1236,11 @@ Status ShardServer::MergeMembership(const Header& req) {
   if (!speaks && req.op == Op::Hello && req.join) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
-  // A shard that serves nothing is ticked by no worker: the scale tool that gives it rows
+  // A shard that serves nothing is ticked by no worker, nor is one whose workers have all
+  // finished (a change named after their last tick): the scale tool that moves their rows
   // brings it the membership, naming the change it migrates.
   const bool idle = !Entered();
-  if (!speaks && idle && req.op == Op::Migrate) {
+  if (!speaks && (idle || EveryWorkerFinished()) && req.op == Op::Migrate) {
     speaks = std::any_of(req.members.begin(), req.members.end(), [&](const MemberEntry& e) {
       return (e.worker & kServerEntry) != 0 && e.join == req.clock;
     });
@@ -1551,11 +1552,16 @@ void ShardServer::ReleaseAfterGivingUpAReplay(Header* reply) {
   reply->last_barrier = controller_.last_barrier();
 }
 
+bool ShardServer::EveryWorkerFinished() const {
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+    if (controller_.InJob(w) && !controller_.IsDone(w) && !controller_.IsLost(w)) return false;
+  }
+  return true;
+}
+
 void ShardServer::CheckpointWhenAllDone() {
   if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
-  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
-    if (controller_.InJob(w) && !controller_.IsDone(w) && !controller_.IsLost(w)) return;
-  }
+  if (!EveryWorkerFinished()) return;
   // Workers exit after this; their push logs go with them. Everything they pushed is here now.
   all_done_checkpointed_ = true;
   if (Status st = SaveCheckpoint("every worker has finished"); !st.ok()) {

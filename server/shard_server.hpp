@@ -401,6 +401,8 @@ class ShardServer {
   PushGate push_gate_;
   // Checkpoints once every worker has left: their push logs end with their processes.
   void CheckpointWhenAllDone();
+  // Whether every rank in the job here has finished (or is counted lost): no tick comes again.
+  bool EveryWorkerFinished() const;
   bool all_done_checkpointed_ = false;
   // A checkpoint failed: the next is due a second later, whatever the period.
   bool checkpoint_owed_ = false;

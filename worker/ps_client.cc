@@ -101,10 +101,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
     if (manifest.training.on_overlapping_failure == O::kFail) {
       return FailedPrecondition(why + kOverlapFailNote);
     }
-    const bool changed =
-        c->relay_.membership().version() != JobMembership(manifest).version() ||
-        !c->relay_.membership().server_changes().empty();
-    if (rolls_back && !changed) {
+    if (rolls_back && !c->MembershipChanged()) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and
       // continues where they all are. Bounded: each round is a rollback or follows one.
       if (rounds + 1 >= kMaxRollbackRounds) {
@@ -118,6 +115,11 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   }
   c->connected_ = true;
   return c;
+}
+
+bool PsClient::MembershipChanged() const {
+  return relay_.membership().version() != JobMembership(manifest_).version() ||
+         !relay_.membership().server_changes().empty();
 }
 
 Status PsClient::LoadKeys(const std::string& key_path) {
@@ -802,7 +804,9 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
     }
   }
   if (rolling_back_ || !rolled_back_.ok() || !JobRank() || !manifest_.RollsBack()) return;
-  if (connected_ && reply.rollback_needed) {
+  // Across a change of membership no rollback is made (the shards refuse it): the loss stays
+  // reported, and this worker goes on (Connect() above).
+  if (connected_ && reply.rollback_needed && !MembershipChanged()) {
     rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": shard " +
                            std::to_string(shard) + " says updates of the job were lost (two "
                            "failures overlapped); the job rolls back, and this worker connects "
@@ -886,6 +890,15 @@ void PsClient::Finish(TicketState& p) {
       }
     }
   }
+}
+
+Status PsClient::Idle(std::chrono::milliseconds wait) {
+  const auto until = env_->Now() + wait;
+  for (auto now = env_->Now(); now < until; now = env_->Now()) {
+    PARASOL_RETURN_IF_ERROR(
+        Pump(std::chrono::ceil<std::chrono::milliseconds>(until - now)));
+  }
+  return Status::Ok();
 }
 
 Status PsClient::Wait(Ticket ticket) {

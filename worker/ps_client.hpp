@@ -200,6 +200,11 @@ class PsClient {
   Header ToolRequest(Op op, uint32_t table) { return NewRequest(op, table); }
   // The process of `shard` this client last heard from (0: none).
   uint64_t shard_epoch(uint32_t shard) const { return recovery_.epoch(shard); }
+  // The environment this client lives in: its clock is the one to time a tool's waits by.
+  Env* env() const { return env_; }
+  // Lets `wait` pass on the environment's clock, taking in replies meanwhile (a tool's pause
+  // before it asks again; the simulation's time moves on while it does).
+  Status Idle(std::chrono::milliseconds wait);
   // Tool: asks shard 0 for `servers` shards (worker/reshard.hpp moves the rows); returns the
   // clock the change takes effect at.
   Result<int64_t> ScaleServers(uint32_t servers);
@@ -376,6 +381,9 @@ class PsClient {
   bool connected_ = false;
   Status rolled_back_;
   void NoteRollback(uint32_t shard, const Header& reply);
+  // Whether workers joined or left, or the shard count changed, since the job started: no
+  // rollback crosses such a change.
+  bool MembershipChanged() const;
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
   friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
   friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect

@@ -4,7 +4,6 @@
 
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "common/wire.hpp"
@@ -12,13 +11,14 @@
 namespace parasol {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
+// The client's environment's clock (the simulation's in tests/sim).
+using SteadyClock = Env::Clock;
 
 // Op.Migrate's steps (protocols/message.fbs).
 constexpr uint64_t kExport = 1, kInstall = 2, kCommit = 3, kDrop = 4;
 
-double Since(SteadyClock::time_point t) {
-  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+double Since(Env* env, SteadyClock::time_point t) {
+  return std::chrono::duration<double>(env->Now() - t).count();
 }
 
 // Refusals that pass: the shard restarts, is behind, or has not heard of the change yet.
@@ -95,7 +95,7 @@ class Mover {
         }
       }
       Result<PsClient::Reply> r = client_.Call(shard, std::move(h), std::move(payload));
-      if (r.ok() || !Transient(r.status()) || SteadyClock::now() > deadline_) {
+      if (r.ok() || !Transient(r.status()) || client_.env()->Now() > deadline_) {
         if (!r.ok()) {
           return r.status().WithContext("shard " + std::to_string(shard) +
                                         ", moving the rows for clock " + std::to_string(clock_));
@@ -103,7 +103,7 @@ class Mover {
         return r;
       }
       if (attempt % 100 == 99) spdlog::info("scale: waiting for shard {}: {}", shard, r.status().ToString());
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      PARASOL_RETURN_IF_ERROR(client_.Idle(std::chrono::milliseconds(20)));
     }
   }
 
@@ -265,7 +265,8 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
 
 Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
                               std::chrono::milliseconds timeout) {
-  const auto start = SteadyClock::now();
+  Env* const env = client.env();
+  const auto start = env->Now();
   const auto deadline = start + timeout;
   ReshardReport report;
   const Manifest& manifest = client.manifest();
@@ -287,7 +288,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   bool copied_ahead = false;
   Placement ahead_from;  // the placement the copy ahead moved rows from
   if (!evicts && !resuming && servers != m.LastPlacement().count()) {
-    const auto t0 = SteadyClock::now();
+    const auto t0 = env->Now();
     const Placement before = m.LastPlacement();
     ahead_from = before;
     Status st = CopyRows(mover, manifest, before, before.Resized(servers), /*change=*/false,
@@ -295,12 +296,12 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     if (!st.ok()) return st.WithContext("copying the rows ahead of the change");
     copied_ahead = !ahead.target_restarted;
     report.ahead_rows = ahead.rows;
-    report.ahead_seconds = Since(t0);
+    report.ahead_seconds = Since(env, t0);
   }
 
   Result<int64_t> clock = client.ScaleServers(servers);
-  while (!clock.ok() && Transient(clock.status()) && SteadyClock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (!clock.ok() && Transient(clock.status()) && env->Now() < deadline) {
+    PARASOL_RETURN_IF_ERROR(client.Idle(std::chrono::milliseconds(100)));
     clock = client.ScaleServers(servers);
   }
   if (!clock.ok()) return clock.status();
@@ -320,7 +321,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
   // Another change named meanwhile (by another tool): what was copied ahead is not this one's.
   if (copied_ahead && !(ahead_from == before)) copied_ahead = false;
 
-  const auto named = SteadyClock::now();
+  const auto named = env->Now();
   while (true) {
     ++report.passes;
     CopyState state;
@@ -369,18 +370,18 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     report.elements_moved = state.elements;
     if (!again) break;
     copied_ahead = false;  // a target lost what was copied ahead: all of it again
-    if (SteadyClock::now() > deadline) {
+    if (env->Now() > deadline) {
       return Timeout("scale: shards kept restarting while the rows were copied");
     }
   }
-  report.copy_seconds = Since(named);
+  report.copy_seconds = Since(env, named);
   // Every shard: one that lost no rows drops none, and marks the change finished. Shard 0
   // last: it names the next change only once its own drop is done.
   for (uint32_t s = involved; s-- > 0;) {
     PARASOL_ASSIGN_OR_RETURN(PsClient::Reply ack, mover.Call(s, kDrop, 0, 0));
     if (!ack.header.duplicate) report.rows_dropped += ack.header.offset;
   }
-  report.total_seconds = Since(start);
+  report.total_seconds = Since(env, start);
   return report;
 }
 

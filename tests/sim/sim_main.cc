@@ -11,7 +11,9 @@
 // seed), their final model compared exactly as a set of updates. --asp: the same under ASP (no
 // staleness bound on the pulls). --cpu: the process runs on that CPU only (of those it may
 // use, modulo their number): only one of its threads runs at a time, and handing the turn
-// between threads on one CPU is about twice as fast.
+// between threads on one CPU is about twice as fast. --reshard: BSP jobs whose shard count
+// grows or shrinks by one while they train (the scale tool runs from a drawn moment, and may
+// be killed and run again), every row and dense element compared wherever it ends up.
 // Prints each failed seed with the command that replays it, and a summary; exits 1 when any
 // seed failed.
 #include <sched.h>
@@ -34,7 +36,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
-               "[--no-disk-faults] [--ssp | --asp] "
+               "[--no-disk-faults] [--ssp | --asp | --reshard] "
                "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
       base.ssp = true;
     } else if (a == "--asp") {
       base.asp = true;
+    } else if (a == "--reshard") {
+      base.reshard = true;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
     } else if (a == "--cpu") {
@@ -112,6 +116,11 @@ int main(int argc, char** argv) {
       Usage();
       return 2;
     }
+  }
+  if (base.reshard && (base.ssp || base.asp)) {
+    // SSP's checks read each shard's dense slice as counters, which a change would move.
+    std::fprintf(stderr, "parasol_sim: --reshard runs BSP jobs only\n");
+    return 2;
   }
   if (cpu >= 0) {
     cpu_set_t allowed;
@@ -133,16 +142,18 @@ int main(int argc, char** argv) {
   if (!base.disk_faults) flags += " --no-disk-faults";
   if (base.ssp) flags += " --ssp";
   if (base.asp) flags += " --asp";
+  if (base.reshard) flags += " --reshard";
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
   // By the whole job (its faults' moments are drawn within the reference's duration, which
   // fused steps and the checkpoint period change): a seed's run is the same alone or in a list.
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t>, Reference>
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t, uint32_t, uint32_t>,
+           Reference>
       references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
   uint64_t point_deaths = 0, host_crashes = 0, shard_kills = 0, worker_kills = 0, cuts = 0, drops = 0, overlaps = 0, faulted = 0;
-  uint64_t rolled_back = 0, equal_after_rollback = 0;
+  uint64_t rolled_back = 0, equal_after_rollback = 0, reshards = 0, tool_kills = 0;
   uint64_t ran = 0;
   if (list.empty()) {
     for (uint64_t seed = first; seed < first + seeds; ++seed) list.push_back(seed);
@@ -154,9 +165,10 @@ int main(int argc, char** argv) {
     ++ran;
     SimOptions o = base;
     o.seed = seed;
-    const SimJob job = JobOf(seed, base.ssp, base.asp);
+    const SimJob job = JobOf(seed, base.ssp, base.asp, base.reshard);
     const auto key = std::make_tuple(job.workers, job.shards, job.steps, job.every_steps,
-                                     job.fused, job.asp ? 100u : job.ssp ? job.staleness : 0u);
+                                     job.fused, job.asp ? 100u : job.ssp ? job.staleness : 0u,
+                                     job.serving, job.scale_to);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;
@@ -181,6 +193,8 @@ int main(int argc, char** argv) {
     overlaps += out.overlaps;
     faulted += out.shard_kills + out.worker_kills + out.cuts + out.drops > 0;
     rolled_back += out.worker_rollbacks > 0;
+    reshards += out.reshards;
+    tool_kills += out.tool_kills;
     equal_after_rollback += out.worker_rollbacks > 0 && out.kind == SimOutcome::Kind::kEqual;
     const char* kind = "equal";
     switch (out.kind) {
@@ -226,5 +240,9 @@ int main(int argc, char** argv) {
               u(ran), u(first), u(equal), u(reported), u(single), u(failed), u(faulted),
               u(shard_kills), u(host_crashes), u(point_deaths), u(worker_kills), u(cuts), u(drops), u(overlaps), u(rolled_back),
               u(equal_after_rollback), wall);
+  if (base.reshard) {
+    std::printf("%llu changes of the shard count finished by the scale tool, which was killed "
+                "%llu times\n", u(reshards), u(tool_kills));
+  }
   return failed == 0 ? 0 : 1;
 }

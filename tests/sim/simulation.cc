@@ -27,6 +27,7 @@
 #include "server/shard_state.hpp"
 #include "tests/sim/sim_file_system.hpp"
 #include "worker/ps_client.hpp"
+#include "worker/reshard.hpp"
 #include "worker/trainer.hpp"
 
 namespace parasol::sim {
@@ -72,7 +73,9 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
   for (uint32_t s = 0; s < job.shards; ++s) {
     servers += (s ? ", " : "") + std::string("127.0.0.1:") + std::to_string(20000 + s);
   }
-  return "cluster:\n  servers: [" + servers + "]\n  workers: " + std::to_string(job.workers) +
+  return "cluster:\n  servers: [" + servers + "]\n" +
+         (job.scale_to ? "  initial_servers: " + std::to_string(job.serving) + "\n" : "") +
+         "  workers: " + std::to_string(job.workers) +
          "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
          "server: {engine_threads: 2}\n" +
          (job.asp   ? std::string("training: {consistency: asp, worker_timeout: 60s}\n")
@@ -177,9 +180,12 @@ class Sim {
     manifest_ = *m;
     now_ = Clock::time_point(std::chrono::hours(1));
     shards_.resize(job.shards);
-    workers_.resize(job.workers);
-    conns_.assign(size_t{job.workers} * job.shards, Conn{});
-    for (uint32_t w = 0; w < job.workers; ++w) workers_[w].rank = w;
+    // The scale tool, when the job changes its shard count, is one more process after the
+    // workers (not in the run without faults, which keeps its shards).
+    has_tool_ = job.scale_to > 0 && reference != nullptr;
+    workers_.resize(job.workers + (has_tool_ ? 1 : 0));
+    conns_.assign(workers_.size() * job.shards, Conn{});
+    for (uint32_t w = 0; w < workers_.size(); ++w) workers_[w].rank = w;
   }
 
   ~Sim() {
@@ -199,9 +205,17 @@ class Sim {
     if (!failure_.empty()) return;
     const Clock::time_point start = now_;
     for (uint32_t s = 0; s < job_.shards; ++s) StartShard(s);
-    for (WorkerProc& w : workers_) At(now_ + Delay(), [this, &w] { StartWorker(w); });
+    for (WorkerProc& w : workers_) {
+      if (!IsTool(w)) At(now_ + Delay(), [this, &w] { StartWorker(w); });
+    }
     At(now_ + milliseconds(20), [this] { Periodic(); });
     if (faults_) ScheduleFaults();
+    if (has_tool_) {
+      // The change starts at a drawn moment of the run without faults (or after its end).
+      const double at = reference_->seconds * (Draw(10000) / 1e4);
+      At(now_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)),
+         [this] { StartWorker(workers_[job_.workers]); });
+    }
     while (failure_.empty() && !AllDone()) {
       if (events_.empty()) {
         Fail("nothing left to happen, and workers " + Waiting() + " wait (a deadlock)");
@@ -274,7 +288,7 @@ class Sim {
     if (w.killed) return;
     if (w.kill_at_send > 0 && --w.kill_at_send == 0) {
       // Killed as it sends: this message and the rest of the step are never sent.
-      Log("worker " + std::to_string(w.rank) + " killed as it sends to shard " +
+      Log(Name(w) + " killed as it sends to shard " +
           std::to_string(s));
       w.killed = true;
       w.restart_due = true;
@@ -307,14 +321,14 @@ class Sim {
     }
     const uint64_t wake = ++w.wake;
     if (faults_ && faults_->verbose && ++wait_logs_ < 1000000) {
-      Log("worker " + std::to_string(w.rank) + " waits " + std::to_string(wait.count()) + " ms");
+      Log(Name(w) + " waits " + std::to_string(wait.count()) + " ms");
     }
     // A poll takes a little time: a wait rounded down to 0 ms still lets time pass.
     At(now_ + std::max(wait, milliseconds(0)) + microseconds(100), [this, &w, wake] {
       if (w.wake == wake && w.state == WorkerProc::State::kWaiting) {
         Resume(w);
       } else if (faults_ && faults_->verbose) {
-        Log("worker " + std::to_string(w.rank) + "'s timer is stale (" + std::to_string(w.wake) +
+        Log(Name(w) + "'s timer is stale (" + std::to_string(w.wake) +
             " vs " + std::to_string(wake) + ", state " + std::to_string(static_cast<int>(w.state)) + ")");
       }
     });
@@ -375,6 +389,10 @@ class Sim {
     if (r < 99) return microseconds(1000 + Draw(9000));
     return milliseconds(20 + Draw(60));
   }
+  bool IsTool(const WorkerProc& w) const { return has_tool_ && w.rank == job_.workers; }
+  std::string Name(const WorkerProc& w) const {
+    return IsTool(w) ? "the scale tool" : "worker " + std::to_string(w.rank);
+  }
   void Fail(const std::string& what) {
     if (failure_.empty()) failure_ = what;
   }
@@ -413,7 +431,7 @@ class Sim {
     if (colon == std::string::npos) return;
     const uint32_t worker = static_cast<uint32_t>(std::stoul(id.substr(0, colon)));
     const uint64_t gen = std::stoull(id.substr(colon + 1));
-    if (worker >= job_.workers) return;
+    if (worker >= workers_.size()) return;
     Conn& c = ConnOf(worker, s);
     if (c.gen != gen || !c.up) return;
     Frames f;
@@ -445,7 +463,7 @@ class Sim {
     c.queued.clear();
     for (Frames& f : queued) Transmit(worker, s, std::move(f));
     w.reconnected[s] = true;
-    Log("worker " + std::to_string(worker) + " connected to shard " + std::to_string(s) + " again");
+    Log(Name(w) + " connected to shard " + std::to_string(s) + " again");
     if (w.state == WorkerProc::State::kWaiting) Resume(w);
   }
   void Break(uint32_t worker, uint32_t s) {
@@ -470,7 +488,7 @@ class Sim {
       return;
     }
     Log("shard " + std::to_string(s) + " up (" + p.server->restored_from() + ")");
-    for (uint32_t w = 0; w < job_.workers; ++w) {
+    for (uint32_t w = 0; w < workers_.size(); ++w) {
       At(now_ + microseconds(100 + Draw(2000)), [this, w, s] { Reconnect(w, s); });
     }
   }
@@ -494,7 +512,7 @@ class Sim {
     } else {
       fs_.Thaw(ShardPrefix(s));
     }
-    for (uint32_t w = 0; w < job_.workers; ++w) Break(w, s);
+    for (uint32_t w = 0; w < workers_.size(); ++w) Break(w, s);
     Log("shard " + std::to_string(s) + " killed");
     At(now_ + milliseconds(1 + Draw(400)), [this, s] { StartShard(s); });
   }
@@ -519,7 +537,7 @@ class Sim {
     w.reconnected.assign(job_.shards, false);
     w.env = std::make_unique<SimEnv>(this, static_cast<int>(w.rank));
     w.state = WorkerProc::State::kRunning;
-    Log("worker " + std::to_string(w.rank) + " starts (incarnation " +
+    Log(Name(w) + " starts (incarnation " +
         std::to_string(w.incarnations) + ")");
     w.thread = std::thread([this, &w] {
       {
@@ -539,7 +557,7 @@ class Sim {
   void KillWorker(WorkerProc& w) {
     w.killed = true;
     Resume(w);  // it unwinds: every wait fails from here on
-    Log("worker " + std::to_string(w.rank) + " killed");
+    Log(Name(w) + " killed");
     w.restart_due = true;
     At(now_ + milliseconds(1 + Draw(400)), [this, &w] { StartWorker(w); });
   }
@@ -559,13 +577,13 @@ class Sim {
       w.inbox.assign(job_.shards, {});
       if (w.state == WorkerProc::State::kFailed) {
         const std::string what = w.result.ToString();
-        Log("worker " + std::to_string(w.rank) + " failed: " + what);
+        Log(Name(w) + " failed: " + what);
         // A worker that stops on a replay that could not be made says so: a reported loss.
         if (what.find("are lost") != std::string::npos ||
             what.find("would be lost") != std::string::npos) {
           reported_loss_ = true;
         }
-        Fail("worker " + std::to_string(w.rank) + " failed: " + what);
+        Fail(Name(w) + " failed: " + what);
       }
     }
   }
@@ -580,6 +598,7 @@ class Sim {
   // The worker's training: per step, pull the rows and the dense weights, push gradients made
   // from them, tick (with the pulls and the pushes each in one message per shard when fused).
   Status Body(WorkerProc& w) {
+    if (IsTool(w)) return ToolBody(w);
     // A rollback of the job (Aborted): the worker connects again, as the trainer does
     // (TrainerHooks::reconnect), and redoes its steps from where the shards went back to.
     for (uint32_t round = 0;; ++round) {
@@ -588,8 +607,23 @@ class Sim {
         return st;
       }
       ++counts_.worker_rollbacks;
-      Log("worker " + std::to_string(w.rank) + ": " + st.message());
+      Log(Name(w) + ": " + st.message());
     }
+  }
+  // The scale tool: `parasol scale --servers N` (worker/reshard.hpp) as an operator runs it,
+  // from a tool's key; run again after a kill, it finishes the change it left.
+  Status ToolBody(WorkerProc& w) {
+    auto killed = [&] { return w.killed ? Unavailable("killed") : Status::Ok(); };
+    Result<std::unique_ptr<PsClient>> connected =
+        PsClient::Connect(manifest_, PsClient::kObserver, "", {}, false, w.env.get());
+    PARASOL_RETURN_IF_ERROR(killed());
+    PARASOL_RETURN_IF_ERROR(connected.status());
+    Result<ReshardReport> report = Reshard(**connected, job_.scale_to, std::chrono::seconds(60));
+    PARASOL_RETURN_IF_ERROR(killed());
+    PARASOL_RETURN_IF_ERROR(report.status());
+    ++counts_.reshards;
+    Log("the scale tool: " + report->ToString());
+    return Status::Ok();
   }
   Status BodyOnce(WorkerProc& w) {
     auto killed = [&] { return w.killed ? Unavailable("killed") : Status::Ok(); };
@@ -765,11 +799,44 @@ class Sim {
         uint64_t key;
         std::memcpy(&key, p, sizeof(key));
         // The values and the optimizer's state; the clock word after the key is left out.
-        result_.model[{b.table, key}] = std::string(p + 12, row - 12);
+        if (!result_.model.emplace(std::make_pair(b.table, key), std::string(p + 12, row - 12))
+                 .second) {
+          Fail("key " + std::to_string(key) + " of table " + std::to_string(b.table) +
+               " is held by two shards at the end (shard " + std::to_string(shard) + " too)");
+        }
       }
       return;
     }
-    result_.model[{b.table, (uint64_t{1} << 63) | shard}] = std::string(b.bytes.begin(), b.bytes.end());
+    if (kind != CheckpointBlockKind::kDenseSlice && kind != CheckpointBlockKind::kDenseRange) {
+      return;
+    }
+    // A dense table's elements by their index, wherever the shard count put them: the block's
+    // arrays (values, then each optimizer state array) for the elements it holds, of which
+    // those in its live range serve (the others are held for a change of the shard count).
+    const uint64_t total = manifest_.tables[b.table].NumElements();
+    SliceRange held = DenseSlice(total, shard, job_.shards), live = held;
+    size_t header = 0;
+    if (kind == CheckpointBlockKind::kDenseRange) {
+      int64_t bounds[3];
+      header = sizeof(bounds);
+      if (b.bytes.size() < header) return Fail("a dense range block without its bounds");
+      std::memcpy(bounds, b.bytes.data(), sizeof(bounds));
+      held = {static_cast<uint64_t>(bounds[0]), static_cast<uint64_t>(bounds[0]) + b.count};
+      live = {static_cast<uint64_t>(bounds[1]), static_cast<uint64_t>(bounds[2])};
+    }
+    if (b.count == 0 || live.begin >= live.end) return;
+    const size_t arrays = (b.bytes.size() - header) / sizeof(float) / b.count;
+    for (uint64_t e = live.begin; e < live.end; ++e) {
+      std::string v;
+      for (size_t a = 0; a < arrays; ++a) {
+        const char* at = b.bytes.data() + header + (a * b.count + (e - held.begin)) * sizeof(float);
+        v.append(at, sizeof(float));
+      }
+      if (!result_.model.emplace(std::make_pair(b.table, (uint64_t{1} << 62) | e), v).second) {
+        Fail("element " + std::to_string(e) + " of dense table " + std::to_string(b.table) +
+             " serves on two shards at the end (shard " + std::to_string(shard) + " too)");
+      }
+    }
   }
 
   void Periodic() {
@@ -792,10 +859,11 @@ class Sim {
   }
   void Inject(uint64_t kind) {
     if (AllDone()) return;
-    auto live_worker = [&]() -> WorkerProc* {
+    // A kill may take the scale tool too; a lost push or a kill at a send only a worker.
+    auto live_worker = [&](bool or_tool = false) -> WorkerProc* {
       std::vector<WorkerProc*> live;
       for (WorkerProc& w : workers_) {
-        if (w.state == WorkerProc::State::kWaiting) live.push_back(&w);
+        if (w.state == WorkerProc::State::kWaiting && (or_tool || !IsTool(w))) live.push_back(&w);
       }
       return live.empty() ? nullptr : live[Draw(live.size())];
     };
@@ -843,10 +911,11 @@ class Sim {
       ++counts_.shard_kills;
       KillShard(static_cast<uint32_t>(s));
     } else if (kind < 50) {
-      WorkerProc* w = live_worker();
+      WorkerProc* w = live_worker(/*or_tool=*/true);
       if (!w) return;
       counts_.overlaps += any_down();
       ++counts_.worker_kills;
+      counts_.tool_kills += IsTool(*w);
       KillWorker(*w);
     } else if (kind < 60) {
       // One of its next pushes is lost on its way.
@@ -875,13 +944,14 @@ class Sim {
         Reconnect(w, s);
       });
     } else {
-      // A worker and a shard at once.
-      WorkerProc* w = live_worker();
+      // A worker (or the scale tool) and a shard at once.
+      WorkerProc* w = live_worker(/*or_tool=*/true);
       const int s = live_shard();
       if (!w || s < 0) return;
       ++counts_.overlaps;
       ++counts_.shard_kills;
       ++counts_.worker_kills;
+      counts_.tool_kills += IsTool(*w);
       KillShard(static_cast<uint32_t>(s));
       KillWorker(*w);
     }
@@ -917,7 +987,9 @@ class Sim {
   std::string Waiting() const {
     std::string s;
     for (const WorkerProc& w : workers_) {
-      if (w.state != WorkerProc::State::kDone) s += (s.empty() ? "" : ",") + std::to_string(w.rank);
+      if (w.state != WorkerProc::State::kDone) {
+        s += (s.empty() ? "" : ",") + (IsTool(w) ? std::string("the scale tool") : std::to_string(w.rank));
+      }
     }
     return s;
   }
@@ -944,6 +1016,7 @@ class Sim {
   double seconds_ = 0;
   Reference result_;
   bool reported_loss_ = false;
+  bool has_tool_ = false;  // workers_.back() is the scale tool
   SimOutcome counts_;
 };
 
@@ -1010,10 +1083,13 @@ std::string SimJob::ToString() const {
   return std::to_string(workers) + " workers, " + std::to_string(shards) + " shards, " +
          std::to_string(steps) + " steps, a checkpoint every " + std::to_string(every_steps) +
          (fused ? ", fused steps" : "") +
-         (asp ? ", ASP" : ssp ? ", SSP with staleness " + std::to_string(staleness) : "");
+         (asp ? ", ASP" : ssp ? ", SSP with staleness " + std::to_string(staleness) : "") +
+         (scale_to ? ", " + std::to_string(serving) + " serving then " + std::to_string(scale_to) +
+                         " (the scale tool)"
+                   : "");
 }
 
-SimJob JobOf(uint64_t seed, bool ssp, bool asp) {
+SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard) {
   std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
   SimJob job;
   job.workers = 2 + static_cast<uint32_t>(rng() % 3);
@@ -1031,6 +1107,14 @@ SimJob JobOf(uint64_t seed, bool ssp, bool asp) {
     job.ssp = job.asp = true;
     job.staleness = 0;
   }
+  if (reshard) {
+    // From a stream of its own too: 1 to 3 shards serve at first, and the tool grows or
+    // shrinks them by one; every shard of either count is listed and runs from the start.
+    std::mt19937_64 more(Mix(seed) ^ 0x5ca1e);
+    job.serving = job.shards;
+    job.scale_to = job.serving == 1 || more() % 2 == 0 ? job.serving + 1 : job.serving - 1;
+    job.shards = std::max(job.serving, job.scale_to);
+  }
   return job;
 }
 
@@ -1044,7 +1128,7 @@ Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
 }
 
 SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
-  const SimJob job = JobOf(options.seed, options.ssp, options.asp);
+  const SimJob job = JobOf(options.seed, options.ssp, options.asp, options.reshard);
   Sim sim(job, options.seed, &options, &reference);
   sim.Run();
   SimOutcome out = sim.counts();
@@ -1053,13 +1137,16 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   const bool overlapped = out.overlaps > 0;
   // The simulated jobs roll back (BSP with every_steps): a loss is acceptable only where no
   // rollback can be made, and only when the job stops saying so.
+  // Nor across a change of the shard count (README: no rollback across a change of
+  // membership): there the job goes on, reporting the loss, or stops saying why.
   auto cannot_roll_back = [](const std::string& what) {
-    return what.find("the job cannot roll back") != std::string::npos;
+    return what.find("the job cannot roll back") != std::string::npos ||
+           what.find("a rollback across such a change is not supported") != std::string::npos;
   };
   // Under SSP nothing rolls back: a loss is acceptable when it was reported, and the job may
   // then stop on a worker's error (not on a hang, a deadlock or a failed check of the
   // simulation's own).
-  const bool reported_without_rollback = job.ssp && sim.reported_loss();
+  const bool reported_without_rollback = (job.ssp || job.scale_to > 0) && sim.reported_loss();
   if (!sim.failure().empty()) {
     const bool worker_stopped =
         sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
@@ -1083,7 +1170,9 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
     out.kind = SimOutcome::Kind::kEqual;
   } else if (reported_without_rollback) {
     out.kind = SimOutcome::Kind::kReported;
-    out.failure = differs + " (a loss was reported; under SSP the job does not roll back)";
+    out.failure = differs + (job.ssp ? " (a loss was reported; under SSP the job does not roll back)"
+                                     : " (a loss was reported; the shard count changed, and the "
+                                       "job does not roll back across that)");
   } else {
     // Under rollback a reported loss that the job went on with is a failure too.
     out.kind = SimOutcome::Kind::kFailed;

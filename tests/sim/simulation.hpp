@@ -46,6 +46,9 @@ struct SimOptions {
   bool ssp = false;
   // Jobs under ASP: as under SSP, without a bound on how stale a pull may be.
   bool asp = false;
+  // BSP jobs whose shard count changes while they train: the scale tool (worker/reshard.hpp)
+  // runs as a process of the job, from a drawn moment, and may be killed and run again.
+  bool reshard = false;
   bool verbose = false;  // every event, and the processes' log lines
 };
 
@@ -61,6 +64,10 @@ struct SimJob {
   bool ssp = false;
   bool asp = false;
   uint32_t staleness = 0;
+  // With a change of the shard count: `shards` are listed, `serving` of them serve from the
+  // start (cluster.initial_servers), and the scale tool changes that to `scale_to`. Rows and
+  // dense elements are compared wherever they end up.
+  uint32_t serving = 0, scale_to = 0;
   std::string ToString() const;
 };
 
@@ -86,12 +93,14 @@ struct SimOutcome {
   uint32_t host_crashes = 0;  // shard kills whose host crashed too
   uint32_t point_deaths = 0;  // shard kills at a fault point (checkpoint.write, shard.applied...)
   uint32_t worker_rollbacks = 0;  // times a worker connected again after a rollback
+  uint32_t reshards = 0;          // changes of the shard count the scale tool finished
+  uint32_t tool_kills = 0;        // kills of the scale tool (counted in worker_kills too)
   bool single_failure = false;  // kReported with no failures overlapping
   uint64_t events = 0;
   double seconds = 0;    // virtual
 };
 
-SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false);
+SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false, bool reshard = false);
 // A run of the seed's job without faults (with the seed's network delays).
 Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
 // A run with the seed's faults, checked against `reference`.

@@ -81,6 +81,12 @@ TEST(ShardRecoveryTest, ARestartFromAnOlderCheckpointThanTheLogWasTrimmedByLoses
   ShardRecovery fine(1, 1 << 20, true, 5);
   fine.NoteReply(0, Reply(7, 4));
   EXPECT_TRUE(fine.NoteReply(0, Reply(8, 4, 4, 6)).lost.ok());
+  // A client that logs no pushes (a tool) lost none: the same restart is only a restart.
+  ShardRecovery tool(1, 1 << 20, /*log_pushes=*/false, 5);
+  tool.NoteReply(0, Reply(7, 4));
+  const ShardRecovery::Noted seen = tool.NoteReply(0, Reply(8, 3, 3, 6));
+  EXPECT_TRUE(seen.restarted);
+  EXPECT_TRUE(seen.lost.ok()) << seen.lost.ToString();
 }
 
 TEST(ShardRecoveryTest, WithoutCheckpointsNothingIsLoggedAndALogPastItsBoundIsAnError) {
