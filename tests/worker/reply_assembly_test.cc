@@ -74,6 +74,20 @@ class ReplyAssemblyTest : public ::testing::Test {
   }
   void Open(Op op) { ticket_ = tracker_.Open(op, /*table=*/3); }
   TicketState& ticket() { return tracker_.ticket(ticket_); }
+  // A sparse pull's ticket of `inverse.size()` keys into `out` (filled with -1): key i is
+  // unique key inverse[i], row unique_local[u] of shard unique_shard[u]'s reply.
+  TicketState& SparsePull(uint32_t dim, std::vector<float>& out, std::vector<uint32_t> inverse,
+                          std::vector<uint32_t> unique_shard, std::vector<uint32_t> unique_local) {
+    Open(Op::PullSparse);
+    TicketState& p = ticket();
+    out.assign(inverse.size() * dim, -1.0f);
+    p.out = out.data();
+    p.dim = dim;
+    p.inverse.assign(inverse.begin(), inverse.end());
+    p.unique_shard.assign(unique_shard.begin(), unique_shard.end());
+    p.unique_local.assign(unique_local.begin(), unique_local.end());
+    return p;
+  }
   Status Accept(Reply& reply, const TrackedRequest& r, uint32_t shard) {
     return AcceptReply(reply.header, r, ticket(), shard, reply.frames, kMaxBytes, tracker_);
   }
@@ -183,14 +197,9 @@ TEST_F(ReplyAssemblyTest, ASparsePullFromTwoShardsAndTheCacheReturnsRowsInTheCal
   // keys {7, 8, 9, 7, 10, 8, 11, 9}, dim 2: 8 was a cache hit (hit_rows row 0), 7 and 10 are
   // shard 0's rows 0 and 1, 9 and 11 shard 1's rows 1 and 0.
   const uint32_t dim = 2;
-  Open(Op::PullSparse);
-  TicketState& p = ticket();
-  std::vector<float> out(8 * dim, -1.0f);
-  p.out = out.data();
-  p.dim = dim;
-  p.inverse = {0, 1, 2, 0, 3, 1, 4, 2};
-  p.unique_shard = {0, kNoShard, 1, 0, 1};
-  p.unique_local = {0, 0, 1, 1, 0};
+  std::vector<float> out;
+  TicketState& p =
+      SparsePull(dim, out, {0, 1, 2, 0, 3, 1, 4, 2}, {0, kNoShard, 1, 0, 1}, {0, 0, 1, 1, 0});
   p.hit_rows = {80, 81};
   const TrackedRequest& r0 = Expect(Op::PullSparse, 0, 20, 2, dim);
   const TrackedRequest& r1 = Expect(Op::PullSparse, 1, 21, 2, dim);
@@ -210,14 +219,8 @@ TEST_F(ReplyAssemblyTest, ASparsePullFromTwoShardsAndTheCacheReturnsRowsInTheCal
 TEST_F(ReplyAssemblyTest, ASparsePullOfCompressedRowsReadsThemWidened) {
   // Both keys from shard 0, the rows sent as bf16 (values that bf16 holds exactly).
   const uint32_t dim = 3;
-  Open(Op::PullSparse);
-  TicketState& p = ticket();
-  std::vector<float> out(3 * dim, -1.0f);
-  p.out = out.data();
-  p.dim = dim;
-  p.inverse = {1, 0, 1};
-  p.unique_shard = {0, 0};
-  p.unique_local = {0, 1};
+  std::vector<float> out;
+  TicketState& p = SparsePull(dim, out, {1, 0, 1}, {0, 0}, {0, 1});
   const TrackedRequest& r = Expect(Op::PullSparse, 0, 20, 2, dim);
   const std::vector<float> rows = {0.5f, -2.0f, 96.0f, 1.25f, 0.0f, -0.375f};
   Reply reply = PullReply(Op::PullSparse, 20, dim, rows, 1024, 0, wire::DType::BF16);
