@@ -32,9 +32,12 @@ uint32_t SparseTable::Partition::NewSlot() {
   } else {
     slot = next_slot_++;
     if (slot / kRowsPerBlock >= blocks_.size()) {
-      blocks_.push_back(
-          std::make_unique_for_overwrite<float[]>(size_t{kRowsPerBlock} * row_words_));
-      key_blocks_.push_back(std::make_unique_for_overwrite<uint64_t[]>(kRowsPerBlock));
+      blocks_.reserve(blocks_.size() + 1);
+      key_blocks_.reserve(key_blocks_.size() + 1);
+      blocks_.push_back(static_cast<float*>(
+          arena_.Allocate(size_t{kRowsPerBlock} * row_words_ * sizeof(float))));
+      key_blocks_.push_back(
+          static_cast<uint64_t*>(arena_.Allocate(size_t{kRowsPerBlock} * sizeof(uint64_t))));
       if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, kFreeSlot);
     }
   }
@@ -387,8 +390,7 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
   return index_.MemoryBytes() + pending_.MemoryBytes() +
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
-         blocks_.size() * uint64_t{kRowsPerBlock} *
-             (row_words_ * sizeof(float) + sizeof(uint64_t)) +
+         arena_.mapped_bytes() +
          free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
 }
 

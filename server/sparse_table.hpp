@@ -37,6 +37,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/huge_page_arena.hpp"
 #include "common/key_index.hpp"
 #include "common/slot_index.hpp"
 #include "common/manifest.hpp"
@@ -302,7 +303,7 @@ class SparseTable {
 
     // Start of the stored row (its clock word); values follow.
     float* RowAt(uint32_t slot) const {
-      return blocks_[slot / kRowsPerBlock].get() + size_t{slot % kRowsPerBlock} * row_words_;
+      return blocks_[slot / kRowsPerBlock] + size_t{slot % kRowsPerBlock} * row_words_;
     }
     // The key of the row in `slot` (the index's key_of).
     uint64_t& KeyAt(uint32_t slot) const {
@@ -367,8 +368,12 @@ class SparseTable {
     size_t pending_cursor_ = 0;
     void ErasePendingBucket(size_t bucket);
     void SweepPending(size_t max_buckets, uint32_t now);
-    std::vector<std::unique_ptr<float[]>> blocks_;        // kRowsPerBlock rows each
-    std::vector<std::unique_ptr<uint64_t[]>> key_blocks_;  // their keys
+    // The rows' memory, in huge pages where the kernel allows (common/huge_page_arena.hpp):
+    // blocks of kRowsPerBlock rows each, and their keys, taken as the rows grow and kept until
+    // the partition goes.
+    HugePageArena arena_;
+    std::vector<float*> blocks_;
+    std::vector<uint64_t*> key_blocks_;
     std::vector<uint32_t> free_slots_;
     uint32_t next_slot_ = 0;
     bool appending_ = false;  // AppendRestoredRow() rows not yet in the index

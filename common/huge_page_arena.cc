@@ -1,0 +1,81 @@
+#include "common/huge_page_arena.hpp"
+
+#include <sys/mman.h>
+
+#include <new>
+#include <utility>
+
+namespace parasol {
+namespace {
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// `size` bytes (a multiple of kHugePage) at a kHugePage boundary: mapped with a huge page to
+// spare, and the unaligned ends given back.
+void* MapAligned(size_t size) {
+  const size_t align = HugePageArena::kHugePage;
+  void* raw = ::mmap(nullptr, size + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(start, align);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const uintptr_t end = start + size + align;
+  if (end > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  void* base = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+  (void)::madvise(base, size, MADV_HUGEPAGE);  // a hint: without THP, 4 KiB pages as before
+#endif
+  return base;
+}
+
+}  // namespace
+
+HugePageArena::~HugePageArena() { Release(); }
+
+HugePageArena::HugePageArena(HugePageArena&& other) noexcept
+    : chunks_(std::move(other.chunks_)),
+      next_(std::exchange(other.next_, nullptr)),
+      left_(std::exchange(other.left_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)) {
+  other.chunks_.clear();
+}
+
+HugePageArena& HugePageArena::operator=(HugePageArena&& other) noexcept {
+  if (this != &other) {
+    Release();
+    chunks_ = std::move(other.chunks_);
+    other.chunks_.clear();
+    next_ = std::exchange(other.next_, nullptr);
+    left_ = std::exchange(other.left_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
+  }
+  return *this;
+}
+
+void HugePageArena::Release() {
+  for (const Chunk& c : chunks_) ::munmap(c.base, c.size);
+  chunks_.clear();
+  next_ = nullptr;
+  left_ = 0;
+  mapped_ = 0;
+}
+
+void* HugePageArena::Allocate(size_t bytes) {
+  bytes = RoundUp(bytes == 0 ? 1 : bytes, 64);
+  if (bytes > left_) {
+    const size_t size = RoundUp(bytes, kHugePage);
+    chunks_.reserve(chunks_.size() + 1);  // before the mapping: nothing to leak if it throws
+    void* base = MapAligned(size);
+    chunks_.push_back(Chunk{base, size});
+    mapped_ += size;
+    next_ = static_cast<char*>(base);
+    left_ = size;
+  }
+  void* out = next_;
+  next_ += bytes;
+  left_ -= bytes;
+  return out;
+}
+
+}  // namespace parasol
