@@ -88,6 +88,15 @@ class ReplyAssemblyTest : public ::testing::Test {
     p.unique_local.assign(unique_local.begin(), unique_local.end());
     return p;
   }
+  // A dense pull's ticket into `out` (`floats` of -1), rows of `dim` floats.
+  TicketState& DensePull(uint32_t dim, std::vector<float>& out, size_t floats) {
+    Open(Op::PullDense);
+    TicketState& p = ticket();
+    out.assign(floats, -1.0f);
+    p.out = out.data();
+    p.dim = dim;
+    return p;
+  }
   Status Accept(Reply& reply, const TrackedRequest& r, uint32_t shard) {
     return AcceptReply(reply.header, r, ticket(), shard, reply.frames, kMaxBytes, tracker_);
   }
@@ -231,11 +240,8 @@ TEST_F(ReplyAssemblyTest, ASparsePullOfCompressedRowsReadsThemWidened) {
 }
 
 TEST_F(ReplyAssemblyTest, ADensePullChunkIsCopiedIntoItsPlaceAndItsFramesReleased) {
-  Open(Op::PullDense);
-  TicketState& p = ticket();
-  std::vector<float> out(10, -1.0f);
-  p.out = out.data();
-  p.dim = 1;
+  std::vector<float> out;
+  TicketState& p = DensePull(/*dim=*/1, out, 10);
   // Shard 1's chunk [4, 7) in frames of two elements.
   const TrackedRequest& r = Expect(Op::PullDense, 1, 30, 3, 1, /*offset=*/4);
   Reply reply = PullReply(Op::PullDense, 30, 1, {40, 50, 60}, /*frame_bytes=*/8, 4);
@@ -252,12 +258,9 @@ TEST_F(ReplyAssemblyTest, ADensePullChunkIsCopiedIntoItsPlaceAndItsFramesRelease
 }
 
 TEST_F(ReplyAssemblyTest, ADensePullWithStateCopiesWholeRowsToTheirPlace) {
-  Open(Op::PullDense);
-  TicketState& p = ticket();
   // 4 elements, each a row of [value, state]: the chunk [1, 3) fills floats 2 .. 5.
-  std::vector<float> out(8, -1.0f);
-  p.out = out.data();
-  p.dim = 2;
+  std::vector<float> out;
+  DensePull(/*dim=*/2, out, 8);
   const TrackedRequest& r = Expect(Op::PullDense, 0, 40, 2, 2, /*offset=*/1);
   Reply reply = PullReply(Op::PullDense, 40, 2, {1, 10, 2, 20}, /*frame_bytes=*/8, 1);
   ASSERT_TRUE(Accept(reply, r, 0).ok());
