@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <new>
 #include <utility>
 
@@ -37,7 +38,8 @@ HugePageArena::HugePageArena(HugePageArena&& other) noexcept
     : chunks_(std::move(other.chunks_)),
       next_(std::exchange(other.next_, nullptr)),
       left_(std::exchange(other.left_, 0)),
-      mapped_(std::exchange(other.mapped_, 0)) {
+      mapped_(std::exchange(other.mapped_, 0)),
+      closed_resident_(std::exchange(other.closed_resident_, 0)) {
   other.chunks_.clear();
 }
 
@@ -49,6 +51,7 @@ HugePageArena& HugePageArena::operator=(HugePageArena&& other) noexcept {
     next_ = std::exchange(other.next_, nullptr);
     left_ = std::exchange(other.left_, 0);
     mapped_ = std::exchange(other.mapped_, 0);
+    closed_resident_ = std::exchange(other.closed_resident_, 0);
   }
   return *this;
 }
@@ -59,14 +62,24 @@ void HugePageArena::Release() {
   next_ = nullptr;
   left_ = 0;
   mapped_ = 0;
+  closed_resident_ = 0;
+}
+
+uint64_t HugePageArena::resident_bound() const {
+  if (chunks_.empty()) return 0;
+  const size_t used = chunks_.back().size - left_;
+  return closed_resident_ + RoundUp(used, kHugePage);
 }
 
 void* HugePageArena::Allocate(size_t bytes) {
   bytes = RoundUp(bytes == 0 ? 1 : bytes, 64);
   if (bytes > left_) {
-    const size_t size = RoundUp(bytes, kHugePage);
+    constexpr size_t kMaxChunk = size_t{64} << 20;
+    const size_t grown = std::min<size_t>(kMaxChunk, mapped_ / 8);
+    const size_t size = RoundUp(std::max({bytes * 16, grown, kHugePage}), kHugePage);
     chunks_.reserve(chunks_.size() + 1);  // before the mapping: nothing to leak if it throws
     void* base = MapAligned(size);
+    closed_resident_ = resident_bound();  // the newest chunk so far is closed now
     chunks_.push_back(Chunk{base, size});
     mapped_ += size;
     next_ = static_cast<char*>(base);

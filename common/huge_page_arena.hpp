@@ -8,8 +8,12 @@
 // a fork (a background checkpoint) copies one page-table entry for it instead of 512.
 //
 // Blocks are never freed one by one: the arena gives all its chunks back when it goes. A chunk
-// is one huge page (2 MiB), or as many as one block larger than that needs; what a block does
-// not fill at a chunk's end stays unused (at most one block's size per chunk).
+// holds at least 16 blocks of the size asked for (so that rounding it up to whole huge pages
+// wastes little, whatever the block size) and grows with the arena, to an eighth of what it
+// holds so far, capped at 64 MiB: a shard of 100 GiB of rows maps a few thousand chunks, well
+// within the kernel's count of mappings (vm.max_map_count). Only what is handed out is touched,
+// so at most the huge page under a chunk's free end is resident beyond it (resident_bound()).
+// An arena serves blocks of one size best (a partition's rows and keys use one each).
 //
 // Thread-safety: none; an arena belongs to its owner's thread (a partition's engine).
 #pragma once
@@ -34,8 +38,10 @@ class HugePageArena {
   // `bytes` of uninitialised memory (zeroes, as the kernel gives it, unless reused), aligned
   // to 64 bytes, valid until the arena goes. Throws std::bad_alloc when the kernel refuses.
   void* Allocate(size_t bytes);
-  // The bytes mapped, chunks' unused ends included.
+  // The bytes mapped, chunks' untouched ends included.
   uint64_t mapped_bytes() const { return mapped_; }
+  // At most what is resident: each chunk's bytes handed out, rounded up to whole huge pages.
+  uint64_t resident_bound() const;
 
  private:
   void Release();
@@ -48,6 +54,7 @@ class HugePageArena {
   char* next_ = nullptr;  // the free end of the newest chunk
   size_t left_ = 0;
   uint64_t mapped_ = 0;
+  uint64_t closed_resident_ = 0;  // resident_bound() of the chunks before the newest
 };
 
 }  // namespace parasol

@@ -525,6 +525,16 @@ void ShardServer::RunPeriodic() {
   StartRequestedCheckpoint();
   MaybeSweep();
   CheckWorkers();
+  if (rollback_owed_ && MembershipChanged()) {
+    // Owed before this shard heard of a change of membership that shard 0 had named (or named
+    // since): no rollback crosses it, so none will come. Kept owed, it would stop this shard's
+    // checkpoints (they wait for the rollback) and the workers' logs would grow until they
+    // fail. The loss stays reported.
+    rollback_owed_ = false;
+    spdlog::error("shard {}: the rollback the job owed cannot cross its change of membership; "
+                  "the updates lost stay lost (reported), and the job goes on",
+                  rank_);
+  }
   MaybeCheckpoint();
   ReportNonfiniteUpdates();
 }

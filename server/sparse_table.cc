@@ -30,16 +30,21 @@ uint32_t SparseTable::Partition::NewSlot() {
     slot = free_slots_.back();
     free_slots_.pop_back();
   } else {
-    slot = next_slot_++;
+    slot = next_slot_;
     if (slot / kRowsPerBlock >= blocks_.size()) {
+      // Everything that may throw first: the partition is unchanged if one does.
       blocks_.reserve(blocks_.size() + 1);
       key_blocks_.reserve(key_blocks_.size() + 1);
-      blocks_.push_back(static_cast<float*>(
-          arena_.Allocate(size_t{kRowsPerBlock} * row_words_ * sizeof(float))));
-      key_blocks_.push_back(
-          static_cast<uint64_t*>(arena_.Allocate(size_t{kRowsPerBlock} * sizeof(uint64_t))));
+      if (disk_) referenced_.reserve((blocks_.size() + 1) * kRowsPerBlock);
+      auto* rows = static_cast<float*>(
+          arena_.Allocate(size_t{kRowsPerBlock} * row_words_ * sizeof(float)));
+      auto* keys =
+          static_cast<uint64_t*>(key_arena_.Allocate(size_t{kRowsPerBlock} * sizeof(uint64_t)));
+      blocks_.push_back(rows);
+      key_blocks_.push_back(keys);
       if (disk_) referenced_.resize(blocks_.size() * kRowsPerBlock, kFreeSlot);
     }
+    ++next_slot_;
   }
   return slot;
 }
@@ -390,7 +395,7 @@ uint64_t SparseTable::Partition::MemoryBytes() const {
   return index_.MemoryBytes() + pending_.MemoryBytes() +
          (pending_counts_.capacity() + pending_clocks_.capacity() + free_pending_.capacity()) *
              sizeof(uint32_t) +
-         arena_.mapped_bytes() +
+         arena_.resident_bound() + key_arena_.resident_bound() +
          free_slots_.capacity() * sizeof(uint32_t) + referenced_.capacity();
 }
 

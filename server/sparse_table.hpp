@@ -372,6 +372,7 @@ class SparseTable {
     // blocks of kRowsPerBlock rows each, and their keys, taken as the rows grow and kept until
     // the partition goes.
     HugePageArena arena_;
+    HugePageArena key_arena_;  // apart: blocks of one size per arena waste nothing
     std::vector<float*> blocks_;
     std::vector<uint64_t*> key_blocks_;
     std::vector<uint32_t> free_slots_;

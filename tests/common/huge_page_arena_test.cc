@@ -1,5 +1,6 @@
-// HugePageArena: blocks aligned, apart, writable and kept until the arena goes; a block larger
-// than a huge page gets a chunk of its own; a moved arena keeps its blocks.
+// HugePageArena: blocks aligned, apart, writable and kept until the arena goes; chunks hold many
+// blocks of any size; what counts as resident is what was handed out; a moved arena keeps its
+// blocks.
 #include "common/huge_page_arena.hpp"
 
 #include <gtest/gtest.h>
@@ -39,18 +40,37 @@ TEST(HugePageArenaTest, BlocksAreAlignedApartAndKeepWhatWasWritten) {
   }
 }
 
-TEST(HugePageArenaTest, ABlockLargerThanAHugePageGetsAChunkOfItsOwn) {
+TEST(HugePageArenaTest, ChunksHoldManyBlocksOfAnySizeAndOnlyWhatIsHandedOutCounts) {
+  // A block just over a huge page (a row block of 129 words): a chunk per block would leave
+  // half of each chunk unused.
   HugePageArena arena;
-  const size_t big = HugePageArena::kHugePage * 2 + 100;
-  char* p = static_cast<char*>(arena.Allocate(big));
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % HugePageArena::kHugePage, 0u);
-  EXPECT_EQ(arena.mapped_bytes(), 3 * HugePageArena::kHugePage);
-  p[0] = 1;
-  p[big - 1] = 2;
-  // What is left of that chunk serves the next small block.
-  char* q = static_cast<char*>(arena.Allocate(64));
-  EXPECT_GE(q, p + big);
-  EXPECT_EQ(arena.mapped_bytes(), 3 * HugePageArena::kHugePage);
+  const size_t big = 4096 * 129 * sizeof(float);
+  std::vector<char*> blocks;
+  for (int i = 0; i < 16; ++i) {
+    char* p = static_cast<char*>(arena.Allocate(big));
+    p[0] = static_cast<char>(i);
+    p[big - 1] = static_cast<char>(i);
+    blocks.push_back(p);
+  }
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(blocks[0]) % HugePageArena::kHugePage, 0u);
+  // One chunk for all 16, less than a huge page of it unused.
+  EXPECT_EQ(arena.mapped_bytes() % HugePageArena::kHugePage, 0u);
+  EXPECT_LT(arena.mapped_bytes(), 16 * big + HugePageArena::kHugePage);
+  for (int i = 1; i < 16; ++i) EXPECT_EQ(blocks[i], blocks[i - 1] + big);
+  EXPECT_GE(arena.resident_bound(), 16 * big);
+  EXPECT_LT(arena.resident_bound(), 16 * big + HugePageArena::kHugePage);
+  // Small blocks: the first chunk is two huge pages at most, and what counts is what was
+  // handed out, rounded up to a huge page.
+  HugePageArena keys;
+  keys.Allocate(4096 * sizeof(uint64_t));
+  EXPECT_LE(keys.mapped_bytes(), 2 * HugePageArena::kHugePage);
+  EXPECT_EQ(keys.resident_bound(), HugePageArena::kHugePage);
+  // A growing arena takes larger chunks, up to 64 MiB: few mappings for many blocks.
+  HugePageArena many;
+  for (int i = 0; i < 2000; ++i) many.Allocate(4096 * 18 * sizeof(float));
+  const uint64_t used = 2000ull * 4096 * 18 * sizeof(float);
+  EXPECT_GE(many.mapped_bytes(), used);
+  EXPECT_LT(many.resident_bound(), used + 64 * HugePageArena::kHugePage);
 }
 
 TEST(HugePageArenaTest, AMovedArenaKeepsItsBlocks) {

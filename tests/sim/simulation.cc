@@ -20,6 +20,7 @@
 
 #include "common/env.hpp"
 #include "common/manifest.hpp"
+#include "common/placement.hpp"
 #include "common/sharding.hpp"
 #include "common/wire.hpp"
 #include "server/checkpoint.hpp"
@@ -790,7 +791,15 @@ class Sim {
   const std::string& pull_mismatch() const { return pull_mismatch_; }
 
  private:
+  // The placement the job ends in: the serving shards it started with, changed to the scale
+  // tool's count once the tool has finished.
+  Placement FinalPlacement() const {
+    Placement p(job_.scale_to ? job_.serving : job_.shards);
+    if (has_tool_ && counts_.reshards > 0) p = p.Resized(job_.scale_to);
+    return p;
+  }
   void Record(uint32_t shard, const CheckpointBlock& b) {
+    const Placement final_placement = FinalPlacement();
     const auto kind = static_cast<CheckpointBlockKind>(b.kind);
     if (kind == CheckpointBlockKind::kSparseRows && b.count > 0) {
       const size_t row = b.bytes.size() / b.count;
@@ -798,6 +807,13 @@ class Sim {
         const char* p = b.bytes.data() + i * row;
         uint64_t key;
         std::memcpy(&key, p, sizeof(key));
+        // Held where the job's last placement puts it: a row left behind on a shard that no
+        // longer serves its key would never be read or updated again.
+        if (const uint32_t placed = final_placement.ShardOf(key); placed != shard) {
+          Fail("key " + std::to_string(key) + " of table " + std::to_string(b.table) +
+               " is held by shard " + std::to_string(shard) + " at the end, but placed on " +
+               std::to_string(placed));
+        }
         // The values and the optimizer's state; the clock word after the key is left out.
         if (!result_.model.emplace(std::make_pair(b.table, key), std::string(p + 12, row - 12))
                  .second) {
@@ -827,6 +843,11 @@ class Sim {
     if (b.count == 0 || live.begin >= live.end) return;
     const size_t arrays = (b.bytes.size() - header) / sizeof(float) / b.count;
     for (uint64_t e = live.begin; e < live.end; ++e) {
+      if (const uint32_t placed = final_placement.DenseShardOf(total, e); placed != shard) {
+        Fail("element " + std::to_string(e) + " of dense table " + std::to_string(b.table) +
+             " serves on shard " + std::to_string(shard) + " at the end, but is placed on " +
+             std::to_string(placed));
+      }
       std::string v;
       for (size_t a = 0; a < arrays; ++a) {
         const char* at = b.bytes.data() + header + (a * b.count + (e - held.begin)) * sizeof(float);
