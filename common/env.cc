@@ -109,8 +109,10 @@ class ZmqShardLinks final : public ShardLinks {
     char endpoint[96];
     std::snprintf(endpoint, sizeof(endpoint), "inproc://parasol-client-%p-%u-%d",
                   static_cast<void*>(this), s, opened_++);
-    if (zmq_socket_monitor(shards_[s].handle(), endpoint,
-                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    // A connection counts once its handshake succeeded: one the shard refuses at the handshake
+    // (a client without CURVE, or with a key it does not know) is made again and again, and
+    // would otherwise stretch the deadlines of the requests waiting on it for ever.
+    if (zmq_socket_monitor(shards_[s].handle(), endpoint, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
       return;  // without the monitor, restarts are still found by resends
     }
     monitors_[s] = zmq::socket_t(context_, zmq::socket_type::pair);
@@ -128,7 +130,7 @@ class ZmqShardLinks final : public ShardLinks {
         if (!n || event.empty() || event[0].size() < 2) break;
         uint16_t id;
         std::memcpy(&id, event[0].data(), 2);
-        if (id == ZMQ_EVENT_CONNECTED && ++connects_[s] > 1) reconnected_[s] = true;
+        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && ++connects_[s] > 1) reconnected_[s] = true;
       }
     }
   }

@@ -43,7 +43,8 @@ class ShardLinks {
   // The next reply from `shard` into `frames` (cleared first): false when none is waiting.
   virtual Result<bool> Receive(uint32_t shard, std::vector<zmq::message_t>* frames) = 0;
   // Whether `shard`'s connection was made again since the last call (the first connection is
-  // no reconnection): the shard may have restarted.
+  // no reconnection; a connection counts once its handshake succeeded, so one refused at the
+  // handshake is none): the shard may have restarted.
   virtual bool TakeReconnect(uint32_t shard) = 0;
   // The connection's security mechanism (ZMQ_NULL, ZMQ_CURVE).
   virtual int Mechanism(uint32_t shard) const = 0;
