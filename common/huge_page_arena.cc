@@ -32,6 +32,19 @@ void* MapAligned(size_t size) {
 
 }  // namespace
 
+void AdviseHugePages(void* p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  if (p == nullptr || bytes < 2 * HugePageArena::kHugePage) return;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = RoundUp(start, HugePageArena::kHugePage);
+  const uintptr_t last = (start + bytes) / HugePageArena::kHugePage * HugePageArena::kHugePage;
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 HugePageArena::~HugePageArena() { Release(); }
 
 HugePageArena::HugePageArena(HugePageArena&& other) noexcept

@@ -57,4 +57,24 @@ class HugePageArena {
   uint64_t closed_resident_ = 0;  // resident_bound() of the chunks before the newest
 };
 
+// Asks the kernel to back the whole 2 MiB-aligned pages inside [p, p + bytes) with huge pages
+// when they are first touched (a hint, as above; ranges under 4 MiB are left alone). For large
+// buffers of a restore that are filled right after (blocks read from a file, an index's
+// arrays): their 4 KiB faults cost as much as the restore's own work on a virtual machine.
+void AdviseHugePages(void* p, size_t bytes);
+
+// Empties `v` and reserves room for `n` elements in memory not touched yet, advised as above:
+// the elements are then added (resize, assign, push_back) with huge pages under them. Large
+// reservations come straight from the kernel (glibc maps them), so nothing in them was touched.
+template <typename Vector>
+void ReserveInHugePages(Vector& v, size_t n) {
+  if (v.capacity() >= n) {
+    v.clear();
+    return;
+  }
+  Vector().swap(v);
+  v.reserve(n);
+  AdviseHugePages(v.data(), n * sizeof(typename Vector::value_type));
+}
+
 }  // namespace parasol

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/hash.hpp"
+#include "common/huge_page_arena.hpp"
 #include "common/key_index.hpp"
 
 namespace parasol {
@@ -42,6 +43,7 @@ class SlotIndex {
   // Removes every key and sizes the index for `expected` keys without further growth.
   void Reset(size_t expected) {
     const size_t cap = KeyIndex::CapacityFor(expected);
+    if (slots_.capacity() < cap) ReserveInHugePages(slots_, cap);
     slots_.assign(cap, kAbsent);
     mask_ = cap - 1;
     size_ = 0;
@@ -134,7 +136,13 @@ class SlotIndex {
     const uint64_t digit_mask = (uint64_t{1} << digit) - 1;
     std::vector<std::vector<uint32_t>> counts(passes,
                                               std::vector<uint32_t>((size_t{1} << digit) + 1, 0));
-    std::vector<uint64_t> records(n), sorted(passes ? n : 0);
+    std::vector<uint64_t> records, sorted;
+    ReserveInHugePages(records, n);
+    records.resize(n);
+    if (passes) {
+      ReserveInHugePages(sorted, n);
+      sorted.resize(n);
+    }
     for (uint32_t s = 0; s < n; ++s) {
       const uint64_t bucket = Bucket(key_of(s));
       records[s] = (bucket << 32) | s;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/hash.hpp"
+#include "common/huge_page_arena.hpp"
 
 namespace parasol {
 namespace {
@@ -232,6 +233,7 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
     b.kind = rb.kind;
     b.table = rb.table;
     b.count = rb.count;
+    if (b.bytes.capacity() < rb.bytes) ReserveInHugePages(b.bytes, rb.bytes);
     b.bytes.resize(rb.bytes);
     if (!c.Read(b.bytes.data(), rb.bytes))
       return damaged("the file ends inside " + which, c.size());

@@ -963,7 +963,9 @@ Status ShardState::ApplySparse(const CheckpointBlock& b) {
   // Whatever an engine meets (out of memory) comes back as its status, not out of its thread.
   std::vector<Status> failed(engines);
   // Each engine's rows of the block, split here once (not by every engine reading every key).
-  std::vector<std::vector<uint32_t>> rows_of(engines);
+  std::vector<std::vector<uint32_t>>& rows_of = rows_of_;
+  rows_of.resize(engines);
+  for (auto& r : rows_of) r.clear();
   if (engines > 1) {
     for (auto& r : rows_of) r.reserve(b.count / engines + 4 * std::sqrt(double(b.count)) + 64);
     for (uint64_t i = 0; i < b.count; ++i) {

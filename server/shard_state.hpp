@@ -231,6 +231,9 @@ class ShardState {
   Status WaitApplying();
   std::future<Status> applying_;
   CheckpointBlock applying_block_;
+  // ApplySparse()'s rows of a block by engine, kept from block to block (its memory touched
+  // once per restore, not once per block).
+  std::vector<std::vector<uint32_t>> rows_of_;
   // Builds the indexes of the rows ApplySparse() appended (on the engines).
   Status FinishRestoredRows();
   // A delta's removed rows: taken out of the table.

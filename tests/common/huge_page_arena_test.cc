@@ -1,6 +1,6 @@
 // HugePageArena: blocks aligned, apart, writable and kept until the arena goes; chunks hold many
 // blocks of any size; what counts as resident is what was handed out; a moved arena keeps its
-// blocks.
+// blocks; a reservation in huge pages is empty, with room, and keeps what is added to it.
 #include "common/huge_page_arena.hpp"
 
 #include <gtest/gtest.h>
@@ -84,6 +84,28 @@ TEST(HugePageArenaTest, AMovedArenaKeepsItsBlocks) {
   c = std::move(b);
   for (uint64_t i = 0; i < 1024; ++i) ASSERT_EQ(p[i], i * 7);
   EXPECT_EQ(c.mapped_bytes(), HugePageArena::kHugePage);
+}
+
+TEST(HugePageArenaTest, AReservationInHugePagesIsEmptyWithRoomAndKeepsWhatIsAddedAfter) {
+  std::vector<uint64_t> v = {1, 2, 3};
+  // Large enough to be advised (8 MiB): emptied, with room for all of it.
+  ReserveInHugePages(v, 1 << 20);
+  EXPECT_TRUE(v.empty());
+  EXPECT_GE(v.capacity(), size_t{1} << 20);
+  const uint64_t* data = v.data();
+  for (uint64_t i = 0; i < (1u << 20); ++i) v.push_back(i * 7);
+  EXPECT_EQ(v.data(), data);  // no reallocation while it filled
+  for (uint64_t i = 0; i < (1u << 20); i += 4099) ASSERT_EQ(v[i], i * 7);
+  // Room enough already: only emptied, the same memory kept.
+  ReserveInHugePages(v, 1000);
+  EXPECT_TRUE(v.empty());
+  EXPECT_EQ(v.data(), data);
+  // Small ones and ranges shorter than two huge pages are left as they are.
+  std::vector<char> small;
+  ReserveInHugePages(small, 100);
+  EXPECT_GE(small.capacity(), 100u);
+  AdviseHugePages(nullptr, 1 << 30);
+  AdviseHugePages(small.data(), small.capacity());
 }
 
 }  // namespace
