@@ -12,7 +12,8 @@
 namespace parasol {
 namespace {
 
-// One DEALER socket per shard, each with a monitor whose CONNECTED events tell reconnections.
+// One DEALER socket per shard, each with a monitor whose HANDSHAKE_SUCCEEDED events tell
+// reconnections.
 class ZmqShardLinks final : public ShardLinks {
  public:
   ZmqShardLinks(const Manifest& manifest, uint32_t worker, const CurveKeyPair* keys,

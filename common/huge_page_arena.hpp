@@ -63,18 +63,20 @@ class HugePageArena {
 // arrays): their 4 KiB faults cost as much as the restore's own work on a virtual machine.
 void AdviseHugePages(void* p, size_t bytes);
 
-// Empties `v` and reserves room for `n` elements in memory not touched yet, advised as above:
-// the elements are then added (resize, assign, push_back) with huge pages under them. Large
-// reservations come straight from the kernel (glibc maps them), so nothing in them was touched.
+// Empties `v` and reserves room for `n` elements, advised as above: the elements are then added
+// (resize, assign, push_back) with huge pages under what was not touched yet. Large
+// reservations usually come straight from the kernel (glibc maps them), untouched. When the
+// memory cannot be had, `v` is left as it was (std::bad_alloc).
 template <typename Vector>
 void ReserveInHugePages(Vector& v, size_t n) {
   if (v.capacity() >= n) {
     v.clear();
     return;
   }
-  Vector().swap(v);
-  v.reserve(n);
-  AdviseHugePages(v.data(), n * sizeof(typename Vector::value_type));
+  Vector fresh;
+  fresh.reserve(n);
+  AdviseHugePages(fresh.data(), n * sizeof(typename Vector::value_type));
+  v.swap(fresh);
 }
 
 }  // namespace parasol

@@ -365,6 +365,9 @@ class Sim {
   }
   Reference& result() { return result_; }
   bool reported_loss() const { return reported_loss_; }
+  // Whether a restarted worker found its step's tick on some shards only (it died between its
+  // ticks, or failures overlapped): the one loss a single failure may cause.
+  bool loss_of_a_step() const { return loss_of_a_step_; }
   SimOutcome& counts() { return counts_; }
 
  private:
@@ -636,6 +639,7 @@ class Sim {
     if (!client.lost_step().empty()) {
       Log(client.lost_step());
       reported_loss_ = true;
+      loss_of_a_step_ = true;
     }
     // A worker that had finished goes on to the end as the trainer does (no step left): it
     // leaves and meets the others at the last barrier, so that a rollback before the job ends
@@ -1037,6 +1041,7 @@ class Sim {
   double seconds_ = 0;
   Reference result_;
   bool reported_loss_ = false;
+  bool loss_of_a_step_ = false;
   bool has_tool_ = false;  // workers_.back() is the scale tool
   SimOutcome counts_;
 };
@@ -1202,6 +1207,15 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
                                                  : " (and nothing reported a loss)");
   }
   out.single_failure = out.kind == SimOutcome::Kind::kReported && !overlapped;
+  // After one failure at a time the only loss a BSP job may report across a change of the
+  // shard count is a worker's death between its ticks (a step on some shards only): a loss of
+  // replays, or a worker that failed on one, is a failure of the protocol.
+  if (out.single_failure && !job.ssp && job.scale_to > 0 && !sim.loss_of_a_step()) {
+    out.kind = SimOutcome::Kind::kFailed;
+    out.single_failure = false;
+    out.failure = "after one failure at a time, a loss other than a worker's death between its "
+                  "ticks: " + out.failure;
+  }
   return out;
 }
 
