@@ -23,7 +23,11 @@ case "${1:-}" in
       echo "fuzz: clang with libFuzzer (clang, libclang-rt-14-dev) is not installed; skipped"
       exit 0
     fi
+    # -O1 and line tables only, as OSS-Fuzz builds its fuzzers: the reports keep their file and
+    # line, and the build takes about half the time of -O2 -g (CI builds it on 2 cores).
     cmake -S "$PARASOL_ROOT" -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
       -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPARASOL_FUZZ=ON \
       -DPARASOL_ENABLE_CUDA=OFF -DPARASOL_BUILD_TESTS=OFF -DPARASOL_BUILD_BENCH=OFF >/dev/null
     cmake --build "$fuzz_build" -j "$(nproc)" --target parasol_fuzzers

@@ -125,6 +125,14 @@ struct Conn {
   bool cut = false;    // the network between them is cut
   std::deque<Frames> queued;  // sent while not connected
   Clock::time_point last_to_shard{}, last_to_worker{};
+  // The replay the worker is sending on it (messages marked replay, sent at one instant to one
+  // process of the shard): the newest Clock it has sent so far.
+  struct {
+    bool active = false;
+    uint64_t epoch = 0;
+    Clock::time_point at{};
+    int64_t clock = INT64_MIN;
+  } replay;
 };
 
 struct WorkerProc {
@@ -285,8 +293,36 @@ class Sim {
     Result<Header> h = DecodeHeader(frames[0].data(), frames[0].size());
     return h.ok() && (h->op == Op::PushSparse || h->op == Op::PushDense);
   }
+  // A replay goes in clock order (worker/replay_plan.hpp): its Clocks one after another, each
+  // followed by its clock's pushes. The shard refuses a tick whose pushes are missing and takes
+  // them late, so a replay sent out of order would still end in the same model: this checks
+  // the order as it is sent.
+  void CheckReplayOrder(WorkerProc& w, uint32_t s, const Frames& frames) {
+    if (frames.empty()) return;
+    Result<Header> h = DecodeHeader(frames[0].data(), frames[0].size());
+    if (!h.ok()) return;
+    auto& r = ConnOf(w.rank, s).replay;
+    if (!h->replay) {
+      r.active = false;
+      return;
+    }
+    if (!r.active || r.epoch != h->known_epoch || r.at != now_) {
+      r.active = true;
+      r.epoch = h->known_epoch;
+      r.at = now_;
+      r.clock = INT64_MIN;
+    }
+    if (h->op != Op::Clock) return;
+    if (r.clock != INT64_MIN && h->clock != r.clock + 1) {
+      Fail(Name(w) + "'s replay to shard " + std::to_string(s) + " sent its Clock to " +
+           std::to_string(h->clock) + " right after its Clock to " + std::to_string(r.clock) +
+           " (a replay's Clocks go up one at a time)");
+    }
+    r.clock = h->clock;
+  }
   void Send(WorkerProc& w, uint32_t s, Frames frames) {
     if (w.killed) return;
+    CheckReplayOrder(w, s, frames);
     if (w.kill_at_send > 0 && --w.kill_at_send == 0) {
       // Killed as it sends: this message and the rest of the step are never sent.
       Log(Name(w) + " killed as it sends to shard " +

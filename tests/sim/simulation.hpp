@@ -13,7 +13,8 @@
 //
 // Checks as it runs: every pull a worker makes at step s returns the values a run without
 // faults pulled there (so no push is applied twice or lost, and clocks release in order), a
-// worker's clock only moves forward, each worker's push log stays within its bound. At the end:
+// worker's clock only moves forward, each worker's push log stays within its bound, a replay is
+// sent in clock order (its Clocks up one at a time). At the end:
 // every table's rows and dense values equal the run without faults, bit for bit. When two
 // failures overlap so that acknowledged updates are lost (a worker died with the log a
 // restarted shard needed), the job must say so (a shard's lost_replays, or a worker's error
