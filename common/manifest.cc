@@ -705,6 +705,7 @@ Status ParseCheckpoint(MapReader& root, CheckpointOptions* c, uint64_t max_reque
   PARASOL_RETURN_IF_ERROR(r.Unsigned("keep", 1, 1000, &c->keep));
   PARASOL_RETURN_IF_ERROR(r.Bool("restore", &c->restore));
   PARASOL_RETURN_IF_ERROR(r.Bool("background", &c->background));
+  PARASOL_RETURN_IF_ERROR(r.Bytes("copy_below", 0, &c->copy_below));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("full_every", 1, 1000000, &c->full_every));
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_log_bytes", 1 << 20, &c->max_log_bytes));
   PARASOL_RETURN_IF_ERROR(r.DurationMs("min_interval", &c->min_interval_ms));

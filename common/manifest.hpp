@@ -220,10 +220,15 @@ struct CheckpointOptions {
   int64_t every_seconds = 0;   // and/or this often (0: never)
   uint32_t keep = 3;           // newest checkpoints kept per shard
   bool restore = true;         // a starting shard loads its newest good checkpoint
-  // Periodic and requested checkpoints are written by a forked copy of the shard while it goes
-  // on serving (false: on the request thread, which stops serving meanwhile). Shards with a
+  // Periodic and requested checkpoints are written in the background while the shard goes on
+  // serving (false: on the request thread, which stops serving meanwhile). Shards with a
   // tiered table always write in the foreground.
   bool background = true;
+  // In the background, a state whose tables take at most this many bytes is copied at the
+  // checkpoint's moment and written by a thread; a larger one by a forked copy of the shard
+  // (its pages shared copy-on-write). A fork costs its page tables and a page copied at each
+  // first write while the child lives: more than copying a small state whole. 0: always fork.
+  uint64_t copy_below = 32ull << 20;
   // Every full_every-th checkpoint is full; those between are deltas: the rows updated or
   // removed since the checkpoint before, and the whole of everything else (1: all full).
   uint32_t full_every = 1;

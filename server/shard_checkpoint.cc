@@ -44,24 +44,87 @@ CheckpointHeader ShardServer::NextCheckpointHeader(bool final) const {
   return h;
 }
 
-Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& h,
-                               const DeltaSpec* delta, uint64_t* bytes) {
+Status ShardServer::SaveState(const std::function<Status(const CheckpointBlock&)>& sink,
+                              const DeltaSpec* delta) {
   std::function<bool(uint64_t)> keeps;
   if (!membership_.server_changes().empty() || staged_rows_) {
     keeps = [this](uint64_t key) { return KeepsKey(key); };
   }
   const ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(),
                          aggregates_, engines_.size(), membership_, &migration_, std::move(keeps));
+  return state.Save(sink, checkpoint_block_bytes_, delta);
+}
+
+Status ShardServer::WriteState(const std::string& path, const CheckpointHeader& h,
+                               const DeltaSpec* delta, uint64_t* bytes) {
   // Streamed: each block is written as the state produces it (a tiered table's rows need not
   // fit in memory).
   return WriteCheckpointFile(path, h, [&](const CheckpointBlockSink& sink) {
-    return state.Save(
+    return SaveState(
         [&](const CheckpointBlock& b) {
           *bytes += b.bytes.size();
           return sink(b);
         },
-        checkpoint_block_bytes_, delta);
+        delta);
   }, env_);
+}
+
+bool ShardServer::StagedCheckpointFits() const {
+  if (manifest_.checkpoint.copy_below == 0) return false;
+  uint64_t bytes = 0;
+  for (const auto& t : sparse_) {
+    if (t) bytes += t->MemoryBytes();
+  }
+  for (const auto& t : dense_) {
+    if (t) bytes += t->MemoryBytes();
+  }
+  for (const auto& [c, agg] : aggregates_) bytes += agg->MemoryBytes();
+  return bytes <= manifest_.checkpoint.copy_below;
+}
+
+Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint bg, const DeltaSpec* delta) {
+  auto staged = std::make_shared<StagedCheckpoint>();
+  // The memory of the last one's blocks, reused: no page of it is new.
+  staged->blocks = std::move(staged_spare_);
+  staged_spare_.clear();
+  size_t n = 0;
+  const Status saved = SaveState(
+      [&](const CheckpointBlock& b) {
+        if (n == staged->blocks.size()) staged->blocks.emplace_back();
+        CheckpointBlock& copy = staged->blocks[n++];
+        copy.kind = b.kind;
+        copy.table = b.table;
+        copy.count = b.count;
+        copy.bytes.assign(b.bytes.begin(), b.bytes.end());
+        staged->bytes += b.bytes.size();
+        return Status::Ok();
+      },
+      delta);
+  if (!saved.ok()) {
+    checkpoint_owed_ = true;  // retried by MaybeCheckpoint() in a second
+    force_full_ = true;       // the rows it removed are recorded nowhere else
+    last_checkpoint_failure_ = env_->Now();
+    return saved;
+  }
+  staged->blocks.resize(n);
+  // Only the copy, the path and the header go to the thread: it reads nothing of the shard's.
+  StagedCheckpoint* work = staged.get();
+  Env* env = env_;
+  staged->thread = std::thread([work, env, path = bg.path, header = bg.header] {
+    Status st;
+    try {
+      st = WriteCheckpointFile(path, header, work->blocks, env);
+    } catch (const std::exception& e) {
+      st = IoError("cannot write '" + path + "': " + e.what());
+    }
+    work->status = st;
+    work->done.store(true, std::memory_order_release);
+  });
+  bg.staged = std::move(staged);
+  bg.pause_ms = std::chrono::duration<double, std::milli>(env_->Now() - bg.start).count();
+  checkpoints_begun_ = std::max(checkpoints_begun_, bg.header.sequence);
+  background_ = std::move(bg);
+  return Status::Ok();
 }
 
 Status ShardServer::VisitModel(const std::function<void(const CheckpointBlock&)>& visit) {
@@ -207,6 +270,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.stamp = StateStamp();
   bg.pushed_at_start = push_gate_.pushed_since_checkpoint();
   bg.start = start;
+  if (StagedCheckpointFits()) return BeginStagedCheckpoint(std::move(bg), delta ? &*delta : nullptr);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     force_full_ = true;
@@ -278,6 +342,18 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
 
 void ShardServer::PollBackgroundCheckpoint(bool wait) {
   if (!background_) return;
+  if (background_->staged) {
+    StagedCheckpoint& staged = *background_->staged;
+    if (!wait && !staged.done.load(std::memory_order_acquire)) return;  // still writing
+    staged.thread.join();
+    BackgroundCheckpoint bg = std::move(*background_);
+    background_.reset();
+    Status st = staged.status;
+    if (!st.ok()) st = IoError("the background checkpoint " + bg.path + " failed: " + st.ToString());
+    staged_spare_ = std::move(staged.blocks);
+    FinishBackgroundCheckpoint(bg, st, staged.bytes);
+    return;
+  }
   int status = 0;
   pid_t done;
   do {
@@ -295,8 +371,6 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
   char buf[512];
   for (ssize_t n; (n = ::read(bg.result_fd, buf, sizeof(buf))) > 0;) said.append(buf, n);
   ::close(bg.result_fd);
-  const double seconds =
-      std::chrono::duration<double>(env_->Now() - bg.start).count();
   Status st;
   if (done < 0) {
     // Not waitable (SIGCHLD ignored): the child's own word says how it went.
@@ -313,10 +387,17 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
                                    : "its process exited with code " +
                                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1)));
   }
+  FinishBackgroundCheckpoint(bg, st, st.ok() ? std::strtoull(said.c_str(), nullptr, 10) : 0);
+}
+
+void ShardServer::FinishBackgroundCheckpoint(BackgroundCheckpoint& bg, const Status& st,
+                                             uint64_t bytes) {
+  const double seconds = std::chrono::duration<double>(env_->Now() - bg.start).count();
   if (st.ok()) {
-    CheckpointWritten(bg.header, bg.path, bg.reason + ", in the background", bg.stamp,
-                      bg.pushed_at_start, seconds, bg.pause_ms,
-                      std::strtoull(said.c_str(), nullptr, 10), bg.begun_clock);
+    CheckpointWritten(bg.header, bg.path,
+                      bg.reason + (bg.staged ? ", copied, in the background" : ", in the background"),
+                      bg.stamp,
+                      bg.pushed_at_start, seconds, bg.pause_ms, bytes, bg.begun_clock);
   } else {
     (void)env_->Files()->Remove(bg.path + ".tmp");
     requested_checkpoint_stamp_ = ~uint64_t{0};  // a request asked again writes again

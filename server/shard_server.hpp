@@ -25,6 +25,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -271,9 +272,20 @@ class ShardServer {
   // Checkpoints in the background (checkpoint.background): the shard forks, and the child, a
   // copy-on-write image of the shard at that moment, writes the file while this process goes
   // on serving. The count in replies moves on once the child has made the file durable.
+  // A small state's checkpoint, copied into memory at its moment and written by a thread of
+  // this process (a fork costs more than such a state's whole write: its page tables, and a
+  // page copied at each first write while the child lives).
+  struct StagedCheckpoint {
+    std::vector<CheckpointBlock> blocks;  // the file's blocks, as the state produced them
+    uint64_t bytes = 0;                   // their payload bytes
+    std::thread thread;                   // writes them (WriteCheckpointFile)
+    std::atomic<bool> done{false};
+    Status status;                        // set before done
+  };
   struct BackgroundCheckpoint {
     pid_t pid = -1;
     int result_fd = -1;  // the child writes the bytes it wrote, or "!" and its error
+    std::shared_ptr<StagedCheckpoint> staged;  // instead of a child: joined before it goes
     CheckpointHeader header;
     std::string path;
     std::string reason;
@@ -306,6 +318,8 @@ class ShardServer {
   // Reaps a finished background checkpoint (waits for it with `wait`): moves the count on, or
   // marks one owed; answers the requests waiting for it.
   void PollBackgroundCheckpoint(bool wait);
+  // A background checkpoint ended (`st`): counted and pruned, or owed again; its waiters answered.
+  void FinishBackgroundCheckpoint(BackgroundCheckpoint& bg, const Status& st, uint64_t bytes);
   void WaitForBackgroundCheckpoint();
   // Begins a checkpoint for the requests in checkpoint_waiters_, once none is being written.
   void StartRequestedCheckpoint();
@@ -313,6 +327,15 @@ class ShardServer {
   // Writes the shard's state as the checkpoint `h` at `path`; adds the payload bytes to *bytes.
   Status WriteState(const std::string& path, const CheckpointHeader& h, const DeltaSpec* delta,
                     uint64_t* bytes);
+  // The shard's state (or its delta) as checkpoint blocks, each handed to `sink` in file order.
+  Status SaveState(const std::function<Status(const CheckpointBlock&)>& sink,
+                   const DeltaSpec* delta);
+  // Whether the state's tables take at most checkpoint.copy_below bytes: its background
+  // checkpoint is then a copy written by a thread (StagedCheckpoint), else a forked child.
+  bool StagedCheckpointFits() const;
+  Status BeginStagedCheckpoint(BackgroundCheckpoint bg, const DeltaSpec* delta);
+  // The blocks of the last staged checkpoint written: their memory, reused by the next one.
+  std::vector<CheckpointBlock> staged_spare_;
   // Incremental checkpoints (checkpoint.full_every > 1): the next checkpoint, `sequence`, is a
   // delta (returned) when the chain allows it, else full. Takes the removed rows recorded.
   std::optional<DeltaSpec> NextDelta(uint64_t sequence);

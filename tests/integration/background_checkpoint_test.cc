@@ -76,8 +76,20 @@ class BackgroundCheckpointTest : public ::testing::Test {
   std::string ckpt_;
 };
 
-TEST_F(BackgroundCheckpointTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChanging) {
-  TestCluster cluster(1, 2, kTables, Extra());
+// Both ways a checkpoint is written in the background: this small shard's state copied and
+// written by a thread (checkpoint.copy_below, the default for it), and a forked copy of the shard
+// (copy_below: 0).
+class BackgroundWriteTest : public BackgroundCheckpointTest,
+                            public ::testing::WithParamInterface<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(Ways, BackgroundWriteTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "forked" : "copied";
+                         });
+
+TEST_P(BackgroundWriteTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChanging) {
+  const bool forked = GetParam();
+  TestCluster cluster(1, 2, kTables, Extra() + (forked ? "  copy_below: 0\n" : ""));
   cluster.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
   ASSERT_TRUE(cluster.Start());
   auto a = cluster.Connect(0);
@@ -151,7 +163,9 @@ TEST_F(BackgroundCheckpointTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKee
   auto stats = observer->StatsOf(0);
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(std::stoull(StatsField(*stats, "checkpoints")), checkpoints) << *stats;
-  EXPECT_NE(cluster.ServerLog(0).find("in the background"), std::string::npos);
+  const std::string log = cluster.ServerLog(0);
+  EXPECT_NE(log.find("in the background"), std::string::npos);
+  EXPECT_EQ(log.find("copied, in the background") == std::string::npos, forked) << log;
 }
 
 TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) {
