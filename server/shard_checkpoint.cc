@@ -82,7 +82,7 @@ bool ShardServer::StagedCheckpointFits() const {
   return bytes <= manifest_.checkpoint.copy_below;
 }
 
-Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint bg, const DeltaSpec* delta) {
+Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint& bg, const DeltaSpec* delta) {
   auto staged = std::make_shared<StagedCheckpoint>();
   // The memory of the last one's blocks, reused: no page of it is new.
   staged->blocks = std::move(staged_spare_);
@@ -270,7 +270,16 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.stamp = StateStamp();
   bg.pushed_at_start = push_gate_.pushed_since_checkpoint();
   bg.start = start;
-  if (StagedCheckpointFits()) return BeginStagedCheckpoint(std::move(bg), delta ? &*delta : nullptr);
+  if (StagedCheckpointFits()) {
+    try {
+      return BeginStagedCheckpoint(bg, delta ? &*delta : nullptr);
+    } catch (const std::exception& e) {
+      // No memory for the copy, or no thread: a forked child writes it instead.
+      staged_spare_ = {};
+      spdlog::warn("shard {}: cannot copy the state for a background checkpoint ({}); forking",
+                   rank_, e.what());
+    }
+  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     force_full_ = true;

@@ -333,7 +333,9 @@ class ShardServer {
   // Whether the state's tables take at most checkpoint.copy_below bytes: its background
   // checkpoint is then a copy written by a thread (StagedCheckpoint), else a forked child.
   bool StagedCheckpointFits() const;
-  Status BeginStagedCheckpoint(BackgroundCheckpoint bg, const DeltaSpec* delta);
+  // Copies the state and starts the thread that writes it; `bg` is moved into background_
+  // once both are done (an exception, out of memory or out of threads, leaves it as it was).
+  Status BeginStagedCheckpoint(BackgroundCheckpoint& bg, const DeltaSpec* delta);
   // The blocks of the last staged checkpoint written: their memory, reused by the next one.
   std::vector<CheckpointBlock> staged_spare_;
   // Incremental checkpoints (checkpoint.full_every > 1): the next checkpoint, `sequence`, is a
