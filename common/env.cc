@@ -2,10 +2,12 @@
 
 #include <zmq_addon.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <random>
+#include <thread>
 
 #include "common/transport.hpp"
 
@@ -166,7 +168,30 @@ class RealEnv final : public Env {
   }
 };
 
+// A thread of its own; joined by Wait() or when dropped.
+class ThreadTask final : public AsideTask {
+ public:
+  explicit ThreadTask(std::function<void()> work)
+      : thread_([this, work = std::move(work)] {
+          work();
+          done_.store(true, std::memory_order_release);
+        }) {}
+  ~ThreadTask() override { Wait(); }
+  bool Done() override { return done_.load(std::memory_order_acquire); }
+  void Wait() override {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // after done_: started once it exists
+};
+
 }  // namespace
+
+std::unique_ptr<AsideTask> Env::RunAside(std::function<void()> work) {
+  return std::make_unique<ThreadTask>(std::move(work));
+}
 
 Env* Env::Real() {
   static RealEnv env;

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,17 @@ class ShardLinks {
   virtual int Mechanism(uint32_t shard) const = 0;
 };
 
+// Work run beside its caller (a shard's background checkpoint write), made by Env::RunAside.
+class AsideTask {
+ public:
+  virtual ~AsideTask() = default;
+  // Whether the work has ended.
+  virtual bool Done() = 0;
+  // Until it has ended, or (the simulation's, for a process killed meanwhile) until it is
+  // known that it never will run.
+  virtual void Wait() = 0;
+};
+
 class Env {
  public:
   using Clock = std::chrono::steady_clock;
@@ -71,6 +83,10 @@ class Env {
   // What to do at fault point `point` now (common/fault_points.hpp lists them). kKill never
   // returns from the real one.
   virtual Fault Hit(std::string_view point) { return FaultPoints::Get().Hit(point); }
+  // Runs `work` beside the caller: the real one on a thread of its own, the simulation's as an
+  // event of its schedule (so a seed still replays exactly). The work must touch nothing its
+  // caller goes on using.
+  virtual std::unique_ptr<AsideTask> RunAside(std::function<void()> work);
 };
 
 }  // namespace parasol

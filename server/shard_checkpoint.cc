@@ -107,10 +107,10 @@ Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint& bg, const DeltaS
     return saved;
   }
   staged->blocks.resize(n);
-  // Only the copy, the path and the header go to the thread: it reads nothing of the shard's.
+  // Only the copy, the path and the header go to the writer: it reads nothing of the shard's.
   StagedCheckpoint* work = staged.get();
   Env* env = env_;
-  staged->thread = std::thread([work, env, path = bg.path, header = bg.header] {
+  staged->task = env_->RunAside([work, env, path = bg.path, header = bg.header] {
     Status st;
     try {
       st = WriteCheckpointFile(path, header, work->blocks, env);
@@ -118,7 +118,7 @@ Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint& bg, const DeltaS
       st = IoError("cannot write '" + path + "': " + e.what());
     }
     work->status = st;
-    work->done.store(true, std::memory_order_release);
+    work->written = true;
   });
   bg.staged = std::move(staged);
   bg.pause_ms = std::chrono::duration<double, std::milli>(env_->Now() - bg.start).count();
@@ -238,13 +238,9 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
 
 bool ShardServer::CanCheckpointInBackground() const {
   // A tiered table's disk rows are read through RocksDB, whose threads a child process does
-  // not have: those shards write their checkpoints in the foreground.
+  // not have, and which a copy would read whole: those shards write their checkpoints in the
+  // foreground.
   if (disk_) return false;
-  // An in-process driver (a reply sink: the request fuzzer) has every answer at once, and its
-  // process is no shard to copy.
-  if (reply_sink_) return false;
-  // A child process writes the OS's files only (a simulated shard's are in its parent).
-  if (env_->Files() != FileSystem::Real()) return false;
   return manifest_.checkpoint.background;
 }
 
@@ -258,6 +254,11 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   }
   next_checkpoint_reason_.clear();
   if (!CanCheckpointInBackground()) return SaveCheckpoint(reason);
+  // A child process writes the OS's files only (a simulated shard's are in its parent), and an
+  // in-process driver (a reply sink: the request fuzzer, the simulation) is no process to copy.
+  const bool may_fork = env_->Files() == FileSystem::Real() && !reply_sink_;
+  const bool fits = StagedCheckpointFits();
+  if (!fits && !may_fork) return SaveCheckpoint(reason);
   FinishDeferredApply();  // a checkpoint holds whole clocks: the engines are idle from here
   const auto start = env_->Now();
   BackgroundCheckpoint bg;
@@ -270,14 +271,18 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   bg.stamp = StateStamp();
   bg.pushed_at_start = push_gate_.pushed_since_checkpoint();
   bg.start = start;
-  if (StagedCheckpointFits()) {
+  if (fits) {
     try {
       return BeginStagedCheckpoint(bg, delta ? &*delta : nullptr);
     } catch (const std::exception& e) {
       // No memory for the copy, or no thread: a forked child writes it instead.
       staged_spare_ = {};
-      spdlog::warn("shard {}: cannot copy the state for a background checkpoint ({}); forking",
-                   rank_, e.what());
+      spdlog::warn("shard {}: cannot copy the state for a background checkpoint ({}); {}",
+                   rank_, e.what(), may_fork ? "forking" : "writing it in the foreground");
+    }
+    if (!may_fork) {
+      force_full_ = true;  // the rows removed since the last one were taken for it
+      return SaveCheckpoint(reason);
     }
   }
   int fds[2];
@@ -353,11 +358,11 @@ void ShardServer::PollBackgroundCheckpoint(bool wait) {
   if (!background_) return;
   if (background_->staged) {
     StagedCheckpoint& staged = *background_->staged;
-    if (!wait && !staged.done.load(std::memory_order_acquire)) return;  // still writing
-    staged.thread.join();
+    if (!wait && !staged.task->Done()) return;  // still writing
+    staged.task->Wait();
     BackgroundCheckpoint bg = std::move(*background_);
     background_.reset();
-    Status st = staged.status;
+    Status st = staged.written ? staged.status : Unavailable("its write never ran");
     if (!st.ok()) st = IoError("the background checkpoint " + bg.path + " failed: " + st.ToString());
     staged_spare_ = std::move(staged.blocks);
     FinishBackgroundCheckpoint(bg, st, staged.bytes);

@@ -25,7 +25,6 @@
 #include <set>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -272,15 +271,17 @@ class ShardServer {
   // Checkpoints in the background (checkpoint.background): the shard forks, and the child, a
   // copy-on-write image of the shard at that moment, writes the file while this process goes
   // on serving. The count in replies moves on once the child has made the file durable.
-  // A small state's checkpoint, copied into memory at its moment and written by a thread of
-  // this process (a fork costs more than such a state's whole write: its page tables, and a
-  // page copied at each first write while the child lives).
+  // A small state's checkpoint, copied into memory at its moment and written beside the
+  // request thread (Env::RunAside: a thread of this process, or an event of the simulation's
+  // schedule). A fork costs more than such a state's whole write: its page tables, and a page
+  // copied at each first write while the child lives.
   struct StagedCheckpoint {
     std::vector<CheckpointBlock> blocks;  // the file's blocks, as the state produced them
     uint64_t bytes = 0;                   // their payload bytes
-    std::thread thread;                   // writes them (WriteCheckpointFile)
-    std::atomic<bool> done{false};
-    Status status;                        // set before done
+    // Set by the work (WriteCheckpointFile) before the task is done; not set: it never ran.
+    bool written = false;
+    Status status;
+    std::unique_ptr<AsideTask> task;
   };
   struct BackgroundCheckpoint {
     pid_t pid = -1;

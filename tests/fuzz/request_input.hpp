@@ -128,7 +128,8 @@ inline std::string ManifestText(const JobSpec& s, const std::string& checkpoint_
     y += std::string(", worker_timeout: 1ms, on_worker_loss: ") +
          (s.loss == JobSpec::Loss::kFail ? "fail" : "continue") + "}\n";
   }
-  y += "checkpoint: {dir: '" + checkpoint_dir + "', keep: 2, every_steps: 2}\n";
+  // Written in the foreground: the fuzzer takes every answer at once, and polls for none.
+  y += "checkpoint: {dir: '" + checkpoint_dir + "', keep: 2, every_steps: 2, background: false}\n";
   // s_ftrl is tiered in the jobs with one engine thread: opening the disk tier (RocksDB) for
   // every input would slow the other half down sevenfold.
   std::string tables = kTablesYaml;

@@ -84,7 +84,7 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
                           ", worker_timeout: 60s}\n"
                     : std::string("training: {consistency: bsp, worker_timeout: 60s}\n")) +
          "checkpoint: {dir: " + dir + ", every_steps: " + std::to_string(job.every_steps) +
-         ", keep: 3, background: false}\n"
+         ", keep: 3, background: " + (job.background ? "true" : "false") + "}\n" +
          "tables:\n"
          "  - {name: e, kind: sparse, dim: " + std::to_string(kDim) +
          (job.ssp ? ", init: {kind: zeros}" : "") + ", optimizer: {kind: sgd, lr: 0.5}}\n"
@@ -107,6 +107,7 @@ class SimEnv final : public Env {
                                                  const std::vector<std::string>&) override;
   FileSystem* Files() override;
   Fault Hit(std::string_view point) override;
+  std::unique_ptr<AsideTask> RunAside(std::function<void()> work) override;
 
  private:
   Sim* sim_;
@@ -153,6 +154,14 @@ struct WorkerProc {
   Clock::time_point started{};  // when this process started
 };
 
+// Work a shard runs beside its requests (a background checkpoint's write): an event of the
+// schedule, run when it comes unless the process died first; Wait() runs it now, unless the
+// process is being killed (its destructor waits): then it never runs.
+struct AsideWork {
+  std::function<void()> work;
+  bool done = false;
+};
+
 struct ShardProc {
   std::unique_ptr<SimEnv> env;
   std::unique_ptr<ShardServer> server;
@@ -164,6 +173,7 @@ struct ShardProc {
   Clock::time_point die_by{};
   // Dead since a fault point: what it does until the kill takes effect reaches no one.
   bool dying = false;
+  bool killing = false;  // its process is being destroyed (KillShard)
   uint64_t lost_replays = 0;  // over all its processes
   bool restart_due = false;
   Clock::time_point up_since{};
@@ -399,6 +409,15 @@ class Sim {
     At(now_, [this, s, host] { KillShard(s, host); });
     return Fault::kNone;
   }
+  // Shard s's work beside its requests (SimEnv::RunAside): an event 1 to 100 ms from now, for
+  // the process that asked only.
+  std::unique_ptr<AsideTask> RunAside(uint32_t s, std::function<void()> work);
+  void RunAsideNow(uint32_t s, AsideWork& w) {
+    if (w.done || shards_[s].killing) return;  // a killed process's never runs
+    w.work();
+    w.done = true;
+    ++counts_.aside_writes;
+  }
   Reference& result() { return result_; }
   bool reported_loss() const { return reported_loss_; }
   // Whether a restarted worker found its step's tick on some shards only (it died between its
@@ -537,7 +556,13 @@ class Sim {
     ShardProc& p = shards_[s];
     if (!p.server) return;
     NoteLost(p);
+    // As kill -9: what its destructor would still do (a background write it waits for, replies
+    // to what it held) reaches neither its disk nor anyone.
+    p.killing = true;
+    p.dying = true;
+    fs_.Freeze(ShardPrefix(s));
     p.server.reset();
+    p.killing = false;
     p.restart_due = true;
     p.dying = false;
     p.die_hits = 0;
@@ -1122,6 +1147,33 @@ class SimLinks final : public ShardLinks {
   std::set<uint32_t> opened_;
 };
 
+class SimAsideTask final : public AsideTask {
+ public:
+  SimAsideTask(Sim* sim, uint32_t shard, std::shared_ptr<AsideWork> work)
+      : sim_(sim), shard_(shard), work_(std::move(work)) {}
+  bool Done() override { return work_->done; }
+  void Wait() override { sim_->RunAsideNow(shard_, *work_); }
+
+ private:
+  Sim* sim_;
+  uint32_t shard_;
+  std::shared_ptr<AsideWork> work_;
+};
+
+std::unique_ptr<AsideTask> Sim::RunAside(uint32_t s, std::function<void()> work) {
+  auto w = std::make_shared<AsideWork>();
+  w->work = std::move(work);
+  const uint32_t restarts = shards_[s].restarts;
+  std::weak_ptr<AsideWork> weak = w;
+  At(now_ + milliseconds(1 + Draw(100)), [this, s, restarts, weak] {
+    std::shared_ptr<AsideWork> w = weak.lock();
+    const ShardProc& p = shards_[s];
+    if (!w || p.restarts != restarts || !p.server || p.dying) return;
+    RunAsideNow(s, *w);
+  });
+  return std::make_unique<SimAsideTask>(this, s, std::move(w));
+}
+
 std::unique_ptr<ShardLinks> Sim::Links(uint32_t worker) {
   return std::make_unique<SimLinks>(this, &workers_[worker]);
 }
@@ -1132,6 +1184,16 @@ Fault SimEnv::Hit(std::string_view point) {
   return shard_ >= 0 ? sim_->Hit(static_cast<uint32_t>(shard_), point) : Fault::kNone;
 }
 uint64_t SimEnv::Random64() { return sim_->Random64(); }
+std::unique_ptr<AsideTask> SimEnv::RunAside(std::function<void()> work) {
+  if (shard_ >= 0) return sim_->RunAside(static_cast<uint32_t>(shard_), std::move(work));
+  // No worker runs work aside; were one to, it runs now, as one event.
+  work();
+  struct Ran final : AsideTask {
+    bool Done() override { return true; }
+    void Wait() override {}
+  };
+  return std::make_unique<Ran>();
+}
 Result<std::unique_ptr<ShardLinks>> SimEnv::LinkShards(const Manifest&, uint32_t,
                                                        const CurveKeyPair*,
                                                        const std::vector<std::string>&) {
@@ -1144,14 +1206,14 @@ Result<std::unique_ptr<ShardLinks>> SimEnv::LinkShards(const Manifest&, uint32_t
 std::string SimJob::ToString() const {
   return std::to_string(workers) + " workers, " + std::to_string(shards) + " shards, " +
          std::to_string(steps) + " steps, a checkpoint every " + std::to_string(every_steps) +
-         (fused ? ", fused steps" : "") +
+         (fused ? ", fused steps" : "") + (background ? ", checkpoints in the background" : "") +
          (asp ? ", ASP" : ssp ? ", SSP with staleness " + std::to_string(staleness) : "") +
          (scale_to ? ", " + std::to_string(serving) + " serving then " + std::to_string(scale_to) +
                          " (the scale tool)"
                    : "");
 }
 
-SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard) {
+SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard, bool background) {
   std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
   SimJob job;
   job.workers = 2 + static_cast<uint32_t>(rng() % 3);
@@ -1168,6 +1230,11 @@ SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard) {
   if (asp) {
     job.ssp = job.asp = true;
     job.staleness = 0;
+  }
+  if (background) {
+    // From a stream of its own: the rest of a seed's job stays what it was.
+    std::mt19937_64 more(Mix(seed) ^ 0xbac6);
+    job.background = more() % 4 != 0;
   }
   if (reshard) {
     // From a stream of its own too: 1 to 3 shards serve at first, and the tool grows or
@@ -1190,7 +1257,8 @@ Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
 }
 
 SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
-  const SimJob job = JobOf(options.seed, options.ssp, options.asp, options.reshard);
+  const SimJob job =
+      JobOf(options.seed, options.ssp, options.asp, options.reshard, options.background);
   Sim sim(job, options.seed, &options, &reference);
   sim.Run();
   SimOutcome out = sim.counts();
@@ -1212,8 +1280,13 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   if (!sim.failure().empty()) {
     const bool worker_stopped =
         sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
+    // Across a change of the shard count, the scale tool too: it waits for the pushes a shard
+    // lost (Migrate: "has not applied every push before clock C yet") until its time is up.
+    const bool tool_stopped =
+        job.scale_to > 0 && sim.failure().rfind("the scale tool failed: ", 0) == 0;
     // A job that stops is a failure, unless what stopped it is a loss it could not undo.
-    out.kind = cannot_roll_back(sim.failure()) || (reported_without_rollback && worker_stopped)
+    out.kind = cannot_roll_back(sim.failure()) ||
+                       (reported_without_rollback && (worker_stopped || tool_stopped))
                    ? SimOutcome::Kind::kReported
                    : SimOutcome::Kind::kFailed;
     out.failure = sim.failure();

@@ -8,8 +8,10 @@
 //
 // The network delivers in order per connection, with random delays; a connection that breaks
 // drops what was on its way; what a worker sends while it is down is queued for the new
-// connection (a ZeroMQ DEALER's pipe outlives its connections). A killed shard restarts from its newest
-// checkpoint (real files, in a temporary folder of its own).
+// connection (a ZeroMQ DEALER's pipe outlives its connections). A killed shard restarts from its
+// newest checkpoint. In 3 seeds of 4 shards write their periodic checkpoints in the background:
+// the state copied at the checkpoint's moment, the file written by an event of the schedule 1 to
+// 100 ms later (Env::RunAside), so requests, kills and crashes land while it is being written.
 //
 // Checks as it runs: every pull a worker makes at step s returns the values a run without
 // faults pulled there (so no push is applied twice or lost, and clocks release in order), a
@@ -43,6 +45,11 @@ struct SimOptions {
   // not synced (tests/sim/sim_file_system.hpp). Off: the schedules of seeds found before these
   // faults existed.
   bool disk_faults = true;
+  // Shards write their periodic checkpoints in the background (in 3 seeds of 4, drawn from the
+  // seed): the state copied at the checkpoint's moment, its file written by an event of the
+  // schedule some milliseconds later (Env::RunAside), a kill meanwhile leaving it unwritten.
+  // Off: always in the foreground, the schedules of seeds found before this existed.
+  bool background = true;
   // Jobs under SSP (staleness 1 to 3, drawn from the seed) rather than BSP.
   bool ssp = false;
   // Jobs under ASP: as under SSP, without a bound on how stale a pull may be.
@@ -57,6 +64,7 @@ struct SimOptions {
 struct SimJob {
   uint32_t workers = 2, shards = 2, steps = 8, every_steps = 2;
   bool fused = false;
+  bool background = false;  // checkpoints written in the background (SimOptions::background)
   // Under SSP no run repeats another's pulls, so gradients depend on the worker and the step
   // only, and every value is a small multiple of a power of two (tables start at zero): sums
   // are exact in any order, and the final model equals the reference's exactly when the same
@@ -95,13 +103,15 @@ struct SimOutcome {
   uint32_t point_deaths = 0;  // shard kills at a fault point (checkpoint.write, shard.applied...)
   uint32_t worker_rollbacks = 0;  // times a worker connected again after a rollback
   uint32_t reshards = 0;          // changes of the shard count the scale tool finished
+  uint32_t aside_writes = 0;      // background checkpoints' writes that ran
   uint32_t tool_kills = 0;        // kills of the scale tool (counted in worker_kills too)
   bool single_failure = false;  // kReported with no failures overlapping
   uint64_t events = 0;
   double seconds = 0;    // virtual
 };
 
-SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false, bool reshard = false);
+SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false, bool reshard = false,
+             bool background = false);
 // A run of the seed's job without faults (with the seed's network delays).
 Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
 // A run with the seed's faults, checked against `reference`.
