@@ -116,6 +116,8 @@ Status ShardServer::BeginStagedCheckpoint(BackgroundCheckpoint& bg, const DeltaS
       st = WriteCheckpointFile(path, header, work->blocks, env);
     } catch (const std::exception& e) {
       st = IoError("cannot write '" + path + "': " + e.what());
+    } catch (...) {
+      st = IoError("cannot write '" + path + "': an exception");
     }
     work->status = st;
     work->written = true;
@@ -241,6 +243,10 @@ bool ShardServer::CanCheckpointInBackground() const {
   // not have, and which a copy would read whole: those shards write their checkpoints in the
   // foreground.
   if (disk_) return false;
+  // An in-process driver on the OS's environment (a reply sink: the request fuzzer, tests'
+  // in-process shards) takes every answer at once and polls for nothing. The simulation's
+  // environment writes aside as an event of its schedule, and polls as the serve loop does.
+  if (reply_sink_ && env_ == Env::Real()) return false;
   return manifest_.checkpoint.background;
 }
 
@@ -258,6 +264,7 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   // in-process driver (a reply sink: the request fuzzer, the simulation) is no process to copy.
   const bool may_fork = env_->Files() == FileSystem::Real() && !reply_sink_;
   const bool fits = StagedCheckpointFits();
+  if (!fits) staged_spare_ = {};  // grown past copy_below: the copies' memory goes back
   if (!fits && !may_fork) return SaveCheckpoint(reason);
   FinishDeferredApply();  // a checkpoint holds whole clocks: the engines are idle from here
   const auto start = env_->Now();

@@ -216,7 +216,11 @@ class Sim {
       }
       if (w.thread.joinable()) w.thread.join();
     }
-    for (ShardProc& s : shards_) s.server.reset();
+    // As at a kill: a background write still pending never runs.
+    for (ShardProc& s : shards_) {
+      s.killing = s.dying = true;
+      s.server.reset();
+    }
   }
 
   // Runs the job to its end (or a failed check); what it pulled and ended in.
@@ -1280,16 +1284,26 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   if (!sim.failure().empty()) {
     const bool worker_stopped =
         sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
-    // Across a change of the shard count, the scale tool too: it waits for the pushes a shard
-    // lost (Migrate: "has not applied every push before clock C yet") until its time is up.
+    // Across a change of the shard count, the scale tool too, when it waited for the pushes
+    // a shard lost until its time was up.
     const bool tool_stopped =
-        job.scale_to > 0 && sim.failure().rfind("the scale tool failed: ", 0) == 0;
+        job.scale_to > 0 && sim.failure().rfind("the scale tool failed: ", 0) == 0 &&
+        sim.failure().find("has not applied every push before clock") != std::string::npos;
     // A job that stops is a failure, unless what stopped it is a loss it could not undo.
     out.kind = cannot_roll_back(sim.failure()) ||
                        (reported_without_rollback && (worker_stopped || tool_stopped))
                    ? SimOutcome::Kind::kReported
                    : SimOutcome::Kind::kFailed;
     out.failure = sim.failure();
+    // After one failure at a time, across a change of the shard count, only a worker's death
+    // between its ticks may lose updates (below).
+    if (out.kind == SimOutcome::Kind::kReported && !overlapped && !job.ssp && job.scale_to > 0 &&
+        !sim.loss_of_a_step()) {
+      out.kind = SimOutcome::Kind::kFailed;
+      out.failure = "after one failure at a time, a loss other than a worker's death between "
+                    "its ticks: " + out.failure;
+    }
+    out.single_failure = out.kind == SimOutcome::Kind::kReported && !overlapped;
     return out;
   }
   std::string differs = sim.pull_mismatch();
