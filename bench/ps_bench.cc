@@ -1777,6 +1777,11 @@ void HugeRows(const Options& opt, std::vector<Row>* rows) {
       const double applied =
           applied_at == std::string::npos ? 0 : std::strtod(log.c_str() + applied_at + 11, nullptr);
       const double seconds = checked + applied;
+      // Its two phases: reading and placing the rows; then indexing them.
+      rows->push_back({"restore_read_and_place_seconds_" + size + "x16", checked, "s",
+                       std::nullopt, "", std::nullopt});
+      rows->push_back({"restore_index_seconds_" + size + "x16", applied, "s", std::nullopt, "",
+                       std::nullopt});
       rows->push_back({"restore_rows_per_s_" + size + "x16_from_disk", n / seconds, "rows/s",
                        read > 0 ? std::optional<double>(n / (bytes / (read * 1e9))) : std::nullopt,
                        "file_read_from_disk", std::nullopt});

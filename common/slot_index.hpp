@@ -64,6 +64,8 @@ class SlotIndex {
   size_t buckets() const { return slots_.size(); }
   size_t MemoryBytes() const { return slots_.capacity() * sizeof(uint32_t); }
 
+  // The bucket where `key`'s probe run starts.
+  size_t HomeBucket(uint64_t key) const { return Bucket(key); }
   // Starts loading the bucket where `key` lives, for a lookup a few iterations later.
   void Prefetch(uint64_t key) const { __builtin_prefetch(&slots_[Bucket(key)]); }
   // The slot in `key`'s home bucket (the key's own slot when it sits there, which is the
@@ -116,68 +118,100 @@ class SlotIndex {
   }
 
   // Fills this empty index with slots [0, n) at once, placing them in the order of their home
-  // buckets (a radix sort of (bucket, slot) pairs, then one walk of the buckets front to back),
-  // so that every memory access but a duplicate check is sequential: what a restore of millions
-  // of rows does instead of inserting them one by one (a random access per row, and another per
-  // occupied bucket it compares). A key in two slots keeps the higher one; the others are
-  // appended to *dropped. Counts insert_probes() as inserts one by one would (a row's distance
-  // from its home bucket, plus one). Uses 16 bytes of scratch per slot while it runs.
+  // buckets (a radix sort of (bucket, tag, slot) records, then one walk of the buckets front to
+  // back), so that every memory access is sequential: what a restore of millions of rows does
+  // instead of inserting them one by one (a random access per row, and another per occupied
+  // bucket it compares). A key in two slots keeps the higher one; the others are appended to
+  // *dropped. Two slots of one key share their home bucket, so only a bucket's own slots are
+  // compared, and by a tag first (hash bits beyond the bucket's: the hash is a bijection, so
+  // unequal tags are unequal keys); keys are read, at random, only when tags match. Counts
+  // insert_probes() as inserts one by one would (a row's distance from its home bucket, plus
+  // one). Uses 16 bytes of scratch per slot while it runs.
   // REQUIRES: size() == 0; n < kAbsent; at most 2^32 buckets.
   template <typename KeyOf>
   void Build(uint32_t n, KeyOf&& key_of, std::vector<uint32_t>* dropped) {
     if (slots_.size() * 7 < size_t{n} * 10) Reset(n);
-    // (home bucket << 32 | slot): sorted by bucket, a bucket's slots in order. An LSD radix
-    // sort on the bucket, stable (a bucket's slots stay in order), in as few passes of at most
-    // 12 bits as the buckets need (two up to 2^24 of them), every pass's histogram counted
-    // while the records are made: one read of the keys, then one scatter a pass.
+    // A record: home bucket in the top `bits`, then the tag, then the slot in the low
+    // `slot_bits`. Sorted by bucket, stably (a bucket's slots stay in order; the tag only rides
+    // along): one scatter by the bucket's top (at most 12) bits into chunks of neighbouring
+    // buckets, its histogram counted while the records are made (one read of the keys); then
+    // each chunk, a few thousand records that stay in cache, sorted by the rest of the bucket
+    // (one pass of at most 12 bits up to 2^24 buckets). One scatter over the whole array costs
+    // what all the chunks' passes together do.
     const uint32_t bits = static_cast<uint32_t>(std::countr_zero(slots_.size()));
-    const uint32_t passes = (bits + 11) / 12;
-    const uint32_t digit = passes ? (bits + passes - 1) / passes : 0;
+    const uint32_t slot_bits = n > 1 ? static_cast<uint32_t>(std::bit_width(n - 1)) : 1;
+    const uint32_t tag_bits = 64 - bits - slot_bits;  // 0 when they fill the record
+    const uint32_t bucket_shift = 64 - bits;
+    const uint64_t slot_mask = (uint64_t{1} << slot_bits) - 1;
+    const uint64_t tag_mask = tag_bits ? (uint64_t{1} << tag_bits) - 1 : 0;
+    const uint32_t top_bits = std::min<uint32_t>(bits, 10);
+    const uint32_t rest_bits = bits - top_bits;
+    const uint32_t rest_passes = (rest_bits + 13) / 14;
+    const uint32_t digit = rest_passes ? (rest_bits + rest_passes - 1) / rest_passes : 0;
     const uint64_t digit_mask = (uint64_t{1} << digit) - 1;
-    std::vector<std::vector<uint32_t>> counts(passes,
-                                              std::vector<uint32_t>((size_t{1} << digit) + 1, 0));
     std::vector<uint64_t> records, sorted;
     ReserveInHugePages(records, n);
     records.resize(n);
-    if (passes) {
+    std::vector<uint32_t> chunk_start((size_t{1} << top_bits) + 1, 0);
+    for (uint32_t s = 0; s < n; ++s) {
+      const uint64_t hash = Hash(key_of(s));
+      const uint64_t bucket = hash & mask_;
+      // The tag: the hash's bits above the bucket's.
+      const uint64_t tag = tag_bits ? (hash >> bits) & tag_mask : 0;
+      records[s] = (bits ? bucket << bucket_shift : 0) | (tag << slot_bits) | s;
+      ++chunk_start[(bucket >> rest_bits) + 1];
+    }
+    if (bits) {
       ReserveInHugePages(sorted, n);
       sorted.resize(n);
-    }
-    for (uint32_t s = 0; s < n; ++s) {
-      const uint64_t bucket = Bucket(key_of(s));
-      records[s] = (bucket << 32) | s;
-      for (uint32_t p = 0; p < passes; ++p) ++counts[p][((bucket >> (p * digit)) & digit_mask) + 1];
-    }
-    for (uint32_t p = 0; p < passes; ++p) {
-      std::vector<uint32_t>& count = counts[p];
-      for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
-      const uint32_t shift = 32 + p * digit;
-      for (uint64_t r : records) sorted[count[(r >> shift) & digit_mask]++] = r;
+      for (size_t c = 1; c < chunk_start.size(); ++c) chunk_start[c] += chunk_start[c - 1];
+      std::vector<uint32_t> next(chunk_start.begin(), chunk_start.end() - 1);
+      const uint32_t top_shift = bucket_shift + rest_bits;
+      for (uint64_t r : records) sorted[next[r >> top_shift]++] = r;
       records.swap(sorted);
-    }
-    std::vector<uint64_t>().swap(sorted);
-    std::vector<uint32_t> wrapped;  // slots whose run passes the last bucket
-    size_t pos = 0, run_start = 0;
-    uint64_t run_bucket = ~uint64_t{0};
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint64_t bucket = records[i] >> 32;
-      const uint32_t slot = static_cast<uint32_t>(records[i]);
-      if (bucket != run_bucket) {
-        run_bucket = bucket;
-        run_start = std::max<size_t>(pos, bucket);
+      std::vector<uint32_t> count((size_t{1} << digit) + 1);
+      for (size_t c = 0; c + 1 < chunk_start.size(); ++c) {
+        const uint32_t begin = chunk_start[c], end = chunk_start[c + 1];
+        if (end - begin < 2) {
+          if (rest_passes % 2 == 1 && end > begin) sorted[begin] = records[begin];
+          continue;
+        }
+        uint64_t* from = records.data();
+        uint64_t* to = sorted.data();
+        for (uint32_t p = 0; p < rest_passes; ++p) {
+          const uint32_t shift = bucket_shift + p * digit;
+          std::fill(count.begin(), count.end(), 0);
+          for (uint32_t i = begin; i < end; ++i) ++count[((from[i] >> shift) & digit_mask) + 1];
+          count[0] = begin;
+          for (size_t d = 1; d < count.size(); ++d) count[d] += count[d - 1];
+          for (uint32_t i = begin; i < end; ++i) to[count[(from[i] >> shift) & digit_mask]++] = from[i];
+          std::swap(from, to);
+        }
       }
-      // The run of this home bucket so far: a key already in it is a duplicate (the only
-      // random reads, for buckets that are home to two keys or more).
+      if (rest_passes % 2 == 1) records.swap(sorted);
+      std::vector<uint64_t>().swap(sorted);
+    }
+    std::vector<uint32_t> wrapped;  // slots whose run passes the last bucket
+    // The slots placed so far from the current home bucket: (tag, bucket placed in).
+    std::vector<std::pair<uint64_t, size_t>> placed;
+    size_t pos = 0;
+    uint64_t home = ~uint64_t{0};
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint64_t r = records[i];
+      const uint64_t bucket = bits ? r >> bucket_shift : 0;
+      const uint64_t tag = (r >> slot_bits) & tag_mask;
+      const uint32_t slot = static_cast<uint32_t>(r & slot_mask);
+      if (bucket != home) {
+        home = bucket;
+        placed.clear();
+      }
       bool duplicate = false;
-      if (pos > run_start) {
-        const uint64_t key = key_of(slot);
-        for (size_t p = run_start; p < pos && p < slots_.size(); ++p) {
-          if (key_of(slots_[p]) == key) {
-            dropped->push_back(slots_[p]);  // the lower slot: a bucket's slots are in order
-            slots_[p] = slot;
-            duplicate = true;
-            break;
-          }
+      for (const auto& [t, p] : placed) {
+        if (t == tag && key_of(slots_[p]) == key_of(slot)) {
+          dropped->push_back(slots_[p]);  // the lower slot: a bucket's slots are in order
+          slots_[p] = slot;
+          duplicate = true;
+          break;
         }
       }
       if (duplicate) continue;
@@ -187,6 +221,7 @@ class SlotIndex {
         continue;
       }
       slots_[pos] = slot;
+      placed.emplace_back(tag, pos);
       insert_probes_ += pos - bucket + 1;
       ++size_;
       ++pos;
@@ -223,7 +258,8 @@ class SlotIndex {
   }
 
  private:
-  size_t Bucket(uint64_t key) const { return Fmix64(key ^ seed_) & mask_; }
+  uint64_t Hash(uint64_t key) const { return Fmix64(key ^ seed_); }
+  size_t Bucket(uint64_t key) const { return Hash(key) & mask_; }
 
   template <typename KeyOf>
   void Grow(KeyOf&& key_of) {

@@ -7,7 +7,7 @@ PARASOL_BUILD="${PARASOL_BUILD:-$PARASOL_ROOT/build}"
 # Debian packages the build, the tests and the benchmarks need.
 PARASOL_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libzmq3-dev cppzmq-dev libsodium-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libxxhash-dev
   libflatbuffers-dev flatbuffers-compiler
   libboost-dev libyaml-cpp-dev libopenblas-dev
   libgtest-dev libbenchmark-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev librocksdb-dev

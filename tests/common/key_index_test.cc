@@ -92,6 +92,9 @@ TEST(KeyIndexTest, UpdateChangesOnlyPresentKeys) {
 
 #include "common/slot_index.hpp"
 
+#include <algorithm>
+#include <map>
+
 namespace parasol {
 namespace {
 
@@ -182,6 +185,61 @@ TEST(SlotIndexTest, ReserveKeepsEveryKeyAndCostsFourBytesABucket) {
   EXPECT_EQ(index.MemoryBytes(), index.buckets() * sizeof(uint32_t));
   for (uint64_t k = 0; k < 1000; ++k) EXPECT_EQ(index.Find(slot_keys[k], key_of), k);
 }
+
+// Build() (a restore's bulk fill) against a standard map, over keys repeated up to three
+// times, keys crowding a few home buckets, and keys whose runs pass the last bucket: every key
+// keeps its highest slot, every other slot is dropped exactly once.
+TEST(SlotIndexTest, BuildKeepsEachKeysLastSlotAndDropsTheRest) {
+  size_t wrapped_rounds = 0, crowded_dropped = 0;
+  for (uint32_t round = 0; round < 40; ++round) {
+    std::mt19937_64 rng(1000 + round);
+    const size_t distinct = 64 + rng() % 20000;
+    SlotIndex index(distinct + 200, rng());
+    std::vector<uint64_t> slot_keys;
+    auto add = [&](uint64_t key) {
+      const int copies = rng() % 3 == 0 ? 2 + static_cast<int>(rng() % 2) : 1;
+      for (int c = 0; c < copies; ++c) slot_keys.push_back(key);
+    };
+    for (size_t i = 0; i < distinct; ++i) {
+      // Some keys small (0 and ~0 among them): they also repeat by chance.
+      add(rng() % 5 == 0 ? (rng() % 2 ? rng() % 64 : ~(rng() % 64)) : rng());
+    }
+    // Keys homed in the last 4 buckets (their runs wrap) and in 4 buckets mid-table.
+    const size_t buckets = index.buckets();
+    for (int tries = 0, found = 0; tries < 4000000 && found < 100; ++tries) {
+      const uint64_t key = rng();
+      const size_t home = index.HomeBucket(key);
+      if (home + 4 >= buckets || (home >= buckets / 2 && home < buckets / 2 + 4)) {
+        add(key);
+        ++found;
+      }
+    }
+    std::shuffle(slot_keys.begin(), slot_keys.end(), rng);
+    auto key_of = [&](uint32_t slot) { return slot_keys.at(slot); };
+    std::map<uint64_t, uint32_t> last;
+    for (uint32_t s = 0; s < slot_keys.size(); ++s) last[slot_keys[s]] = s;
+    ASSERT_LE(last.size() * 10, buckets * 7) << "round " << round;
+    std::vector<uint32_t> dropped;
+    index.Build(static_cast<uint32_t>(slot_keys.size()), key_of, &dropped);
+    ASSERT_EQ(index.size(), last.size()) << "round " << round;
+    for (const auto& [key, slot] : last) ASSERT_EQ(index.Find(key, key_of), slot) << key;
+    std::vector<uint32_t> all = dropped;
+    for (const auto& [key, slot] : last) all.push_back(slot);
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), slot_keys.size()) << "round " << round;
+    for (uint32_t s = 0; s < all.size(); ++s) ASSERT_EQ(all[s], s) << "round " << round;
+    // Did runs wrap: a key of the index sits in a bucket before its home.
+    bool wrapped = false;
+    for (size_t b = 0; b < 8 && !wrapped; ++b) {
+      wrapped = index.BucketFull(b) && index.HomeBucket(key_of(index.BucketSlot(b))) > b;
+    }
+    wrapped_rounds += wrapped;
+    crowded_dropped += dropped.size();
+  }
+  EXPECT_GE(wrapped_rounds, 20u);  // the end's crowd made runs wrap in most rounds
+  EXPECT_GT(crowded_dropped, 1000u);
+}
+
 
 }  // namespace
 }  // namespace parasol

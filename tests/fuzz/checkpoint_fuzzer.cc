@@ -40,7 +40,9 @@ std::string Reseal(std::string f) {
     const uint64_t bytes = Get64(f, pos + 16);
     const size_t payload = pos + kCheckpointBlockHeaderBytes;
     const bool fits = bytes <= f.size() - payload;
-    if (fits) Put64(f, pos + 24, Checksum64(f.data() + payload, bytes));
+    uint32_t version;
+    std::memcpy(&version, f.data() + 8, 4);
+    if (fits) Put64(f, pos + 24, parasol::PayloadChecksum(f.data() + payload, bytes, version));
     Put64(f, pos + 32, Checksum64(f.data() + pos, 32, i));
     const uint64_t payload_checksum = Get64(f, pos + 24);
     all = Checksum64(&payload_checksum, 8, all);

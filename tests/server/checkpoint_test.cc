@@ -58,6 +58,27 @@ class CheckpointReaderTest : public ::testing::Test {
   }
   static void Put64(std::string& s, size_t at, uint64_t v) { std::memcpy(s.data() + at, &v, 8); }
 
+  // `f` (a whole, sound file) as format `version` writes it: every payload checksummed as that
+  // version does, then the block headers, the footer and the header sealed again.
+  static std::string AsVersion(std::string f, uint32_t version) {
+    std::memcpy(f.data() + kVersionAt, &version, 4);
+    const uint64_t blocks = Get64(f, 48);
+    size_t pos = kCheckpointHeaderBytes;
+    uint64_t all = 0;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      const uint64_t bytes = Get64(f, pos + kBytesAt);
+      const uint64_t payload = PayloadChecksum(f.data() + pos + kCheckpointBlockHeaderBytes,
+                                               bytes, version);
+      Put64(f, pos + 24, payload);
+      Put64(f, pos + kBlockChecksumAt, Checksum64(f.data() + pos, 32, i));
+      all = Checksum64(&payload, 8, all);
+      pos += kCheckpointBlockHeaderBytes + bytes;
+    }
+    Put64(f, pos + 16, all);
+    Put64(f, kHeaderChecksumAt, Checksum64(f.data(), kHeaderChecksumAt));
+    return f;
+  }
+
   std::string dir_;
   std::string file_;
 };
@@ -107,11 +128,35 @@ TEST_F(CheckpointReaderTest, ATableIdFlippedInABlockHeaderIsRefused) {
 }
 
 TEST_F(CheckpointReaderTest, AFileOfTheVersionBeforeDeltasReadsAsAFullOne) {
-  std::string v4 = file_;
-  const uint32_t version = kOldestCheckpointVersion;
-  std::memcpy(v4.data() + kVersionAt, &version, 4);
-  Put64(v4, kHeaderChecksumAt, Checksum64(v4.data(), kHeaderChecksumAt));
-  EXPECT_TRUE(Read(v4).ok());
+  EXPECT_TRUE(Read(AsVersion(file_, kOldestCheckpointVersion)).ok());
+}
+
+// Version 6 checksums payloads with XXH3; files of versions 4 and 5 (Checksum64) still read,
+// and a payload checksummed the other version's way is refused as damaged.
+TEST_F(CheckpointReaderTest, PayloadChecksumsFollowTheFilesVersion) {
+  ASSERT_EQ(kCheckpointVersion, 6u);
+  EXPECT_EQ(AsVersion(file_, 6), file_);  // what the writer wrote
+  int payloads = 0;
+  EXPECT_TRUE(Read(AsVersion(file_, 5), &payloads).ok());
+  EXPECT_EQ(payloads, 2);
+  const uint64_t block0 = kCheckpointHeaderBytes;
+  EXPECT_NE(Get64(AsVersion(file_, 5), block0 + 24), Get64(file_, block0 + 24));
+  for (uint32_t claimed : {5u, 6u}) {
+    // The payload checksums of the other version, under this version's header.
+    std::string mixed = AsVersion(file_, claimed == 5 ? 6 : 5);
+    std::memcpy(mixed.data() + kVersionAt, &claimed, 4);
+    Put64(mixed, kHeaderChecksumAt, Checksum64(mixed.data(), kHeaderChecksumAt));
+    const Status st = Read(mixed);
+    ASSERT_FALSE(st.ok()) << claimed;
+    EXPECT_NE(st.message().find("block 0 payload checksum"), std::string::npos) << st.message();
+  }
+  // Every payload bit matters to XXH3 as it did to Checksum64.
+  const size_t payload0 = kCheckpointHeaderBytes + kCheckpointBlockHeaderBytes;
+  for (size_t bit = 0; bit < 100 * 8; ++bit) {
+    std::string damaged = file_;
+    damaged[payload0 + bit / 8] ^= static_cast<char>(1 << (bit % 8));
+    ASSERT_FALSE(Read(damaged).ok()) << bit;
+  }
 }
 
 TEST_F(CheckpointReaderTest, AFileOfTheOldVersionIsRefusedNamingItsVersion) {
