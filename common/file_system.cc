@@ -1,12 +1,17 @@
 #include "common/file_system.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <istream>
+#include <streambuf>
+#include <vector>
 
 namespace parasol {
 namespace {
@@ -57,6 +62,129 @@ class PosixFile final : public WritableFile {
   const std::string path_;
 };
 
+// A file read front to back through its descriptor. One larger than an eighth of the machine's
+// memory has its pages given back to the kernel's cache behind the reader (POSIX_FADV_DONTNEED,
+// every kDropEvery bytes): a shard restoring a checkpoint of a good part of its memory reads it
+// once, and a page cache filled with it only crowds out the memory the restored rows and their
+// index are about to take (at 10^8 rows here, an 8 GB file on a 24 GiB machine: the index
+// took 5.9 s with the file's pages kept, 2.8 s without them). Smaller files keep their pages:
+// giving them back cost a 10^7-row restore a third of its speed. Reads of kDirectBytes or more
+// go straight into the caller's buffer. Seeks as std::filebuf does (dropping what is buffered).
+class ReadOnceBuf final : public std::streambuf {
+ public:
+  ReadOnceBuf(int fd, uint64_t drop_behind_above) : fd_(fd), buffer_(kBufferBytes) {
+    (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+    struct stat st {};
+    drop_behind_ =
+        ::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) > drop_behind_above;
+    setg(buffer_.data(), buffer_.data(), buffer_.data());
+  }
+  bool drop_behind() const { return drop_behind_; }
+  uint64_t dropped_to() const { return dropped_to_; }
+  ~ReadOnceBuf() override { ::close(fd_); }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    const ssize_t r = Read(buffer_.data(), buffer_.size());
+    if (r <= 0) return traits_type::eof();
+    setg(buffer_.data(), buffer_.data(), buffer_.data() + r);
+    return traits_type::to_int_type(*gptr());
+  }
+  std::streamsize xsgetn(char* s, std::streamsize n) override {
+    std::streamsize got = 0;
+    // What is buffered first, then large reads straight into `s`.
+    const std::streamsize buffered = std::min<std::streamsize>(n, egptr() - gptr());
+    std::memcpy(s, gptr(), static_cast<size_t>(buffered));
+    gbump(static_cast<int>(buffered));
+    got += buffered;
+    while (got < n) {
+      if (n - got < static_cast<std::streamsize>(kDirectBytes)) {
+        if (traits_type::eq_int_type(underflow(), traits_type::eof())) break;
+        const std::streamsize more = std::min<std::streamsize>(n - got, egptr() - gptr());
+        std::memcpy(s + got, gptr(), static_cast<size_t>(more));
+        gbump(static_cast<int>(more));
+        got += more;
+        continue;
+      }
+      const ssize_t r = Read(s + got, static_cast<size_t>(n - got));
+      if (r <= 0) break;
+      got += r;
+    }
+    return got;
+  }
+  pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
+    // The file offset is past what is buffered: a seek from here counts from the reader's place.
+    if (dir == std::ios_base::cur) off -= egptr() - gptr();
+    const int whence = dir == std::ios_base::beg ? SEEK_SET
+                       : dir == std::ios_base::cur ? SEEK_CUR
+                                                   : SEEK_END;
+    const off_t at = ::lseek(fd_, static_cast<off_t>(off), whence);
+    if (at < 0) return pos_type(off_type(-1));
+    setg(buffer_.data(), buffer_.data(), buffer_.data());
+    dropped_to_ = std::min<uint64_t>(dropped_to_, static_cast<uint64_t>(at));
+    return pos_type(static_cast<off_type>(at));
+  }
+  pos_type seekpos(pos_type pos, std::ios_base::openmode which) override {
+    return seekoff(off_type(pos), std::ios_base::beg, which);
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = 1 << 20;
+  static constexpr size_t kDirectBytes = 256 << 10;
+  static constexpr uint64_t kDropEvery = 64 << 20;
+
+  ssize_t Read(char* s, size_t n) {
+    ssize_t r;
+    do {
+      r = ::read(fd_, s, n);
+    } while (r < 0 && errno == EINTR);
+    if (r > 0 && drop_behind_) {
+      const off_t at = ::lseek(fd_, 0, SEEK_CUR);
+      if (at > 0 && static_cast<uint64_t>(at) >= dropped_to_ + kDropEvery) {
+        (void)::posix_fadvise(fd_, static_cast<off_t>(dropped_to_),
+                              static_cast<off_t>(static_cast<uint64_t>(at) - dropped_to_),
+                              POSIX_FADV_DONTNEED);
+        dropped_to_ = static_cast<uint64_t>(at);
+      }
+    }
+    return r;
+  }
+
+  const int fd_;
+  std::vector<char> buffer_;
+  bool drop_behind_ = false;
+  uint64_t dropped_to_ = 0;  // the pages before it were given back
+};
+
+class ReadOnceStream final : public std::istream {
+ public:
+  ReadOnceStream(int fd, uint64_t drop_behind_above)
+      : std::istream(nullptr), buf_(fd, drop_behind_above) {
+    rdbuf(&buf_);
+  }
+
+ private:
+  ReadOnceBuf buf_;
+};
+
+uint64_t EighthOfMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 8
+                               : UINT64_MAX;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<std::istream>> OpenToReadOnce(const std::string& path,
+                                                     uint64_t drop_behind_above) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound("cannot read '" + path + "': " + std::strerror(errno));
+  return std::unique_ptr<std::istream>(std::make_unique<ReadOnceStream>(fd, drop_behind_above));
+}
+
+namespace {
+
 class PosixFileSystem final : public FileSystem {
  public:
   Result<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
@@ -73,9 +201,8 @@ class PosixFileSystem final : public FileSystem {
     return std::unique_ptr<WritableFile>(std::make_unique<PosixFile>(fd, path));
   }
   Result<std::unique_ptr<std::istream>> Open(const std::string& path) override {
-    auto in = std::make_unique<std::ifstream>(path, std::ios::binary);
-    if (!*in) return NotFound("cannot read '" + path + "': " + std::strerror(errno));
-    return std::unique_ptr<std::istream>(std::move(in));
+    static const uint64_t eighth = EighthOfMemory();
+    return OpenToReadOnce(path, eighth);
   }
   Status Rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) {

@@ -40,7 +40,8 @@ class FileSystem {
 
   // Creates `path` empty (or truncates it), its folders first.
   virtual Result<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
-  // Reads `path` from its start; NotFound when there is none.
+  // Reads `path` from its start; NotFound when there is none. The OS's: OpenToReadOnce(path,
+  // an eighth of the machine's memory).
   virtual Result<std::unique_ptr<std::istream>> Open(const std::string& path) = 0;
   // Replaces `to` with `from` at once (rename(2)).
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
@@ -56,6 +57,12 @@ class FileSystem {
 // Writes `text` to `path` so that after a crash the file is either as before or holds all of
 // `text`: written to PATH.tmp, synced, renamed into place, and the folder synced.
 Status WriteFileDurably(FileSystem* fs, const std::string& path, const std::string& text);
+
+// Opens `path` to be read front to back (seeking allowed): a file larger than
+// `drop_behind_above` bytes has its pages given back to the kernel's cache behind the reader,
+// each 64 MiB read; a smaller one keeps them. NotFound when it cannot be opened.
+Result<std::unique_ptr<std::istream>> OpenToReadOnce(const std::string& path,
+                                                     uint64_t drop_behind_above);
 
 // The folder part of `path` ("a/b/c" -> "a/b"; "c" -> ".").
 std::string ParentOf(const std::string& path);

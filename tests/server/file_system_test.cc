@@ -2,9 +2,14 @@
 // simulation's (tests/sim/sim_file_system.hpp), whose host crashes lose what was not synced.
 #include "common/file_system.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <random>
@@ -69,6 +74,88 @@ TEST_F(FileSystemTest, TheOsFilesDoWhatTheSimulatedOnesDo) {
     EXPECT_FALSE(fs->Exists(dir + "/mark.tmp"));
     EXPECT_TRUE(fs->SyncDir(dir).ok());
   }
+  std::filesystem::remove_all(name);
+}
+
+// The OS's reader (OpenToReadOnce): reads of every size (single characters, pieces under and
+// over its direct-read size, past the end) and seeks (from the start, the end, the reader's
+// place; tellg between) give the file's bytes, with its pages given back behind the reader and
+// without; a file past the threshold gives back every 64 MiB it has read.
+TEST_F(FileSystemTest, TheOsReaderReadsAndSeeksAsAFileStreamDoes) {
+  char name[] = "/tmp/parasol-fs-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  const std::string path = std::string(name) + "/f";
+  std::string bytes(70u << 20, '\0');  // past one 64 MiB drop
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    const uint64_t v = rng_();
+    std::memcpy(bytes.data() + i, &v, std::min<size_t>(8, bytes.size() - i));
+  }
+  Write(FileSystem::Real(), path, bytes, true);
+  size_t reads = 0, seeks = 0, past_end = 0;
+  for (uint64_t drop_above : {uint64_t{0}, uint64_t{1} << 40}) {
+    Result<std::unique_ptr<std::istream>> opened = OpenToReadOnce(path, drop_above);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    std::istream& in = **opened;
+    std::mt19937_64 rng(drop_above + 3);
+    uint64_t at = 0;
+    for (int step = 0; step < 400; ++step) {
+      const int op = static_cast<int>(rng() % 8);
+      if (op == 0) {
+        // A seek, then where it says it is.
+        const int dir = static_cast<int>(rng() % 3);
+        const uint64_t target = rng() % (bytes.size() + 1);
+        if (dir == 0) in.seekg(static_cast<std::streamoff>(target), std::ios::beg);
+        if (dir == 1) in.seekg(static_cast<std::streamoff>(target) - static_cast<std::streamoff>(at), std::ios::cur);
+        if (dir == 2) in.seekg(static_cast<std::streamoff>(target) - static_cast<std::streamoff>(bytes.size()), std::ios::end);
+        ASSERT_TRUE(in.good()) << step;
+        at = target;
+        ASSERT_EQ(static_cast<uint64_t>(in.tellg()), at) << step;
+        ++seeks;
+        continue;
+      }
+      const size_t n = op == 1 ? 1 : op < 4 ? rng() % 4096 : op < 7 ? rng() % (2u << 20) : 9u << 20;
+      std::string got(n, '\0');
+      in.read(got.data(), static_cast<std::streamsize>(n));
+      const uint64_t expect = std::min<uint64_t>(n, bytes.size() - at);
+      ASSERT_EQ(static_cast<uint64_t>(in.gcount()), expect) << step;
+      ASSERT_EQ(got.substr(0, expect), bytes.substr(at, expect)) << step << " at " << at;
+      at += expect;
+      ++reads;
+      if (expect < n) {
+        ASSERT_TRUE(in.eof());
+        ++past_end;
+        in.clear();
+        in.seekg(0, std::ios::beg);
+        at = 0;
+      }
+    }
+    // Front to back in one pass, as a restore reads.
+    in.clear();
+    in.seekg(0, std::ios::beg);
+    std::string whole(bytes.size(), '\0');
+    in.read(whole.data(), static_cast<std::streamsize>(whole.size()));
+    ASSERT_EQ(static_cast<size_t>(in.gcount()), bytes.size());
+    ASSERT_TRUE(whole == bytes);
+    if (drop_above == 0) {
+      // Its first 64 MiB are out of the page cache (they were in it: written just now).
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0);
+      const size_t span = 64u << 20;
+      void* map = ::mmap(nullptr, span, PROT_READ, MAP_SHARED, fd, 0);
+      ASSERT_NE(map, MAP_FAILED);
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      std::vector<unsigned char> resident(span / page);
+      ASSERT_EQ(::mincore(map, span, resident.data()), 0);
+      size_t in_cache = 0;
+      for (unsigned char r : resident) in_cache += r & 1;
+      ::munmap(map, span);
+      ::close(fd);
+      EXPECT_LT(in_cache, resident.size() / 10) << in_cache << " of " << resident.size();
+    }
+  }
+  EXPECT_GT(reads, 500u);
+  EXPECT_GT(seeks, 50u);
+  EXPECT_GT(past_end, 0u);
   std::filesystem::remove_all(name);
 }
 
