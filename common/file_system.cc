@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <istream>
+#include <memory>
 #include <streambuf>
 #include <vector>
 
@@ -72,12 +73,14 @@ class PosixFile final : public WritableFile {
 // go straight into the caller's buffer. Seeks as std::filebuf does (dropping what is buffered).
 class ReadOnceBuf final : public std::streambuf {
  public:
-  ReadOnceBuf(int fd, uint64_t drop_behind_above) : fd_(fd), buffer_(kBufferBytes) {
+  // Owns `fd` once made (closed when this goes).
+  ReadOnceBuf(int fd, uint64_t drop_behind_above)
+      : fd_(fd), buffer_(new char[kBufferBytes]) {  // not zeroed: only what read() fills is read
     (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     struct stat st {};
     drop_behind_ =
         ::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) > drop_behind_above;
-    setg(buffer_.data(), buffer_.data(), buffer_.data());
+    setg(buffer_.get(), buffer_.get(), buffer_.get());
   }
   bool drop_behind() const { return drop_behind_; }
   uint64_t dropped_to() const { return dropped_to_; }
@@ -86,18 +89,21 @@ class ReadOnceBuf final : public std::streambuf {
  protected:
   int_type underflow() override {
     if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
-    const ssize_t r = Read(buffer_.data(), buffer_.size());
+    const ssize_t r = Read(buffer_.get(), kBufferBytes);
     if (r <= 0) return traits_type::eof();
-    setg(buffer_.data(), buffer_.data(), buffer_.data() + r);
+    setg(buffer_.get(), buffer_.get(), buffer_.get() + r);
     return traits_type::to_int_type(*gptr());
   }
   std::streamsize xsgetn(char* s, std::streamsize n) override {
+    if (n <= 0) return 0;
     std::streamsize got = 0;
     // What is buffered first, then large reads straight into `s`.
     const std::streamsize buffered = std::min<std::streamsize>(n, egptr() - gptr());
-    std::memcpy(s, gptr(), static_cast<size_t>(buffered));
-    gbump(static_cast<int>(buffered));
-    got += buffered;
+    if (buffered > 0) {
+      std::memcpy(s, gptr(), static_cast<size_t>(buffered));
+      gbump(static_cast<int>(buffered));
+      got += buffered;
+    }
     while (got < n) {
       if (n - got < static_cast<std::streamsize>(kDirectBytes)) {
         if (traits_type::eq_int_type(underflow(), traits_type::eof())) break;
@@ -115,13 +121,18 @@ class ReadOnceBuf final : public std::streambuf {
   }
   pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
     // The file offset is past what is buffered: a seek from here counts from the reader's place.
+    if (dir == std::ios_base::cur && off == 0) {  // tellg(): the buffer stays
+      const off_t at = ::lseek(fd_, 0, SEEK_CUR);
+      if (at < 0) return pos_type(off_type(-1));
+      return pos_type(static_cast<off_type>(at) - (egptr() - gptr()));
+    }
     if (dir == std::ios_base::cur) off -= egptr() - gptr();
     const int whence = dir == std::ios_base::beg ? SEEK_SET
                        : dir == std::ios_base::cur ? SEEK_CUR
                                                    : SEEK_END;
     const off_t at = ::lseek(fd_, static_cast<off_t>(off), whence);
     if (at < 0) return pos_type(off_type(-1));
-    setg(buffer_.data(), buffer_.data(), buffer_.data());
+    setg(buffer_.get(), buffer_.get(), buffer_.get());
     dropped_to_ = std::min<uint64_t>(dropped_to_, static_cast<uint64_t>(at));
     return pos_type(static_cast<off_type>(at));
   }
@@ -152,7 +163,7 @@ class ReadOnceBuf final : public std::streambuf {
   }
 
   const int fd_;
-  std::vector<char> buffer_;
+  std::unique_ptr<char[]> buffer_;
   bool drop_behind_ = false;
   uint64_t dropped_to_ = 0;  // the pages before it were given back
 };
@@ -180,7 +191,12 @@ Result<std::unique_ptr<std::istream>> OpenToReadOnce(const std::string& path,
                                                      uint64_t drop_behind_above) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return NotFound("cannot read '" + path + "': " + std::strerror(errno));
-  return std::unique_ptr<std::istream>(std::make_unique<ReadOnceStream>(fd, drop_behind_above));
+  try {
+    return std::unique_ptr<std::istream>(std::make_unique<ReadOnceStream>(fd, drop_behind_above));
+  } catch (...) {
+    ::close(fd);  // not made: the stream never owned it
+    throw;
+  }
 }
 
 namespace {

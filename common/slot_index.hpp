@@ -140,6 +140,18 @@ class SlotIndex {
     // what all the chunks' passes together do.
     const uint32_t bits = static_cast<uint32_t>(std::countr_zero(slots_.size()));
     const uint32_t slot_bits = n > 1 ? static_cast<uint32_t>(std::bit_width(n - 1)) : 1;
+    if (bits + slot_bits > 64) {  // past 3 x 10^9 slots: no record holds both; one by one
+      for (uint32_t slot = 0; slot < n; ++slot) {
+        bool inserted = false;
+        const uint64_t key = key_of(slot);
+        const uint32_t had = FindOrInsert(key, slot, key_of, &inserted);
+        if (!inserted) {
+          dropped->push_back(had);
+          Replace(key, slot, key_of);
+        }
+      }
+      return;
+    }
     const uint32_t tag_bits = 64 - bits - slot_bits;  // 0 when they fill the record
     const uint32_t bucket_shift = 64 - bits;
     const uint64_t slot_mask = (uint64_t{1} << slot_bits) - 1;

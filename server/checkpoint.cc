@@ -19,6 +19,8 @@
 // Header-only (inlined here): nothing to link, for this library or for those that use it.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+// XXH3's output is stable from 0.8.0 on; an earlier one would sum format 6 files differently.
+static_assert(XXH_VERSION_NUMBER >= 800, "libxxhash 0.8 or later is needed");
 
 namespace parasol {
 namespace {

@@ -240,6 +240,36 @@ TEST(SlotIndexTest, BuildKeepsEachKeysLastSlotAndDropsTheRest) {
   EXPECT_GT(crowded_dropped, 1000u);
 }
 
+// An index of 2^25 buckets (two passes within each chunk), few keys, some twice.
+TEST(SlotIndexTest, BuildOfALargeIndexSortsInTwoPassesPerChunk) {
+  std::mt19937_64 rng(5);
+  SlotIndex index(size_t{1} << 24, rng());
+  ASSERT_EQ(index.buckets(), size_t{1} << 25);
+  std::vector<uint64_t> slot_keys;
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t key = rng();
+    slot_keys.push_back(key);
+    if (i % 7 == 0) slot_keys.push_back(key);
+  }
+  std::shuffle(slot_keys.begin(), slot_keys.end(), rng);
+  auto key_of = [&](uint32_t slot) { return slot_keys.at(slot); };
+  std::map<uint64_t, uint32_t> last;
+  for (uint32_t s = 0; s < slot_keys.size(); ++s) last[slot_keys[s]] = s;
+  std::vector<uint32_t> dropped;
+  index.Build(static_cast<uint32_t>(slot_keys.size()), key_of, &dropped);
+  ASSERT_EQ(index.buckets(), size_t{1} << 25);
+  ASSERT_EQ(index.size(), last.size());
+  ASSERT_EQ(dropped.size(), slot_keys.size() - last.size());
+  for (const auto& [key, slot] : last) ASSERT_EQ(index.Find(key, key_of), slot) << key;
+  // Bucket order: every key sits at or after its home, with no empty bucket between.
+  for (size_t b = 0; b < index.buckets(); ++b) {
+    if (!index.BucketFull(b)) continue;
+    const size_t home = index.HomeBucket(key_of(index.BucketSlot(b)));
+    ASSERT_LE(home, b);
+    for (size_t p = home; p < b; ++p) ASSERT_TRUE(index.BucketFull(p)) << b;
+  }
+}
+
 
 }  // namespace
 }  // namespace parasol

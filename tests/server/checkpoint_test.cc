@@ -150,6 +150,32 @@ TEST_F(CheckpointReaderTest, PayloadChecksumsFollowTheFilesVersion) {
     ASSERT_FALSE(st.ok()) << claimed;
     EXPECT_NE(st.message().find("block 0 payload checksum"), std::string::npos) << st.message();
   }
+  // A payload of several pieces (read and summed 512 KiB at a time): read whole, and a byte
+  // flipped in its third piece refused.
+  CheckpointHeader h;
+  h.shard = 1;
+  h.shards = 2;
+  h.fingerprint = 77;
+  h.sequence = 4;
+  CheckpointBlock big;
+  big.kind = 1;
+  big.count = 1;
+  big.bytes.resize((3u << 19) + 12345);
+  for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<char>(i * 131 + 7);
+  ASSERT_TRUE(WriteCheckpointFile(dir_ + "/big.bin", h, {big}).ok());
+  std::ifstream in(dir_ + "/big.bin", std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream sound(whole);
+  CheckpointHeader read_header;
+  std::string got;
+  ASSERT_TRUE(ReadCheckpoint(sound, "big.bin", &read_header, [&](const CheckpointBlock& b) {
+                got.assign(b.bytes.begin(), b.bytes.end());
+                return Status::Ok();
+              }).ok());
+  EXPECT_TRUE(got == std::string(big.bytes.begin(), big.bytes.end()));
+  std::string flipped = whole;
+  flipped[kCheckpointHeaderBytes + kCheckpointBlockHeaderBytes + (2u << 19) + 99] ^= 4;
+  EXPECT_FALSE(Read(flipped).ok());
   // Every payload bit matters to XXH3 as it did to Checksum64.
   const size_t payload0 = kCheckpointHeaderBytes + kCheckpointBlockHeaderBytes;
   for (size_t bit = 0; bit < 100 * 8; ++bit) {
