@@ -106,6 +106,20 @@ bool ShardServer::ChangeClockReached() const {
   return change >= 0 && !controller_.ReplayOwed() && controller_.MinClock() >= change;
 }
 
+Status ShardServer::ChangeClockNotReached(int64_t change) const {
+  std::string m = "Migrate: shard " + std::to_string(rank_) +
+                  " has not applied every push before clock " + std::to_string(change) + " yet";
+  if (!lost_updates_of_.empty()) {
+    std::string workers;
+    for (uint32_t w : lost_updates_of_) workers += (workers.empty() ? "" : ", ") + std::to_string(w);
+    m += "; it lost pushes of worker" + std::string(lost_updates_of_.size() > 1 ? "s " : " ") +
+         workers + " (restarted before their replays to it ended: two failures overlapped), " +
+         "which will not come, and a rollback across a change of the shard count is not " +
+         "supported";
+  }
+  return Unavailable(m);
+}
+
 bool ShardServer::KeepsKey(uint64_t key) const {
   const int64_t change = ChangeClock();
   const uint64_t h = HashKey(key, kShardSalt);
@@ -210,10 +224,7 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
   }
   reply->clock = change;
   if (req.seq == kExport) {
-    if (!ChangeClockReached()) {
-      return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every "
-                         "push before clock " + std::to_string(change) + " yet");
-    }
+    if (!ChangeClockReached()) return ChangeClockNotReached(change);
     if (req.table_id < dense_.size() && dense_[req.table_id]) {
       return ExportDense(req, reply, payload);
     }
@@ -327,10 +338,7 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
         reply->duplicate = true;
         return Status::Ok();
       }
-      if (!ChangeClockReached()) {
-        return Unavailable("Migrate: shard " + std::to_string(rank_) + " has not applied every "
-                           "push before clock " + std::to_string(change) + " yet");
-      }
+      if (!ChangeClockReached()) return ChangeClockNotReached(change);
       uint64_t dropped = 0;
       const Placement& after = PlacementAfter();
       for (auto& table : sparse_) {

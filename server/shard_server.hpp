@@ -490,6 +490,9 @@ class ShardServer {
   bool ReadAllowed(uint32_t worker, int64_t clock, uint64_t known) const;
   // Whether every push of the clocks before the newest change is applied here.
   bool ChangeClockReached() const;
+  // The refusal of a Migrate step while !ChangeClockReached(): naming the workers whose
+  // pushes this shard lost, when it lost some (they will not come).
+  Status ChangeClockNotReached(int64_t change) const;
   // Whether a row of `key` belongs in this shard's checkpoints now (the rows it held before
   // the newest change until it drops them, and those it gains once it has committed them).
   bool KeepsKey(uint64_t key) const;

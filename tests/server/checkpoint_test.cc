@@ -17,12 +17,17 @@ constexpr size_t kTableAt = 4, kBytesAt = 16, kBlockChecksumAt = 32;  // within 
 
 class CheckpointReaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // Shard 1 of 2 of manifest 77.
+  static CheckpointHeader Header(uint64_t sequence) {
     CheckpointHeader h;
     h.shard = 1;
     h.shards = 2;
     h.fingerprint = 77;
-    h.sequence = 3;
+    h.sequence = sequence;
+    return h;
+  }
+  void SetUp() override {
+    const CheckpointHeader h = Header(3);
     CheckpointBlock a;
     a.kind = 1;
     a.count = 3;
@@ -152,17 +157,12 @@ TEST_F(CheckpointReaderTest, PayloadChecksumsFollowTheFilesVersion) {
   }
   // A payload of several pieces (read and summed 512 KiB at a time): read whole, and a byte
   // flipped in its third piece refused.
-  CheckpointHeader h;
-  h.shard = 1;
-  h.shards = 2;
-  h.fingerprint = 77;
-  h.sequence = 4;
   CheckpointBlock big;
   big.kind = 1;
   big.count = 1;
   big.bytes.resize((3u << 19) + 12345);
   for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<char>(i * 131 + 7);
-  ASSERT_TRUE(WriteCheckpointFile(dir_ + "/big.bin", h, {big}).ok());
+  ASSERT_TRUE(WriteCheckpointFile(dir_ + "/big.bin", Header(4), {big}).ok());
   std::ifstream in(dir_ + "/big.bin", std::ios::binary);
   const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::istringstream sound(whole);

@@ -1285,7 +1285,9 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
     const bool worker_stopped =
         sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
     // Across a change of the shard count, the scale tool too, when it waited for the pushes
-    // a shard lost until its time was up.
+    // a shard lost until its time was up. (Its error names the loss when the shard it waited
+    // on is the one that lost them; another shard, waiting for the ticks of the worker whose
+    // pushes were lost, cannot.)
     const bool tool_stopped =
         job.scale_to > 0 && sim.failure().rfind("the scale tool failed: ", 0) == 0 &&
         sim.failure().find("has not applied every push before clock") != std::string::npos;
