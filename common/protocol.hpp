@@ -80,6 +80,12 @@ inline uint32_t MembershipShards(const Header& h) { return h.shard_count; }
 inline int64_t MembershipClock(const Header& h) { return h.worker_clock; }
 inline void SetMembershipClock(Header& h, int64_t clock) { h.worker_clock = clock; }
 
+// Migrate install (a tool's): the rollback generation of the shard the rows were read from
+// (rollback_gen); a shard at another one refuses them with Aborted (rows read before a
+// rollback are of the history undone).
+inline uint64_t MigrateReadAtRollback(const Header& h) { return h.rollback_gen; }
+inline void SetMigrateReadAtRollback(Header& h, uint64_t gen) { h.rollback_gen = gen; }
+
 // Rollback request: only a question (read_only), which clock the shard could go back to;
 // asked by a worker about to roll the job back (done), the shard also keeps that checkpoint
 // until the rollback is made. The question's reply: the newest clock at or before the

@@ -91,7 +91,8 @@ class ConsistencyController {
   // The clock the worker left at, or -1.
   int64_t DoneAt(uint32_t worker) const { return InJob(worker) ? done_at_[worker] : -1; }
   // A new process of `worker` said Hello while its clock was still a checkpoint's (its replay
-  // had not ended): its clock is taken as it is. Returns whether a replay was still due.
+  // had not ended): its clock is taken as it is. Returns whether a replay was still due (never
+  // for a worker that had left by the checkpoint's moment).
   bool AbandonReplay(uint32_t worker);
   // The job rolled back to `clock` (protocols/message.fbs, Op.Rollback): every worker of the
   // job is at that clock (one that had finished after it has not), heard `now`, owes no replay,

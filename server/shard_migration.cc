@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/protocol.hpp"
 #include "common/sharding.hpp"
 #include "server/shard_server.hpp"
 
@@ -20,6 +21,14 @@ enum MigrateStep : uint64_t { kExport = 1, kInstall = 2, kCommit = 3, kDrop = 4 
 constexpr int kCursorShift = 48;
 
 }  // namespace
+
+Status ShardServer::CheckInstallGeneration(const Header& req) const {
+  if (MigrateReadAtRollback(req) == rollback_gen_) return Status::Ok();
+  return Aborted("Migrate: rows read at rollback " + std::to_string(MigrateReadAtRollback(req)) +
+                 ", and this shard is at rollback " + std::to_string(rollback_gen_) +
+                 ": the job rolled back between their reading and their install; read them "
+                 "again");
+}
 
 int64_t ShardServer::ChangeClock() const {
   const auto& changes = membership_.server_changes();
@@ -208,6 +217,7 @@ Status ShardServer::HandleMigrate(const Header& req, const PayloadView& p, Heade
     }
     reply->value_dim = 1;
     payload->emplace_back();
+    PARASOL_RETURN_IF_ERROR(CheckInstallGeneration(req));
     staged_rows_ = true;
     return InstallRows(req, p, now, after, reply);
   }
@@ -329,6 +339,7 @@ Status ShardServer::MigrateStepAnswer(const Header& req, const PayloadView& p, H
         reply->duplicate = true;  // committed already: what it holds has moved on since
         return Status::Ok();
       }
+      PARASOL_RETURN_IF_ERROR(CheckInstallGeneration(req));
       if (req.table_id < dense_.size() && dense_[req.table_id]) {
         return InstallDense(req, p, reply);
       }

@@ -532,6 +532,8 @@ class ShardServer {
   // req.offset.
   Status ExportDense(const Header& req, Header* reply, std::vector<zmq::message_t>* payload);
   Status InstallDense(const Header& req, const PayloadView& p, Header* reply);
+  // Rows an install brings were read at this shard's rollback generation (Aborted otherwise).
+  Status CheckInstallGeneration(const Header& req) const;
   // Commit: every element this shard gains was installed by this process.
   Status CheckDenseInstalled() const;
   // Replaces dense table `table` by one holding `slice` (the elements of both kept) and re-cuts

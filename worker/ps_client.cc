@@ -1047,7 +1047,47 @@ Status PsClient::Leave() {
     h.done = true;
     Send(t, s, std::move(h), {});
   }
-  return Wait(t);
+  PARASOL_RETURN_IF_ERROR(Wait(t));
+  return SettleRemovedShards(std::min<uint32_t>(n, num_shards_));
+}
+
+Status PsClient::SettleRemovedShards(uint32_t serving) {
+  // A change of the shard count removed the shards from `serving` on before this worker's
+  // clock. They may still hold pushes of this worker that no checkpoint of theirs holds, and no
+  // tick goes to them any more, so a restart of one would go unnoticed here. The worker exits
+  // after leaving, its push log with it: first each such shard must hold those pushes in a
+  // durable checkpoint, one at or after the clock it stopped serving at (a checkpoint at clock
+  // c holds every push of the clocks before c: every worker had ticked them, and a tick waits
+  // for the pushes it names). A removed shard writes one once every worker has passed the
+  // change's clock. Asking it finds a restart, and the replay goes as always (parasol_sim
+  // --seed 2511 --reshard: the removed shard restarted after every worker had left it, and the
+  // migration waited for ever on the pushes of clocks 5 and 6).
+  const auto until = env_->Now() + std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
+  const Membership& m = relay_.membership();
+  for (uint32_t s = serving; s < num_shards_; ++s) {
+    // The clock this shard stopped serving at: it serves none from there to this worker's.
+    int64_t stopped = clock_;
+    while (stopped > 0 && m.PlacementAt(stopped - 1).count() <= s) --stopped;
+    while (recovery_.log().entries(s) > 0 || recovery_.replay_due(s)) {
+      if (env_->Now() >= until) {
+        return Unavailable("worker " + std::to_string(worker_id_) + " leaves, but shard " +
+                           std::to_string(s) + ", which a change of the shard count removed "
+                           "from clock " + std::to_string(stopped) + ", has no durable "
+                           "checkpoint at that clock within training.worker_timeout (" +
+                           std::to_string(manifest_.training.worker_timeout_ms) + " ms)");
+      }
+      PARASOL_ASSIGN_OR_RETURN(Reply r, Call(s, NewRequest(Op::Stats, 0), {}));
+      if (!replay_failure_.ok()) return replay_failure_;
+      if (!rolled_back_.ok()) return rolled_back_;
+      if (r.header.checkpoint_clock >= stopped && !recovery_.replay_due(s) &&
+          replay_tickets_.empty()) {
+        recovery_.Settled(s);  // every push it took from this worker is on its disk
+        break;
+      }
+      PARASOL_RETURN_IF_ERROR(Idle(std::chrono::milliseconds(20)));
+    }
+  }
+  return Status::Ok();
 }
 
 Status PsClient::AskShardZero(bool done, uint64_t count) {

@@ -352,6 +352,9 @@ class PsClient {
   bool JobRank() const { return worker_id_ < relay_.membership().max_ranks(); }
   // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
   Status AskShardZero(bool done, uint64_t count);
+  // Leave(): waits until each shard a change of the shard count removed before this worker's
+  // clock (rank `serving` on) has a durable checkpoint from the clock it stopped serving at.
+  Status SettleRemovedShards(uint32_t serving);
   MembershipRelay relay_;  // the job's membership as this worker knows it, and its relay
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/protocol.hpp"
 #include "common/wire.hpp"
 
 namespace parasol {
@@ -62,7 +63,8 @@ class Mover {
   }
 
   Header Request(uint32_t table, uint64_t step, uint64_t offset, uint64_t known_epoch,
-                 int64_t updated_since, uint32_t floats, uint64_t rows) {
+                 int64_t updated_since, uint32_t floats, uint64_t rows,
+                 uint64_t read_at_rollback = 0) {
     Header h = client_.ToolRequest(Op::Migrate, table);
     h.clock = clock_;
     h.shard_count = servers_;
@@ -73,16 +75,18 @@ class Mover {
     h.value_dim = floats;
     h.key_count = rows;
     h.last_barrier = last_barrier_;
+    SetMigrateReadAtRollback(h, read_at_rollback);
     return h;
   }
 
   Result<PsClient::Reply> Call(uint32_t shard, uint64_t step, uint32_t table, uint64_t offset,
                                uint64_t known_epoch = 0, const std::vector<uint64_t>* keys = nullptr,
                                const std::vector<float>* rows = nullptr, uint32_t floats = 1,
-                               int64_t updated_since = -1) {
+                               int64_t updated_since = -1, uint64_t read_at_rollback = 0) {
     for (int attempt = 0;; ++attempt) {
       const uint64_t n = keys ? keys->size() : 0;
-      Header h = Request(table, step, offset, known_epoch, updated_since, floats, n);
+      Header h = Request(table, step, offset, known_epoch, updated_since, floats, n,
+                         read_at_rollback);
       std::vector<zmq::message_t> payload;
       payload.emplace_back(keys ? keys->data() : nullptr, n * sizeof(uint64_t));
       if (n > 0) {
@@ -144,9 +148,29 @@ struct CopyState {
   std::vector<std::vector<int64_t>> source_clock;    // [table][shard]
   std::vector<uint64_t> target_epoch;                // [shard] (0: took none)
   bool target_restarted = false;
+  // The job's rollback generation every page and install answer carried; `rolled_back`: they
+  // did not all carry the same (or the one of the copy ahead), so the job rolled back while
+  // they were copied, and targets dropped what was copied before (server/shard_checkpoint.cc,
+  // SettleRollback): the copy stopped, to be made again in full.
+  std::optional<uint64_t> rollback_gen;
+  bool rolled_back = false;
   uint64_t rows = 0;
   uint64_t elements = 0;  // of dense tensors
 };
+
+// Notes the rollback generation a reply carries; false once the job rolled back during the copy
+// (or since the copy ahead).
+bool SameGeneration(const Header& reply, const CopyState* ahead_state, CopyState* state) {
+  if (!state->rollback_gen) state->rollback_gen = reply.rollback_gen;
+  if (*state->rollback_gen != reply.rollback_gen ||
+      (ahead_state && ahead_state->rollback_gen && *ahead_state->rollback_gen != reply.rollback_gen)) {
+    if (!state->rolled_back) {
+      spdlog::info("scale: the job rolled back while its rows were copied; copying them all again");
+    }
+    state->rolled_back = true;
+  }
+  return !state->rolled_back;
+}
 
 // Copies every row of the sparse tables that `before` places on one shard and `after` on
 // another, from its shard to its new one, and (`change`: in the change itself, not ahead of
@@ -183,6 +207,10 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         }
         PsClient::Reply page = std::move(*got);
         const uint64_t epoch = page.header.server_epoch;
+        if (!SameGeneration(page.header, ahead_state, state)) {
+          if (next) mover.Abandon(*next);
+          return Status::Ok();
+        }
         // Another process than the one read ahead, or than the one this copy began with: read
         // it all, from the start.
         const bool other_ahead = first && ahead_state && since >= 0 &&
@@ -240,10 +268,18 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         }
         for (uint32_t d = 0; d < listed; ++d) {
           if (keys[d].empty()) continue;
-          Result<PsClient::Reply> installed =
-              mover.Call(d, kInstall, t, 0, 0, &keys[d], &rows[d], floats);
-          if (!installed.ok()) {
+          Result<PsClient::Reply> installed = mover.Call(
+              d, kInstall, t, 0, 0, &keys[d], &rows[d], floats, -1, page.header.rollback_gen);
+          if (!installed.ok() && installed.status().code() == StatusCode::kAborted &&
+              !state->rolled_back) {
+            // The target is at another generation than the source.
+            spdlog::info("scale: the job rolled back while its rows were copied; copying them "
+                         "all again");
+            state->rolled_back = true;
+          }
+          if (!installed.ok() || !SameGeneration(installed->header, ahead_state, state)) {
             if (next) mover.Abandon(*next);
+            if (state->rolled_back) return Status::Ok();
             return installed.status();
           }
           const PsClient::Reply& ack = *installed;
@@ -294,7 +330,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     Status st = CopyRows(mover, manifest, before, before.Resized(servers), /*change=*/false,
                          nullptr, &ahead);
     if (!st.ok()) return st.WithContext("copying the rows ahead of the change");
-    copied_ahead = !ahead.target_restarted;
+    copied_ahead = !ahead.target_restarted && !ahead.rolled_back;
     report.ahead_rows = ahead.rows;
     report.ahead_seconds = Since(env, t0);
   }
@@ -329,7 +365,7 @@ Result<ReshardReport> Reshard(PsClient& client, uint32_t servers,
     PARASOL_RETURN_IF_ERROR(
         CopyRows(mover, manifest, before, after, /*change=*/true, copied_ahead ? &ahead : nullptr,
                  &state));
-    bool again = state.target_restarted;
+    bool again = state.target_restarted || state.rolled_back;
     // Commit: every shard of either placement, each to the process that took its rows; shard 0
     // first, whose answer says which workers have left the job and when (a shard that starts
     // serving takes them with the workers' clocks).

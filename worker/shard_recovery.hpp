@@ -53,6 +53,9 @@ class ShardRecovery {
   bool any_replay_due() const;
   // The replay to `shard` begins: it is no longer due; what the log held for it is its.
   std::deque<PushLog::Entry> StartReplay(uint32_t shard);
+  // `shard` has a durable checkpoint holding every push this worker made to it (it serves no
+  // more clocks): its log goes.
+  void Settled(uint32_t shard) { (void)log_.Take(shard); }
   // The clock of the checkpoint `shard` restarted from (-1: it has not restarted).
   int64_t restored_clock(uint32_t shard) const { return restored_clock_[shard]; }
   // The process of `shard` this worker last heard from (0: none).

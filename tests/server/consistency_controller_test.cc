@@ -140,6 +140,20 @@ TEST(ConsistencyControllerTest, RestoredClocksAreALowerBoundUntilTheReplayCatche
   EXPECT_FALSE(c.Advance(0, 15, false, true).ok());  // 3 ahead of worker 1
 }
 
+TEST(ConsistencyControllerTest, AWorkerThatHadLeftByTheCheckpointOwesNoReplay) {
+  // A shard restored a checkpoint taken after worker 1 left: the checkpoint holds all worker 1
+  // pushed, so a new process of it that says Hello loses nothing (worker 0's does).
+  ConsistencyController c = Controller(TrainingOptions::Consistency::kBsp);
+  c.SetClock(0, 7);
+  c.SetClock(1, 7);
+  c.SetDone(1, 7);
+  EXPECT_TRUE(c.ReplayOwed());  // worker 0's
+  EXPECT_FALSE(c.AbandonReplay(1));
+  EXPECT_TRUE(c.AbandonReplay(0));
+  EXPECT_FALSE(c.ReplayOwed());
+  EXPECT_FALSE(c.AbandonReplay(0));  // once
+}
+
 }  // namespace
 }  // namespace parasol
 

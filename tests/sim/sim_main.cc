@@ -152,8 +152,10 @@ int main(int argc, char** argv) {
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
   // By the whole job (its faults' moments are drawn within the reference's duration, which
-  // fused steps and the checkpoint period change): a seed's run is the same alone or in a list.
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t, uint32_t, uint32_t>,
+  // fused steps, the checkpoint period and background writes change): a seed's run is the same
+  // alone or in a list.
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t, uint32_t, uint32_t,
+                      bool>,
            Reference>
       references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
@@ -174,7 +176,7 @@ int main(int argc, char** argv) {
     const SimJob job = JobOf(seed, base.ssp, base.asp, base.reshard, base.background);
     const auto key = std::make_tuple(job.workers, job.shards, job.steps, job.every_steps,
                                      job.fused, job.asp ? 100u : job.ssp ? job.staleness : 0u,
-                                     job.serving, job.scale_to);
+                                     job.serving, job.scale_to, job.background);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;
