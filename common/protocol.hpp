@@ -70,14 +70,17 @@ inline void SetHelloWorker(Header& h, int64_t clock, bool left) {
 }
 
 // Membership request: a worker asks to leave (done); a tool asks for this many workers
-// (key_count, 0: no change) or shards (shard_count, 0: no change). Its reply: the workers
-// that stay (key_count), and the clock at which the asking worker joins or leaves, or at which
-// the shard count changes (worker_clock).
+// (key_count, 0: no change) or shards (shard_count, 0: no change); either may name the earliest
+// clock it wants the leave or change at (worker_clock; -1: the next one shard 0 can name). Its
+// reply: the workers that stay (key_count), and the clock at which the asking worker joins or
+// leaves, or at which the shard count changes (worker_clock).
 inline bool MembershipAsksToLeave(const Header& h) { return h.done; }
 inline uint64_t MembershipWorkers(const Header& h) { return h.key_count; }
 inline void SetMembershipWorkers(Header& h, uint64_t n) { h.key_count = n; }
 inline uint32_t MembershipShards(const Header& h) { return h.shard_count; }
 inline int64_t MembershipClock(const Header& h) { return h.worker_clock; }
+inline int64_t MembershipNotBefore(const Header& h) { return h.worker_clock; }
+inline void SetMembershipNotBefore(Header& h, int64_t clock) { h.worker_clock = clock; }
 inline void SetMembershipClock(Header& h, int64_t clock) { h.worker_clock = clock; }
 
 // Migrate install (a tool's): the rollback generation of the shard the rows were read from

@@ -736,26 +736,11 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
 void ShardServer::SettleRollback(int64_t clock, bool restarted) {
   step_waiting_clock_ = -1;  // the clocks from `clock` on come again
   // Rows copied here ahead of a change of the shard count (a job rolls back only before any
-  // change is named, so they are all such) are of the history undone: the checkpoint may hold
-  // copies read after its clock, or rows that shard no longer has. They go; the scale tool
-  // sees the new generation in its replies and copies everything again, and an install of
-  // rows read before the rollback is refused (parasol_sim --seed 3047 --reshard).
-  if (staged_rows_) {
-    const Placement& live = LivePlacement();
-    uint64_t dropped = 0;
-    for (auto& table : sparse_) {
-      if (!table) continue;
-      for (uint32_t e = 0; e < table->engines(); ++e) {
-        dropped += table->partition(e).EraseRowsIf(
-            [&](uint64_t key) { return live.ShardOf(key) != rank_; });
-      }
-    }
-    staged_rows_ = false;
-    if (dropped > 0) {
-      spdlog::info("shard {}: dropped {} rows copied here ahead of a change of the shard count "
-                   "(the job rolled back)", rank_, dropped);
-    }
-  }
+  // change is named) are of the history undone. The tables were loaded afresh from a checkpoint,
+  // which keeps no such rows (KeepsKey()), so none is held now; an install of rows read before
+  // the rollback is refused (CheckInstallGeneration()), and the scale tool, seeing the new
+  // generation in its replies, copies everything again (parasol_sim --seed 3047 --reshard).
+  staged_rows_ = false;
   // The pushes of the clocks from `clock` on are redone: their sums and their names go.
   aggregates_.clear();
   push_gate_ = PushGate(std::max(manifest_.cluster.workers, manifest_.cluster.max_workers));

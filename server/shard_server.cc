@@ -905,6 +905,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       ApplyReadyAggregates();
       may_split_apply_ = false;
       if (req.done) CheckpointWhenAllDone();
+      if (req.done) CheckpointWhenALeaverIsDone(req.worker_id);
       CheckpointWhenRemoved();
       AfterClockChange();
       // A checkpoint every N steps is begun at the tick that completes its clock: the next
@@ -1226,6 +1227,11 @@ void ShardServer::CheckWorkers() {
   AfterClockChange();
 }
 
+int64_t ShardServer::MembershipReach() const {
+  return std::max<int64_t>(0, controller_.MaxClock()) + 8 +
+         2 * int64_t{manifest_.training.staleness} + int64_t{manifest_.training.prefetch_depth};
+}
+
 int64_t ShardServer::NextMembershipClock() const {
   // A worker learns a named clock from shard 0's reply to its next tick at the latest, and by
   // then it may have taken the batches of the step after that tick and of its prefetches. Shard
@@ -1243,7 +1249,12 @@ Status ShardServer::MergeMembership(const Header& req) {
   // membership shard 0 answered it (which names that rank).
   const uint32_t w = req.worker_id;
   bool speaks = controller_.InJob(w);
-  if (!speaks && req.op == Op::Hello && req.join) {
+  // So may any request of a rank whose copy names its own join, as a Hello asking to join does:
+  // a replay (the shard restarted from a checkpoint older than the join, or from none, and the
+  // replay may come before any other worker's request tells it of the join: parasol_sim
+  // --elastic --seed 265), or a joiner's first request to a shard that began serving after it
+  // joined (--elastic --reshard --seed 15). With worker keys, only entries shard 0 signed count.
+  if (!speaks) {
     for (const MemberEntry& e : req.members) speaks = speaks || (e.worker == w && e.join >= 0);
   }
   // A shard that serves nothing is ticked by no worker, nor is one whose workers have all
@@ -1275,8 +1286,7 @@ Status ShardServer::MergeMembership(const Header& req) {
   if (!restarted) {
     const int64_t newest = std::max<int64_t>(0, controller_.MaxClock());
     const int64_t slowest = controller_.MinClock();
-    const int64_t reach = newest + 8 + 2 * int64_t{manifest_.training.staleness} +
-                          int64_t{manifest_.training.prefetch_depth};
+    const int64_t reach = MembershipReach();
     for (const MemberEntry& e : req.members) {
       for (int64_t c : {e.join, e.leave}) {
         bool known = c == membership_.join(e.worker) || c == membership_.leave(e.worker);
@@ -1356,11 +1366,29 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                               "at which workers join and leave; this is shard " +
                               std::to_string(rank_));
   }
+  if (req.join && req.manifest_hash == fingerprint_ && membership_.Joined(w)) {
+    // Joined already (a resend, or a restart of the worker): nothing to name, so nothing to
+    // wait for; this Hello may be the one whose replay the shard waits for (parasol_sim
+    // --elastic --seed 15: a restarted joiner was refused for ever).
+    SetMembershipClock(*reply, membership_.join(w));
+    return Status::Ok();
+  }
   if (controller_.ReplayOwed()) {
     return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
                        "again once the workers have replayed to it");
   }
-  const int64_t at = NextMembershipClock();
+  // The next clock shard 0 can name, or a later one the request asks for (a change planned
+  // ahead, at the same clock in every run of the job).
+  int64_t at = NextMembershipClock();
+  if (req.op == Op::Membership && MembershipNotBefore(req) > at) {
+    // No further ahead than the other shards take a clock from a worker's copy.
+    if (MembershipNotBefore(req) > MembershipReach()) {
+      return InvalidArgument("Membership: clock " + std::to_string(MembershipNotBefore(req)) +
+                             " is further ahead than shard 0 names clocks (at most " +
+                             std::to_string(MembershipReach()) + " now); ask closer to it");
+    }
+    at = MembershipNotBefore(req);
+  }
   if (tool && MembershipShards(req) > 0) return NameServerChange(MembershipShards(req), at, reply);
   if (req.join) {
     if (req.manifest_hash != fingerprint_) {
@@ -1383,7 +1411,7 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
     controller_.Join(w, at, env_->Now());
     spdlog::info("shard 0: worker {} joins the job at clock {}", w, at);
     SetMembershipClock(*reply, at);
-    return Status::Ok();
+    return KeepNamedClocks("worker " + std::to_string(w) + " joins at clock " + std::to_string(at));
   }
   // Leaves: this worker, or (from a tool) the highest ranks beyond the workers wanted present
   // at `at`.
@@ -1409,14 +1437,26 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
     }
     SetMembershipWorkers(*reply, present);
   }
+  std::string named;
   for (uint32_t r : leaving) {
     if (controller_.IsDone(r)) continue;  // it has finished training: nothing to leave
     const int64_t clock = std::max(at, membership_.join(r) + 1);
     PARASOL_RETURN_IF_ERROR(membership_.SetLeave(r, clock));
     spdlog::info("shard 0: worker {} leaves the job at clock {}", r, clock);
     if (r == w) SetMembershipClock(*reply, clock);
+    named += (named.empty() ? "worker " : ", ") + std::to_string(r);
   }
-  return Status::Ok();
+  if (named.empty()) return Status::Ok();
+  return KeepNamedClocks(named + " leave" + (leaving.size() == 1 ? "s" : "") + " at clock " +
+                         std::to_string(at));
+}
+
+Status ShardServer::KeepNamedClocks(const std::string& what) {
+  // A named clock never changes: kept before it is answered, as a change of the shard count
+  // is. Otherwise a restart of shard 0 before a checkpoint, with every process that had heard
+  // the name dead too, names another clock (parasol_sim --elastic --seed 1266).
+  if (manifest_.checkpoint.dir.empty()) return Status::Ok();
+  return SaveCheckpoint(what).WithContext("keeping the named clock");
 }
 
 Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identity,
@@ -1579,6 +1619,28 @@ void ShardServer::CheckpointWhenAllDone() {
   }
 }
 
+void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
+  if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
+  // A worker leaving the running job (at the clock shard 0 named) exits once its Leave is
+  // answered, its push log with it: a checkpoint (durable before the reply, whose count trims
+  // that log) holds what it pushed here and that it left, or one at its leave clock or later
+  // does (a rank restored at its leave clock is done: ShardState). Nobody could replay it after
+  // a restart of this shard (parasol_sim --elastic --seed 90: a shard restarted from before the
+  // leave, waited for the leaver's replay and lost it). At the job's end the last worker's
+  // Leave makes the checkpoint instead.
+  // Also when it pushed nothing since the last one: a restart from a checkpoint before its
+  // leave clock would wait for its ticks.
+  if (membership_.leave(w) < 0 || !controller_.IsDone(w) ||
+      checkpoint_clock_ >= membership_.leave(w)) {
+    return;
+  }
+  if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " left the job at clock " +
+                                 std::to_string(membership_.leave(w)));
+      !st.ok()) {
+    spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
+  }
+}
+
 void ShardServer::CheckpointWhenRemoved() {
   const int64_t change = ChangeClock();
   if (manifest_.checkpoint.dir.empty() || change < 0 || removed_checkpointed_ == change ||
@@ -1702,6 +1764,10 @@ void ShardServer::ReleaseBarriers() {
     bool all = true;
     for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
       if (!controller_.InJob(w)) continue;  // not joined (yet)
+      // The first barrier (0: all meet before the first step) is not a joiner's: it starts at
+      // the clock it joins at, and never enters it (parasol_sim --elastic: a rank admitted
+      // before the others had met held them there for ever).
+      if (it->first == 0 && membership_.join(w) > 0) continue;
       // A worker that has left holds no barrier back: it may have exited already (a barrier
       // it had entered before a restart of this shard cannot reach it again).
       if (!controller_.IsLost(w) && !controller_.IsDone(w) && !arrived.count(w)) all = false;

@@ -441,8 +441,13 @@ class ShardServer {
   Status MergeMembership(const Header& req);
   // Shard 0: a Membership request (or a Hello asking to join): names the clocks asked for.
   Status HandleMembership(const Header& req, Header* reply);
+  // Shard 0, having named a join or leave clock: a checkpoint holds it before the reply goes.
+  Status KeepNamedClocks(const std::string& what);
   // The first clock shard 0 may name now: no worker can have read that step's batch yet.
   int64_t NextMembershipClock() const;
+  // The furthest clock a membership entry may name now: shard 0 names none beyond it, and the
+  // other shards take none beyond it from a worker's copy.
+  int64_t MembershipReach() const;
   // Dispatch() with the membership taken in first and, for a sender that knew less, sent back.
   Status DispatchOp(const Header& req, std::vector<zmq::message_t>& frames, Header* reply,
                     std::vector<zmq::message_t>* payload, bool* held);
@@ -468,6 +473,8 @@ class ShardServer {
   // A shard that the newest change removes, once every worker has passed its clock: checkpoints
   // every push it took (no worker will replay them to it), once per change.
   void CheckpointWhenRemoved();
+  // A worker that leaves the running job has said it is done: a checkpoint holds its pushes.
+  void CheckpointWhenALeaverIsDone(uint32_t w);
   int64_t removed_checkpointed_ = -1;
   // A shard outside both placements of the newest change has nothing of it to install or drop:
   // marks it done here (called whenever the membership changes).

@@ -570,6 +570,13 @@ Status ShardState::Load(std::istream& in, const std::string& name, CheckpointHea
       if (!controller_.InJob(static_cast<uint32_t>(w))) continue;
       controller_.SetClock(static_cast<uint32_t>(w), clocks[w]);
       if (w < done.size() && done[w] >= 0) controller_.SetDone(static_cast<uint32_t>(w), done[w]);
+      // A rank at its leave clock had trained every step it would: it owes nothing more, even
+      // if its done came after this checkpoint (it may have exited; parasol_sim --elastic
+      // --seed 1389: a shard restored from before the done waited for it for ever).
+      const int64_t leave = membership_.leave(static_cast<uint32_t>(w));
+      if (leave >= 0 && clocks[w] >= leave) {
+        controller_.SetDone(static_cast<uint32_t>(w), leave);
+      }
       if (w < incarnations.size()) {
         controller_.set_incarnation(static_cast<uint32_t>(w),
                                     static_cast<uint64_t>(incarnations[w]));

@@ -42,7 +42,10 @@ void MembershipRelay::Note(uint32_t shard, const Header& reply) {
 
 void MembershipRelay::Stamp(uint32_t shard, bool carries, bool job_rank, Header& header) const {
   const uint64_t known = shard < shard_version_.size() ? shard_version_[shard] : 0;
-  if (carries && known < membership_.version()) {
+  // A request to join carries every entry: the shard may have restarted since it said what it
+  // knew, and admits the joiner only from the entry naming it (parasol_sim --elastic --seed
+  // 898: a restarted shard refused a restarted joiner's Hello that carried none).
+  if ((carries && known < membership_.version()) || (header.join && !membership_.Entries().empty())) {
     header.members = membership_.Entries();
     header.membership_version = membership_.version();
     header.member_macs = MacsOf(header.members);

@@ -176,11 +176,13 @@ class PsClient {
   // every reply of a shard that knows more brings it, and every tick passes it on.
   const Membership& membership() const { return relay_.membership(); }
   // Asks shard 0 to name the clock at which this worker leaves (it trains the steps before it,
-  // then calls Leave()). Returns that clock.
-  Result<int64_t> RequestLeave();
+  // then calls Leave()): the next it can name, or `not_before` if that is later. Returns that
+  // clock (one named before, if this worker asked already).
+  Result<int64_t> RequestLeave(int64_t not_before = -1);
   // A tool's request (observer): the job should have `workers` workers; shard 0 names a leave
-  // clock for each of the highest ranks beyond that. Returns how many stay.
-  Result<uint64_t> Scale(uint64_t workers);
+  // clock (as RequestLeave() does) for each of the highest ranks beyond that. Returns how many
+  // stay.
+  Result<uint64_t> Scale(uint64_t workers, int64_t not_before = -1);
   // Asks shard 0 for the membership it knows (it arrives with the reply).
   Status SyncMembership();
   // The stats (JSON) of each shard the newest placement has, in rank order; StatsOf(): one
@@ -351,10 +353,10 @@ class PsClient {
   // A rank of the job (below cluster.max_workers), not a tool.
   bool JobRank() const { return worker_id_ < relay_.membership().max_ranks(); }
   // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
-  Status AskShardZero(bool done, uint64_t count);
-  // Leave(): waits until each shard a change of the shard count removed before this worker's
-  // clock (rank `serving` on) has a durable checkpoint from the clock it stopped serving at.
-  Status SettleRemovedShards(uint32_t serving);
+  Status AskShardZero(bool done, uint64_t count, int64_t not_before);
+  // Leave(): waits until each shard from `first` on that holds pushes of this worker has a
+  // durable checkpoint from the clock this worker stopped pushing to it.
+  Status SettleLog(uint32_t first);
   MembershipRelay relay_;  // the job's membership as this worker knows it, and its relay
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;

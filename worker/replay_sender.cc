@@ -23,6 +23,9 @@ void ReplaySender::Start(uint32_t shard) {
   in.in_job = c_.JobRank();
   in.restored_clock = c_.recovery_.restored_clock(shard);
   in.serving_from = c_.relay_.membership().ServingFrom(shard);
+  // A rank that joined later has no clocks before its join (parasol_sim --elastic --seed 265).
+  const int64_t joined = c_.relay_.membership().join(c_.worker_id_);
+  if (c_.JobRank() && joined > in.serving_from) in.serving_from = joined;
   if (shard >= c_.ShardsFrom(c_.clock_ - 1) && c_.relay_.membership().RemovedAt(shard) >= 0) {
     in.removed_at = c_.relay_.membership().RemovedAt(shard);
   }

@@ -14,7 +14,8 @@ ReplyOutcome OutcomeOf(Op request, StatusCode status, bool restoring, bool repla
   if (status != StatusCode::kOk) {
     if (replay_due) return ReplyOutcome::kAwaitReplay;
     if (status == StatusCode::kUnavailable &&
-        (request == Op::Clock || IsPull(request) || IsPush(request) || request == Op::Step)) {
+        (request == Op::Clock || IsPull(request) || IsPush(request) || request == Op::Step ||
+         request == Op::Hello || request == Op::Membership)) {
       return ReplyOutcome::kRetryLater;
     }
     return ReplyOutcome::kFail;

@@ -11,7 +11,10 @@
 //   Unavailable to a tick, a pull or a push (a tick | retried after cluster.request_timeout,
 //   whose pushes have not all arrived, and what was | within its attempts; a Step's parts
 //   sent behind it; a rollback on its way), or to a | each on its own
-//   Step of them                                    |
+//   Step of them; to a Hello or a membership        |
+//   request (shard 0 restarted and waits for the    |
+//   workers' replays; too many wait for a           |
+//   checkpoint)                                     |
 //   any other error                                 | fails (its caller sees the status)
 //   OK                                              | done
 #pragma once

@@ -14,6 +14,8 @@
 // between threads on one CPU is about twice as fast. --reshard: BSP jobs whose shard count
 // grows or shrinks by one while they train (the scale tool runs from a drawn moment, and may
 // be killed and run again), every row and dense element compared wherever it ends up.
+// --elastic: BSP jobs whose workers change while they train (a rank joins, another leaves, at
+// clocks drawn from the seed); it combines with --reshard.
 // --no-background: checkpoints always in the foreground (in 3 seeds of 4 they are written in the
 // background otherwise): the schedules of the seeds found before.
 // Prints each failed seed with the command that replays it, and a summary; exits 1 when any
@@ -38,7 +40,7 @@ namespace {
 void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
-               "[--no-disk-faults] [--no-background] [--ssp | --asp | --reshard] "
+               "[--no-disk-faults] [--no-background] [--ssp | --asp | --reshard] [--elastic] "
                "[--cpu C] [--stop-at-failure]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
@@ -110,6 +112,8 @@ int main(int argc, char** argv) {
       base.asp = true;
     } else if (a == "--reshard") {
       base.reshard = true;
+    } else if (a == "--elastic") {
+      base.elastic = true;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
     } else if (a == "--cpu") {
@@ -121,9 +125,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (base.reshard && (base.ssp || base.asp)) {
-    // SSP's checks read each shard's dense slice as counters, which a change would move.
-    std::fprintf(stderr, "parasol_sim: --reshard runs BSP jobs only\n");
+  if ((base.reshard || base.elastic) && (base.ssp || base.asp)) {
+    // SSP's checks read each shard's dense slice as counters, which a change would move (and
+    // count the workers of the job's start).
+    std::fprintf(stderr, "parasol_sim: --reshard and --elastic run BSP jobs only\n");
     return 2;
   }
   if (cpu >= 0) {
@@ -148,6 +153,7 @@ int main(int argc, char** argv) {
   if (base.ssp) flags += " --ssp";
   if (base.asp) flags += " --asp";
   if (base.reshard) flags += " --reshard";
+  if (base.elastic) flags += " --elastic";
   if (base.max_faults != SimOptions().max_faults) flags += " --max-faults " + std::to_string(base.max_faults);
   spdlog::set_level(base.verbose ? spdlog::level::info : spdlog::level::off);
   const auto start = std::chrono::steady_clock::now();
@@ -155,7 +161,7 @@ int main(int argc, char** argv) {
   // fused steps, the checkpoint period and background writes change): a seed's run is the same
   // alone or in a list.
   std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, bool, uint32_t, uint32_t, uint32_t,
-                      bool>,
+                      bool, uint32_t>,
            Reference>
       references;
   uint64_t equal = 0, reported = 0, single = 0, failed = 0;
@@ -173,10 +179,11 @@ int main(int argc, char** argv) {
     ++ran;
     SimOptions o = base;
     o.seed = seed;
-    const SimJob job = JobOf(seed, base.ssp, base.asp, base.reshard, base.background);
+    const SimJob job =
+        JobOf(seed, base.ssp, base.asp, base.reshard, base.background, base.elastic);
     const auto key = std::make_tuple(job.workers, job.shards, job.steps, job.every_steps,
                                      job.fused, job.asp ? 100u : job.ssp ? job.staleness : 0u,
-                                     job.serving, job.scale_to, job.background);
+                                     job.serving, job.scale_to, job.background, job.leave_at);
     auto it = references.find(key);
     if (it == references.end()) {
       std::string failure;

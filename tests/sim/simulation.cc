@@ -77,6 +77,7 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
   return "cluster:\n  servers: [" + servers + "]\n" +
          (job.scale_to ? "  initial_servers: " + std::to_string(job.serving) + "\n" : "") +
          "  workers: " + std::to_string(job.workers) +
+         (job.elastic ? "\n  max_workers: " + std::to_string(job.workers + 1) : std::string()) +
          "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
          "server: {engine_threads: 2}\n" +
          (job.asp   ? std::string("training: {consistency: asp, worker_timeout: 60s}\n")
@@ -202,7 +203,7 @@ class Sim {
     // The scale tool, when the job changes its shard count, is one more process after the
     // workers (not in the run without faults, which keeps its shards).
     has_tool_ = job.scale_to > 0 && reference != nullptr;
-    workers_.resize(job.workers + (has_tool_ ? 1 : 0));
+    workers_.resize(Ranks() + (has_tool_ ? 1 : 0));
     conns_.assign(workers_.size() * job.shards, Conn{});
     for (uint32_t w = 0; w < workers_.size(); ++w) workers_[w].rank = w;
   }
@@ -228,8 +229,8 @@ class Sim {
     if (!failure_.empty()) return;
     const Clock::time_point start = now_;
     for (uint32_t s = 0; s < job_.shards; ++s) StartShard(s);
-    for (WorkerProc& w : workers_) {
-      if (!IsTool(w)) At(now_ + Delay(), [this, &w] { StartWorker(w); });
+    for (uint32_t r = 0; r < Ranks(); ++r) {
+      At(now_ + Delay(), [this, r] { StartWorker(workers_[r]); });
     }
     At(now_ + milliseconds(20), [this] { Periodic(); });
     if (faults_) ScheduleFaults();
@@ -237,7 +238,7 @@ class Sim {
       // The change starts at a drawn moment of the run without faults (or after its end).
       const double at = reference_->seconds * (Draw(10000) / 1e4);
       At(now_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)),
-         [this] { StartWorker(workers_[job_.workers]); });
+         [this] { StartWorker(workers_[Ranks()]); });
     }
     while (failure_.empty() && !AllDone()) {
       if (events_.empty()) {
@@ -452,7 +453,12 @@ class Sim {
     if (r < 99) return microseconds(1000 + Draw(9000));
     return milliseconds(20 + Draw(60));
   }
-  bool IsTool(const WorkerProc& w) const { return has_tool_ && w.rank == job_.workers; }
+  bool IsTool(const WorkerProc& w) const { return has_tool_ && w.rank == Ranks(); }
+  // The workers' ranks: the first ones, and a joiner (SimOptions::elastic).
+  uint32_t Ranks() const { return job_.workers + (job_.elastic ? 1 : 0); }
+  bool IsJoiner(const WorkerProc& w) const { return job_.elastic && w.rank == job_.workers; }
+  bool IsLeaver(const WorkerProc& w) const { return job_.elastic && w.rank + 1 == job_.workers; }
+
   std::string Name(const WorkerProc& w) const {
     return IsTool(w) ? "the scale tool" : "worker " + std::to_string(w.rank);
   }
@@ -697,10 +703,40 @@ class Sim {
   Status BodyOnce(WorkerProc& w) {
     auto killed = [&] { return w.killed ? Unavailable("killed") : Status::Ok(); };
     Result<std::unique_ptr<PsClient>> connected =
-        PsClient::Connect(manifest_, w.rank, "", {}, false, w.env.get());
+        PsClient::Connect(manifest_, w.rank, "", {}, IsJoiner(w), w.env.get());
     PARASOL_RETURN_IF_ERROR(killed());
     PARASOL_RETURN_IF_ERROR(connected.status());
     PsClient& client = **connected;
+    if (IsJoiner(w)) {
+      if (client.membership().join(w.rank) != 2) {
+        return Internal("the joiner joins at clock " +
+                        std::to_string(client.membership().join(w.rank)) + ", not 2");
+      }
+      joiner_in_ = true;
+    }
+    if (IsLeaver(w) && client.membership().leave(w.rank) < 0) {
+      // Before the first barrier, so that no worker is past the clock asked for.
+      Result<int64_t> at = client.RequestLeave(job_.leave_at);
+      PARASOL_RETURN_IF_ERROR(killed());
+      PARASOL_RETURN_IF_ERROR(at.status());
+    }
+    // Nor does any pass the first barrier (the leaver's) before the joiner's clock is named:
+    // shard 0 names the next clock it can, 2 while every worker is at 0. (Bounded by the
+    // simulation's limit of virtual time.)
+    while (IsLeaver(w) && !joiner_in_ && client.resumed_clock() < 0 &&
+           client.last_barrier_seen() < 0) {
+      if (workers_[job_.workers].state == WorkerProc::State::kFailed) {
+        return Internal("the joiner failed before it joined");
+      }
+      Status idle = client.Idle(milliseconds(5));
+      PARASOL_RETURN_IF_ERROR(killed());
+      PARASOL_RETURN_IF_ERROR(idle);
+    }
+    if (IsLeaver(w) && client.membership().leave(w.rank) != job_.leave_at) {
+      return Internal("the leaver leaves at clock " +
+                      std::to_string(client.membership().leave(w.rank)) + ", not " +
+                      std::to_string(job_.leave_at));
+    }
     if (!client.lost_step().empty()) {
       Log(client.lost_step());
       reported_loss_ = true;
@@ -720,7 +756,11 @@ class Sim {
     Log("worker " + std::to_string(w.rank) + " at step " + std::to_string(start));
     std::vector<float> rows(kKeysPerStep * kDim), dense(kDense), grows(rows.size()),
         gdense(kDense);
-    for (uint32_t step = start; step < job_.steps; ++step) {
+    // A rank that leaves trains the steps before its leave clock.
+    const int64_t leave = client.membership().leave(w.rank);
+    const uint32_t end =
+        leave >= 0 ? std::min<uint32_t>(job_.steps, static_cast<uint32_t>(leave)) : job_.steps;
+    for (uint32_t step = start; step < end; ++step) {
       if (client.clock() != step) {
         return Internal("worker at step " + std::to_string(step) + " has clock " +
                         std::to_string(client.clock()));
@@ -780,6 +820,8 @@ class Sim {
     Status left = client.Leave();
     PARASOL_RETURN_IF_ERROR(killed());
     PARASOL_RETURN_IF_ERROR(left);
+    // One that left the running job goes without meeting the others (as the trainer).
+    if (leave >= 0 && client.clock() >= leave) return Status::Ok();
     Status met = client.Barrier(1);
     PARASOL_RETURN_IF_ERROR(killed());
     return met;
@@ -1020,7 +1062,7 @@ class Sim {
       ++counts_.worker_kills;
       w->kill_at_send = 1 + static_cast<uint32_t>(Draw(job_.shards * 2));
     } else if (kind < 90) {
-      const uint32_t w = static_cast<uint32_t>(Draw(job_.workers));
+      const uint32_t w = static_cast<uint32_t>(Draw(Ranks()));
       const uint32_t s = static_cast<uint32_t>(Draw(job_.shards));
       Conn& c = ConnOf(w, s);
       if (c.cut) return;
@@ -1108,6 +1150,7 @@ class Sim {
   bool reported_loss_ = false;
   bool loss_of_a_step_ = false;
   bool has_tool_ = false;  // workers_.back() is the scale tool
+  bool joiner_in_ = false;  // shard 0 has named the joiner's clock
   SimOutcome counts_;
 };
 
@@ -1214,10 +1257,14 @@ std::string SimJob::ToString() const {
          (asp ? ", ASP" : ssp ? ", SSP with staleness " + std::to_string(staleness) : "") +
          (scale_to ? ", " + std::to_string(serving) + " serving then " + std::to_string(scale_to) +
                          " (the scale tool)"
-                   : "");
+                   : "") +
+         (elastic ? ", worker " + std::to_string(workers) + " joins at clock 2 and worker " +
+                        std::to_string(workers - 1) + " leaves at clock " +
+                        std::to_string(leave_at)
+                  : "");
 }
 
-SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard, bool background) {
+SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard, bool background, bool elastic) {
   std::mt19937_64 rng(Mix(seed) ^ 0x5eed);
   SimJob job;
   job.workers = 2 + static_cast<uint32_t>(rng() % 3);
@@ -1248,6 +1295,14 @@ SimJob JobOf(uint64_t seed, bool ssp, bool asp, bool reshard, bool background) {
     job.scale_to = job.serving == 1 || more() % 2 == 0 ? job.serving + 1 : job.serving - 1;
     job.shards = std::max(job.serving, job.scale_to);
   }
+  if (elastic && !job.ssp) {
+    // From a stream of its own as well; the leave before the last step, after the clock shard 0
+    // can name once the joiner is at 2 (its clock counts), and within the reach of the clocks it
+    // names while every worker is at 0 (ShardServer::MembershipReach()).
+    std::mt19937_64 more(Mix(seed) ^ 0xe1a5);
+    job.elastic = true;
+    job.leave_at = 4 + static_cast<uint32_t>(more() % (std::min(job.steps, 9u) - 4));
+  }
   return job;
 }
 
@@ -1261,8 +1316,8 @@ Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure) {
 }
 
 SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
-  const SimJob job =
-      JobOf(options.seed, options.ssp, options.asp, options.reshard, options.background);
+  const SimJob job = JobOf(options.seed, options.ssp, options.asp, options.reshard,
+                           options.background, options.elastic);
   Sim sim(job, options.seed, &options, &reference);
   sim.Run();
   SimOutcome out = sim.counts();
@@ -1280,7 +1335,9 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   // Under SSP nothing rolls back: a loss is acceptable when it was reported, and the job may
   // then stop on a worker's error (not on a hang, a deadlock or a failed check of the
   // simulation's own).
-  const bool reported_without_rollback = (job.ssp || job.scale_to > 0) && sim.reported_loss();
+  // Nor across a change of membership (the shard count, or the workers).
+  const bool changes = job.scale_to > 0 || job.elastic;
+  const bool reported_without_rollback = (job.ssp || changes) && sim.reported_loss();
   if (!sim.failure().empty()) {
     const bool worker_stopped =
         sim.failure().rfind("worker ", 0) == 0 && sim.failure().find(" failed: ") != std::string::npos;
@@ -1299,7 +1356,7 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
     out.failure = sim.failure();
     // After one failure at a time, across a change of the shard count, only a worker's death
     // between its ticks may lose updates (below).
-    if (out.kind == SimOutcome::Kind::kReported && !overlapped && !job.ssp && job.scale_to > 0 &&
+    if (out.kind == SimOutcome::Kind::kReported && !overlapped && !job.ssp && changes &&
         !sim.loss_of_a_step()) {
       out.kind = SimOutcome::Kind::kFailed;
       out.failure = "after one failure at a time, a loss other than a worker's death between "
@@ -1322,7 +1379,7 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   } else if (reported_without_rollback) {
     out.kind = SimOutcome::Kind::kReported;
     out.failure = differs + (job.ssp ? " (a loss was reported; under SSP the job does not roll back)"
-                                     : " (a loss was reported; the shard count changed, and the "
+                                     : " (a loss was reported; the membership changed, and the "
                                        "job does not roll back across that)");
   } else {
     // Under rollback a reported loss that the job went on with is a failure too.
@@ -1335,7 +1392,7 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   // After one failure at a time the only loss a BSP job may report across a change of the
   // shard count is a worker's death between its ticks (a step on some shards only): a loss of
   // replays, or a worker that failed on one, is a failure of the protocol.
-  if (out.single_failure && !job.ssp && job.scale_to > 0 && !sim.loss_of_a_step()) {
+  if (out.single_failure && !job.ssp && changes && !sim.loss_of_a_step()) {
     out.kind = SimOutcome::Kind::kFailed;
     out.single_failure = false;
     out.failure = "after one failure at a time, a loss other than a worker's death between its "

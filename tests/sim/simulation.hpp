@@ -57,6 +57,12 @@ struct SimOptions {
   // BSP jobs whose shard count changes while they train: the scale tool (worker/reshard.hpp)
   // runs as a process of the job, from a drawn moment, and may be killed and run again.
   bool reshard = false;
+  // BSP jobs whose workers change while they train: one more rank joins (cluster.max_workers)
+  // and the highest of the first ones leaves, at clocks drawn from the seed. Both are named by
+  // shard 0 before the first step (the joiner asks first and the others start once it is in;
+  // the leaver asks for its clock before the first barrier), so that the run without faults
+  // repeats them; the faults land while they take effect.
+  bool elastic = false;
   bool verbose = false;  // every event, and the processes' log lines
 };
 
@@ -77,6 +83,10 @@ struct SimJob {
   // start (cluster.initial_servers), and the scale tool changes that to `scale_to`. Rows and
   // dense elements are compared wherever they end up.
   uint32_t serving = 0, scale_to = 0;
+  // Workers that change (SimOptions::elastic): rank `workers` joins at clock 2 (the first
+  // shard 0 names), and rank `workers - 1` leaves at `leave_at` (0: no change; 4 or later).
+  bool elastic = false;
+  uint32_t leave_at = 0;
   std::string ToString() const;
 };
 
@@ -111,7 +121,7 @@ struct SimOutcome {
 };
 
 SimJob JobOf(uint64_t seed, bool ssp = false, bool asp = false, bool reshard = false,
-             bool background = false);
+             bool background = false, bool elastic = false);
 // A run of the seed's job without faults (with the seed's network delays).
 Reference RunReference(const SimJob& job, uint64_t seed, std::string* failure);
 // A run with the seed's faults, checked against `reference`.

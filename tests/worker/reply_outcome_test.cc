@@ -30,10 +30,12 @@ TEST(ReplyOutcomeTest, EveryOpAndStatusHasItsRow) {
       SCOPED_TRACE(static_cast<int>(error));
       // A restarted shard's error before the replay: the replay resends.
       EXPECT_EQ(OutcomeOf(op, error, false, true), ReplyOutcome::kAwaitReplay);
-      // Unavailable to a tick, a pull, a push or a Step of them: later; any other error fails.
+      // Unavailable to a tick, a pull, a push or a Step of them, a Hello or a membership
+      // request: later; any other error fails.
       const bool later = error == StatusCode::kUnavailable &&
                          (op == Op::Clock || IsPull(op) || op == Op::PushSparse ||
-                          op == Op::PushDense || op == Op::Step);
+                          op == Op::PushDense || op == Op::Step || op == Op::Hello ||
+                          op == Op::Membership);
       EXPECT_EQ(OutcomeOf(op, error, false, false),
                 later ? ReplyOutcome::kRetryLater : ReplyOutcome::kFail);
       // Loading its checkpoint: Unavailable waits for the restore whatever the op; another
