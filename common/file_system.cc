@@ -82,8 +82,6 @@ class ReadOnceBuf final : public std::streambuf {
         ::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) > drop_behind_above;
     setg(buffer_.get(), buffer_.get(), buffer_.get());
   }
-  bool drop_behind() const { return drop_behind_; }
-  uint64_t dropped_to() const { return dropped_to_; }
   ~ReadOnceBuf() override { ::close(fd_); }
 
  protected:

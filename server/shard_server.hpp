@@ -430,6 +430,9 @@ class ShardServer {
   // Whether every rank in the job here has finished (or is counted lost): no tick comes again.
   bool EveryWorkerFinished() const;
   bool all_done_checkpointed_ = false;
+  // Shard 0 named a join or leave clock that no checkpoint holds yet (its checkpoint failed):
+  // the next request about it tries again before it is answered (KeepNamedClocks()).
+  bool named_unkept_ = false;
   // A checkpoint failed: the next is due a second later, whatever the period.
   bool checkpoint_owed_ = false;
   std::chrono::steady_clock::time_point last_checkpoint_failure_{};

@@ -1087,9 +1087,19 @@ Status PsClient::SettleLog(uint32_t first) {
   // shard restarted after every worker had left it, and the change waited for ever on the
   // pushes of clocks 5 and 6; --elastic --seed 90: a shard restarted from before a leave).
   const auto until = env_->Now() + std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
+  const uint32_t serving = std::min<uint32_t>(
+      relay_.membership().PlacementAt(std::max<int64_t>(0, clock_ - 1)).count(), num_shards_);
   auto late = [&](uint32_t s, int64_t stopped, const Status& last) {
-    // Given up, not failed: the shard may have been stopped once its change was finished (its
-    // rows live on elsewhere), which this worker cannot tell from one that is down.
+    if (s < serving) {
+      // A shard of the job that stays silent: leaving now would take the only copy.
+      return Unavailable("worker " + std::to_string(worker_id_) + " leaves, but shard " +
+                         std::to_string(s) + " has no durable checkpoint from clock " +
+                         std::to_string(stopped) + " on within training.worker_timeout (" +
+                         std::to_string(manifest_.training.worker_timeout_ms) + " ms)" +
+                         (last.ok() ? "" : "; it last answered " + last.ToString()));
+    }
+    // Given up, not failed: a removed shard may have been stopped once its change was finished
+    // (its rows live on elsewhere), which this worker cannot tell from one that is down.
     spdlog::warn("worker {}: leaves with pushes to shard {} that no checkpoint of it from clock "
                  "{} on is known to hold (asked for training.worker_timeout = {} ms{}); a restart "
                  "of that shard before its rows moved on would need them",
@@ -1108,7 +1118,10 @@ Status PsClient::SettleLog(uint32_t first) {
     while (stopped > 0 && m.PlacementAt(stopped - 1).count() <= s) --stopped;
     Status last;
     while (recovery_.log().entries(s) > 0 || recovery_.replay_due(s)) {
-      if (env_->Now() >= until) return late(s, stopped, last);
+      if (env_->Now() >= until) {
+        PARASOL_RETURN_IF_ERROR(late(s, stopped, last));
+        break;  // the next shard is asked still
+      }
       // A plain membership request: answered by any shard, cheaply, with the reply's stamps.
       Result<Reply> r = Call(s, NewRequest(Op::Membership, 0), {});
       if (!replay_failure_.ok()) return replay_failure_;
@@ -1118,11 +1131,8 @@ Status PsClient::SettleLog(uint32_t first) {
         recovery_.Settled(s);  // every push it took from this worker is on its disk
         break;
       }
-      if (!r.ok() && r.status().code() != StatusCode::kTimeout &&
-          r.status().code() != StatusCode::kUnavailable) {
-        return r.status().WithContext("leaving: asking shard " + std::to_string(s) +
-                                      " for its checkpoint");
-      }
+      // Any refusal (down, restarting, refused for now until its attempts ran out) is asked
+      // again until the time-out.
       last = r.ok() ? Status::Ok() : r.status();
       PARASOL_RETURN_IF_ERROR(Idle(std::chrono::milliseconds(100)));
     }
