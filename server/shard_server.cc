@@ -1641,9 +1641,11 @@ void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   // Leave makes the checkpoint instead.
   // Also when it pushed nothing since the last one: a restart from a checkpoint before its
   // leave clock would wait for its ticks. Not while a replay is owed (this shard restarted and
-  // another worker's replay has not ended): one taken then ended in a model that differed,
-  // unreported (parasol_sim --elastic --seed 7053, not understood yet); the leaver's done then
-  // reaches a checkpoint with the next one, and a restart before it waits for the leaver.
+  // another worker's replay has not ended): a worker that had not reached this process trims
+  // its log by a restored checkpoint's count as if that checkpoint held what the process
+  // before acknowledged, which one written now does not (parasol_sim --elastic --seed 7053: a
+  // model that differed, unreported). The leaver's done then reaches a checkpoint with the
+  // next one, and a restart before it waits for the leaver.
   if (membership_.leave(w) < 0 || !controller_.IsDone(w) || controller_.ReplayOwed() ||
       checkpoint_clock_ >= membership_.leave(w)) {
     return;
