@@ -28,7 +28,8 @@ class InProcessShard {
     shard_.set_reply_sink([this](std::vector<zmq::message_t>& frames) {
       Result<Header> h = DecodeHeader(frames[1].data(), frames[1].size());
       ASSERT_TRUE(h.ok()) << h.status().ToString();
-      EXPECT_EQ(h->status, StatusCode::kOk) << h->message;
+      if (expect_ok_) EXPECT_EQ(h->status, StatusCode::kOk) << h->message;
+      headers_[h->request_id] = *h;
       const std::span<const zmq::message_t> rest =
           std::span<const zmq::message_t>(frames).subspan(2);
       if (h->op != Op::Step) {
@@ -173,6 +174,13 @@ class InProcessShard {
     return it == replies_.end() ? "" : it->second;
   }
   bool Answered(uint64_t id) const { return replies_.count(id) != 0; }
+  // The reply's header (a default one when none came).
+  Header ReplyHeader(uint64_t id) const {
+    auto it = headers_.find(id);
+    return it == headers_.end() ? Header{} : it->second;
+  }
+  // Whether every reply must be OK (the default); off for tests of refusals.
+  void set_expect_ok(bool on) { expect_ok_ = on; }
   std::string Metrics() const { return shard_.MetricsText(); }
   std::string StatsText() const { return shard_.StatsJson(); }
   const ShardServer& server() const { return shard_; }
@@ -193,6 +201,8 @@ class InProcessShard {
   Manifest manifest_;
   ShardServer shard_;
   std::map<uint64_t, std::string> replies_;
+  std::map<uint64_t, Header> headers_;
+  bool expect_ok_ = true;
   uint64_t next_id_ = 1000;
   uint64_t seq_ = 0;
 };
