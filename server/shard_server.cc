@@ -1640,13 +1640,10 @@ void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   // leave, waited for the leaver's replay and lost it). At the job's end the last worker's
   // Leave makes the checkpoint instead.
   // Also when it pushed nothing since the last one: a restart from a checkpoint before its
-  // leave clock would wait for its ticks. Not while a replay is owed (this shard restarted and
-  // another worker's replay has not ended): a worker that had not reached this process trims
-  // its log by a restored checkpoint's count as if that checkpoint held what the process
-  // before acknowledged, which one written now does not (parasol_sim --elastic --seed 7053: a
-  // model that differed, unreported). The leaver's done then reaches a checkpoint with the
-  // next one, and a restart before it waits for the leaver.
-  if (membership_.leave(w) < 0 || !controller_.IsDone(w) || controller_.ReplayOwed() ||
+  // leave clock would wait for its ticks. Also while another worker's replay to this restarted
+  // process is owed: that checkpoint says it holds less than its sequence (CompleteThroughNow();
+  // parasol_sim --elastic --seed 7053).
+  if (membership_.leave(w) < 0 || !controller_.IsDone(w) ||
       checkpoint_clock_ >= membership_.leave(w)) {
     return;
   }
@@ -2167,9 +2164,10 @@ Header ShardServer::Stamped(const Header& reply) const {
   Header stamped = reply;
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
-  stamped.checkpoint_count = checkpoint_sequence_;
+  // Counts the workers trim their push logs by: only what the checkpoints hold.
+  stamped.checkpoint_count = checkpoint_complete_;
   stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
-  stamped.restored_count = restored_sequence_;
+  stamped.restored_count = restored_complete_;
   stamped.membership_version = membership_.version();
   stamped.rollback_gen = rollback_gen_;
   stamped.rollback_needed = stamped.rollback_needed || rollback_owed_;

@@ -295,6 +295,7 @@ class ShardServer {
     std::chrono::steady_clock::time_point start;
     double pause_ms = 0;                    // how long serving stopped to begin it
     uint32_t begun_clock = 0;               // ShardClock() when it was begun
+    std::optional<uint64_t> complete_through;  // CompleteThroughNow() when it was begun
     std::vector<HeldReply> waiting;         // Checkpoint requests, answered once it is durable
   };
   std::optional<BackgroundCheckpoint> background_;
@@ -327,10 +328,11 @@ class ShardServer {
   CheckpointHeader NextCheckpointHeader(bool final) const;
   // Writes the shard's state as the checkpoint `h` at `path`; adds the payload bytes to *bytes.
   Status WriteState(const std::string& path, const CheckpointHeader& h, const DeltaSpec* delta,
-                    uint64_t* bytes);
+                    std::optional<uint64_t> complete_through, uint64_t* bytes);
   // The shard's state (or its delta) as checkpoint blocks, each handed to `sink` in file order.
+  // `complete_through`: CompleteThroughNow() as the state is taken.
   Status SaveState(const std::function<Status(const CheckpointBlock&)>& sink,
-                   const DeltaSpec* delta);
+                   const DeltaSpec* delta, std::optional<uint64_t> complete_through);
   // Whether the state's tables take at most checkpoint.copy_below bytes: its background
   // checkpoint is then a copy written by a thread (StagedCheckpoint), else a forked child.
   bool StagedCheckpointFits() const;
@@ -349,7 +351,8 @@ class ShardServer {
   void CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                          const std::string& reason, uint64_t stamp,
                          const std::vector<uint64_t>& pushed_at_start, double seconds,
-                         double pause_ms, uint64_t bytes, uint32_t begun_clock);
+                         double pause_ms, uint64_t bytes, uint32_t begun_clock,
+                         std::optional<uint64_t> complete_through);
   // `onto`: the checkpoint the tables hold (a delta is loaded onto it; 0: none).
   // `base`: the full checkpoint its chain starts from (a delta must name it; 0: any).
   Status LoadCheckpoint(const std::string& path, uint64_t onto = 0, uint64_t base = 0);
@@ -576,7 +579,15 @@ class ShardServer {
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};
   uint64_t checkpoint_sequence_ = 0;
-  uint64_t restored_sequence_ = 0;  // of the checkpoint this process started from
+  // What replies say as the checkpoint count and the restored count, which workers trim their
+  // push logs by: of the newest durable checkpoint and of the one restored, the count each
+  // holds every acknowledged push before (CheckpointBlockKind::kCompleteThrough; the sequence
+  // unless it was taken while a replay was owed).
+  uint64_t checkpoint_complete_ = 0;
+  uint64_t restored_complete_ = 0;
+  // For a checkpoint taken now: unset when it holds every push acknowledged before it began
+  // (no replay to this process is owed), else the count it holds them before.
+  std::optional<uint64_t> CompleteThroughNow() const;
   int64_t checkpoint_clock_ = -1;
   uint64_t epoch_;  // random per start and per rollback: tells workers this shard restarted
   // Rollbacks (protocols/message.fbs, Op.Rollback): the generation this shard is at, the clock

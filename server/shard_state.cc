@@ -131,6 +131,11 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
     case Kind::kBarrier:
       if (b.count != 1) return InvalidArgument("a barrier block of " + std::to_string(b.count));
       return CheckProduct(b.count, sizeof(int64_t), b.bytes, "barrier");
+    case Kind::kCompleteThrough:
+      if (b.count != 1) {
+        return InvalidArgument("a complete-through block of " + std::to_string(b.count));
+      }
+      return CheckProduct(b.count, sizeof(uint64_t), b.bytes, "complete-through");
     case Kind::kPushRecord:
       return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
@@ -379,6 +384,14 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
     Append(incarnations.bytes, controller_.incarnation(w));
   }
   PARASOL_RETURN_IF_ERROR(sink(incarnations));
+  // Taken while a replay was owed: the count it holds every acknowledged push before.
+  if (complete_through_) {
+    CheckpointBlock complete;
+    complete.kind = static_cast<uint32_t>(Kind::kCompleteThrough);
+    complete.count = 1;
+    Append(complete.bytes, *complete_through_);
+    PARASOL_RETURN_IF_ERROR(sink(complete));
+  }
   // Where a change of the shard count stands (only when one was named).
   if (migration_ && !membership_.server_changes().empty()) {
     CheckpointBlock m;
@@ -604,7 +617,9 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
   Status identity;
   std::vector<char> table_seen(manifest_.tables.size(), 0);
   bool clocks_seen = false, record_seen = false, done_seen = false, barrier_seen = false,
-       incarnations_seen = false, members_seen = false, migration_seen = false;
+       incarnations_seen = false, members_seen = false, migration_seen = false,
+       complete_seen = false;
+  complete_through_.reset();
   std::set<std::tuple<int64_t, uint32_t, int64_t>> pending_seen;  // (clock, table, worker)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   uint64_t blocks_seen = 0;
@@ -659,6 +674,10 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       if (std::exchange(members_seen, true)) return InvalidArgument("a second membership block");
     } else if (KindOf(b) == Kind::kMigration) {
       if (std::exchange(migration_seen, true)) return InvalidArgument("a second migration block");
+    } else if (KindOf(b) == Kind::kCompleteThrough) {
+      if (std::exchange(complete_seen, true)) {
+        return InvalidArgument("a second complete-through block");
+      }
     } else if (KindOf(b) == Kind::kIncarnations) {
       if (std::exchange(incarnations_seen, true)) {
         return InvalidArgument("a second block of incarnations");
@@ -746,6 +765,16 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       }
       Membership check = JobMembership(manifest_);
       PARASOL_RETURN_IF_ERROR(check.Merge(*members));
+    } else if (KindOf(b) == Kind::kCompleteThrough) {
+      uint64_t n = 0;
+      std::memcpy(&n, b.bytes.data(), sizeof(n));
+      // Less than the file's own count: written only when it is.
+      if (n >= header->sequence) {
+        return InvalidArgument("complete-through count " + std::to_string(n) +
+                               " is not below the checkpoint's sequence " +
+                               std::to_string(header->sequence));
+      }
+      complete_through_ = n;
     } else if (KindOf(b) == Kind::kIncarnations) {
       incarnations->resize(b.count);
       std::memcpy(incarnations->data(), b.bytes.data(), b.bytes.size());

@@ -23,6 +23,7 @@
 #include <future>
 #include <istream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -77,6 +78,14 @@ enum class CheckpointBlockKind : uint32_t {
   // apart until then, across a restart too. The two kinds above are read as worker -1's.
   kPendingSparseOf = 16,
   kPendingDenseOf = 17,
+  // count 1 x u64 N: every push any process of this shard acknowledged before its checkpoint
+  // N began is in this one; the pushes acknowledged later by processes before the one that
+  // wrote it may not be. Written only when N is less than the file's sequence: the state was
+  // taken while a worker's replay to that restarted process was still owed (those pushes were
+  // acknowledged by the process before it, and are only in that worker's log). Absent, N is the
+  // file's sequence. Replies say N as the checkpoint count, which workers trim their logs by
+  // (worker/push_log.hpp; parasol_sim --elastic --seed 7053).
+  kCompleteThrough = 18,
 };
 
 // A block of sparse rows, either width.
@@ -209,6 +218,11 @@ class ShardState {
   void set_block_delay(std::chrono::milliseconds delay) { block_delay_ = delay; }
   // The shard's time (its Env's): workers that joined are heard from as of then.
   void set_now(std::chrono::steady_clock::time_point now) { now_ = now; }
+  // Save(): the count the checkpoint holds every acknowledged push before
+  // (CheckpointBlockKind::kCompleteThrough), when less than its sequence (unset: none).
+  void set_complete_through(std::optional<uint64_t> n) { complete_through_ = n; }
+  // After Load(): that count, as the file says it (unset: the file's sequence).
+  std::optional<uint64_t> complete_through() const { return complete_through_; }
 
  private:
   Status CheckHeader(const CheckpointHeader& h) const;
@@ -263,6 +277,7 @@ class ShardState {
   EngineRunner run_engines_;
   LoadProgress* progress_ = nullptr;
   uint64_t expected_base_ = 0;
+  std::optional<uint64_t> complete_through_;
   std::chrono::milliseconds block_delay_{0};
   std::chrono::steady_clock::time_point now_ = std::chrono::steady_clock::now();
   // Unavailable once the load is cancelled (LoadProgress::cancel).

@@ -43,7 +43,9 @@ class PushLog {
            std::vector<zmq::message_t> frames);
   // Drops the entries of `shard` in a checkpoint of process `epoch`: its own acknowledged
   // before its checkpoint count reached `count`, and an earlier process's acknowledged before
-  // `restored` (the count of the checkpoint `epoch` started from).
+  // `restored` (the count of the checkpoint `epoch` started from). Both are the counts the
+  // shard says its checkpoints hold every acknowledged push before: one taken while a replay
+  // was owed holds less than its sequence says (server/shard_state.hpp, kCompleteThrough).
   void Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored);
   // Everything logged for `shard`, in order; the shard's log is empty afterwards.
   std::deque<Entry> Take(uint32_t shard);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include "common/sharding.hpp"
@@ -265,6 +267,56 @@ TEST_F(ShardStateTest, TheMembershipLoadsBackAndABadEntryIsRefused) {
        "membership entry 0 (worker 9, join -1, leave 7) is out of range"},
       {"a second membership block", [](auto& b, auto&) { b.push_back(b.back()); },
        "a second membership block"},
+  };
+  ExpectRefused(saved, good, cases);
+}
+
+// A checkpoint taken while a replay was owed says the count it holds every acknowledged push
+// before (less than its sequence); one taken otherwise says nothing, and loads as its own. A
+// count at or past the file's sequence, or a second one, is refused and changes nothing.
+TEST_F(ShardStateTest, TheCompleteThroughCountLoadsBackAndABadOneIsRefused) {
+  SmallShard saved;
+  Train(saved);
+  const std::string path = dir_ + "/ckpt.bin";
+  CheckpointHeader h = HeaderOf(saved);
+  {
+    ASSERT_TRUE(WriteCheckpointFile(path, h, *saved.state().Save()).ok());
+    SmallShard loaded;
+    const Status st = Load(loaded, path);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_FALSE(loaded.state().complete_through().has_value());
+  }
+  saved.state().set_complete_through(0);  // taken by a process that restored no checkpoint
+  const std::vector<CheckpointBlock> good = *saved.state().Save();
+  ASSERT_TRUE(std::any_of(good.begin(), good.end(), [](const CheckpointBlock& b) {
+    return b.kind == static_cast<uint32_t>(CheckpointBlockKind::kCompleteThrough);
+  }));
+  ASSERT_TRUE(WriteCheckpointFile(path, h, good).ok());
+  SmallShard loaded;
+  const Status st = Load(loaded, path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(loaded.state().complete_through(), std::optional<uint64_t>(0));
+  EXPECT_EQ(Contents(loaded), Contents(saved));
+  auto complete = [](std::vector<CheckpointBlock>& b) -> CheckpointBlock& {
+    return *std::find_if(b.begin(), b.end(), [](const CheckpointBlock& x) {
+      return x.kind == static_cast<uint32_t>(CheckpointBlockKind::kCompleteThrough);
+    });
+  };
+  const std::vector<BadBlocks> cases = {
+      {"a count at the file's own sequence",
+       [&](auto& b, auto&) {
+         const uint64_t n = 1;
+         std::memcpy(complete(b).bytes.data(), &n, 8);
+       },
+       "complete-through count 1 is not below the checkpoint's sequence 1"},
+      {"a second count", [&](auto& b, auto&) { b.push_back(complete(b)); },
+       "a second complete-through block"},
+      {"a count of two", [&](auto& b, auto&) {
+         CheckpointBlock& c = complete(b);
+         c.count = 2;
+         c.bytes.resize(16);
+       },
+       "a complete-through block of 2"},
   };
   ExpectRefused(saved, good, cases);
 }

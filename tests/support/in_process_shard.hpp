@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -28,7 +29,9 @@ class InProcessShard {
     shard_.set_reply_sink([this](std::vector<zmq::message_t>& frames) {
       Result<Header> h = DecodeHeader(frames[1].data(), frames[1].size());
       ASSERT_TRUE(h.ok()) << h.status().ToString();
-      if (expect_ok_) EXPECT_EQ(h->status, StatusCode::kOk) << h->message;
+      if (expect_ok_) {
+        EXPECT_EQ(h->status, StatusCode::kOk) << h->message;
+      }
       headers_[h->request_id] = *h;
       const std::span<const zmq::message_t> rest =
           std::span<const zmq::message_t>(frames).subspan(2);
@@ -58,8 +61,11 @@ class InProcessShard {
     h.incarnation = 1;
     h.clock = clock;
     h.manifest_hash = manifest_.Fingerprint();
+    if (edit_) edit_(h);
     return h;
   }
+  // Changes every request made from now on (a replay's flags, say; empty: none).
+  void set_request_edit(std::function<void(Header&)> edit) { edit_ = std::move(edit); }
 
   void Send(const Header& h, const std::vector<std::string>& payload = {}) {
     std::vector<zmq::message_t> frames;
@@ -135,6 +141,13 @@ class InProcessShard {
     return h.request_id;
   }
 
+  // A Stats request: its reply's header carries the shard's epoch and checkpoint counts.
+  uint64_t Stats(uint32_t worker = 0) {
+    const Header h = Request(Op::Stats, 0, worker);
+    Send(h);
+    return h.request_id;
+  }
+
   uint64_t Tick(int64_t clock, uint32_t worker = 0) {
     const Header h = Request(Op::Clock, clock, worker);
     Send(h);
@@ -181,6 +194,9 @@ class InProcessShard {
   }
   // Whether every reply must be OK (the default); off for tests of refusals.
   void set_expect_ok(bool on) { expect_ok_ = on; }
+  // As a process of the shard does before it serves: its newest good checkpoint.
+  Status Restore() { return shard_.Restore(); }
+  Status Checkpoint(const std::string& reason) { return shard_.SaveCheckpoint(reason); }
   std::string Metrics() const { return shard_.MetricsText(); }
   std::string StatsText() const { return shard_.StatsJson(); }
   const ShardServer& server() const { return shard_; }
@@ -203,6 +219,7 @@ class InProcessShard {
   std::map<uint64_t, std::string> replies_;
   std::map<uint64_t, Header> headers_;
   bool expect_ok_ = true;
+  std::function<void(Header&)> edit_;
   uint64_t next_id_ = 1000;
   uint64_t seq_ = 0;
 };
