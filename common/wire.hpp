@@ -30,8 +30,9 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 // (value_scale). 5: changes of the shard count (Op.Migrate). 6: dense tensors re-cut at them.
 // 7: a tick names the pushes it follows (Clock key_count). 8: checkpoints written in the
 // background (checkpoints_begun), and a restoring shard's progress (restore_*). 10: rollbacks
-// (Op.Rollback, rollback_*; status Aborted).
-inline constexpr uint16_t kProtocolVersion = 10;
+// (Op.Rollback, rollback_*; status Aborted). 11: restored_count is what the restored checkpoint
+// holds every acknowledged push before, its sequence apart (restored_sequence).
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
 using wire::Op;
@@ -87,6 +88,7 @@ struct Header {
   uint64_t rollback_gen = 0;
   int64_t rollback_clock = -1;
   bool rollback_needed = false;
+  uint64_t restored_sequence = 0;
 };
 // The most membership entries one header may carry (cluster.max_workers beyond
 // cluster.workers is bounded by it).

@@ -31,11 +31,12 @@ ConsistencyController::ConsistencyController(const TrainingOptions& options, uin
   for (uint32_t w = 0; w < workers; ++w) joined_at_[w] = 0;
 }
 
-void ConsistencyController::Join(uint32_t worker, int64_t clock, SteadyClock::time_point now) {
+void ConsistencyController::Join(uint32_t worker, int64_t clock, SteadyClock::time_point now,
+                                 bool unconfirmed) {
   if (worker >= clocks_.size() || joined_at_[worker] >= 0) return;
   joined_at_[worker] = clock;
   clocks_[worker] = std::max(clocks_[worker], clock);
-  unconfirmed_[worker] = false;
+  unconfirmed_[worker] = unconfirmed;
   restored_[worker] = false;
   last_heard_[worker] = now;
   ++live_;
@@ -67,6 +68,13 @@ bool ConsistencyController::ClocksKnown() const {
     if (unconfirmed_[w] && !lost_[w] && done_at_[w] < 0) return false;
   }
   return true;
+}
+
+bool ConsistencyController::ReplayUnheard() const {
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (joined_at_[w] >= 0 && restored_[w] && done_at_[w] < 0) return true;
+  }
+  return false;
 }
 
 bool ConsistencyController::ReplayOwed() const {

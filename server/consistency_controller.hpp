@@ -51,7 +51,10 @@ class ConsistencyController {
   // Rank `worker` joins the job at `clock` (common/membership.hpp): its clock starts there, it
   // counts towards the bound and the barriers from now on, and towards the BSP average of
   // the clocks from `clock` on. Nothing for a rank in the job already or out of range.
-  void Join(uint32_t worker, int64_t clock, SteadyClock::time_point now);
+  // `unconfirmed`: a shard restarted from a checkpoint older than the join learns of it now;
+  // the rank may have ticked the process before past `clock`, so its clock is only a lower
+  // bound until its own tick says where it is (ClocksKnown()).
+  void Join(uint32_t worker, int64_t clock, SteadyClock::time_point now, bool unconfirmed = false);
   int64_t JoinedAt(uint32_t worker) const {
     return worker < joined_at_.size() ? joined_at_[worker] : -1;
   }
@@ -81,6 +84,9 @@ class ConsistencyController {
   bool ClocksKnown() const;
   // Whether a live worker still owes this shard a replay (its clock is a checkpoint's).
   bool ReplayOwed() const;
+  // The same, lost workers too: whether a worker restored from a checkpoint has not replayed
+  // (what it pushed to the process before may be only in its log, even once it counts as lost).
+  bool ReplayUnheard() const;
   // Whether a pull or push by `worker` at `clock` could ever be admitted: OK, or an error
   // naming the bound it is beyond. Only sparse pulls (`prefetch`) may be prefetches, up to
   // training.prefetch_depth clocks past the worker's own; pushes and dense pulls at most one:

@@ -52,7 +52,10 @@ std::optional<uint64_t> ShardServer::CompleteThroughNow() const {
   // restored checkpoint's count, so that count must not claim them (parasol_sim --elastic
   // --seed 7053: a checkpoint taken for a restarted worker while another's replay was owed;
   // the shard died again, restored it, and that other worker dropped its unreplayed pushes).
-  if (controller_.ReplayOwed()) return restored_complete_;
+  // Counted as owed too: a worker that timed out (lost) with its replay due may still come
+  // back with its log, and a rank taken into the job from a membership copy since the restore
+  // may have pushed to the process before (this process does not wait for it).
+  if (controller_.ReplayUnheard() || !joined_since_restore_.empty()) return restored_complete_;
   return std::nullopt;
 }
 
@@ -162,11 +165,9 @@ Status ShardServer::VisitModel(const std::function<void(const CheckpointBlock&)>
 void ShardServer::CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                                     const std::string& reason, uint64_t stamp,
                                     const std::vector<uint64_t>& pushed_at_start, double seconds,
-                                    double pause_ms, uint64_t bytes, uint32_t begun_clock,
-                                    std::optional<uint64_t> complete_through) {
+                                    double pause_ms, uint64_t bytes, uint32_t begun_clock) {
   const CheckpointOptions& c = manifest_.checkpoint;
   checkpoint_sequence_ = h.sequence;
-  checkpoint_complete_ = complete_through.value_or(h.sequence);
   // The next delta holds the rows updated since this one's state was taken.
   if (!h.delta) chain_base_ = h.sequence;
   chain_since_clock_ = begun_clock;
@@ -253,7 +254,7 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
   const double seconds =
       std::chrono::duration<double>(env_->Now() - start).count();
   CheckpointWritten(h, path, reason, StateStamp(), push_gate_.pushed_since_checkpoint(), seconds,
-                    seconds * 1e3, bytes, begun_clock, complete_through);
+                    seconds * 1e3, bytes, begun_clock);
   return Status::Ok();
 }
 
@@ -439,8 +440,7 @@ void ShardServer::FinishBackgroundCheckpoint(BackgroundCheckpoint& bg, const Sta
     CheckpointWritten(bg.header, bg.path,
                       bg.reason + (bg.staged ? ", copied, in the background" : ", in the background"),
                       bg.stamp,
-                      bg.pushed_at_start, seconds, bg.pause_ms, bytes, bg.begun_clock,
-                      bg.complete_through);
+                      bg.pushed_at_start, seconds, bg.pause_ms, bytes, bg.begun_clock);
   } else {
     (void)env_->Files()->Remove(bg.path + ".tmp");
     requested_checkpoint_stamp_ = ~uint64_t{0};  // a request asked again writes again
@@ -528,9 +528,9 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
       for (uint32_t w = 0; w < membership_.max_ranks(); ++w) (void)controller_.AbandonReplay(w);
     }
     checkpoint_sequence_ = h.sequence;
+    restored_sequence_ = h.sequence;
     // Of a chain, the newest file's (the state is as that one's process took it).
-    checkpoint_complete_ = state.complete_through().value_or(h.sequence);
-    restored_complete_ = checkpoint_complete_;
+    restored_complete_ = state.complete_through().value_or(h.sequence);
     checkpoint_clock_ = h.clock;
     if (h.final) {
       // The shard had stopped cleanly: its workers' clocks are as they were, and nothing is due.
@@ -740,13 +740,14 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
     // undone history would let them drop what a restart from no checkpoint needs replayed).
     checkpoint_clock_ = -1;
     checkpoint_sequence_ = 0;
-    checkpoint_complete_ = 0;
+    restored_sequence_ = 0;
     restored_complete_ = 0;
   }
   shard_clock_high_ = static_cast<uint32_t>(std::clamp<int64_t>(h.clock, 0, UINT32_MAX));
   rollback_owed_ = false;
   rollback_pending_ = false;
   all_done_checkpointed_ = false;
+  joined_since_restore_.clear();  // every worker redoes its steps from the checkpoint
   epoch_ = env_->Random64() | 1;
   force_full_ = true;  // the deltas after it are set aside
   ++counters_.rollbacks;
@@ -829,6 +830,7 @@ Status ShardServer::Restore() {
                    rank_, path, restore_progress_.rows_done.load(),
                    restore_progress_.seconds_checking, restore_progress_.seconds_applying);
       restored_from_ = path;
+      restarted_process_ = true;
       if (rollback_mark_ && sequence.ok() && *sequence == rollback_mark_->sequence) {
         SettleRollback(rollback_mark_->clock, /*restarted=*/true);
       }
@@ -855,6 +857,7 @@ Status ShardServer::Restore() {
   const std::string mark = c.dir + "/shard-" + std::to_string(rank_) + "/started";
   if (fs->Exists(mark)) {
     for (uint32_t w = 0; w < membership_.max_ranks(); ++w) controller_.SetClock(w, 0);
+    restarted_process_ = true;
     spdlog::warn("shard {}: restarted before its first checkpoint; the workers replay everything",
                  rank_);
     return Status::Ok();

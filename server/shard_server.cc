@@ -1347,7 +1347,15 @@ Status ShardServer::MergeMembership(const Header& req) {
   for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
     if (membership_.Joined(r) && !controller_.InJob(r)) {
       // From the clock this shard serves from at the earliest (it holds nothing before).
-      controller_.Join(r, std::max(membership_.join(r), ServingFrom()), now);
+      // A restarted shard that learns of a join only now (it restored a checkpoint from before
+      // it) knows the rank's clock only as a lower bound (parasol_sim --elastic --seed 3691: a
+      // shard restarted before its first checkpoint took the joiner's clock as known, and
+      // refused another worker's replay as too far ahead of it). The rank may also hold pushes
+      // the process before acknowledged: until it replays, or says it holds none, no
+      // checkpoint here claims them (CompleteThroughNow()).
+      const bool restarted = restarted_process_ && Entered();
+      controller_.Join(r, std::max(membership_.join(r), ServingFrom()), now, restarted);
+      if (restarted) joined_since_restore_.insert(r);
       spdlog::info("shard {}: worker {} joins the job at clock {}", rank_, r, membership_.join(r));
     }
   }
@@ -1492,6 +1500,9 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     }
   }
   if (!controller_.InJob(w)) return Status::Ok();
+  // A process of the worker that never heard from any process of this shard holds nothing it
+  // pushed here.
+  if (req.known_epoch == 0) joined_since_restore_.erase(w);
   // Its connection is the worker's now: a member's share of the queued replies.
   if (!reply_sink_) MarkMember(identity, w);
   // A shard that serves nothing does not know where the worker is; it keeps which process
@@ -1633,12 +1644,14 @@ void ShardServer::CheckpointWhenAllDone() {
 void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
   // A worker leaving the running job (at the clock shard 0 named) exits once its Leave is
-  // answered, its push log with it: a checkpoint (durable before the reply, whose count trims
-  // that log) holds what it pushed here and that it left, or one at its leave clock or later
-  // does (a rank restored at its leave clock is done: ShardState). Nobody could replay it after
-  // a restart of this shard (parasol_sim --elastic --seed 90: a shard restarted from before the
-  // leave, waited for the leaver's replay and lost it). At the job's end the last worker's
-  // Leave makes the checkpoint instead.
+  // answered, its push log with it: a checkpoint holds what it pushed here and that it left, or
+  // one at its leave clock or later does (a rank restored at its leave clock is done:
+  // ShardState). Nobody could replay it after a restart of this shard (parasol_sim --elastic
+  // --seed 90: a shard restarted from before the leave, waited for the leaver's replay and lost
+  // it). At the job's end the last worker's Leave makes the checkpoint instead.
+  // Begun here, in the background where it can be: the leaver waits (PsClient::SettleLog)
+  // until the replies' counts say a durable checkpoint holds its pushes, or their checkpoint
+  // clock reaches its leave, so the shard need not stop serving for the write.
   // Also when it pushed nothing since the last one: a restart from a checkpoint before its
   // leave clock would wait for its ticks. Also while another worker's replay to this restarted
   // process is owed: that checkpoint says it holds less than its sequence (CompleteThroughNow();
@@ -1647,9 +1660,13 @@ void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
       checkpoint_clock_ >= membership_.leave(w)) {
     return;
   }
-  if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " left the job at clock " +
-                                 std::to_string(membership_.leave(w)));
-      !st.ok()) {
+  const std::string why = "worker " + std::to_string(w) + " left the job at clock " +
+                          std::to_string(membership_.leave(w));
+  if (background_) {
+    next_checkpoint_reason_ = why;  // begun once the one being written is (it may not hold this)
+    return;
+  }
+  if (Status st = BeginCheckpoint(why); !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
   }
 }
@@ -1705,6 +1722,8 @@ Status ShardServer::HandleClock(const Header& req) {
   }
   PARASOL_RETURN_IF_ERROR(
       controller_.Advance(req.worker_id, req.clock, req.done, req.caught_up, req.replay));
+  // Its replay has ended: whatever it held for this process is here.
+  if (req.replay && req.caught_up) joined_since_restore_.erase(req.worker_id);
   // A replay, or any tick, says which barriers its worker has passed: every shard had released
   // them (this one too, before it restarted from an older checkpoint).
   if (req.last_barrier > controller_.last_barrier() &&
@@ -2165,9 +2184,10 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
   // Counts the workers trim their push logs by: only what the checkpoints hold.
-  stamped.checkpoint_count = checkpoint_complete_;
+  stamped.checkpoint_count = checkpoint_sequence_;
   stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
   stamped.restored_count = restored_complete_;
+  stamped.restored_sequence = restored_sequence_;
   stamped.membership_version = membership_.version();
   stamped.rollback_gen = rollback_gen_;
   stamped.rollback_needed = stamped.rollback_needed || rollback_owed_;

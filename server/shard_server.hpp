@@ -351,8 +351,7 @@ class ShardServer {
   void CheckpointWritten(const CheckpointHeader& h, const std::string& path,
                          const std::string& reason, uint64_t stamp,
                          const std::vector<uint64_t>& pushed_at_start, double seconds,
-                         double pause_ms, uint64_t bytes, uint32_t begun_clock,
-                         std::optional<uint64_t> complete_through);
+                         double pause_ms, uint64_t bytes, uint32_t begun_clock);
   // `onto`: the checkpoint the tables hold (a delta is loaded onto it; 0: none).
   // `base`: the full checkpoint its chain starts from (a delta must name it; 0: any).
   Status LoadCheckpoint(const std::string& path, uint64_t onto = 0, uint64_t base = 0);
@@ -579,14 +578,21 @@ class ShardServer {
   std::unique_ptr<MetricsServer> metrics_;
   std::chrono::steady_clock::time_point last_publish_{};
   uint64_t checkpoint_sequence_ = 0;
-  // What replies say as the checkpoint count and the restored count, which workers trim their
-  // push logs by: of the newest durable checkpoint and of the one restored, the count each
-  // holds every acknowledged push before (CheckpointBlockKind::kCompleteThrough; the sequence
-  // unless it was taken while a replay was owed).
-  uint64_t checkpoint_complete_ = 0;
+  uint64_t restored_sequence_ = 0;  // of the checkpoint this process started from
+  // The count the checkpoint this process started from holds every acknowledged push before
+  // (CheckpointBlockKind::kCompleteThrough; its sequence unless it was taken while a replay was
+  // owed): restored_count in replies, which workers drop their entries of earlier processes by.
   uint64_t restored_complete_ = 0;
+  // This process started from a checkpoint, or after an earlier one that had none: workers may
+  // hold pushes the process before acknowledged.
+  bool restarted_process_ = false;
+  // Ranks this restarted process took into the job from a membership copy (it restored a
+  // checkpoint from before their join): neither replayed nor said they hold nothing of an
+  // earlier process yet. Unlike the checkpoint's workers, the shard does not wait for them.
+  std::set<uint32_t> joined_since_restore_;
   // For a checkpoint taken now: unset when it holds every push acknowledged before it began
-  // (no replay to this process is owed), else the count it holds them before.
+  // (no worker may still hold a push for this process that it has not replayed), else the
+  // count it holds them before.
   std::optional<uint64_t> CompleteThroughNow() const;
   int64_t checkpoint_clock_ = -1;
   uint64_t epoch_;  // random per start and per rollback: tells workers this shard restarted

@@ -21,13 +21,13 @@ ShardRecovery::Noted ShardRecovery::NoteReply(uint32_t shard, const Header& repl
     noted.restarted = true;
     replay_due_[shard] = true;
     restored_clock_[shard] = reply.checkpoint_clock;
-    if (log_pushes_ && reply.restored_count < trimmed_to_[shard]) {
+    if (log_pushes_ && reply.restored_sequence < trimmed_to_[shard]) {
       // The new process started from an older checkpoint than one this worker had trimmed its
       // log by (the newer one was damaged, or not loaded): the pushes only it held are gone.
       // (A client that pushes nothing, a tool, lost nothing.)
       noted.lost = FailedPrecondition(
           "worker " + std::to_string(worker_) + ": shard " + std::to_string(shard) +
-          " restarted from checkpoint " + std::to_string(reply.restored_count) +
+          " restarted from checkpoint " + std::to_string(reply.restored_sequence) +
           ", but this worker had dropped from its log the pushes checkpoint " +
           std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
     }

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/membership.hpp"
+#include "common/sharding.hpp"
 #include "server/checkpoint.hpp"
 #include "tests/support/in_process_shard.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -70,9 +72,11 @@ TEST_F(ReplayOwedCheckpointTest, ItsCountKeepsTheUnreplayedPushesInTheWorkersLog
     ASSERT_TRUE(std::filesystem::exists(CheckpointPath(dir_, 0, 2)));
     const uint64_t stats = b.Stats();
     ASSERT_TRUE(b.Answered(stats));
-    // It holds every push acknowledged before checkpoint 1, not before 2.
-    EXPECT_EQ(b.ReplyHeader(stats).checkpoint_count, 1u);
+    // Its own acknowledgements are in checkpoint 2; it restored 1, which holds every push
+    // acknowledged before it.
+    EXPECT_EQ(b.ReplyHeader(stats).checkpoint_count, 2u);
     EXPECT_EQ(b.ReplyHeader(stats).restored_count, 1u);
+    EXPECT_EQ(b.ReplyHeader(stats).restored_sequence, 1u);
   }
 
   // The third process restored checkpoint 2. Worker 1's first reply from it tells of the
@@ -84,6 +88,8 @@ TEST_F(ReplayOwedCheckpointTest, ItsCountKeepsTheUnreplayedPushesInTheWorkersLog
   const uint64_t stats = c.Stats(1);
   ASSERT_TRUE(c.Answered(stats));
   const Header restarted = c.ReplyHeader(stats);
+  // Restored checkpoint 2, which holds every acknowledged push before 1 only.
+  EXPECT_EQ(restarted.restored_sequence, 2u);
   EXPECT_EQ(restarted.restored_count, 1u);
   const ShardRecovery::Noted noted = recovery.NoteReply(0, restarted);
   EXPECT_TRUE(noted.restarted);
@@ -127,6 +133,81 @@ TEST_F(ReplayOwedCheckpointTest, ItsCountKeepsTheUnreplayedPushesInTheWorkersLog
   ASSERT_TRUE(d.Answered(want));
   ASSERT_FALSE(d.Reply(want).empty());
   EXPECT_EQ(c.Reply(got), d.Reply(want)) << "the restarted shard's rows differ";
+}
+
+// A shard other than shard 0 learns of a join from the workers' copies of the membership. One
+// that restarted from a checkpoint older than the join learns of it from a request; it does
+// not wait for that rank's replay, but a checkpoint it takes before the replay (or the rank's
+// word that it holds nothing for this shard) must not claim the pushes only the rank's log
+// holds.
+TEST_F(ReplayOwedCheckpointTest, AJoinerLearnedOfAfterTheRestoreKeepsItsPushesInItsLog) {
+  const std::string manifest =
+      "cluster:\n  servers: [127.0.0.1:1, 127.0.0.1:2]\n  workers: 1\n  max_workers: 2\n"
+      "training: {consistency: bsp}\n"
+      "checkpoint: {dir: " + dir_ + ", keep: 10}\n"
+      "tables:\n"
+      "  - {name: e, kind: sparse, dim: 4, optimizer: {kind: sgd, lr: 1.0}}\n";
+  std::vector<uint64_t> keys;  // shard 1's
+  for (uint64_t k = 1; keys.size() < 4; ++k) {
+    if (ShardOfKey(k, 2) == 1) keys.push_back(k);
+  }
+  const std::vector<MemberEntry> joined = {MemberEntry{1, 1, -1}};  // rank 1 joins at clock 1
+  ShardRecovery joiner(/*shards=*/2, 0, /*log_pushes=*/true, /*worker=*/1);
+  {
+    // Checkpoint 1 at clock 1, before this shard hears of the join; then the joiner's Hello
+    // (its join in its copy) and its push of clock 1, acknowledged and logged.
+    testing::InProcessShard a(manifest, "first", 1);
+    ASSERT_TRUE(a.Restore().ok());
+    ASSERT_TRUE(a.Answered(a.Push(0, 0, keys, 0)));
+    ASSERT_TRUE(a.Answered(a.Tick(1, 0)));
+    ASSERT_TRUE(a.Checkpoint("before the join").ok());
+    a.set_request_edit([&](Header& h) { h.members = joined; });
+    Header hello = a.Request(Op::Hello, 1, 1);
+    hello.join = true;
+    a.Send(hello);
+    ASSERT_TRUE(a.Answered(hello.request_id));
+    EXPECT_TRUE(joiner.NoteReply(1, a.ReplyHeader(hello.request_id)).lost.ok());
+    const uint64_t pushed = a.Push(0, 1, keys, 1, 3.0f);
+    ASSERT_TRUE(a.Answered(pushed));
+    EXPECT_EQ(a.ReplyHeader(pushed).checkpoint_count, 1u);
+    const ShardRecovery::Noted noted = joiner.NoteReply(1, a.ReplyHeader(pushed));
+    ASSERT_TRUE(noted.lost.ok());
+    std::vector<zmq::message_t> frames;
+    frames.emplace_back("push", 4);
+    joiner.LogPush(1, 1, a.ReplyHeader(pushed), frames);
+  }
+  {
+    // Restored checkpoint 1 (no join in it). Worker 0 replays and so owes nothing; its next
+    // request's copy tells of the join. The checkpoint taken then lacks the joiner's push.
+    testing::InProcessShard b(manifest, "second", 1);
+    ASSERT_TRUE(b.Restore().ok());
+    const uint64_t probe = b.Stats();
+    ASSERT_TRUE(b.Answered(probe));
+    b.set_request_edit([&](Header& h) {
+      h.replay = true;
+      h.caught_up = true;
+      h.known_epoch = b.ReplyHeader(probe).server_epoch;
+    });
+    ASSERT_TRUE(b.Answered(b.Tick(1, 0)));
+    b.set_request_edit([&](Header& h) { h.members = joined; });
+    ASSERT_TRUE(b.Answered(b.Stats(0)));
+    ASSERT_TRUE(b.Checkpoint("before the joiner's replay").ok());
+    const uint64_t stats = b.Stats();
+    ASSERT_TRUE(b.Answered(stats));
+    EXPECT_EQ(b.ReplyHeader(stats).checkpoint_count, 2u);
+  }
+  testing::InProcessShard c(manifest, "third", 1);
+  ASSERT_TRUE(c.Restore().ok());
+  const uint64_t stats = c.Stats(1);
+  ASSERT_TRUE(c.Answered(stats));
+  EXPECT_EQ(c.ReplyHeader(stats).restored_sequence, 2u);
+  EXPECT_EQ(c.ReplyHeader(stats).restored_count, 1u);
+  const ShardRecovery::Noted noted = joiner.NoteReply(1, c.ReplyHeader(stats));
+  EXPECT_TRUE(noted.restarted);
+  EXPECT_TRUE(noted.lost.ok()) << noted.lost.ToString();
+  const std::deque<PushLog::Entry> replay = joiner.StartReplay(1);
+  ASSERT_EQ(replay.size(), 1u) << "the joiner dropped a push no checkpoint holds";
+  EXPECT_EQ(replay.front().clock, 1);
 }
 
 }  // namespace

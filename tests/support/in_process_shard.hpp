@@ -23,9 +23,9 @@ namespace parasol::testing {
 
 class InProcessShard {
  public:
-  // `manifest`: a whole manifest's text (one listed server, this shard).
-  InProcessShard(const std::string& manifest, const std::string& name)
-      : manifest_(*ParseManifest(manifest, name)), shard_(manifest_, 0) {
+  // `manifest`: a whole manifest's text; the shard is its listed server `rank`.
+  InProcessShard(const std::string& manifest, const std::string& name, uint32_t rank = 0)
+      : manifest_(*ParseManifest(manifest, name)), shard_(manifest_, rank) {
     shard_.set_reply_sink([this](std::vector<zmq::message_t>& frames) {
       Result<Header> h = DecodeHeader(frames[1].data(), frames[1].size());
       ASSERT_TRUE(h.ok()) << h.status().ToString();

@@ -10,13 +10,17 @@
 namespace parasol {
 namespace {
 
-Header Reply(uint64_t epoch, uint64_t count, uint64_t restored = 0, int64_t ckpt_clock = -1) {
+// `restored`: the restored checkpoint's sequence, and the count it holds every acknowledged
+// push before unless `complete` says another (one taken while a replay was owed).
+Header Reply(uint64_t epoch, uint64_t count, uint64_t restored = 0, int64_t ckpt_clock = -1,
+             int64_t complete = -1) {
   Header h;
   h.is_reply = true;
   h.server_epoch = epoch;
   h.checkpoint_count = count;
   h.checkpoints_begun = count;
-  h.restored_count = restored;
+  h.restored_sequence = restored;
+  h.restored_count = complete < 0 ? restored : static_cast<uint64_t>(complete);
   h.checkpoint_clock = ckpt_clock;
   return h;
 }
@@ -87,6 +91,33 @@ TEST(ShardRecoveryTest, ARestartFromAnOlderCheckpointThanTheLogWasTrimmedByLoses
   const ShardRecovery::Noted seen = tool.NoteReply(0, Reply(8, 3, 3, 6));
   EXPECT_TRUE(seen.restarted);
   EXPECT_TRUE(seen.lost.ok()) << seen.lost.ToString();
+}
+
+// Shard process 7 wrote checkpoint 1; process 8 restored it and wrote checkpoint 2 while a
+// replay was owed (it holds every acknowledged push before 1 only); process 9 restored 2.
+// Worker X never reached process 8: its push acknowledged by process 7 at count 1 stays for
+// the replay. Worker Y trimmed its log by process 8's count 2: a restart from checkpoint 2
+// loses nothing of it, so none is reported.
+TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushesAndLosesNone) {
+  ShardRecovery x(1, 1 << 20, true, 1);
+  x.NoteReply(0, Reply(7, 1));
+  x.LogPush(0, 1, Reply(7, 1), Frames(8));
+  const ShardRecovery::Noted restarted = x.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1));
+  EXPECT_TRUE(restarted.restarted);
+  EXPECT_TRUE(restarted.lost.ok()) << restarted.lost.ToString();
+  EXPECT_EQ(x.StartReplay(0).size(), 1u);
+
+  ShardRecovery y(1, 1 << 20, true, 2);
+  y.NoteReply(0, Reply(7, 1));
+  y.NoteReply(0, Reply(8, 2, 1, 1));  // process 8: checkpoint 2 written, restored 1
+  const ShardRecovery::Noted again = y.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1));
+  EXPECT_TRUE(again.restarted);
+  EXPECT_TRUE(again.lost.ok()) << again.lost.ToString();
+  // Restored from checkpoint 1 instead (2 was damaged): Y had dropped what 2 held.
+  ShardRecovery z(1, 1 << 20, true, 3);
+  z.NoteReply(0, Reply(7, 1));
+  z.NoteReply(0, Reply(8, 2, 1, 1));
+  EXPECT_FALSE(z.NoteReply(0, Reply(9, 1, 1, 1)).lost.ok());
 }
 
 TEST(ShardRecoveryTest, WithoutCheckpointsNothingIsLoggedAndALogPastItsBoundIsAnError) {
