@@ -81,6 +81,7 @@ zmq::message_t EncodeHeader(const Header& h) {
   b.add_rollback_clock(h.rollback_clock);
   b.add_rollback_needed(h.rollback_needed);
   b.add_restored_sequence(h.restored_sequence);
+  b.add_restored_writer(h.restored_writer);
   // Size-prefixed, so that a frame cut anywhere (even in trailing padding) is detected.
   wire::FinishSizePrefixedHeaderBuffer(fbb, b.Finish());
   return zmq::message_t(fbb.GetBufferPointer(), fbb.GetSize());
@@ -174,6 +175,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.rollback_clock = fb->rollback_clock();
   h.rollback_needed = fb->rollback_needed();
   h.restored_sequence = fb->restored_sequence();
+  h.restored_writer = fb->restored_writer();
   if (const auto* members = fb->members()) {
     if (members->size() > kMaxMemberEntries) {
       return BadMessage("header carries " + std::to_string(members->size()) +

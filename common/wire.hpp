@@ -31,7 +31,7 @@ static_assert(std::endian::native == std::endian::little, "the wire format is li
 // 7: a tick names the pushes it follows (Clock key_count). 8: checkpoints written in the
 // background (checkpoints_begun), and a restoring shard's progress (restore_*). 10: rollbacks
 // (Op.Rollback, rollback_*; status Aborted). 11: restored_count is what the restored checkpoint
-// holds every acknowledged push before, its sequence apart (restored_sequence).
+// holds every acknowledged push before, its sequence apart (restored_sequence, restored_writer).
 inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kMaxHeaderBytes = 64 * 1024;
 
@@ -89,6 +89,7 @@ struct Header {
   int64_t rollback_clock = -1;
   bool rollback_needed = false;
   uint64_t restored_sequence = 0;
+  uint64_t restored_writer = 0;
 };
 // The most membership entries one header may carry (cluster.max_workers beyond
 // cluster.workers is bounded by it).

@@ -67,7 +67,7 @@ Status ShardServer::SaveState(const std::function<Status(const CheckpointBlock&)
   }
   ShardState state(manifest_, rank_, sparse_, dense_, controller_, push_gate_.record(),
                    aggregates_, engines_.size(), membership_, &migration_, std::move(keeps));
-  state.set_complete_through(complete_through);
+  state.set_complete_through(complete_through, epoch_);
   return state.Save(sink, checkpoint_block_bytes_, delta);
 }
 
@@ -531,6 +531,7 @@ Status ShardServer::LoadCheckpoint(const std::string& path, uint64_t onto, uint6
     restored_sequence_ = h.sequence;
     // Of a chain, the newest file's (the state is as that one's process took it).
     restored_complete_ = state.complete_through().value_or(h.sequence);
+    restored_writer_ = state.complete_writer();
     checkpoint_clock_ = h.clock;
     if (h.final) {
       // The shard had stopped cleanly: its workers' clocks are as they were, and nothing is due.
@@ -742,6 +743,7 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
     checkpoint_sequence_ = 0;
     restored_sequence_ = 0;
     restored_complete_ = 0;
+    restored_writer_ = 0;
   }
   shard_clock_high_ = static_cast<uint32_t>(std::clamp<int64_t>(h.clock, 0, UINT32_MAX));
   rollback_owed_ = false;

@@ -1649,24 +1649,19 @@ void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   // ShardState). Nobody could replay it after a restart of this shard (parasol_sim --elastic
   // --seed 90: a shard restarted from before the leave, waited for the leaver's replay and lost
   // it). At the job's end the last worker's Leave makes the checkpoint instead.
-  // Begun here, in the background where it can be: the leaver waits (PsClient::SettleLog)
-  // until the replies' counts say a durable checkpoint holds its pushes, or their checkpoint
-  // clock reaches its leave, so the shard need not stop serving for the write.
-  // Also when it pushed nothing since the last one: a restart from a checkpoint before its
-  // leave clock would wait for its ticks. Also while another worker's replay to this restarted
-  // process is owed: that checkpoint says it holds less than its sequence (CompleteThroughNow();
-  // parasol_sim --elastic --seed 7053).
+  // Written before the done tick is answered, not in the background: a leaver that pushed
+  // nothing since the last checkpoint has nothing in its log to wait for, and exits at once; a
+  // restart from a checkpoint before its done would then wait for its ticks for ever
+  // (parasol_sim --elastic --seed 6191, with this checkpoint begun in the background). Also
+  // while another worker's replay to this restarted process is owed: that checkpoint says it
+  // holds less than its sequence (CompleteThroughNow(); parasol_sim --elastic --seed 7053).
   if (membership_.leave(w) < 0 || !controller_.IsDone(w) ||
       checkpoint_clock_ >= membership_.leave(w)) {
     return;
   }
-  const std::string why = "worker " + std::to_string(w) + " left the job at clock " +
-                          std::to_string(membership_.leave(w));
-  if (background_) {
-    next_checkpoint_reason_ = why;  // begun once the one being written is (it may not hold this)
-    return;
-  }
-  if (Status st = BeginCheckpoint(why); !st.ok()) {
+  if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " left the job at clock " +
+                                 std::to_string(membership_.leave(w)));
+      !st.ok()) {
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
   }
 }
@@ -2188,6 +2183,7 @@ Header ShardServer::Stamped(const Header& reply) const {
   stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
   stamped.restored_count = restored_complete_;
   stamped.restored_sequence = restored_sequence_;
+  stamped.restored_writer = restored_writer_;
   stamped.membership_version = membership_.version();
   stamped.rollback_gen = rollback_gen_;
   stamped.rollback_needed = stamped.rollback_needed || rollback_owed_;

@@ -583,6 +583,7 @@ class ShardServer {
   // (CheckpointBlockKind::kCompleteThrough; its sequence unless it was taken while a replay was
   // owed): restored_count in replies, which workers drop their entries of earlier processes by.
   uint64_t restored_complete_ = 0;
+  uint64_t restored_writer_ = 0;  // when it holds less than its sequence: the process that took it
   // This process started from a checkpoint, or after an earlier one that had none: workers may
   // hold pushes the process before acknowledged.
   bool restarted_process_ = false;

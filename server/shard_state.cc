@@ -135,7 +135,7 @@ Status CheckBlockHeader(const Manifest& manifest, uint32_t shard, const Checkpoi
       if (b.count != 1) {
         return InvalidArgument("a complete-through block of " + std::to_string(b.count));
       }
-      return CheckProduct(b.count, sizeof(uint64_t), b.bytes, "complete-through");
+      return CheckProduct(b.count, 2 * sizeof(uint64_t), b.bytes, "complete-through");
     case Kind::kPushRecord:
       return Status::Ok();  // PushRecord::Load() checks its own layout
     case Kind::kSparseRows:
@@ -390,6 +390,7 @@ Status ShardState::Save(const CheckpointBlockSink& sink, size_t row_block_bytes,
     complete.kind = static_cast<uint32_t>(Kind::kCompleteThrough);
     complete.count = 1;
     Append(complete.bytes, *complete_through_);
+    Append(complete.bytes, complete_writer_);
     PARASOL_RETURN_IF_ERROR(sink(complete));
   }
   // Where a change of the shard count stands (only when one was named).
@@ -620,6 +621,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
        incarnations_seen = false, members_seen = false, migration_seen = false,
        complete_seen = false;
   complete_through_.reset();
+  complete_writer_ = 0;
   std::set<std::tuple<int64_t, uint32_t, int64_t>> pending_seen;  // (clock, table, worker)
   int64_t last_sparse = -1;  // the table of the block before, when it held sparse rows
   uint64_t blocks_seen = 0;
@@ -766,8 +768,10 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
       Membership check = JobMembership(manifest_);
       PARASOL_RETURN_IF_ERROR(check.Merge(*members));
     } else if (KindOf(b) == Kind::kCompleteThrough) {
-      uint64_t n = 0;
+      uint64_t n = 0, writer = 0;
       std::memcpy(&n, b.bytes.data(), sizeof(n));
+      std::memcpy(&writer, b.bytes.data() + sizeof(n), sizeof(writer));
+      if (writer == 0) return InvalidArgument("a complete-through block that names no process");
       // Less than the file's own count: written only when it is.
       if (n >= header->sequence) {
         return InvalidArgument("complete-through count " + std::to_string(n) +
@@ -775,6 +779,7 @@ Status ShardState::Verify(std::istream& in, const std::string& name, CheckpointH
                                std::to_string(header->sequence));
       }
       complete_through_ = n;
+      complete_writer_ = writer;
     } else if (KindOf(b) == Kind::kIncarnations) {
       incarnations->resize(b.count);
       std::memcpy(incarnations->data(), b.bytes.data(), b.bytes.size());

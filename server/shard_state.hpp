@@ -78,7 +78,8 @@ enum class CheckpointBlockKind : uint32_t {
   // apart until then, across a restart too. The two kinds above are read as worker -1's.
   kPendingSparseOf = 16,
   kPendingDenseOf = 17,
-  // count 1 x u64 N: every push any process of this shard acknowledged before its checkpoint
+  // count 1 x (u64 N, u64 the epoch of the process that took it, never 0): every push any
+  // process of this shard acknowledged before its checkpoint
   // N began is in this one; the pushes acknowledged later by processes before the one that
   // wrote it may not be. Written only when N is less than the file's sequence: the state was
   // taken while a worker's replay to that restarted process was still owed (those pushes were
@@ -220,9 +221,15 @@ class ShardState {
   void set_now(std::chrono::steady_clock::time_point now) { now_ = now; }
   // Save(): the count the checkpoint holds every acknowledged push before
   // (CheckpointBlockKind::kCompleteThrough), when less than its sequence (unset: none).
-  void set_complete_through(std::optional<uint64_t> n) { complete_through_ = n; }
+  // `writer`: the epoch of the shard process taking it (a worker that trimmed its log by that
+  // process's own counts lost nothing to a restart from it).
+  void set_complete_through(std::optional<uint64_t> n, uint64_t writer = 0) {
+    complete_through_ = n;
+    complete_writer_ = writer;
+  }
   // After Load(): that count, as the file says it (unset: the file's sequence).
   std::optional<uint64_t> complete_through() const { return complete_through_; }
+  uint64_t complete_writer() const { return complete_writer_; }  // 0 when unset
 
  private:
   Status CheckHeader(const CheckpointHeader& h) const;
@@ -278,6 +285,7 @@ class ShardState {
   LoadProgress* progress_ = nullptr;
   uint64_t expected_base_ = 0;
   std::optional<uint64_t> complete_through_;
+  uint64_t complete_writer_ = 0;
   std::chrono::milliseconds block_delay_{0};
   std::chrono::steady_clock::time_point now_ = std::chrono::steady_clock::now();
   // Unavailable once the load is cancelled (LoadProgress::cancel).

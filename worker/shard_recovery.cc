@@ -21,13 +21,25 @@ ShardRecovery::Noted ShardRecovery::NoteReply(uint32_t shard, const Header& repl
     noted.restarted = true;
     replay_due_[shard] = true;
     restored_clock_[shard] = reply.checkpoint_clock;
-    if (log_pushes_ && reply.restored_sequence < trimmed_to_[shard]) {
+    // What the restored checkpoint holds of what this worker trimmed its log by: everything
+    // before its sequence when it holds every acknowledged push before it, or when this worker
+    // trimmed by the counts of the process that took it (its own acknowledgements are in it);
+    // otherwise only what was acknowledged before restored_count (it was taken while a replay
+    // of an earlier process's pushes was owed).
+    const bool short_of = reply.restored_count < reply.restored_sequence;
+    const uint64_t holds = !short_of || epochs_[shard] == reply.restored_writer
+                               ? reply.restored_sequence
+                               : reply.restored_count;
+    if (log_pushes_ && holds < trimmed_to_[shard]) {
       // The new process started from an older checkpoint than one this worker had trimmed its
       // log by (the newer one was damaged, or not loaded): the pushes only it held are gone.
       // (A client that pushes nothing, a tool, lost nothing.)
       noted.lost = FailedPrecondition(
           "worker " + std::to_string(worker_) + ": shard " + std::to_string(shard) +
           " restarted from checkpoint " + std::to_string(reply.restored_sequence) +
+          (holds < reply.restored_sequence
+               ? " (which holds the pushes acknowledged before " + std::to_string(holds) + ")"
+               : "") +
           ", but this worker had dropped from its log the pushes checkpoint " +
           std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
     }

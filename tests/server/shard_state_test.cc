@@ -286,7 +286,7 @@ TEST_F(ShardStateTest, TheCompleteThroughCountLoadsBackAndABadOneIsRefused) {
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_FALSE(loaded.state().complete_through().has_value());
   }
-  saved.state().set_complete_through(0);  // taken by a process that restored no checkpoint
+  saved.state().set_complete_through(0, 77);  // by process 77, which restored no checkpoint
   const std::vector<CheckpointBlock> good = *saved.state().Save();
   ASSERT_TRUE(std::any_of(good.begin(), good.end(), [](const CheckpointBlock& b) {
     return b.kind == static_cast<uint32_t>(CheckpointBlockKind::kCompleteThrough);
@@ -296,6 +296,7 @@ TEST_F(ShardStateTest, TheCompleteThroughCountLoadsBackAndABadOneIsRefused) {
   const Status st = Load(loaded, path);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(loaded.state().complete_through(), std::optional<uint64_t>(0));
+  EXPECT_EQ(loaded.state().complete_writer(), 77u);
   EXPECT_EQ(Contents(loaded), Contents(saved));
   auto complete = [](std::vector<CheckpointBlock>& b) -> CheckpointBlock& {
     return *std::find_if(b.begin(), b.end(), [](const CheckpointBlock& x) {
@@ -314,9 +315,15 @@ TEST_F(ShardStateTest, TheCompleteThroughCountLoadsBackAndABadOneIsRefused) {
       {"a count of two", [&](auto& b, auto&) {
          CheckpointBlock& c = complete(b);
          c.count = 2;
-         c.bytes.resize(16);
+         c.bytes.resize(32);
        },
        "a complete-through block of 2"},
+      {"no process", [&](auto& b, auto&) {
+         const uint64_t none = 0;
+         std::memcpy(complete(b).bytes.data() + 8, &none, 8);
+       },
+       "a complete-through block that names no process"},
+      {"a short block", [&](auto& b, auto&) { complete(b).bytes.resize(8); }, "complete-through"},
   };
   ExpectRefused(saved, good, cases);
 }

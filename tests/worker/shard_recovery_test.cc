@@ -13,7 +13,7 @@ namespace {
 // `restored`: the restored checkpoint's sequence, and the count it holds every acknowledged
 // push before unless `complete` says another (one taken while a replay was owed).
 Header Reply(uint64_t epoch, uint64_t count, uint64_t restored = 0, int64_t ckpt_clock = -1,
-             int64_t complete = -1) {
+             int64_t complete = -1, uint64_t writer = 0) {
   Header h;
   h.is_reply = true;
   h.server_epoch = epoch;
@@ -21,6 +21,7 @@ Header Reply(uint64_t epoch, uint64_t count, uint64_t restored = 0, int64_t ckpt
   h.checkpoints_begun = count;
   h.restored_sequence = restored;
   h.restored_count = complete < 0 ? restored : static_cast<uint64_t>(complete);
+  h.restored_writer = writer;
   h.checkpoint_clock = ckpt_clock;
   return h;
 }
@@ -102,7 +103,7 @@ TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushes
   ShardRecovery x(1, 1 << 20, true, 1);
   x.NoteReply(0, Reply(7, 1));
   x.LogPush(0, 1, Reply(7, 1), Frames(8));
-  const ShardRecovery::Noted restarted = x.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1));
+  const ShardRecovery::Noted restarted = x.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1, 8));
   EXPECT_TRUE(restarted.restarted);
   EXPECT_TRUE(restarted.lost.ok()) << restarted.lost.ToString();
   EXPECT_EQ(x.StartReplay(0).size(), 1u);
@@ -110,7 +111,7 @@ TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushes
   ShardRecovery y(1, 1 << 20, true, 2);
   y.NoteReply(0, Reply(7, 1));
   y.NoteReply(0, Reply(8, 2, 1, 1));  // process 8: checkpoint 2 written, restored 1
-  const ShardRecovery::Noted again = y.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1));
+  const ShardRecovery::Noted again = y.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1, 8));
   EXPECT_TRUE(again.restarted);
   EXPECT_TRUE(again.lost.ok()) << again.lost.ToString();
   // Restored from checkpoint 1 instead (2 was damaged): Y had dropped what 2 held.
@@ -118,6 +119,18 @@ TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushes
   z.NoteReply(0, Reply(7, 1));
   z.NoteReply(0, Reply(8, 2, 1, 1));
   EXPECT_FALSE(z.NoteReply(0, Reply(9, 1, 1, 1)).lost.ok());
+  // Process 7 wrote checkpoints 1 and 2, and W trimmed by 2; 2 was damaged, so process 8
+  // restored 1 and took checkpoint 3 before any replay (it holds what was acknowledged before
+  // 1 only); process 9 restored 3. W never reached process 8: what checkpoint 2 held is lost,
+  // and said so, although 3 is past 2.
+  ShardRecovery w(1, 1 << 20, true, 4);
+  w.NoteReply(0, Reply(7, 2));
+  const ShardRecovery::Noted lost = w.NoteReply(0, Reply(9, 3, 3, 1, /*complete=*/1, 8));
+  ASSERT_FALSE(lost.lost.ok());
+  EXPECT_NE(lost.lost.message().find("restarted from checkpoint 3 (which holds the pushes "
+                                     "acknowledged before 1)"),
+            std::string::npos)
+      << lost.lost.ToString();
 }
 
 TEST(ShardRecoveryTest, WithoutCheckpointsNothingIsLoggedAndALogPastItsBoundIsAnError) {
