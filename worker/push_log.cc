@@ -23,14 +23,17 @@ void PushLog::Add(uint32_t shard, int64_t clock, uint64_t epoch, uint64_t checkp
   logs_[shard].push_back(std::move(e));
 }
 
-void PushLog::Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored) {
+uint64_t PushLog::Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored) {
   auto& log = logs_[shard];
+  uint64_t dropped_to = 0;
   while (!log.empty() &&
          log.front().acked_at < (log.front().epoch == epoch ? count : restored)) {
+    dropped_to = std::max(dropped_to, log.front().acked_at + 1);
     shard_bytes_[shard] -= log.front().bytes;
     bytes_ -= log.front().bytes;
     log.pop_front();
   }
+  return dropped_to;
 }
 
 std::deque<PushLog::Entry> PushLog::Take(uint32_t shard) {

@@ -46,7 +46,9 @@ class PushLog {
   // `restored` (the count of the checkpoint `epoch` started from). Both are the counts the
   // shard says its checkpoints hold every acknowledged push before: one taken while a replay
   // was owed holds less than its sequence says (server/shard_state.hpp, kCompleteThrough).
-  void Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored);
+  // Returns 1 + the largest count an entry it dropped was acknowledged at (0: none dropped):
+  // a checkpoint from that count on holds everything it dropped.
+  uint64_t Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored);
   // Everything logged for `shard`, in order; the shard's log is empty afterwards.
   std::deque<Entry> Take(uint32_t shard);
 

@@ -40,16 +40,17 @@ ShardRecovery::Noted ShardRecovery::NoteReply(uint32_t shard, const Header& repl
           (holds < reply.restored_sequence
                ? " (which holds the pushes acknowledged before " + std::to_string(holds) + ")"
                : "") +
-          ", but this worker had dropped from its log the pushes checkpoint " +
-          std::to_string(trimmed_to_[shard]) + " held: acknowledged updates are lost");
+          ", but this worker had dropped from its log pushes that only a checkpoint from " +
+          std::to_string(trimmed_to_[shard]) + " on holds: acknowledged updates are lost");
     }
   }
-  // What this worker trims by, for the check above (per epoch, the newest count it used).
-  if (epochs_[shard] != reply.server_epoch) trimmed_to_[shard] = reply.restored_count;
-  trimmed_to_[shard] = std::max(trimmed_to_[shard], reply.checkpoint_count);
   epochs_[shard] = reply.server_epoch;
   // Pushes acknowledged before the shard's newest checkpoint are in it: no replay needs them.
-  log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count);
+  // What was dropped, for the check above (only pushes actually dropped: a worker that held
+  // none lost none, whatever count a checkpoint it never needed claimed).
+  trimmed_to_[shard] = std::max(
+      trimmed_to_[shard],
+      log_.Trim(shard, reply.server_epoch, reply.checkpoint_count, reply.restored_count));
   return noted;
 }
 
@@ -72,7 +73,11 @@ std::deque<PushLog::Entry> ShardRecovery::StartReplay(uint32_t shard) {
   return log_.Take(shard);
 }
 
-void ShardRecovery::ForgetEpochs() { std::fill(epochs_.begin(), epochs_.end(), 0); }
+void ShardRecovery::ForgetEpochs() {
+  // After a rollback: every process is learned afresh, and what the log held is redone.
+  std::fill(epochs_.begin(), epochs_.end(), 0);
+  std::fill(trimmed_to_.begin(), trimmed_to_.end(), 0);
+}
 
 Status ShardRecovery::CheckLog() const {
   if (!log_pushes_) return Status::Ok();

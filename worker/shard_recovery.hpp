@@ -72,7 +72,9 @@ class ShardRecovery {
   PushLog log_;
   std::vector<uint64_t> epochs_;
   std::vector<bool> replay_due_;
-  std::vector<uint64_t> trimmed_to_;     // per shard: the newest checkpoint count the log was trimmed by
+  // Per shard: a checkpoint must be at least this count to hold every push this worker dropped
+  // from its log (1 + the largest count one was acknowledged at; 0: none dropped).
+  std::vector<uint64_t> trimmed_to_;
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
 };
 

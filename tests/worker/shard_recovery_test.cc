@@ -75,7 +75,10 @@ TEST(ShardRecoveryTest, APushLeavesTheLogOnceAReplySaysACheckpointHoldsIt) {
 
 TEST(ShardRecoveryTest, ARestartFromAnOlderCheckpointThanTheLogWasTrimmedByLosesUpdates) {
   ShardRecovery r(1, 1 << 20, true, 5);
-  r.NoteReply(0, Reply(7, 4));  // the log was trimmed by checkpoint 4
+  r.NoteReply(0, Reply(7, 3));
+  r.LogPush(0, 1, Reply(7, 3), Frames(8));  // acknowledged at count 3: in checkpoint 4
+  r.NoteReply(0, Reply(7, 4));  // dropped from the log by checkpoint 4
+  EXPECT_EQ(r.log().entries(0), 0u);
   const ShardRecovery::Noted noted = r.NoteReply(0, Reply(8, 3, /*restored=*/3, 6));
   EXPECT_TRUE(noted.restarted);
   ASSERT_FALSE(noted.lost.ok());
@@ -84,8 +87,14 @@ TEST(ShardRecoveryTest, ARestartFromAnOlderCheckpointThanTheLogWasTrimmedByLoses
       << noted.lost.ToString();
   // From the checkpoint it was trimmed by, nothing is lost.
   ShardRecovery fine(1, 1 << 20, true, 5);
+  fine.NoteReply(0, Reply(7, 3));
+  fine.LogPush(0, 1, Reply(7, 3), Frames(8));
   fine.NoteReply(0, Reply(7, 4));
   EXPECT_TRUE(fine.NoteReply(0, Reply(8, 4, 4, 6)).lost.ok());
+  // A worker whose log held nothing lost nothing, whatever count it heard.
+  ShardRecovery idle(1, 1 << 20, true, 5);
+  idle.NoteReply(0, Reply(7, 4));
+  EXPECT_TRUE(idle.NoteReply(0, Reply(8, 3, 3, 6)).lost.ok());
   // A client that logs no pushes (a tool) lost none: the same restart is only a restart.
   ShardRecovery tool(1, 1 << 20, /*log_pushes=*/false, 5);
   tool.NoteReply(0, Reply(7, 4));
@@ -110,13 +119,18 @@ TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushes
 
   ShardRecovery y(1, 1 << 20, true, 2);
   y.NoteReply(0, Reply(7, 1));
-  y.NoteReply(0, Reply(8, 2, 1, 1));  // process 8: checkpoint 2 written, restored 1
+  y.NoteReply(0, Reply(8, 1, 1, 1));  // process 8 restored 1
+  y.LogPush(0, 1, Reply(8, 1, 1, 1), Frames(8));  // acknowledged by it at count 1
+  y.NoteReply(0, Reply(8, 2, 1, 1));  // its checkpoint 2 holds it: dropped
+  EXPECT_EQ(y.log().entries(0), 0u);
   const ShardRecovery::Noted again = y.NoteReply(0, Reply(9, 2, 2, 1, /*complete=*/1, 8));
   EXPECT_TRUE(again.restarted);
   EXPECT_TRUE(again.lost.ok()) << again.lost.ToString();
   // Restored from checkpoint 1 instead (2 was damaged): Y had dropped what 2 held.
   ShardRecovery z(1, 1 << 20, true, 3);
   z.NoteReply(0, Reply(7, 1));
+  z.NoteReply(0, Reply(8, 1, 1, 1));
+  z.LogPush(0, 1, Reply(8, 1, 1, 1), Frames(8));
   z.NoteReply(0, Reply(8, 2, 1, 1));
   EXPECT_FALSE(z.NoteReply(0, Reply(9, 1, 1, 1)).lost.ok());
   // Process 7 wrote checkpoints 1 and 2, and W trimmed by 2; 2 was damaged, so process 8
@@ -124,6 +138,8 @@ TEST(ShardRecoveryTest, ACheckpointTakenWhileAReplayWasOwedKeepsTheEarlierPushes
   // 1 only); process 9 restored 3. W never reached process 8: what checkpoint 2 held is lost,
   // and said so, although 3 is past 2.
   ShardRecovery w(1, 1 << 20, true, 4);
+  w.NoteReply(0, Reply(7, 1));
+  w.LogPush(0, 1, Reply(7, 1), Frames(8));  // acknowledged at count 1: in checkpoint 2
   w.NoteReply(0, Reply(7, 2));
   const ShardRecovery::Noted lost = w.NoteReply(0, Reply(9, 3, 3, 1, /*complete=*/1, 8));
   ASSERT_FALSE(lost.lost.ok());
