@@ -2178,7 +2178,8 @@ Header ShardServer::Stamped(const Header& reply) const {
   Header stamped = reply;
   stamped.server_epoch = epoch_;
   stamped.checkpoint_clock = checkpoint_clock_;
-  // Counts the workers trim their push logs by: only what the checkpoints hold.
+  // Counts the workers trim their push logs by (the restored one: what that checkpoint holds
+  // of earlier processes' acknowledgements), and what their loss check compares with.
   stamped.checkpoint_count = checkpoint_sequence_;
   stamped.checkpoints_begun = std::max(checkpoints_begun_, checkpoint_sequence_);
   stamped.restored_count = restored_complete_;

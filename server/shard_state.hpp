@@ -84,8 +84,9 @@ enum class CheckpointBlockKind : uint32_t {
   // wrote it may not be. Written only when N is less than the file's sequence: the state was
   // taken while a worker's replay to that restarted process was still owed (those pushes were
   // acknowledged by the process before it, and are only in that worker's log). Absent, N is the
-  // file's sequence. Replies say N as the checkpoint count, which workers trim their logs by
-  // (worker/push_log.hpp; parasol_sim --elastic --seed 7053).
+  // file's sequence. A process that restores it says N as its restored_count, by which
+  // workers trim their entries of earlier processes (worker/push_log.hpp), and the writer's
+  // epoch as restored_writer, for their loss check (parasol_sim --elastic --seed 7053).
   kCompleteThrough = 18,
 };
 

@@ -43,9 +43,9 @@ class PushLog {
            std::vector<zmq::message_t> frames);
   // Drops the entries of `shard` in a checkpoint of process `epoch`: its own acknowledged
   // before its checkpoint count reached `count`, and an earlier process's acknowledged before
-  // `restored` (the count of the checkpoint `epoch` started from). Both are the counts the
-  // shard says its checkpoints hold every acknowledged push before: one taken while a replay
-  // was owed holds less than its sequence says (server/shard_state.hpp, kCompleteThrough).
+  // `restored` (the count the checkpoint `epoch` started from holds every acknowledged push
+  // before: less than its sequence when it was taken while a replay was owed;
+  // server/shard_state.hpp, kCompleteThrough).
   // Returns 1 + the largest count an entry it dropped was acknowledged at (0: none dropped):
   // a checkpoint from that count on holds everything it dropped.
   uint64_t Trim(uint32_t shard, uint64_t epoch, uint64_t count, uint64_t restored);
