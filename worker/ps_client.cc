@@ -169,6 +169,7 @@ Status PsClient::Handshake() {
     }
     const ResumePoint r = ResumeFrom(hellos, worker_id_, bsp && (!joining_ || rejoin));
     if (r.known) last_barrier_seen_ = r.last_barrier;
+    furthest_known_clock_ = r.known ? r.furthest_clock : -1;
     barrier_passed_ = std::max(barrier_passed_, last_barrier_seen_);
     if (!r.lost_step.empty()) {
       lost_step_ = r.lost_step;
@@ -1185,6 +1186,8 @@ Status PsClient::Barrier(int64_t id) {
   barrier_passed_ = std::max(barrier_passed_, id);
   return Status::Ok();
 }
+
+void PsClient::NoteBarrierPassed(int64_t id) { barrier_passed_ = std::max(barrier_passed_, id); }
 
 Result<std::vector<std::string>> PsClient::Stats() {
   const std::vector<uint32_t> shards = ServingShards();

@@ -246,6 +246,12 @@ class PsClient {
   uint64_t pulled_row_bytes() const { return pulled_row_bytes_; }
   // The newest barrier any shard had released when this client connected (-1: none).
   int64_t last_barrier_seen() const { return last_barrier_seen_; }
+  // The largest clock a shard knew this worker at when it connected (-1: none knew it).
+  int64_t furthest_known_clock() const { return furthest_known_clock_; }
+  // Records that every shard released barrier `id`, as the caller knows from elsewhere than a
+  // Barrier() of this client (its ticks and replays say so, and a shard restored from before
+  // the release lets it go).
+  void NoteBarrierPassed(int64_t id);
   // Bytes of pushes kept for replays to restarted shards (see worker/push_log.hpp), now and at
   // most so far.
   uint64_t push_log_bytes() const { return recovery_.log().bytes(); }
@@ -364,6 +370,7 @@ class PsClient {
   bool left_ = false;
   int64_t resumed_clock_ = -1;
   int64_t last_barrier_seen_ = -1;
+  int64_t furthest_known_clock_ = -1;
   int64_t barrier_passed_ = -1;  // the newest barrier this client has passed (every shard released it)
   bool resumed_done_ = false;
   // Restarted shards: the push log, each shard's process, and whether a replay to it is due

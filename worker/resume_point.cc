@@ -14,6 +14,7 @@ ResumePoint ResumeFrom(std::span<const Header> hellos, uint32_t worker, bool che
     // middle of entering it reached some shards only).
     r.last_barrier = r.known ? std::min(r.last_barrier, h.last_barrier) : h.last_barrier;
     r.clock = r.known ? std::min(r.clock, HelloKnownClock(h)) : HelloKnownClock(h);
+    r.furthest_clock = std::max(r.furthest_clock, HelloKnownClock(h));
     r.done = r.done && HelloWorkerLeft(h);
     r.known = true;
   }

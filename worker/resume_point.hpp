@@ -16,6 +16,7 @@ namespace parasol {
 struct ResumePoint {
   bool known = false;        // a shard knew the worker (the fields below say nothing otherwise)
   int64_t clock = -1;        // the smallest clock a shard knows it at
+  int64_t furthest_clock = -1;  // the largest clock a shard knows it at
   bool done = true;          // every shard that knew it saw it leave
   int64_t last_barrier = -1;  // the smallest barrier count the knowing shards released
   // BSP only: the worker's tick out of `clock` reached some shards but not all. A shard that has

@@ -19,6 +19,21 @@
 #include "worker/model.hpp"
 
 namespace parasol {
+
+bool MeetsAtStart(PsClient& client, uint32_t rank) {
+  // A restarted worker skips barrier 0 when the others have passed it (a shard that restarted
+  // since its release might hold it for them). One that a shard knows past clock 0 ticked out of
+  // step 0 there, so every shard had released barrier 0 before: its ticks say so, and a shard
+  // restored from before the release lets the others go (parasol_sim --ssp --seed 3935: such a
+  // worker, known at clock 0 on the restored shard, waited at barrier 0 there for a worker that
+  // had skipped it, which waited on that worker's clock). A joiner is known at its join clock
+  // before it ticks, and never enters barrier 0.
+  const bool ticked_past_start =
+      client.membership().join(rank) <= 0 && client.furthest_known_clock() > 0;
+  if (ticked_past_start) client.NoteBarrierPassed(0);
+  return client.resumed_clock() < 0 && client.last_barrier_seen() < 0 && !ticked_past_start;
+}
+
 namespace {
 
 // The index of the first NaN or infinity in `v`, or v.size().
@@ -559,9 +574,7 @@ TrainRun::~TrainRun() {
 
 Status TrainRun::MeetAtStart() {
   const auto phase = SteadyClock::now();
-  // A restarted worker skips barrier 0 when the others have passed it (a shard that restarted
-  // since its release might hold it for them).
-  if (client_.resumed_clock() < 0 && client_.last_barrier_seen() < 0) {
+  if (MeetsAtStart(client_, rank_)) {
     PARASOL_RETURN_IF_ERROR(client_.Barrier(0));
   }
   report_.wait_seconds += Since(phase);

@@ -24,6 +24,11 @@
 
 namespace parasol {
 
+// Whether a worker of the job meets the others at barrier 0 before its first step, as the
+// trainer does: a fresh one does; a restarted one that the others are known to be past does not,
+// and records barrier 0 as passed (its ticks then say so to a shard restored from before it).
+bool MeetsAtStart(PsClient& client, uint32_t rank);
+
 // Where a worker's training time went (seconds), and its per-step waits: for its pulls, for
 // its pushes' acknowledgements, and for its tick.
 struct StepTimes {

@@ -745,9 +745,9 @@ class Sim {
     // A worker that had finished goes on to the end as the trainer does (no step left): it
     // leaves and meets the others at the last barrier, so that a rollback before the job ends
     // finds it there and it redoes its steps.
-    // As the trainer (worker/trainer.cc): all meet before the first step, unless this is a
-    // restart after the others passed that barrier.
-    if (client.resumed_clock() < 0 && client.last_barrier_seen() < 0) {
+    // As the trainer: all meet before the first step, unless this is a restart after the
+    // others passed that barrier.
+    if (MeetsAtStart(client, w.rank)) {
       Status met = client.Barrier(0);
       PARASOL_RETURN_IF_ERROR(killed());
       PARASOL_RETURN_IF_ERROR(met);

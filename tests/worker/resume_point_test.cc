@@ -42,9 +42,23 @@ TEST(ResumePointTest, TheSlowestShardDecides) {
   EXPECT_EQ(r.clock, 7);
   EXPECT_FALSE(r.done);  // shard 2 did not see it leave
   EXPECT_EQ(r.last_barrier, 2);
+  EXPECT_EQ(r.furthest_clock, 7);
   const std::vector<Header> left = {Hello(0, 9, true, 4), Hello(1, 9, true, 4)};
   EXPECT_TRUE(ResumeFrom(left, 1, true).done);
   EXPECT_TRUE(ResumeFrom(left, 1, true).lost_step.empty());
+}
+
+// A shard restored from before barrier 0's release knows the worker at clock 0 with no barrier
+// released; the others know it past clock 0. It goes on from clock 0, and the furthest clock
+// says it had ticked out of step 0 (so had passed barrier 0 everywhere: MeetsAtStart).
+TEST(ResumePointTest, TheFurthestClockIsKeptBesideTheSlowest) {
+  const std::vector<Header> hellos = {Hello(0, 0, false, -1), Hello(1, 1, false, 0),
+                                      Hello(2, -1, false, 5), Hello(3, 1, false, 0)};
+  const ResumePoint r = ResumeFrom(hellos, 1, false);
+  EXPECT_EQ(r.clock, 0);
+  EXPECT_EQ(r.last_barrier, -1);
+  EXPECT_EQ(r.furthest_clock, 1);
+  EXPECT_EQ(ResumeFrom(std::vector<Header>{Hello(0, -1)}, 1, false).furthest_clock, -1);
 }
 
 // BSP: a tick out of step 4 that reached shard 1 only. Shard 1 is named, and whether it has
