@@ -1600,17 +1600,12 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
       if (rollback_owed_) return Status::Ok();
       if (!manifest_.checkpoint.dir.empty()) {
         // The Hello is answered once a checkpoint holding those pushes is durable (nothing else
-        // holds them): written now in the foreground, or, within checkpoint.min_interval of
-        // the last forced one, by the next (the reply waits for it).
-        const std::string why = "worker " + std::to_string(w) + " restarted";
-        if (ForcedCheckpointDue()) {
-          NoteForcedCheckpoint();
-          if (Status st = SaveCheckpoint(why); !st.ok()) {
-            spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
-          }
-        } else {
-          return hold(why);
-        }
+        // holds them). The reply waits for it: begun now (in the background where the shard
+        // writes there, serving on meanwhile) or, within checkpoint.min_interval of the last
+        // forced one, once that has passed.
+        PARASOL_RETURN_IF_ERROR(hold("worker " + std::to_string(w) + " restarted"));
+        StartRequestedCheckpoint();
+        return Status::Ok();
       }
     }
   }

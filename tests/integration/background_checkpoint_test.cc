@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -166,6 +167,83 @@ TEST_P(BackgroundWriteTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChan
   const std::string log = cluster.ServerLog(0);
   EXPECT_NE(log.find("in the background"), std::string::npos);
   EXPECT_EQ(log.find("copied, in the background") == std::string::npos, forked) << log;
+}
+
+// A worker restarts: what it had pushed since the shard's last checkpoint is only in the
+// shard's memory (its push log died with it), so the shard checkpoints before it answers the
+// new process's Hello. That checkpoint is written in the background: the shard answers others
+// while it is written (seen writing it while the Hello waits), and the Hello is answered once
+// the file is durable. Worker 0's state is then in the newest checkpoint, bit for bit.
+TEST_F(BackgroundCheckpointTest, ARestartedWorkersCheckpointIsWrittenWhileTheShardServes) {
+  TestCluster cluster(1, 1, kTables, Extra());
+  cluster.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
+  ASSERT_TRUE(cluster.Start());
+  const uint64_t seed = Seeds().back();
+  std::mt19937_64 rng(seed);
+  std::printf("[ seed     ] %llu\n", (unsigned long long)seed);
+  std::vector<uint64_t> keys(300 + rng() % 700);
+  for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + rng() % 7;
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  auto first = cluster.Connect(0);
+  auto observer = cluster.Connect(PsClient::kObserver);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(observer, nullptr);
+  PushRandom(*first, keys, rng);
+  std::vector<float> rows(keys.size() * kRowFloats);
+  auto pulled = first->PullSparseAsync(0, keys, rows.data(), /*with_state=*/true);
+  ASSERT_TRUE(pulled.ok());
+  ASSERT_TRUE(first->Wait(*pulled).ok());
+  auto before = observer->StatsOf(0);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(StatsField(*before, "checkpoints"), "0") << *before;
+
+  // The worker's new process (a new incarnation of rank 0): its Hello waits for the checkpoint.
+  std::atomic<bool> connected{false};
+  std::unique_ptr<PsClient> second;
+  std::thread restart([&] {
+    second = cluster.Connect(0);
+    connected = true;
+  });
+  bool seen_writing = false;
+  bool answered_while_waiting = false;
+  for (int i = 0; i < 2000 && !connected.load(); ++i) {
+    auto s = observer->StatsOf(0);
+    ASSERT_TRUE(s.ok());
+    if (StatsField(*s, "checkpoint_writing") == "true" && !connected.load()) {
+      seen_writing = true;
+      answered_while_waiting = StatsField(*s, "worker_restarts") == "1";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  restart.join();
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(seen_writing) << "the restarted worker's checkpoint was never seen being written";
+  EXPECT_TRUE(answered_while_waiting)
+      << "the shard did not answer while the restarted worker's Hello waited for its checkpoint";
+  auto after = observer->StatsOf(0);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(StatsField(*after, "checkpoints"), "1") << *after;
+  EXPECT_EQ(StatsField(*after, "checkpoint_writing"), "false") << *after;
+  const std::string log = cluster.ServerLog(0);
+  EXPECT_NE(log.find("(worker 0 restarted"), std::string::npos) << log;
+  EXPECT_NE(log.find("in the background"), std::string::npos) << log;
+
+  // Durable when the Hello was answered: the file holds worker 0's rows.
+  const std::vector<std::string> files = ListCheckpoints(ckpt_, 0);
+  ASSERT_EQ(files.size(), 1u);
+  testing::SmallShard loaded(testing::ReadFile(cluster.manifest_path()).c_str());
+  std::ifstream in(files[0], std::ios::binary);
+  CheckpointHeader h;
+  const Status st = loaded.state().Load(in, files[0], &h);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  SparseTable& table = loaded.sparse(0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const float* row = table.partition(EngineOfKey(keys[i], table.engines())).Find(keys[i]);
+    ASSERT_NE(row, nullptr) << "key " << keys[i];
+    ASSERT_EQ(std::memcmp(row, &rows[i * kRowFloats], kRowFloats * sizeof(float)), 0)
+        << "key " << keys[i] << " (seed " << seed << ")";
+  }
 }
 
 TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) {
