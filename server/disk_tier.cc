@@ -5,6 +5,8 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 #include <rocksdb/write_buffer_manager.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -203,6 +205,164 @@ Result<std::string> DiskTier::Scan(
   }
   PARASOL_RETURN_IF_ERROR(ToStatus(it->status(), "scanning table " + std::to_string(table)));
   return it->Valid() ? it->key().ToString() : std::string();
+}
+
+namespace {
+
+constexpr uint32_t kFeedEnd = 0xffffffffu;    // the table's rows are all sent
+constexpr uint32_t kFeedError = 0xfffffffeu;  // an error message follows (length, text)
+
+// Writes what is buffered to the child; false once it went away.
+bool SendAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes of the feed; false at its end or on an error.
+bool ReadAll(int fd, char* out, size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::read(fd, out, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    out += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void Put32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+
+}  // namespace
+
+Status DiskTier::FeedRows(const rocksdb::Snapshot* snapshot, const std::vector<uint32_t>& tables,
+                          int fd) const {
+  constexpr size_t kChunkRows = 65536;
+  constexpr size_t kFlushBytes = 1 << 20;
+  std::string buf;
+  buf.reserve(kFlushBytes + 4096);
+  Status st;
+  bool gone = false;
+  auto flush = [&] {
+    if (!gone && !SendAll(fd, buf.data(), buf.size())) gone = true;
+    buf.clear();
+    return !gone;
+  };
+  for (uint32_t table : tables) {
+    if (gone || !st.ok()) break;
+    Put32(buf, table);
+    std::string from;  // the next chunk's first key ("": the table's first)
+    bool more = true;
+    while (more && !gone) {
+      rocksdb::ReadOptions o;
+      o.snapshot = snapshot;
+      o.fill_cache = false;
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
+      if (from.empty()) {
+        it->SeekToFirst();
+      } else {
+        it->Seek(from);
+      }
+      size_t n = 0;
+      for (; it->Valid() && n < kChunkRows; it->Next(), ++n) {
+        const rocksdb::Slice k = it->key(), v = it->value();
+        Put32(buf, static_cast<uint32_t>(v.size()));
+        const uint64_t key = DecodeKey(k);
+        buf.append(reinterpret_cast<const char*>(&key), sizeof(key));
+        buf.append(v.data(), v.size());
+        if (buf.size() >= kFlushBytes && !flush()) break;
+      }
+      if (!it->status().ok()) {
+        st = ToStatus(it->status(), "reading the rows of table " + std::to_string(table) +
+                                        " for a background checkpoint");
+        break;
+      }
+      more = it->Valid() && n == kChunkRows;
+      if (more) from = it->key().ToString();
+    }
+    if (st.ok()) Put32(buf, kFeedEnd);
+  }
+  if (!st.ok() && !gone) {
+    Put32(buf, kFeedError);
+    Put32(buf, static_cast<uint32_t>(st.message().size()));
+    buf.append(st.message());
+  }
+  flush();
+  ::shutdown(fd, SHUT_WR);
+  if (!st.ok()) return st;
+  if (gone) return Unavailable("the checkpoint's process stopped reading the rows fed to it");
+  return Status::Ok();
+}
+
+Status DiskTier::ReadFedRows(uint32_t table,
+                             const std::function<bool(uint64_t, std::span<const char>)>& fn) const {
+  const std::string what = "the disk tier's rows fed for the checkpoint (table " +
+                           std::to_string(table) + ")";
+  if (feed_broken_) return IoError(what + ": an earlier read stopped part way");
+  uint32_t sent_table = 0;
+  if (!ReadAll(row_source_, reinterpret_cast<char*>(&sent_table), 4)) {
+    feed_broken_ = true;
+    return IoError(what + ": the feed ended");
+  }
+  if (sent_table != table) {
+    feed_broken_ = true;
+    return IoError(what + ": the feed sent table " + std::to_string(sent_table));
+  }
+  std::vector<char> row;
+  while (true) {
+    uint32_t len = 0;
+    if (!ReadAll(row_source_, reinterpret_cast<char*>(&len), 4)) {
+      feed_broken_ = true;
+      return IoError(what + ": the feed ended inside the table");
+    }
+    if (len == kFeedEnd) return Status::Ok();
+    if (len == kFeedError) {
+      uint32_t n = 0;
+      std::string message;
+      if (ReadAll(row_source_, reinterpret_cast<char*>(&n), 4) && n <= (1u << 20)) {
+        message.resize(n);
+        if (!ReadAll(row_source_, message.data(), n)) message.clear();
+      }
+      feed_broken_ = true;
+      return IoError(what + ": " + (message.empty() ? std::string("an error") : message));
+    }
+    if (len > (64u << 20)) {
+      feed_broken_ = true;
+      return IoError(what + ": a row of " + std::to_string(len) + " bytes");
+    }
+    uint64_t key = 0;
+    row.resize(len);
+    if (!ReadAll(row_source_, reinterpret_cast<char*>(&key), sizeof(key)) ||
+        !ReadAll(row_source_, row.data(), len)) {
+      feed_broken_ = true;
+      return IoError(what + ": the feed ended inside a row");
+    }
+    if (!fn(key, std::span<const char>(row.data(), len))) {
+      feed_broken_ = true;  // the rest of this table is still on its way
+      return Status::Ok();
+    }
+  }
+}
+
+DiskTier::Feed::Feed(const DiskTier& disk, const rocksdb::Snapshot* snapshot,
+                     std::vector<uint32_t> tables, int fd)
+    : disk_(disk), snapshot_(snapshot), fd_(fd) {
+  thread_ = std::thread([this, tables = std::move(tables)] {
+    // A failure reaches the child (an error mark, or the feed's end), whose checkpoint fails.
+    (void)disk_.FeedRows(snapshot_, tables, fd_);
+  });
+}
+
+DiskTier::Feed::~Feed() {
+  ::shutdown(fd_, SHUT_RDWR);  // a send still blocked on a child that is gone returns
+  thread_.join();
+  disk_.ReleaseSnapshot(snapshot_);
+  ::close(fd_);
 }
 
 uint64_t DiskTier::DiskBytes() const {

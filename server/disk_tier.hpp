@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.hpp"
@@ -65,9 +66,10 @@ class DiskTier {
   Status Write(Batch& batch);
 
   // Calls fn(key, row bytes) for every row of `table` (a consistent snapshot) until fn returns
-  // false.
+  // false. In a forked child fed rows (ReadRowsFrom), the rows come from the feeder instead.
   template <typename Fn>
   Status ForEachRow(uint32_t table, Fn&& fn) const {
+    if (row_source_ >= 0) return ReadFedRows(table, fn);
     rocksdb::ReadOptions o;
     o.fill_cache = false;
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
@@ -78,6 +80,43 @@ class DiskTier {
     }
     return ToStatus(it->status(), "reading the rows of table " + std::to_string(table));
   }
+
+  // A background checkpoint of a tiered shard is written by a forked child (a copy-on-write
+  // image of the memory tier at its moment), which has none of RocksDB's threads and must not
+  // touch the store. The parent takes a snapshot of the store at that moment and a thread of
+  // its feeds the child the rows it holds, table by table in the order the child asks for them
+  // (FeedRows); the child reads them through ForEachRow (ReadRowsFrom). The feed is a stream of
+  // records on a socket: per table its index, then rows (length, key, bytes), then an end (or
+  // an error) mark.
+  const rocksdb::Snapshot* TakeSnapshot() const { return db_->GetSnapshot(); }
+  void ReleaseSnapshot(const rocksdb::Snapshot* snapshot) const {
+    db_->ReleaseSnapshot(snapshot);
+  }
+  // Sends the rows of each of `tables` as `snapshot` saw them to `fd`, in order, then closes
+  // its writing side. Reads in chunks, a new iterator for each, so that no iterator pins the
+  // store's memtables for the whole feed. Fails when the store cannot be read (the child is
+  // told, and fails too) or the child went away.
+  Status FeedRows(const rocksdb::Snapshot* snapshot, const std::vector<uint32_t>& tables,
+                  int fd) const;
+  // In the forked child: ForEachRow reads what FeedRows sends on `fd` from now on.
+  void ReadRowsFrom(int fd) { row_source_ = fd; }
+  // FeedRows on a thread of its own, owning the snapshot and the parent's end of the socket.
+  // Destroyed once the child is done with the feed (or gone): stops it, joins the thread and
+  // releases the snapshot. The store must outlive it.
+  class Feed {
+   public:
+    Feed(const DiskTier& disk, const rocksdb::Snapshot* snapshot, std::vector<uint32_t> tables,
+         int fd);
+    ~Feed();
+    Feed(const Feed&) = delete;
+    Feed& operator=(const Feed&) = delete;
+
+   private:
+    const DiskTier& disk_;
+    const rocksdb::Snapshot* snapshot_;
+    const int fd_;
+    std::thread thread_;
+  };
 
   // Visits up to `max` rows of `table` from the encoded key `from` ("": the first) with
   // fn(key, row bytes); returns where the next visit starts ("" after the last row).
@@ -102,6 +141,8 @@ class DiskTier {
  private:
   DiskTier() = default;
   Status ToStatus(const rocksdb::Status& s, const std::string& what) const;
+  Status ReadFedRows(uint32_t table,
+                     const std::function<bool(uint64_t, std::span<const char>)>& fn) const;
 
   std::string dir_;
   bool opened_ = false;
@@ -111,6 +152,8 @@ class DiskTier {
   std::atomic<uint64_t> rows_written_{0};
   std::atomic<uint64_t> uncached_reads_{0};
   std::shared_ptr<rocksdb::Cache> cache_;
+  int row_source_ = -1;          // the feed's socket, in a forked child (ReadRowsFrom)
+  mutable bool feed_broken_ = false;  // a read of the feed stopped part way
 };
 
 }  // namespace parasol

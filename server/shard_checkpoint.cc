@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -260,9 +261,11 @@ Status ShardServer::SaveCheckpoint(const std::string& reason, bool final) {
 
 bool ShardServer::CanCheckpointInBackground() const {
   // A tiered table's disk rows are read through RocksDB, whose threads a child process does
-  // not have, and which a copy would read whole: those shards write their checkpoints in the
-  // foreground.
-  if (disk_) return false;
+  // not have, and which a copy would read whole: a forked child writes the memory tier as it
+  // was, and a thread of this process feeds it the disk tier's rows from a snapshot of the
+  // same moment (DiskTier::FeedRows). Without a fork (the simulation, in-process drivers) those
+  // shards write in the foreground.
+  if (disk_ && (env_->Files() != FileSystem::Real() || reply_sink_)) return false;
   // An in-process driver on the OS's environment (a reply sink: the request fuzzer, tests'
   // in-process shards) takes every answer at once and polls for nothing. The simulation's
   // environment writes aside as an event of its schedule, and polls as the serve loop does.
@@ -283,7 +286,8 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   // A child process writes the OS's files only (a simulated shard's are in its parent), and an
   // in-process driver (a reply sink: the request fuzzer, the simulation) is no process to copy.
   const bool may_fork = env_->Files() == FileSystem::Real() && !reply_sink_;
-  const bool fits = StagedCheckpointFits();
+  // (A tiered shard's copy would read its disk tier whole into memory.)
+  const bool fits = !disk_ && StagedCheckpointFits();
   if (!fits) staged_spare_ = {};  // grown past copy_below: the copies' memory goes back
   if (!fits && !may_fork) return SaveCheckpoint(reason);
   FinishDeferredApply();  // a checkpoint holds whole clocks: the engines are idle from here
@@ -321,6 +325,31 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
                  rank_, std::strerror(errno));
     return SaveCheckpoint(reason);
   }
+  // A tiered shard: the disk tier's rows at this moment (every engine is idle) are fed to the
+  // child from a snapshot, table by table in the order its ShardState::Save asks for them.
+  int rows[2] = {-1, -1};
+  const rocksdb::Snapshot* snapshot = nullptr;
+  std::vector<uint32_t> fed;
+  if (disk_) {
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, rows) != 0) {
+      const int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      force_full_ = true;
+      spdlog::warn("shard {}: cannot make a socket for a background checkpoint ({}); writing "
+                   "it in the foreground",
+                   rank_, std::strerror(err));
+      return SaveCheckpoint(reason);
+    }
+    for (const auto& table : sparse_) {
+      if (!table) continue;
+      for (uint32_t e = 0; e < table->engines(); ++e) {
+        const SparseTable::Partition& part = table->partition(e);
+        if (part.tiered() && part.disk_rows() > 0) fed.push_back(part.family());
+      }
+    }
+    snapshot = disk_->TakeSnapshot();
+  }
   const pid_t parent = ::getpid();
   // The child is a copy of this process as it is now (its pages are shared copy-on-write):
   // the state at this moment, written while this process goes on serving. Only this thread
@@ -331,6 +360,11 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     const int err = errno;
     ::close(fds[0]);
     ::close(fds[1]);
+    if (disk_) {
+      ::close(rows[0]);
+      ::close(rows[1]);
+      disk_->ReleaseSnapshot(snapshot);
+    }
     force_full_ = true;  // the rows removed since the last one were taken for it
     spdlog::warn("shard {}: cannot fork a background checkpoint ({}); writing it in the "
                  "foreground",
@@ -339,18 +373,27 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   }
   if (pid == 0) {
     ::close(fds[0]);
+    if (disk_) ::close(rows[0]);
     // Dies with this shard: a checkpoint renamed into place after a new process of the shard
     // has started would be taken for one of its own.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(3);
-    // Nothing of the shard's but the pipe: its sockets stay with it (a shard restarted after
-    // its death binds them at once).
-    if (::close_range(3, static_cast<unsigned>(fds[1]) - 1, 0) != 0 ||
-        ::close_range(static_cast<unsigned>(fds[1]) + 1, ~0u, 0) != 0) {
+    // Nothing of the shard's but the pipe (and a tiered shard's feed): its sockets stay with
+    // it (a shard restarted after its death binds them at once).
+    const int keep_a = std::min(fds[1], disk_ ? rows[1] : fds[1]);
+    const int keep_b = std::max(fds[1], disk_ ? rows[1] : fds[1]);
+    if (::close_range(3, static_cast<unsigned>(keep_a) - 1, 0) != 0 ||
+        (keep_b > keep_a + 1 &&
+         ::close_range(static_cast<unsigned>(keep_a) + 1, static_cast<unsigned>(keep_b) - 1,
+                       0) != 0) ||
+        ::close_range(static_cast<unsigned>(keep_b) + 1, ~0u, 0) != 0) {
       for (int fd = 3, n = ::getdtablesize(); fd < n; ++fd) {
-        if (fd != fds[1]) ::close(fd);
+        if (fd != keep_a && fd != keep_b) ::close(fd);
       }
     }
+    // The disk tier's rows come from the parent's feed: this process has none of RocksDB's
+    // threads, and touches the store no more.
+    if (disk_) disk_->ReadRowsFrom(rows[1]);
     // Should memory run short (pages copied as the shard writes them), this copy goes first.
     if (const int adj = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); adj >= 0) {
       (void)!::write(adj, "1000", 4);
@@ -374,6 +417,10 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
     ::_exit(ok ? 0 : 1);
   }
   ::close(fds[1]);
+  if (disk_) {
+    ::close(rows[1]);
+    bg.feed = std::make_unique<DiskTier::Feed>(*disk_, snapshot, std::move(fed), rows[0]);
+  }
   bg.pid = pid;
   bg.result_fd = fds[0];
   bg.pause_ms =
@@ -456,8 +503,17 @@ void ShardServer::FinishBackgroundCheckpoint(BackgroundCheckpoint& bg, const Sta
 void ShardServer::AnswerHeld(HeldReply& held, const Status& st) {
   if (held.reply) {
     // A restarted worker's Hello: answered as when its checkpoint is written at once (a
-    // failed checkpoint is logged, and retried; the worker goes on).
-    SendReply(held.identity, *held.reply, {});
+    // failed checkpoint is logged, and retried; the worker goes on). With the membership of
+    // now: the reply's version is stamped as it goes, and a worker that took entries of the
+    // moment it was held under a newer version would never learn what was named meanwhile
+    // (parasol_sim --reshard --seed 875: a change of the shard count named while a restarted
+    // worker's Hello waited; the worker, not knowing of it, asked for a rollback across it).
+    Header reply = *held.reply;
+    if (held.request.membership_version < membership_.version()) {
+      reply.members = membership_.Entries();
+      reply.member_macs = membership_macs_.Sign(reply.members);
+    }
+    SendReply(held.identity, reply, {});
     return;
   }
   SendReply(held.identity,
@@ -602,7 +658,9 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     // The question: where this shard could go back to, and where it is. Asked by a worker of
     // the job about to roll back (`done`), it also keeps that checkpoint: no periodic
     // checkpoint is taken and none is pruned until the rollback is made.
-    if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id)) {
+    // (Not across a change of membership, which no rollback crosses: the reply tells the
+    // asker of the change, and it makes none.)
+    if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id) && !MembershipChanged()) {
       if (!rollback_pending_) {
         spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken or "
                      "pruned until it has", rank_, who);

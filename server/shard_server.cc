@@ -807,13 +807,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
   switch (req.op) {
     case Op::Hello: {
       const Status st = HandleHello(req, frames[0], reply, held);
-      // Under on_overlapping_failure: fail too, a worker's Hello hears of the loss (its
-      // restarted process stops on it).
-      if (manifest_.training.on_overlapping_failure ==
-          TrainingOptions::OnOverlappingFailure::kFail) {
-        reply->rollback_needed =
-            reply->rollback_needed || lost_updates_of_.count(req.worker_id) > 0;
-      }
+      TellLostUpdates(req.worker_id, reply);  // (a held Hello's prepared reply was told so)
       return st;
     }
     case Op::Rollback:
@@ -944,8 +938,7 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
       }
       // Answered once a checkpoint holding the state of now is durable: the one being written,
       // if it was begun with nothing new since, else the next.
-      if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
-          kMaxCheckpointWaiters) {
+      if (CheckpointWaitersFull()) {
         return Unavailable("shard " + std::to_string(rank_) + ": " +
                            std::to_string(kMaxCheckpointWaiters) +
                            " checkpoint requests are waiting already; ask again later");
@@ -1387,6 +1380,14 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
     return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
                        "again once the workers have replayed to it");
   }
+  // No rollback crosses a change of membership: one a worker is about to make (or one the job
+  // owes) goes first, and the clock is named after it (parasol_sim --reshard --seed 875: a
+  // change of the shard count named between a restarted worker's question and its rollback
+  // made the rollback impossible, and the worker failed).
+  if (rollback_owed_ || rollback_pending_) {
+    return Unavailable("shard 0: the job is about to roll back (two failures overlapped); no "
+                       "clock is named until it has; ask again");
+  }
   // The next clock shard 0 can name, or a later one the request asks for (a change planned
   // ahead, at the same clock in every run of the job).
   int64_t at = NextMembershipClock();
@@ -1527,8 +1528,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     ReleaseAfterGivingUpAReplay(reply);
   }
   auto hold = [&](const std::string& why) -> Status {
-    if (checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
-        kMaxCheckpointWaiters) {
+    if (CheckpointWaitersFull()) {
       return Unavailable("shard " + std::to_string(rank_) + ": " +
                          std::to_string(kMaxCheckpointWaiters) +
                          " requests wait for a checkpoint already; say Hello again later");
@@ -1540,6 +1540,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     HeldReply waiter;
     waiter.identity.rebuild(identity.data(), identity.size());
     waiter.request = req;
+    TellLostUpdates(w, reply);
     waiter.reply = *reply;
     checkpoint_waiters_.push_back(std::move(waiter));
     if (next_checkpoint_reason_.empty()) next_checkpoint_reason_ = why;
@@ -1559,6 +1560,13 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
   }
   if (req.incarnation != 0 && controller_.incarnation(w) != req.incarnation) {
     const bool restarted = controller_.incarnation(w) != 0;
+    // Its Hello waits for a checkpoint: refused before anything is noted if no more can wait
+    // (noted, the resend would find the restart taken and go unanswered by any checkpoint).
+    if (restarted && !manifest_.checkpoint.dir.empty() && CheckpointWaitersFull()) {
+      return Unavailable("shard " + std::to_string(rank_) + ": " +
+                         std::to_string(kMaxCheckpointWaiters) +
+                         " requests wait for a checkpoint already; say Hello again later");
+    }
     if (!restarted && req.known_epoch == 0 && controller_.AbandonReplay(w)) {
       spdlog::info("shard {}: worker {} has nothing to replay; its clock is {}", rank_, w,
                    HelloKnownClock(*reply));
@@ -1610,6 +1618,20 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
     }
   }
   return Status::Ok();
+}
+
+bool ShardServer::CheckpointWaitersFull() const {
+  return checkpoint_waiters_.size() + (background_ ? background_->waiting.size() : 0) >=
+         kMaxCheckpointWaiters;
+}
+
+void ShardServer::TellLostUpdates(uint32_t worker, Header* reply) const {
+  // Under on_overlapping_failure: fail too, a worker's Hello hears of the loss (its restarted
+  // process stops on it).
+  if (manifest_.training.on_overlapping_failure ==
+      TrainingOptions::OnOverlappingFailure::kFail) {
+    reply->rollback_needed = reply->rollback_needed || lost_updates_of_.count(worker) > 0;
+  }
 }
 
 void ShardServer::ReleaseAfterGivingUpAReplay(Header* reply) {

@@ -297,6 +297,8 @@ class ShardServer {
     uint32_t begun_clock = 0;               // ShardClock() when it was begun
     std::optional<uint64_t> complete_through;  // CompleteThroughNow() when it was begun
     std::vector<HeldReply> waiting;         // Checkpoint requests, answered once it is durable
+    // A tiered shard's child: the disk tier's rows at its moment, fed from a snapshot.
+    std::unique_ptr<DiskTier::Feed> feed;
   };
   std::optional<BackgroundCheckpoint> background_;
   // Checkpoint requests waiting for a checkpoint begun after them (one was being written).
@@ -325,6 +327,10 @@ class ShardServer {
   void WaitForBackgroundCheckpoint();
   // Begins a checkpoint for the requests in checkpoint_waiters_, once none is being written.
   void StartRequestedCheckpoint();
+  // Whether kMaxCheckpointWaiters requests wait for a checkpoint already.
+  bool CheckpointWaitersFull() const;
+  // A worker's Hello reply says its updates were lost (under on_overlapping_failure: fail).
+  void TellLostUpdates(uint32_t worker, Header* reply) const;
   CheckpointHeader NextCheckpointHeader(bool final) const;
   // Writes the shard's state as the checkpoint `h` at `path`; adds the payload bytes to *bytes.
   Status WriteState(const std::string& path, const CheckpointHeader& h, const DeltaSpec* delta,

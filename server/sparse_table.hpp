@@ -294,6 +294,8 @@ class SparseTable {
     uint64_t rows() const { return index_.size() + disk_rows_; }
     uint64_t memory_rows() const { return index_.size(); }
     uint64_t disk_rows() const { return disk_rows_; }
+    // Tiered: the partition's column family in the disk tier.
+    uint32_t family() const { return family_; }
     uint64_t pending_keys() const { return pending_.size(); }
     uint64_t MemoryBytes() const;
     const Counters& counters() const { return counters_; }

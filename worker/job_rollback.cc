@@ -81,6 +81,13 @@ Status JobRollback::MakeOnce(const std::string& why) {
   int64_t clock = std::numeric_limits<int64_t>::max();
   for (uint32_t round = 0;; ++round) {
     PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, Ask(clock, /*stop=*/true));
+    // A change of membership named since this worker greeted the shards (their replies carry
+    // it): no rollback crosses one (PsClient::Connect then reports the loss and goes on).
+    if (c_.MembershipChanged()) {
+      return FailedPrecondition("worker " + std::to_string(c_.worker_id_) + ": " + why +
+                                "; the job's membership changed since this worker connected, "
+                                "and no rollback crosses such a change");
+    }
     int64_t lowest = clock;
     bool agree = true;
     for (uint32_t s = 0; s < c_.num_shards_; ++s) {
@@ -118,7 +125,10 @@ Status JobRollback::MakeOnce(const std::string& why) {
   Result<PsClient::Reply> zero = c_.Call(0, std::move(first), {});
   int64_t at = clock;
   if (!zero.ok()) {
-    if (zero.status().code() != StatusCode::kAborted) return zero.status();
+    if (zero.status().code() != StatusCode::kAborted) {
+      c_.rollback_gen_ = next - 1;  // not made: the client stays in the generation it was in
+      return zero.status();
+    }
     // Another worker rolled back first: follow its rollback instead.
     return FollowOnce();
   }

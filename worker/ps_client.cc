@@ -108,9 +108,16 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
         return FailedPrecondition(why + "; the job rolled back " + std::to_string(rounds) +
                                   " times while this worker connected, and would again");
       }
-      PARASOL_RETURN_IF_ERROR(JobRollback(*c).Make(why));
-      c.reset();
-      return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
+      const Status made = JobRollback(*c).Make(why);
+      if (made.ok()) {
+        c.reset();
+        return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
+      }
+      // A change of membership named since the handshake (the shards' answers told of it): no
+      // rollback crosses it, so the loss stays reported and this worker goes on, as when it
+      // knew of the change at its greeting (parasol_sim --reshard --seed 2168).
+      if (!c->MembershipChanged()) return made;
+      spdlog::error("{}", made.message());
     }
   }
   c->connected_ = true;

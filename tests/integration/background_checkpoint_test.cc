@@ -199,28 +199,42 @@ TEST_F(BackgroundCheckpointTest, ARestartedWorkersCheckpointIsWrittenWhileTheSha
   ASSERT_EQ(StatsField(*before, "checkpoints"), "0") << *before;
 
   // The worker's new process (a new incarnation of rank 0): its Hello waits for the checkpoint.
+  // What the shard says the moment the Hello is answered: its checkpoint is durable by then.
   std::atomic<bool> connected{false};
   std::unique_ptr<PsClient> second;
+  std::string at_answer;
   std::thread restart([&] {
     second = cluster.Connect(0);
+    if (second) {
+      if (auto s = second->StatsOf(0); s.ok()) at_answer = *s;
+    }
     connected = true;
   });
   bool seen_writing = false;
   bool answered_while_waiting = false;
+  Status observed;
   for (int i = 0; i < 2000 && !connected.load(); ++i) {
     auto s = observer->StatsOf(0);
-    ASSERT_TRUE(s.ok());
-    if (StatsField(*s, "checkpoint_writing") == "true" && !connected.load()) {
+    if (!s.ok()) {
+      observed = s.status();
+      break;
+    }
+    // Writing the restart's checkpoint (the restart is counted) while the Hello waits.
+    if (StatsField(*s, "checkpoint_writing") == "true" &&
+        StatsField(*s, "worker_restarts") == "1" && !connected.load()) {
       seen_writing = true;
-      answered_while_waiting = StatsField(*s, "worker_restarts") == "1";
+      answered_while_waiting = StatsField(*s, "checkpoints") == "0";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   restart.join();
+  ASSERT_TRUE(observed.ok()) << observed.ToString();
   ASSERT_NE(second, nullptr);
   EXPECT_TRUE(seen_writing) << "the restarted worker's checkpoint was never seen being written";
   EXPECT_TRUE(answered_while_waiting)
       << "the shard did not answer while the restarted worker's Hello waited for its checkpoint";
+  EXPECT_EQ(StatsField(at_answer, "checkpoints"), "1")
+      << "the Hello was answered before its checkpoint was durable: " << at_answer;
   auto after = observer->StatsOf(0);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(StatsField(*after, "checkpoints"), "1") << *after;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -176,6 +177,89 @@ TEST(TieredCheckpointTest, AKilledShardRestoresBothTiers) {
   EXPECT_EQ(r["rows"].get<uint64_t>(), 20000u) << r.dump();
   EXPECT_GT(r["disk_rows"].get<uint64_t>(), 15000u) << r.dump();
   EXPECT_NE(job.ServerLog(0).find("restored"), std::string::npos) << job.ServerLog(0);
+  testing::RemoveTree(dir);
+}
+
+// A tiered shard's checkpoint is written in the background: a forked child writes the memory
+// tier as it was, fed the disk tier's rows from a snapshot of the same moment. Worker 1 keeps
+// pushing to the same rows while the (slowed) write runs, which moves rows between the tiers;
+// the shard, killed and restarted from that checkpoint, answers with the rows and state of the
+// checkpoint's moment, bit for bit, and its log says the write went on in the background.
+TEST(TieredCheckpointTest, ABackgroundCheckpointHoldsBothTiersAsTheyWereAtItsMoment) {
+  const std::string dir = testing::MakeTempDir();
+  TestCluster job(1, 2, Tables("tiered", "{kind: adagrad, lr: 0.05}", 4),
+                  "server: {memory_budget: 32KiB}\ncheckpoint: {dir: " + dir + "}\n");
+  job.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
+  ASSERT_TRUE(job.Start());
+  auto a = job.Connect(0);
+  auto b = job.Connect(1);
+  auto observer = job.Connect(PsClient::kObserver);
+  ASSERT_TRUE(a && b && observer);
+  const uint64_t seed = static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count() % 100000);
+  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> all;
+  for (uint64_t k = 0; k < 20000; ++k) all.push_back(k * 7919 + 3);
+  std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+  auto push = [&](PsClient& c, size_t from, size_t n) {
+    std::vector<uint64_t> keys(all.begin() + from, all.begin() + from + n);
+    std::vector<float> grads(keys.size() * 4);
+    for (float& x : grads) x = g(rng);
+    return c.PushSparse(0, keys, grads);
+  };
+  for (int step = 0; step < 20; ++step) ASSERT_TRUE(push(*a, step * 1000, 1000).ok());
+  const uint32_t floats = a->RowFloats(0);
+  std::vector<float> moment(all.size() * floats), after(all.size() * floats);
+  ASSERT_TRUE(a->PullSparseWithState(0, all, moment.data()).ok());
+  EXPECT_GT(TableStats(*observer, 0)["disk_rows"].get<uint64_t>(), 15000u);
+
+  Status written;
+  std::thread writer([&] { written = a->Checkpoint(); });  // answered once it is durable
+  bool began = false;
+  Status observed;
+  for (int i = 0; i < 400 && !began; ++i) {
+    auto s = observer->StatsOf(0);
+    if (!s.ok()) {
+      observed = s.status();
+      break;
+    }
+    began = s->find("\"checkpoint_writing\":true") != std::string::npos;
+    if (!began) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // While it is written: rows on disk and in memory change, and cross between the tiers.
+  Status during;
+  for (int i = 0; began && during.ok() && i < 6; ++i) {
+    during = push(*b, (rng() % 19) * 1000, 1000);
+  }
+  auto s = observer->StatsOf(0);
+  const bool still = s.ok() && s->find("\"checkpoint_writing\":true") != std::string::npos;
+  writer.join();
+  ASSERT_TRUE(observed.ok()) << observed.ToString();
+  ASSERT_TRUE(began) << "the checkpoint was never seen being written";
+  ASSERT_TRUE(during.ok()) << during.ToString();
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  ASSERT_TRUE(still) << "worker 1's pushes did not all land while the checkpoint was written";
+  const std::string log = job.ServerLog(0);
+  EXPECT_NE(log.find("(requested, in the background)"), std::string::npos) << log;
+
+  job.server(0).Signal(SIGKILL);
+  job.server(0).Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(job.Respawn(0));
+  auto d = job.Connect(PsClient::kObserver);
+  ASSERT_TRUE(d);
+  // (In pieces: a client outside the job's workers may have little queued at a shard.)
+  for (size_t from = 0; from < all.size(); from += 1000) {
+    const std::vector<uint64_t> keys(all.begin() + from, all.begin() + from + 1000);
+    const Status pulled = d->PullSparseWithState(0, keys, &after[from * floats]);
+    ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&moment[i * floats], &after[i * floats], floats * sizeof(float)), 0)
+        << "key " << all[i] << " (seed " << seed << ")";
+  }
+  const Json r = TableStats(*d, 0);
+  EXPECT_EQ(r["rows"].get<uint64_t>(), 20000u) << r.dump();
   testing::RemoveTree(dir);
 }
 
