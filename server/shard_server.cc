@@ -1380,14 +1380,6 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
     return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
                        "again once the workers have replayed to it");
   }
-  // No rollback crosses a change of membership: one a worker is about to make (or one the job
-  // owes) goes first, and the clock is named after it (parasol_sim --reshard --seed 875: a
-  // change of the shard count named between a restarted worker's question and its rollback
-  // made the rollback impossible, and the worker failed).
-  if (rollback_owed_ || rollback_pending_) {
-    return Unavailable("shard 0: the job is about to roll back (two failures overlapped); no "
-                       "clock is named until it has; ask again");
-  }
   // The next clock shard 0 can name, or a later one the request asks for (a change planned
   // ahead, at the same clock in every run of the job).
   int64_t at = NextMembershipClock();

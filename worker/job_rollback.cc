@@ -127,6 +127,9 @@ Status JobRollback::MakeOnce(const std::string& why) {
   if (!zero.ok()) {
     if (zero.status().code() != StatusCode::kAborted) {
       c_.rollback_gen_ = next - 1;  // not made: the client stays in the generation it was in
+      // Refused, perhaps across a change of membership named since the question (parasol_sim
+      // --reshard --seed 875): learned, PsClient::Connect reports the loss and goes on.
+      if (zero.status().code() == StatusCode::kFailedPrecondition) (void)c_.SyncMembership();
       return zero.status();
     }
     // Another worker rolled back first: follow its rollback instead.
