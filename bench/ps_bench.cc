@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -1576,6 +1577,27 @@ void ScaleRows(const Options& opt, std::vector<Row>* rows) {
     rows->push_back({"scale_shard" + shard + "_checkpoint_pause_ms_max",
                      j.value("checkpoint_pause_ms_max", 0.0), "ms", std::nullopt, "",
                      std::nullopt});
+    // The checkpoints taken while the job trained (every N steps), apart from the last ones of
+    // the job's end (every worker finished, the stop), which are written in the foreground.
+    double periodic = 0;
+    uint64_t taken = 0;
+    const std::string prefix = "shard " + shard + ": ";
+    for (size_t line = log.find(prefix); line != std::string::npos;
+         line = log.find(prefix, line + 1)) {
+      const size_t end = log.find('\n', line);
+      const std::string text = log.substr(line, end == std::string::npos ? end : end - line);
+      const size_t every = text.find("(every ");
+      if (text.find("checkpoint ") == std::string::npos || every == std::string::npos ||
+          !std::isdigit(static_cast<unsigned char>(text[every + 7]))) {
+        continue;  // not "(every N steps...": the end's, a restarted worker's, a request's
+      }
+      const size_t stopped = text.find("serving stopped for ");
+      if (stopped == std::string::npos) continue;
+      periodic = std::max(periodic, std::strtod(text.c_str() + stopped + 20, nullptr));
+      ++taken;
+    }
+    rows->push_back({"scale_shard" + shard + "_periodic_checkpoint_pause_ms_max", periodic, "ms",
+                     std::nullopt, std::to_string(taken) + "_checkpoints", std::nullopt});
     for (const auto& t : j["tables"]) {
       if (t.value("storage", "") != "tiered") continue;
       rows->push_back({"scale_shard" + shard + "_rows_in_memory", t.value("memory_rows", 0.0),

@@ -24,6 +24,9 @@
 //   checkpoint.write   a shard, with the checkpoint's blocks written but not synced (fail: the
 //                      write fails; kill: a partial temporary file is left behind; slow: it
 //                      waits 500 ms there)
+//   checkpoint.feed    a tiered shard's feed of its disk rows to the child writing its checkpoint,
+//                      before each table's rows are read from the snapshot (slow: it waits 500 ms
+//                      there, while the shard serves and changes those rows)
 //   checkpoint.rename  a shard, with the checkpoint synced but not yet renamed into place (kill)
 //                      (a checkpoint written in the background: its writer asks, and a kill
 //                      kills the shard with it)

@@ -1,5 +1,7 @@
 #include "server/disk_tier.hpp"
 
+#include "common/fault_points.hpp"
+
 #include <rocksdb/cache.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
@@ -242,10 +244,11 @@ void Put32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const cha
 
 Status DiskTier::FeedRows(const rocksdb::Snapshot* snapshot, const std::vector<uint32_t>& tables,
                           int fd) const {
-  constexpr size_t kChunkRows = 65536;
-  constexpr size_t kFlushBytes = 1 << 20;
+  // A chunk is read whole, and its iterator gone, before it is sent: the child may take its
+  // time reading, and an iterator pins the memtables it was made over (charged to the cache,
+  // they would hold back the shard's own writes meanwhile).
+  constexpr size_t kChunkRows = 8192;
   std::string buf;
-  buf.reserve(kFlushBytes + 4096);
   Status st;
   bool gone = false;
   auto flush = [&] {
@@ -255,35 +258,39 @@ Status DiskTier::FeedRows(const rocksdb::Snapshot* snapshot, const std::vector<u
   };
   for (uint32_t table : tables) {
     if (gone || !st.ok()) break;
+    // A table of many rows, in a test: the rows are read a while after the snapshot was taken.
+    if (FaultPoints::Get().Hit("checkpoint.feed") == Fault::kSlow) ::usleep(500 * 1000);
     Put32(buf, table);
     std::string from;  // the next chunk's first key ("": the table's first)
     bool more = true;
-    while (more && !gone) {
-      rocksdb::ReadOptions o;
-      o.snapshot = snapshot;
-      o.fill_cache = false;
-      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
-      if (from.empty()) {
-        it->SeekToFirst();
-      } else {
-        it->Seek(from);
+    while (more && !gone && st.ok()) {
+      {
+        rocksdb::ReadOptions o;
+        o.snapshot = snapshot;
+        o.fill_cache = false;
+        std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
+        if (from.empty()) {
+          it->SeekToFirst();
+        } else {
+          it->Seek(from);
+        }
+        size_t n = 0;
+        for (; it->Valid() && n < kChunkRows; it->Next(), ++n) {
+          const rocksdb::Slice k = it->key(), v = it->value();
+          Put32(buf, static_cast<uint32_t>(v.size()));
+          const uint64_t key = DecodeKey(k);
+          buf.append(reinterpret_cast<const char*>(&key), sizeof(key));
+          buf.append(v.data(), v.size());
+        }
+        if (!it->status().ok()) {
+          st = ToStatus(it->status(), "reading the rows of table " + std::to_string(table) +
+                                          " for a background checkpoint");
+          break;
+        }
+        more = it->Valid() && n == kChunkRows;
+        if (more) from = it->key().ToString();
       }
-      size_t n = 0;
-      for (; it->Valid() && n < kChunkRows; it->Next(), ++n) {
-        const rocksdb::Slice k = it->key(), v = it->value();
-        Put32(buf, static_cast<uint32_t>(v.size()));
-        const uint64_t key = DecodeKey(k);
-        buf.append(reinterpret_cast<const char*>(&key), sizeof(key));
-        buf.append(v.data(), v.size());
-        if (buf.size() >= kFlushBytes && !flush()) break;
-      }
-      if (!it->status().ok()) {
-        st = ToStatus(it->status(), "reading the rows of table " + std::to_string(table) +
-                                        " for a background checkpoint");
-        break;
-      }
-      more = it->Valid() && n == kChunkRows;
-      if (more) from = it->key().ToString();
+      flush();
     }
     if (st.ok()) Put32(buf, kFeedEnd);
   }

@@ -419,7 +419,17 @@ Status ShardServer::BeginCheckpoint(const std::string& reason) {
   ::close(fds[1]);
   if (disk_) {
     ::close(rows[1]);
-    bg.feed = std::make_unique<DiskTier::Feed>(*disk_, snapshot, std::move(fed), rows[0]);
+    try {
+      bg.feed = std::make_unique<DiskTier::Feed>(*disk_, snapshot, std::move(fed), rows[0]);
+    } catch (const std::exception& e) {
+      // No thread to feed it: the child reads the end of the feed and fails (reaped as any),
+      // and the next checkpoint is a full one (this one took the rows removed since the last).
+      spdlog::warn("shard {}: cannot start feeding a background checkpoint its disk rows ({})",
+                   rank_, e.what());
+      ::close(rows[0]);
+      disk_->ReleaseSnapshot(snapshot);
+      force_full_ = true;
+    }
   }
   bg.pid = pid;
   bg.result_fd = fds[0];
