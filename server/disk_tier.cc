@@ -191,10 +191,10 @@ Status DiskTier::Write(Batch& batch) {
   return ToStatus(s, "writing rows");
 }
 
-Result<std::string> DiskTier::Scan(
-    uint32_t table, const std::string& from, size_t max,
-    const std::function<void(uint64_t, std::span<const char>)>& fn) const {
+std::unique_ptr<rocksdb::Iterator> DiskTier::IteratorFrom(uint32_t table, const std::string& from,
+                                                        const rocksdb::Snapshot* snapshot) const {
   rocksdb::ReadOptions o;
+  o.snapshot = snapshot;
   o.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
   if (from.empty()) {
@@ -202,6 +202,13 @@ Result<std::string> DiskTier::Scan(
   } else {
     it->Seek(from);
   }
+  return it;
+}
+
+Result<std::string> DiskTier::Scan(
+    uint32_t table, const std::string& from, size_t max,
+    const std::function<void(uint64_t, std::span<const char>)>& fn) const {
+  std::unique_ptr<rocksdb::Iterator> it = IteratorFrom(table, from, nullptr);
   for (size_t n = 0; it->Valid() && n < max; it->Next(), ++n) {
     fn(DecodeKey(it->key()), std::span<const char>(it->value().data(), it->value().size()));
   }
@@ -265,15 +272,7 @@ Status DiskTier::FeedRows(const rocksdb::Snapshot* snapshot, const std::vector<u
     bool more = true;
     while (more && !gone && st.ok()) {
       {
-        rocksdb::ReadOptions o;
-        o.snapshot = snapshot;
-        o.fill_cache = false;
-        std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(o, families_.at(table)));
-        if (from.empty()) {
-          it->SeekToFirst();
-        } else {
-          it->Seek(from);
-        }
+        std::unique_ptr<rocksdb::Iterator> it = IteratorFrom(table, from, snapshot);
         size_t n = 0;
         for (; it->Valid() && n < kChunkRows; it->Next(), ++n) {
           const rocksdb::Slice k = it->key(), v = it->value();

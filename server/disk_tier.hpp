@@ -141,6 +141,10 @@ class DiskTier {
  private:
   DiskTier() = default;
   Status ToStatus(const rocksdb::Status& s, const std::string& what) const;
+  // An iterator over `table` (as `snapshot` saw it; null: now), at the encoded key `from` ("":
+  // the first), filling no cache.
+  std::unique_ptr<rocksdb::Iterator> IteratorFrom(uint32_t table, const std::string& from,
+                                                  const rocksdb::Snapshot* snapshot) const;
   Status ReadFedRows(uint32_t table,
                      const std::function<bool(uint64_t, std::span<const char>)>& fn) const;
 

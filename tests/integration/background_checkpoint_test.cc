@@ -74,6 +74,24 @@ class BackgroundCheckpointTest : public ::testing::Test {
     ASSERT_TRUE(c.PushDense(1, dense).ok());
   }
 
+  // Loads checkpoint `file` into `loaded` and checks that it holds `rows` (values and state)
+  // of `keys`, bit for bit.
+  static void LoadAndCheckRows(const std::string& file, const std::vector<uint64_t>& keys,
+                               const std::vector<float>& rows, uint64_t seed,
+                               testing::SmallShard& loaded) {
+    std::ifstream in(file, std::ios::binary);
+    CheckpointHeader h;
+    const Status st = loaded.state().Load(in, file, &h);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    SparseTable& table = loaded.sparse(0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const float* row = table.partition(EngineOfKey(keys[i], table.engines())).Find(keys[i]);
+      ASSERT_NE(row, nullptr) << "key " << keys[i];
+      ASSERT_EQ(std::memcmp(row, &rows[i * kRowFloats], kRowFloats * sizeof(float)), 0)
+          << "key " << keys[i] << " (seed " << seed << ")";
+    }
+  }
+
   std::string ckpt_;
 };
 
@@ -145,17 +163,8 @@ TEST_P(BackgroundWriteTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChan
     const std::vector<std::string> files = ListCheckpoints(ckpt_, 0);
     ASSERT_FALSE(files.empty());
     testing::SmallShard loaded(manifest_text.c_str());
-    std::ifstream in(files[0], std::ios::binary);
-    CheckpointHeader h;
-    const Status st = loaded.state().Load(in, files[0], &h);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    SparseTable& table = loaded.sparse(0);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const float* row = table.partition(EngineOfKey(keys[i], table.engines())).Find(keys[i]);
-      ASSERT_NE(row, nullptr) << "key " << keys[i];
-      ASSERT_EQ(std::memcmp(row, &rows[i * kRowFloats], kRowFloats * sizeof(float)), 0)
-          << "key " << keys[i] << " (seed " << seed << ")";
-    }
+    LoadAndCheckRows(files[0], keys, rows, seed, loaded);
+    if (HasFatalFailure()) return;
     std::vector<float> saved(kDense * kDenseFloats);
     loaded.dense(1).ReadWithState(0, kDense, saved.data());
     ASSERT_EQ(std::memcmp(saved.data(), dense.data(), saved.size() * sizeof(float)), 0)
@@ -247,17 +256,7 @@ TEST_F(BackgroundCheckpointTest, ARestartedWorkersCheckpointIsWrittenWhileTheSha
   const std::vector<std::string> files = ListCheckpoints(ckpt_, 0);
   ASSERT_EQ(files.size(), 1u);
   testing::SmallShard loaded(testing::ReadFile(cluster.manifest_path()).c_str());
-  std::ifstream in(files[0], std::ios::binary);
-  CheckpointHeader h;
-  const Status st = loaded.state().Load(in, files[0], &h);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  SparseTable& table = loaded.sparse(0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const float* row = table.partition(EngineOfKey(keys[i], table.engines())).Find(keys[i]);
-    ASSERT_NE(row, nullptr) << "key " << keys[i];
-    ASSERT_EQ(std::memcmp(row, &rows[i * kRowFloats], kRowFloats * sizeof(float)), 0)
-        << "key " << keys[i] << " (seed " << seed << ")";
-  }
+  LoadAndCheckRows(files[0], keys, rows, seed, loaded);
 }
 
 TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) {
