@@ -804,6 +804,16 @@ Status ShardServer::DispatchOp(const Header& req, std::vector<zmq::message_t>& f
   op_counts_[static_cast<int>(req.op) & 15]++;
   const bool in_job = controller_.InJob(req.worker_id);
   PARASOL_RETURN_IF_ERROR(Admit(req));
+  // A job request of the worker's process this shard knows (its incarnation) makes its
+  // connection the worker's, as its Hello does: a restarted shard may hear a worker's resent
+  // and replayed requests, or a Step, before any Hello of it (one sent while the shard was
+  // still loading its checkpoint is answered with progress only), and would refuse their
+  // replies as over what a connection outside the job may have queued (parasol_bench --only
+  // scale --quick: a Step's reply refused so, the worker waited two minutes and was lost).
+  if (!reply_sink_ && in_job && IsJobOp(req.op) && req.incarnation != 0 &&
+      req.incarnation == controller_.incarnation(req.worker_id)) {
+    MarkMember(frames[0], req.worker_id);
+  }
   switch (req.op) {
     case Op::Hello: {
       const Status st = HandleHello(req, frames[0], reply, held);

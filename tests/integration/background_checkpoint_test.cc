@@ -259,6 +259,37 @@ TEST_F(BackgroundCheckpointTest, ARestartedWorkersCheckpointIsWrittenWhileTheSha
   LoadAndCheckRows(files[0], keys, rows, seed, loaded);
 }
 
+// A worker's connection is its own at a restarted shard before any Hello of it is answered: its
+// reconnection's Hello reaches the shard while it still loads its checkpoint (answered with the
+// progress only), and the pull it resends then is answered once the shard has loaded, with more
+// than a connection outside the job's workers may have queued (a sixteenth of
+// server.max_queued_reply_bytes, 64 KiB here; the reply is 160 KB). The pull's request names
+// the worker's process, which the checkpoint holds: its reply goes out whole.
+TEST_F(BackgroundCheckpointTest, AWorkersBigReplyFromARestartedShardIsNotRefusedAsAnOutsiders) {
+  TestCluster cluster(1, 1, kTables,
+                      Extra() + "server: {max_request_bytes: 1MiB, max_queued_reply_bytes: 1MiB}\n");
+  ASSERT_TRUE(cluster.Start());
+  std::mt19937_64 rng(11);
+  std::vector<uint64_t> keys(5000);
+  for (uint64_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  auto c = cluster.Connect(0);
+  ASSERT_NE(c, nullptr);
+  PushRandom(*c, keys, rng);
+  ASSERT_TRUE(c->Checkpoint().ok());
+  std::vector<float> saved(keys.size() * kDim);
+  ASSERT_TRUE(c->PullSparse(0, keys, saved.data()).ok());
+  cluster.server(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));  // loading takes seconds
+  std::vector<float> got(keys.size() * kDim);
+  const Status pulled = c->PullSparse(0, keys, got.data());
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(got, saved);
+  const std::string log = cluster.ServerLog(0);
+  EXPECT_NE(log.find("fault injected at shard.restore"), std::string::npos) << log;
+  EXPECT_EQ(log.find("outside the job's workers may have queued"), std::string::npos) << log;
+}
+
 TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) {
   // Requests are resent after 1 s, once: a shard silent for 2 s fails them. The shard is
   // killed and started again with a slow restore (each block of its checkpoint waits 500 ms);
