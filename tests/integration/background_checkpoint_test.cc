@@ -74,6 +74,14 @@ class BackgroundCheckpointTest : public ::testing::Test {
     ASSERT_TRUE(c.PushDense(1, dense).ok());
   }
 
+  // Kills shard 0 (kill -9) and starts it again with a slow restore (each block of its
+  // checkpoint waits 500 ms).
+  static void KillAndRestartSlowly(TestCluster& cluster) {
+    cluster.server(0).Signal(SIGKILL);
+    ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
+    ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  }
+
   // Loads checkpoint `file` into `loaded` and checks that it holds `rows` (values and state)
   // of `keys`, bit for bit.
   static void LoadAndCheckRows(const std::string& file, const std::vector<uint64_t>& keys,
@@ -278,9 +286,8 @@ TEST_F(BackgroundCheckpointTest, AWorkersBigReplyFromARestartedShardIsNotRefused
   ASSERT_TRUE(c->Checkpoint().ok());
   std::vector<float> saved(keys.size() * kDim);
   ASSERT_TRUE(c->PullSparse(0, keys, saved.data()).ok());
-  cluster.server(0).Signal(SIGKILL);
-  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
-  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));  // loading takes seconds
+  KillAndRestartSlowly(cluster);
+  if (HasFatalFailure()) return;  // loading takes seconds
   std::vector<float> got(keys.size() * kDim);
   const Status pulled = c->PullSparse(0, keys, got.data());
   ASSERT_TRUE(pulled.ok()) << pulled.ToString();
@@ -308,9 +315,8 @@ TEST_F(BackgroundCheckpointTest, AWorkerWaitsThroughASlowRestoreWithoutFailing) 
   PushRandom(*c, keys, rng);  // after the checkpoint: replayed by the worker
   std::vector<float> saved(keys.size() * kDim);
   ASSERT_TRUE(c->PullSparse(0, keys, saved.data()).ok());
-  cluster.server(0).Signal(SIGKILL);
-  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
-  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  KillAndRestartSlowly(cluster);
+  if (HasFatalFailure()) return;
   const auto start = std::chrono::steady_clock::now();
   std::vector<float> got(keys.size() * kDim);
   const Status pulled = c->PullSparse(0, keys, got.data());
@@ -378,9 +384,8 @@ TEST_F(BackgroundCheckpointTest, ARestoringShardAnswersHelloAndStatsWithItsProgr
     PushRandom(*c, keys, rng);
     ASSERT_TRUE(c->Checkpoint().ok());
   }
-  cluster.server(0).Signal(SIGKILL);
-  ASSERT_TRUE(cluster.server(0).Wait(std::chrono::seconds(10)).has_value());
-  ASSERT_TRUE(cluster.Respawn(0, "shard.restore=slow"));
+  KillAndRestartSlowly(cluster);
+  if (HasFatalFailure()) return;
   RawPeer peer(cluster.manifest().cluster.servers[0]);
   Result<Header> hello = HelloUntilLoading(peer);
   ASSERT_TRUE(hello.ok()) << hello.status().ToString();
