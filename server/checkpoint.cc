@@ -438,6 +438,14 @@ std::string RollbackMarkPath(const std::string& dir, uint32_t shard) {
   return dir + "/shard-" + std::to_string(shard) + "/rollback";
 }
 
+std::string NamedClocksPath(const std::string& dir, uint32_t shard) {
+  return dir + "/shard-" + std::to_string(shard) + "/named";
+}
+
+// The most entries the file may hold: every rank of the largest job and every change of its
+// shard count fit far below it.
+constexpr uint64_t kMaxNamedEntries = 1 << 20;
+
 }  // namespace
 
 Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark,
@@ -470,6 +478,73 @@ Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uin
                    "' is not 'parasol-rollback 1 GENERATION CLOCK SEQUENCE FIRST_NEW'");
   }
   return std::optional<RollbackMark>(m);
+}
+
+Status WriteNamedClocks(const std::string& dir, uint32_t shard, uint64_t fingerprint,
+                        const std::vector<MemberEntry>& entries, FileSystem* fs) {
+  if (fs == nullptr) fs = FileSystem::Real();
+  std::string body;
+  for (const MemberEntry& e : entries) {
+    body += std::to_string(e.worker) + " " + std::to_string(e.join) + " " +
+            std::to_string(e.leave) + "\n";
+  }
+  const std::string text = "parasol-named 1 " + std::to_string(fingerprint) + " " +
+                           std::to_string(entries.size()) + " " +
+                           std::to_string(XXH64(body.data(), body.size(), 0)) + "\n" + body;
+  return WriteFileDurably(fs, NamedClocksPath(dir, shard), text);
+}
+
+Result<std::optional<std::vector<MemberEntry>>> ReadNamedClocks(const std::string& dir,
+                                                                uint32_t shard,
+                                                                uint64_t fingerprint,
+                                                                FileSystem* fs) {
+  using Named = std::optional<std::vector<MemberEntry>>;
+  if (fs == nullptr) fs = FileSystem::Real();
+  const std::string path = NamedClocksPath(dir, shard);
+  if (!fs->Exists(path)) return Named();
+  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
+  std::string line;
+  if (!opened.ok() || !std::getline(**opened, line) || line.size() > 200) {
+    return IoError("named clocks '" + path + "' cannot be read");
+  }
+  std::istringstream fields(line);
+  std::string magic, extra;
+  int version = 0;
+  uint64_t written_for = 0, count = 0, sum = 0;
+  if (!(fields >> magic >> version >> written_for >> count >> sum) || (fields >> extra) ||
+      magic != "parasol-named" || version != 1 || count > kMaxNamedEntries) {
+    return IoError("named clocks '" + path + "' are damaged: '" + line.substr(0, 80) +
+                   "' is not 'parasol-named 1 FINGERPRINT COUNT SUM'");
+  }
+  if (written_for != fingerprint) {
+    return FailedPrecondition("named clocks '" + path + "' belong to a job of another manifest "
+                              "(fingerprint " + std::to_string(written_for) + "); remove the "
+                              "folder's files of that job, or start with its manifest");
+  }
+  std::vector<MemberEntry> entries;
+  std::string body;
+  for (uint64_t i = 0; i < count; ++i) {
+    MemberEntry e;
+    int64_t worker = -1;
+    if (!std::getline(**opened, line) || line.size() > 80) {
+      return IoError("named clocks '" + path + "' are damaged: " + std::to_string(count) +
+                     " entries stated, " + std::to_string(i) + " found");
+    }
+    std::istringstream entry(line);
+    if (!(entry >> worker >> e.join >> e.leave) || (entry >> extra) || worker < 0 ||
+        worker > UINT32_MAX) {
+      return IoError("named clocks '" + path + "' are damaged: entry " + std::to_string(i) +
+                     " '" + line.substr(0, 40) + "' is not 'WORKER JOIN LEAVE'");
+    }
+    e.worker = static_cast<uint32_t>(worker);
+    body += line + "\n";
+    entries.push_back(e);
+  }
+  if (std::getline(**opened, line) || XXH64(body.data(), body.size(), 0) != sum) {
+    return IoError("named clocks '" + path + "' are damaged: their sum does not match (or "
+                   "lines follow the last entry)");
+  }
+  return Named(std::move(entries));
 }
 
 }  // namespace parasol

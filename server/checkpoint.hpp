@@ -43,6 +43,7 @@
 
 #include "common/env.hpp"
 #include "common/file_system.hpp"
+#include "common/membership.hpp"
 #include "common/status.hpp"
 
 namespace parasol {
@@ -173,5 +174,20 @@ Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackM
 // The mark, or none when the shard never rolled back; a damaged one is an error naming the file.
 Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uint32_t shard,
                                                     FileSystem* fs = nullptr);
+
+// The clocks shard 0 named (joins, leaves, changes of the shard count: its membership entries),
+// kept before the reply that tells them, so that a restart from an older checkpoint names none
+// of them again differently: dir/shard-N/named, a line "parasol-named 1 FINGERPRINT COUNT SUM"
+// and COUNT lines "WORKER JOIN LEAVE" (SUM: XXH64 of those lines). Written as the rollback mark
+// is: to a temporary file, fsynced, renamed, the folder fsynced. A few hundred bytes: the shard
+// writes it while it serves, instead of a whole checkpoint.
+Status WriteNamedClocks(const std::string& dir, uint32_t shard, uint64_t fingerprint,
+                        const std::vector<MemberEntry>& entries, FileSystem* fs = nullptr);
+// The entries, or none when nothing was named; a damaged file, or one of another manifest
+// (`fingerprint`), is an error naming the file.
+Result<std::optional<std::vector<MemberEntry>>> ReadNamedClocks(const std::string& dir,
+                                                                uint32_t shard,
+                                                                uint64_t fingerprint,
+                                                                FileSystem* fs = nullptr);
 
 }  // namespace parasol

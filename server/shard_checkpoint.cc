@@ -904,7 +904,7 @@ Status ShardServer::Restore() {
       if (rollback_mark_ && sequence.ok() && *sequence == rollback_mark_->sequence) {
         SettleRollback(rollback_mark_->clock, /*restarted=*/true);
       }
-      return Status::Ok();
+      return TakeNamedClocks();
     }
     spdlog::error("shard {}: refused checkpoint: {}; trying the one before", rank_, st.ToString());
     // A partly loaded table would be wrong: start the tables again before the next try.
@@ -930,13 +930,32 @@ Status ShardServer::Restore() {
     restarted_process_ = true;
     spdlog::warn("shard {}: restarted before its first checkpoint; the workers replay everything",
                  rank_);
-    return Status::Ok();
+    return TakeNamedClocks();
   }
   // Durable before the shard answers anyone: after a crash of its host the shard must still
   // know it ran (a mark lost with the page cache would make it a first start).
   const Status marked_start = WriteFileDurably(fs, mark, "started\n");
   if (!marked_start.ok()) {
     return marked_start.WithContext("shard " + std::to_string(rank_) + ": its start mark");
+  }
+  return Status::Ok();
+}
+
+Status ShardServer::TakeNamedClocks() {
+  Result<std::optional<std::vector<MemberEntry>>> named =
+      ReadNamedClocks(manifest_.checkpoint.dir, rank_, fingerprint_, env_->Files());
+  if (!named.ok()) return named.status().WithContext("shard " + std::to_string(rank_));
+  if (!named->has_value()) return Status::Ok();
+  // Named by an earlier process of this shard after the checkpoint restored (or with none):
+  // taken in as a worker's copy would bring them, every joiner's clock a lower bound.
+  const uint64_t version = membership_.version();
+  if (Status st = TakeMembership(**named); !st.ok()) {
+    return st.WithContext("shard " + std::to_string(rank_) + ": the named clocks in " +
+                          manifest_.checkpoint.dir + " contradict the checkpoint restored");
+  }
+  if (membership_.version() != version) {
+    spdlog::info("shard {}: took in clocks named after the checkpoint it restored ({} entries)",
+                 rank_, (*named)->size());
   }
   return Status::Ok();
 }

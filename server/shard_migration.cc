@@ -143,7 +143,13 @@ Status ShardServer::NameServerChange(uint32_t count, int64_t at, Header* reply) 
   const auto& changes = membership_.server_changes();
   const uint32_t now = membership_.LastPlacement().count();
   if (count == now && !changes.empty()) {
-    reply->worker_clock = changes.back().clock;  // asked again (a tool that resumes)
+    // Asked again (a tool that resumes, or one whose first ask found the clock not kept yet).
+    if (named_unkept_) {
+      PARASOL_RETURN_IF_ERROR(KeepNamedClocks("the change to " + std::to_string(count) +
+                                              " shards at clock " +
+                                              std::to_string(changes.back().clock)));
+    }
+    reply->worker_clock = changes.back().clock;
     reply->shard_count = count;
     return Status::Ok();
   }
@@ -166,11 +172,9 @@ Status ShardServer::NameServerChange(uint32_t count, int64_t at, Header* reply) 
   PARASOL_RETURN_IF_ERROR(membership_.SetServers(at, count));
   gains_rows_ = GainsRows();
   // A named clock never changes: kept before it is answered (the workers learn it from shard
-  // 0's replies, so a restart before they have would lose it).
-  if (!manifest_.checkpoint.dir.empty()) {
-    PARASOL_RETURN_IF_ERROR(
-        SaveCheckpoint("shard count change named at clock " + std::to_string(at)));
-  }
+  // 0's replies, so a restart before they have would lose it), as a join's is.
+  PARASOL_RETURN_IF_ERROR(KeepNamedClocks("the change to " + std::to_string(count) +
+                                          " shards at clock " + std::to_string(at)));
   spdlog::info("shard 0: the job has {} shards from clock {} (it had {})", count, at, now);
   reply->worker_clock = at;
   reply->shard_count = count;

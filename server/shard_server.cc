@@ -523,6 +523,7 @@ void ShardServer::RunPeriodic() {
   }
   PollBackgroundCheckpoint(/*wait=*/false);
   StartRequestedCheckpoint();
+  KeepLeaversDone();
   MaybeSweep();
   CheckWorkers();
   if (rollback_owed_ && MembershipChanged()) {
@@ -1342,6 +1343,10 @@ Status ShardServer::MergeMembership(const Header& req) {
     }
     entries = signed_entries;
   }
+  return TakeMembership(entries);
+}
+
+Status ShardServer::TakeMembership(std::span<const MemberEntry> entries) {
   int64_t changed = 0;
   PARASOL_RETURN_IF_ERROR(membership_.Merge(entries, &changed));
   gains_rows_ = GainsRows();
@@ -1469,12 +1474,17 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
 Status ShardServer::KeepNamedClocks(const std::string& what) {
   // A named clock never changes: kept before it is answered, as a change of the shard count
   // is. Otherwise a restart of shard 0 before a checkpoint, with every process that had heard
-  // the name dead too, names another clock (parasol_sim --elastic --seed 1266).
+  // the name dead too, names another clock (parasol_sim --elastic --seed 1266). Kept in a file
+  // of its own (server/checkpoint.hpp, WriteNamedClocks), a few hundred bytes, not in a whole
+  // checkpoint: at 10^8 rows one stopped the shard for a minute at every join and leave. A
+  // restart takes them in as from a worker's copy (TakeNamedClocks()).
   if (manifest_.checkpoint.dir.empty()) return Status::Ok();
   named_unkept_ = true;
-  if (Status st = SaveCheckpoint(what); !st.ok()) {
-    // Not answered until it is kept: the asker asks again (a resend tries the checkpoint again).
-    return Unavailable("shard 0 named " + what + " but could not checkpoint it yet: " +
+  if (Status st = WriteNamedClocks(manifest_.checkpoint.dir, rank_, fingerprint_,
+                                   membership_.Entries(), env_->Files());
+      !st.ok()) {
+    // Not answered until it is kept: the asker asks again (a resend tries again).
+    return Unavailable("shard 0 named " + what + " but could not keep it yet: " +
                        st.ToString());
   }
   named_unkept_ = false;
@@ -1662,25 +1672,49 @@ void ShardServer::CheckpointWhenAllDone() {
 
 void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   if (manifest_.checkpoint.dir.empty() || all_done_checkpointed_) return;
-  // A worker leaving the running job (at the clock shard 0 named) exits once its Leave is
-  // answered, its push log with it: a checkpoint holds what it pushed here and that it left, or
-  // one at its leave clock or later does (a rank restored at its leave clock is done:
-  // ShardState). Nobody could replay it after a restart of this shard (parasol_sim --elastic
-  // --seed 90: a shard restarted from before the leave, waited for the leaver's replay and lost
-  // it). At the job's end the last worker's Leave makes the checkpoint instead.
-  // Written before the done tick is answered, not in the background: a leaver that pushed
-  // nothing since the last checkpoint has nothing in its log to wait for, and exits at once; a
-  // restart from a checkpoint before its done would then wait for its ticks for ever
-  // (parasol_sim --elastic --seed 6191, with this checkpoint begun in the background). Also
-  // while another worker's replay to this restarted process is owed: that checkpoint says it
-  // holds less than its sequence (CompleteThroughNow(); parasol_sim --elastic --seed 7053).
+  // A worker leaving the running job (at the clock shard 0 named) exits once a checkpoint here
+  // holds what it pushed and that it left, or one at its leave clock or later does (a rank
+  // restored at its leave clock is done: ShardState). Nobody could replay it after a restart
+  // of this shard (parasol_sim --elastic --seed 90: a shard restarted from before the leave,
+  // waited for the leaver's replay and lost it). At the job's end the last worker's Leave
+  // makes the checkpoint instead.
+  // Begun in the background after the done tick is answered (KeepLeaversDone()): the worker
+  // waits, even with nothing in its push log, for a count past the one that reply carried
+  // (PsClient::SettleLog; parasol_sim --elastic --seed 6191: a leaver that had pushed nothing
+  // since the last checkpoint exited at once, and a restart from a checkpoint before its done
+  // waited for its ticks for ever).
   if (membership_.leave(w) < 0 || !controller_.IsDone(w) ||
       checkpoint_clock_ >= membership_.leave(w)) {
     return;
   }
-  if (Status st = SaveCheckpoint("worker " + std::to_string(w) + " left the job at clock " +
-                                 std::to_string(membership_.leave(w)));
-      !st.ok()) {
+  leaver_checkpoint_reason_ = "worker " + std::to_string(w) + " left the job at clock " +
+                              std::to_string(membership_.leave(w));
+  leaver_checkpoint_past_.reset();  // past every count a reply has carried so far
+}
+
+void ShardServer::KeepLeaversDone() {
+  if (leaver_checkpoint_reason_.empty()) return;
+  if (all_done_checkpointed_) {  // that checkpoint, after every done, holds them all
+    leaver_checkpoint_reason_.clear();
+    return;
+  }
+  // Called between requests: every done tick's reply has gone with a count at most this.
+  const uint64_t begun = std::max(checkpoints_begun_, checkpoint_sequence_);
+  if (!leaver_checkpoint_past_) leaver_checkpoint_past_ = begun;
+  if (checkpoint_sequence_ > *leaver_checkpoint_past_) {  // durable: the leavers may go
+    leaver_checkpoint_reason_.clear();
+    leaver_checkpoint_past_.reset();
+    return;
+  }
+  // One past it being written, or none for now (the one being written began before), or the
+  // last try failed a moment ago (tried again a second later).
+  if (background_) return;
+  if (begun > *leaver_checkpoint_past_ &&
+      env_->Now() - last_checkpoint_failure_ < std::chrono::seconds(1)) {
+    return;
+  }
+  if (Status st = BeginCheckpoint(leaver_checkpoint_reason_); !st.ok()) {
+    last_checkpoint_failure_ = env_->Now();
     spdlog::error("shard {}: checkpoint failed: {}", rank_, st.ToString());
   }
 }

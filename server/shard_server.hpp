@@ -450,9 +450,15 @@ class ShardServer {
   // Takes in the membership entries `req` carries (from a worker of the job, or a joining one's
   // Hello): the controller counts newly joined ranks from their clocks on.
   Status MergeMembership(const Header& req);
+  // Takes in `entries` (checked by the caller): new joins enter the controller (as a lower
+  // bound in a restarted process), and the placements are settled again.
+  Status TakeMembership(std::span<const MemberEntry> entries);
+  // A restarted shard 0: the clocks its earlier processes named (KeepNamedClocks), which the
+  // checkpoint it restored may lack.
+  Status TakeNamedClocks();
   // Shard 0: a Membership request (or a Hello asking to join): names the clocks asked for.
   Status HandleMembership(const Header& req, Header* reply);
-  // Shard 0, having named a join or leave clock: a checkpoint holds it before the reply goes.
+  // Shard 0, having named a join or leave clock: a file holds it before the reply goes.
   Status KeepNamedClocks(const std::string& what);
   // The first clock shard 0 may name now: no worker can have read that step's batch yet.
   int64_t NextMembershipClock() const;
@@ -486,6 +492,12 @@ class ShardServer {
   void CheckpointWhenRemoved();
   // A worker that leaves the running job has said it is done: a checkpoint holds its pushes.
   void CheckpointWhenALeaverIsDone(uint32_t w);
+  // Begins the checkpoint a leaver waits for once none is being written (RunPeriodic).
+  void KeepLeaversDone();
+  // Why one is owed (empty: none), and the count it must pass: the largest a done tick's reply
+  // carried (unset: taken at the next KeepLeaversDone, which no reply precedes).
+  std::string leaver_checkpoint_reason_;
+  std::optional<uint64_t> leaver_checkpoint_past_;
   int64_t removed_checkpointed_ = -1;
   // A shard outside both placements of the newest change has nothing of it to install or drop:
   // marks it done here (called whenever the membership changes).

@@ -816,6 +816,7 @@ void PsClient::OnReply(uint32_t shard, std::vector<zmq::message_t>& frames) {
   if (r.op == Op::PushSparse || r.op == Op::PushDense) {
     recovery_.LogPush(shard, r.clock, *h, r.kept);
   }
+  if (r.op == Op::Clock && r.done) recovery_.NoteDone(shard, *h);
   tracker_.Complete(r);
 }
 
@@ -1094,7 +1095,7 @@ Status PsClient::SettleLog(uint32_t first) {
   // restart, and the replay goes as always (parasol_sim --seed 2511 --reshard: a removed
   // shard restarted after every worker had left it, and the change waited for ever on the
   // pushes of clocks 5 and 6; --elastic --seed 90: a shard restarted from before a leave).
-  const auto until = env_->Now() + std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
+  auto until = env_->Now() + std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
   const uint32_t serving = std::min<uint32_t>(
       relay_.membership().PlacementAt(std::max<int64_t>(0, clock_ - 1)).count(), num_shards_);
   auto late = [&](uint32_t s, int64_t stopped, const Status& last) {
@@ -1120,12 +1121,19 @@ Status PsClient::SettleLog(uint32_t first) {
     PARASOL_RETURN_IF_ERROR(Pump(std::chrono::milliseconds(100)));
     if (!replay_failure_.ok()) return replay_failure_;
   }
+  // One that leaves the running job waits, even with nothing in its log, for a checkpoint that
+  // holds its done: the shard begins one after the done tick's reply, in the background.
+  const bool left_early = first == 0 && recovery_.logs_pushes();
+  // While a shard writes a checkpoint it is waited for longer, up to ten time-outs in all.
+  const auto longest =
+      env_->Now() + 10 * std::chrono::milliseconds(manifest_.training.worker_timeout_ms);
   const Membership& m = relay_.membership();
   for (uint32_t s = first; s < num_shards_; ++s) {
     int64_t stopped = clock_;
     while (stopped > 0 && m.PlacementAt(stopped - 1).count() <= s) --stopped;
     Status last;
-    while (recovery_.log().entries(s) > 0 || recovery_.replay_due(s)) {
+    const bool owes_done = left_early && recovery_.DoneNoted(s);
+    while (recovery_.log().entries(s) > 0 || recovery_.replay_due(s) || owes_done) {
       if (env_->Now() >= until) {
         PARASOL_RETURN_IF_ERROR(late(s, stopped, last));
         break;  // the next shard is asked still
@@ -1134,10 +1142,15 @@ Status PsClient::SettleLog(uint32_t first) {
       Result<Reply> r = Call(s, NewRequest(Op::Membership, 0), {});
       if (!replay_failure_.ok()) return replay_failure_;
       if (!rolled_back_.ok()) return rolled_back_;
-      if (r.ok() && r->header.checkpoint_clock >= stopped && !recovery_.replay_due(s) &&
-          replay_tickets_.empty()) {
+      if (r.ok() &&
+          (r->header.checkpoint_clock >= stopped || recovery_.DoneHeld(s, r->header)) &&
+          !recovery_.replay_due(s) && replay_tickets_.empty()) {
         recovery_.Settled(s);  // every push it took from this worker is on its disk
         break;
+      }
+      if (r.ok() && r->header.checkpoints_begun > r->header.checkpoint_count) {
+        until = std::min(longest, std::max(until, env_->Now() + std::chrono::milliseconds(
+                                                      manifest_.training.worker_timeout_ms)));
       }
       // Any refusal (down, restarting, refused for now until its attempts ran out) is asked
       // again until the time-out.

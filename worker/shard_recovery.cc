@@ -13,7 +13,8 @@ ShardRecovery::ShardRecovery(uint32_t shards, uint64_t max_log_bytes, bool log_p
       epochs_(shards, 0),
       replay_due_(shards, false),
       trimmed_to_(shards, 0),
-      restored_clock_(shards, -1) {}
+      restored_clock_(shards, -1),
+      done_(shards) {}
 
 ShardRecovery::Noted ShardRecovery::NoteReply(uint32_t shard, const Header& reply) {
   Noted noted;
@@ -62,6 +63,16 @@ void ShardRecovery::LogPush(uint32_t shard, int64_t clock, const Header& reply,
   // (one written in the background now holds the state from before it).
   log_.Add(shard, clock, reply.server_epoch,
            std::max(reply.checkpoint_count, reply.checkpoints_begun), std::move(frames));
+}
+
+void ShardRecovery::NoteDone(uint32_t shard, const Header& reply) {
+  done_[shard] = {true, reply.server_epoch,
+                  std::max(reply.checkpoint_count, reply.checkpoints_begun)};
+}
+
+bool ShardRecovery::DoneHeld(uint32_t shard, const Header& reply) const {
+  const DoneAck& d = done_[shard];
+  return d.noted && reply.server_epoch == d.epoch && reply.checkpoint_count > d.past;
 }
 
 bool ShardRecovery::any_replay_due() const {

@@ -48,6 +48,16 @@ class ShardRecovery {
   void LogPush(uint32_t shard, int64_t clock, const Header& reply,
                std::vector<zmq::message_t>& frames);
 
+  // This worker leaves the running job, and `reply` of `shard` answered its done tick: the
+  // shard begins a checkpoint after that reply, which holds the done and every push before it
+  // (ShardServer::CheckpointWhenALeaverIsDone).
+  void NoteDone(uint32_t shard, const Header& reply);
+  // Whether `reply` of `shard` says such a checkpoint is durable: a count past the one the
+  // done's reply carried, from the same process (a restart is replayed to, done again).
+  bool DoneHeld(uint32_t shard, const Header& reply) const;
+  // Whether `shard` answered this worker's done tick.
+  bool DoneNoted(uint32_t shard) const { return done_[shard].noted; }
+
   bool logs_pushes() const { return log_pushes_; }
   bool replay_due(uint32_t shard) const { return replay_due_[shard]; }
   bool any_replay_due() const;
@@ -76,6 +86,12 @@ class ShardRecovery {
   // from its log (1 + the largest count one was acknowledged at; 0: none dropped).
   std::vector<uint64_t> trimmed_to_;
   std::vector<int64_t> restored_clock_;  // per shard: the clock of the checkpoint it restarted from
+  struct DoneAck {
+    bool noted = false;
+    uint64_t epoch = 0;  // the shard's process that answered the done tick
+    uint64_t past = 0;   // the count its reply carried
+  };
+  std::vector<DoneAck> done_;  // per shard
 };
 
 }  // namespace parasol

@@ -263,5 +263,40 @@ TEST_F(FileSystemTest, ACheckpointSurvivesACrashOnceWrittenAndIsAbsentIfTheHostD
   EXPECT_EQ((*again)->first_new, 3u);
 }
 
+// Shard 0's named clocks (server/checkpoint.hpp): kept across a crash once written, and a file
+// that is damaged, cut short or of another manifest is an error naming it, never a membership.
+TEST_F(FileSystemTest, NamedClocksSurviveACrashAndADamagedFileIsAnErrorNamingIt) {
+  Result<std::optional<std::vector<MemberEntry>>> none = ReadNamedClocks("/c", 0, 77, &sim_);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+  const std::vector<MemberEntry> named = {{0, 0, -1}, {1, 0, 6}, {2, 4, -1}};
+  ASSERT_TRUE(WriteNamedClocks("/c", 0, 77, named, &sim_).ok());
+  sim_.Crash("/c/shard-0/");
+  Result<std::optional<std::vector<MemberEntry>>> again = ReadNamedClocks("/c", 0, 77, &sim_);
+  ASSERT_TRUE(again.ok() && again->has_value()) << again.status().ToString();
+  EXPECT_EQ(**again, named);
+  const std::string path = "/c/shard-0/named";
+  const std::string good = Read(&sim_, path);
+  ASSERT_NE(good.find("\n1 0 6\n"), std::string::npos) << good;
+  std::string changed = good;
+  changed[changed.find("\n1 0 6\n") + 5] = '7';  // worker 1 leaves at 7: the sum says no
+  std::string cut = good.substr(0, good.size() - 3);
+  for (const std::string& text : {changed, cut, std::string("parasol-named 1 77\n"),
+                                  std::string("garbage\n"), good + "3 5 -1\n"}) {
+    SCOPED_TRACE(text);
+    Write(&sim_, path, text, true);
+    Result<std::optional<std::vector<MemberEntry>>> read = ReadNamedClocks("/c", 0, 77, &sim_);
+    ASSERT_FALSE(read.ok());
+    EXPECT_NE(read.status().message().find(path), std::string::npos) << read.status().ToString();
+    EXPECT_NE(read.status().message().find("damaged"), std::string::npos)
+        << read.status().ToString();
+  }
+  Write(&sim_, path, good, true);
+  Result<std::optional<std::vector<MemberEntry>>> other = ReadNamedClocks("/c", 0, 78, &sim_);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("another manifest"), std::string::npos)
+      << other.status().ToString();
+}
+
 }  // namespace
 }  // namespace parasol

@@ -197,6 +197,9 @@ class InProcessShard {
   // As a process of the shard does before it serves: its newest good checkpoint.
   Status Restore() { return shard_.Restore(); }
   Status Checkpoint(const std::string& reason) { return shard_.SaveCheckpoint(reason); }
+  // The serve loop's timed work, as between two requests (a background checkpoint is begun
+  // or reaped there).
+  void Periodic() { shard_.RunPeriodic(); }
   std::string Metrics() const { return shard_.MetricsText(); }
   std::string StatsText() const { return shard_.StatsJson(); }
   const ShardServer& server() const { return shard_; }
