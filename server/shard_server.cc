@@ -1391,7 +1391,13 @@ Status ShardServer::HandleMembership(const Header& req, Header* reply) {
                                            std::to_string(membership_.join(w)))
                          : Status::Ok();
   }
-  if (controller_.ReplayOwed()) {
+  // Nor while a rank it took in after a restart (from its named clocks, or a worker's copy) has
+  // not replayed to it: its clock is only a lower bound, and under SSP or ASP it may be past the
+  // clock shard 0 would name (an outside review).
+  const bool unheard_joiner = std::any_of(
+      joined_since_restore_.begin(), joined_since_restore_.end(),
+      [&](uint32_t r) { return !controller_.IsLost(r) && !controller_.IsDone(r); });
+  if (controller_.ReplayOwed() || unheard_joiner) {
     return Unavailable("shard 0 restarted and does not know every worker's clock yet; ask "
                        "again once the workers have replayed to it");
   }
