@@ -148,6 +148,9 @@ class ReadOnceBuf final : public std::streambuf {
     do {
       r = ::read(fd_, s, n);
     } while (r < 0 && errno == EINTR);
+    // An error is not the file's end: the stream that calls this turns it into badbit (a
+    // reader tells a refused read from a short file by it).
+    if (r < 0) throw std::ios_base::failure(std::string("read: ") + std::strerror(errno));
     if (r > 0 && drop_behind_) {
       const off_t at = ::lseek(fd_, 0, SEEK_CUR);
       if (at > 0 && static_cast<uint64_t>(at) >= dropped_to_ + kDropEvery) {

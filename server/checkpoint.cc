@@ -184,6 +184,12 @@ Status ReadCheckpoint(std::istream& in, const std::string& name, CheckpointHeade
   if (end < 0 || !in) return IoError("cannot read checkpoint '" + name + "': cannot seek in it");
   Cursor c(in, static_cast<uint64_t>(end));
   auto damaged = [&](const std::string& what, uint64_t at) {
+    // A read the disk refused (EIO) is not a damaged file: the file may be whole.
+    if (in.bad()) {
+      return IoError("cannot read checkpoint '" + name + "': the disk refused a read at byte " +
+                     std::to_string(c.offset()) + " (an I/O error; the file itself may be "
+                     "whole: check the disk)");
+    }
     return IoError("checkpoint '" + name + "' is damaged: " + what + " (at byte " +
                    std::to_string(at) + ")");
   };

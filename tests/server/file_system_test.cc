@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iterator>
 #include <random>
+#include <sstream>
 
 #include "server/checkpoint.hpp"
 #include "tests/sim/sim_file_system.hpp"
@@ -261,6 +262,47 @@ TEST_F(FileSystemTest, ACheckpointSurvivesACrashOnceWrittenAndIsAbsentIfTheHostD
   Result<std::optional<RollbackMark>> again = ReadRollbackMark("/c", 0, &sim_);
   ASSERT_TRUE(again.ok() && again->has_value());
   EXPECT_EQ((*again)->first_new, 3u);
+}
+
+// A read the OS refuses is not the end of the file: the OS's reader sets badbit, and a
+// checkpoint read through it says the disk refused a read, not that the file is damaged (a
+// folder opened as a file: read() fails with EISDIR, as a failing disk's would with EIO).
+TEST_F(FileSystemTest, AReadTheOsRefusesIsNotTheEndOfTheFile) {
+  char name[] = "/tmp/parasol-fs-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  Result<std::unique_ptr<std::istream>> opened = OpenToReadOnce(name, UINT64_MAX);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  char buf[16];
+  EXPECT_FALSE((*opened)->read(buf, sizeof(buf)));
+  EXPECT_TRUE((*opened)->bad()) << "a refused read looked like the end of the file";
+  std::filesystem::remove(name);
+  // A 4 KiB file whose every read fails, against one cut short.
+  class RefusingBuf final : public std::streambuf {
+   protected:
+    int_type underflow() override { throw std::ios_base::failure("read: Input/output error"); }
+    pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
+      at_ = dir == std::ios_base::beg ? off : dir == std::ios_base::end ? 4096 + off : at_ + off;
+      return pos_type(at_);
+    }
+    pos_type seekpos(pos_type p, std::ios_base::openmode m) override {
+      return seekoff(off_type(p), std::ios_base::beg, m);
+    }
+
+   private:
+    off_type at_ = 0;
+  };
+  RefusingBuf refusing;
+  std::istream failing(&refusing);
+  std::istringstream cut(std::string("PSOLCKPT", 8));
+  CheckpointHeader h;
+  auto read = [&](std::istream& in) {
+    return ReadCheckpoint(in, "c", &h, [](CheckpointBlock&) { return Status::Ok(); }, {});
+  };
+  const Status refused = read(failing);
+  EXPECT_NE(refused.message().find("the disk refused a read at byte 0"), std::string::npos)
+      << refused.ToString();
+  const Status short_file = read(cut);
+  EXPECT_NE(short_file.message().find("is damaged"), std::string::npos) << short_file.ToString();
 }
 
 // Shard 0's named clocks (server/checkpoint.hpp): kept across a crash once written, and a file
