@@ -452,6 +452,24 @@ std::string NamedClocksPath(const std::string& dir, uint32_t shard) {
 // shard count fit far below it.
 constexpr uint64_t kMaxNamedEntries = 1 << 20;
 
+// A small file a shard keeps beside its checkpoints (the rollback mark, the named clocks): its
+// first line (at most 200 characters) and the stream after it; none when there is no file.
+struct MarkFile {
+  std::unique_ptr<std::istream> in;
+  std::string line;
+};
+Result<std::optional<MarkFile>> OpenMarkFile(FileSystem* fs, const std::string& path,
+                                             const std::string& what) {
+  if (!fs->Exists(path)) return std::optional<MarkFile>();
+  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
+  MarkFile f;
+  if (!opened.ok() || !std::getline(**opened, f.line) || f.line.size() > 200) {
+    return IoError(what + " '" + path + "' cannot be read");
+  }
+  f.in = std::move(*opened);
+  return std::optional<MarkFile>(std::move(f));
+}
+
 }  // namespace
 
 Status WriteRollbackMark(const std::string& dir, uint32_t shard, const RollbackMark& mark,
@@ -467,12 +485,10 @@ Result<std::optional<RollbackMark>> ReadRollbackMark(const std::string& dir, uin
                                                     FileSystem* fs) {
   if (fs == nullptr) fs = FileSystem::Real();
   const std::string path = RollbackMarkPath(dir, shard);
-  if (!fs->Exists(path)) return std::optional<RollbackMark>();
-  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
-  std::string line;
-  if (!opened.ok() || !std::getline(**opened, line) || line.size() > 200) {
-    return IoError("rollback mark '" + path + "' cannot be read");
-  }
+  Result<std::optional<MarkFile>> opened = OpenMarkFile(fs, path, "rollback mark");
+  if (!opened.ok()) return opened.status();
+  if (!opened->has_value()) return std::optional<RollbackMark>();
+  const std::string& line = (*opened)->line;
   std::istringstream fields(line);
   std::string magic, extra;
   int version = 0;
@@ -507,12 +523,11 @@ Result<std::optional<std::vector<MemberEntry>>> ReadNamedClocks(const std::strin
   using Named = std::optional<std::vector<MemberEntry>>;
   if (fs == nullptr) fs = FileSystem::Real();
   const std::string path = NamedClocksPath(dir, shard);
-  if (!fs->Exists(path)) return Named();
-  Result<std::unique_ptr<std::istream>> opened = fs->Open(path);
-  std::string line;
-  if (!opened.ok() || !std::getline(**opened, line) || line.size() > 200) {
-    return IoError("named clocks '" + path + "' cannot be read");
-  }
+  Result<std::optional<MarkFile>> opened = OpenMarkFile(fs, path, "named clocks");
+  if (!opened.ok()) return opened.status();
+  if (!opened->has_value()) return Named();
+  std::istream& in = *(*opened)->in;
+  std::string line = (*opened)->line;
   std::istringstream fields(line);
   std::string magic, extra;
   int version = 0;
@@ -532,7 +547,7 @@ Result<std::optional<std::vector<MemberEntry>>> ReadNamedClocks(const std::strin
   for (uint64_t i = 0; i < count; ++i) {
     MemberEntry e;
     int64_t worker = -1;
-    if (!std::getline(**opened, line) || line.size() > 80) {
+    if (!std::getline(in, line) || line.size() > 80) {
       return IoError("named clocks '" + path + "' are damaged: " + std::to_string(count) +
                      " entries stated, " + std::to_string(i) + " found");
     }
@@ -546,7 +561,7 @@ Result<std::optional<std::vector<MemberEntry>>> ReadNamedClocks(const std::strin
     body += line + "\n";
     entries.push_back(e);
   }
-  if (std::getline(**opened, line) || XXH64(body.data(), body.size(), 0) != sum) {
+  if (std::getline(in, line) || XXH64(body.data(), body.size(), 0) != sum) {
     return IoError("named clocks '" + path + "' are damaged: their sum does not match (or "
                    "lines follow the last entry)");
   }

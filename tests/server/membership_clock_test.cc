@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -95,7 +96,18 @@ TEST_F(NamedClockTest, ANamedClockIsKeptWithoutACheckpointAndARestartStillKnowsI
     ASSERT_TRUE(restarted.Restore().ok());
     EXPECT_EQ(LeaveOf(restarted, 2), 5);
   }
-  std::filesystem::remove(dir_ + "/shard-0/named");
+  // Damaged, the file stops the start with an error naming it (skipping it could name one of
+  // its clocks again differently).
+  const std::string named = dir_ + "/shard-0/named";
+  {
+    std::ofstream(named, std::ios::app) << "3 9 -1\n";
+    ShardZero damaged(Checkpoints());
+    const Status st = damaged.Restore();
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(named), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("damaged"), std::string::npos) << st.ToString();
+  }
+  std::filesystem::remove(named);
   ShardZero forgetful(Checkpoints());
   ASSERT_TRUE(forgetful.Restore().ok());
   EXPECT_EQ(LeaveOf(forgetful, 2), -1);
