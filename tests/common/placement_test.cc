@@ -8,6 +8,7 @@
 
 #include "common/membership.hpp"
 #include "common/sharding.hpp"
+#include "tests/support/test_seed.hpp"
 
 namespace parasol {
 namespace {
@@ -15,9 +16,8 @@ namespace {
 // Keys drawn from a printed seed (sequential keys would hash alike anyway; drawn ones also
 // reach the ends of the hash space).
 std::vector<uint64_t> DrawKeys(size_t n, uint64_t* seed_out) {
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed = testing::TestSeed();
   *seed_out = seed;
-  std::printf("[ placement ] seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> keys(n);
   for (auto& k : keys) k = rng();

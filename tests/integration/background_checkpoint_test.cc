@@ -25,6 +25,7 @@
 #include "server/checkpoint.hpp"
 #include "tests/support/small_shard.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
 
 namespace parasol {
 namespace {
@@ -41,8 +42,7 @@ constexpr uint32_t kDenseFloats = 1 + 3;    // value, then adam's m, v and step
 
 std::vector<uint64_t> Seeds() {
   std::vector<uint64_t> seeds = {1, 2};
-  seeds.push_back(static_cast<uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count() % 100000));
+  seeds.push_back(testing::TestSeed() % 100000 + 3);
   return seeds;
 }
 

@@ -25,6 +25,7 @@
 #include "server/model_export.hpp"
 #include "tests/support/json_figures.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
 #include "worker/data_generator.hpp"
 
 namespace parasol {
@@ -167,8 +168,7 @@ int64_t DurabilityTest::reference_ms_ = 0;
 // The seeds: fixed ones (reproducible) and one from the clock (printed), so that every run of
 // the suite also tries a moment no earlier run tried.
 std::vector<uint64_t> Seeds() {
-  return {1, 2, static_cast<uint64_t>(
-                    std::chrono::steady_clock::now().time_since_epoch().count() % 100000 + 3)};
+  return {1, 2, testing::TestSeed() % 100000 + 3};
 }
 
 TEST_F(DurabilityTest, AWorkerKilledWithRequestsInFlightIsRestartedAndRedoesItsStep) {

@@ -32,6 +32,7 @@
 #include "common/subprocess.hpp"
 #include "server/dense_table.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/ps_client.hpp"
@@ -299,8 +300,7 @@ void RunElasticJob(uint64_t seed, bool kill_joiner) {
 }
 
 TEST(ElasticTest, AWorkerJoinsAnotherLeavesAndEveryLineIsTrainedOnceAsTheReferenceSays) {
-  const uint64_t base = std::random_device{}();
-  std::printf("[ elastic  ] base seed %llu\n", static_cast<unsigned long long>(base));
+  const uint64_t base = testing::TestSeed();
   for (uint64_t i = 0; i < 2; ++i) {
     SCOPED_TRACE("seed " + std::to_string(base + i));
     RunElasticJob(base + i, /*kill_joiner=*/i % 2 == 1);

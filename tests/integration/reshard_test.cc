@@ -32,6 +32,7 @@
 #include "common/sharding.hpp"
 #include "common/subprocess.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/ps_client.hpp"
 
@@ -310,10 +311,7 @@ void RunReshardJob(uint64_t seed, Shards mode) {
 }
 
 TEST(ReshardTest, AShardJoinsAndLeavesWhileTrainingAndTheModelIsTheThreeShardJobsBitForBit) {
-  // PARASOL_TEST_SEED repeats a printed run.
-  const char* given = std::getenv("PARASOL_TEST_SEED");
-  const uint64_t base = given ? std::strtoull(given, nullptr, 10) : std::random_device{}();
-  std::printf("[ reshard  ] base seed %llu\n", static_cast<unsigned long long>(base));
+  const uint64_t base = testing::TestSeed();
   for (uint64_t i = 0; i < 3; ++i) {
     SCOPED_TRACE("seed " + std::to_string(base + i));
     RunReshardJob(base + i, i == 0 ? Shards::kAllRun : i == 1 ? Shards::kKilled

@@ -18,6 +18,7 @@
 #include "tests/support/json_figures.hpp"
 #include "server/shard_server.hpp"
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
 #include "worker/ps_client.hpp"
 
 namespace parasol {
@@ -75,8 +76,7 @@ TEST_P(TieredTest, EveryPullEqualsTheMemoryTableBitForBit) {
   ASSERT_TRUE(a && b);
   const uint32_t floats = a->RowFloats(0);
   ASSERT_EQ(floats, b->RowFloats(0));
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> g(0.0f, 1.0f);
   uint64_t compared = 0;
@@ -198,9 +198,7 @@ TEST(TieredCheckpointTest, ABackgroundCheckpointHoldsBothTiersAsTheyWereAtItsMom
   auto b = job.Connect(1);
   auto observer = job.Connect(PsClient::kObserver);
   ASSERT_TRUE(a && b && observer);
-  const uint64_t seed = static_cast<uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count() % 100000);
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> all;
   for (uint64_t k = 0; k < 20000; ++k) all.push_back(k * 7919 + 3);
