@@ -100,6 +100,9 @@ inline void SetRollbackQuestion(Header& h, bool about_to_make) {
   h.done = about_to_make;
 }
 inline int64_t RollbackRestorableClock(const Header& h) { return h.worker_clock; }
+// Begins a shard's refusal of a rollback that would undo a change it cannot undo (the shard
+// count changed, or a worker that left has gone): the loss stays reported, and the job goes on.
+inline constexpr const char* kRollbackCannotCross = "Rollback: the job cannot go back past ";
 inline void SetRollbackRestorableClock(Header& h, int64_t clock) { h.worker_clock = clock; }
 
 // Migrate (the scale tool's export of rows): only the rows updated at this shard clock or

@@ -227,7 +227,8 @@ void ConsistencyController::RollBack(int64_t clock, SteadyClock::time_point now)
   for (size_t w = 0; w < clocks_.size(); ++w) {
     if (joined_at_[w] < 0) continue;
     if (done_at_[w] > clock) done_at_[w] = -1;
-    if (done_at_[w] < 0) clocks_[w] = clock;
+    // A rank that joins later than `clock` starts where it was named, as before.
+    if (done_at_[w] < 0) clocks_[w] = std::max(clock, joined_at_[w]);
     last_heard_[w] = now;
     held_[w] = 0;
     lost_[w] = false;

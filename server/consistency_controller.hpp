@@ -101,7 +101,8 @@ class ConsistencyController {
   // for a worker that had left by the checkpoint's moment).
   bool AbandonReplay(uint32_t worker);
   // The job rolled back to `clock` (protocols/message.fbs, Op.Rollback): every worker of the
-  // job is at that clock (one that had finished after it has not), heard `now`, owes no replay,
+  // job is at that clock, or at the clock it joins at if that is later (one that had finished
+  // after it has not), heard `now`, owes no replay,
   // and is known by no process yet; none is lost.
   void RollBack(int64_t clock, SteadyClock::time_point now);
   // The same for a process restarted from that rollback's checkpoint: every worker's clock is

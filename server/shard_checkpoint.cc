@@ -651,9 +651,23 @@ Result<std::pair<std::string, CheckpointHeader>> ShardServer::CheckpointAtOrBefo
                   (exact ? "at clock " : "at or before clock ") + std::to_string(clock));
 }
 
-bool ShardServer::MembershipChanged() const {
-  return !membership_.server_changes().empty() ||
-         membership_.version() != JobMembership(manifest_).version();
+std::string ShardServer::RollbackBarrier() const {
+  if (!membership_.server_changes().empty()) {
+    return "a change of the shard count (the rows moved between shards)";
+  }
+  for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
+    if (membership_.leave(w) >= 0 && controller_.IsDone(w)) {
+      return "worker " + std::to_string(w) + "'s leave at clock " +
+             std::to_string(membership_.leave(w)) + " (it has finished, and may have exited)";
+    }
+  }
+  return "";
+}
+
+std::string ShardServer::BarRollback() {
+  std::string barrier = RollbackBarrier();
+  if (!barrier.empty()) ++counters_.rollbacks_barred;
+  return barrier;
 }
 
 Status ShardServer::HandleRollback(const Header& req, Header* reply) {
@@ -668,9 +682,11 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     // The question: where this shard could go back to, and where it is. Asked by a worker of
     // the job about to roll back (`done`), it also keeps that checkpoint: no periodic
     // checkpoint is taken and none is pruned until the rollback is made.
-    // (Not across a change of membership, which no rollback crosses: the reply tells the
-    // asker of the change, and it makes none.)
-    if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id) && !MembershipChanged()) {
+    // (Not across a change of the shard count, which every shard refuses to go back past. A
+    // leaver's end is shard 0's to judge (RollbackBarrier()): another shard that knows of it
+    // keeps the checkpoint all the same, as shard 0 may not know yet and make the rollback.)
+    if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id) &&
+        membership_.server_changes().empty()) {
       if (!rollback_pending_) {
         spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken or "
                      "pruned until it has", rank_, who);
@@ -699,17 +715,20 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
                               " is not the next one (this shard is at rollback " +
                               std::to_string(rollback_gen_) + ")");
   }
+  // Shard 0 decides: the others follow its decision, which a worker completes. (A leaver
+  // exits only once shard 0 has its done, so a leaver done only elsewhere is still there to
+  // redo its steps.) First: a question asked while the barrier stood set nothing pending here.
+  const bool decides = rank_ == 0 || !membership_.server_changes().empty();
+  if (const std::string barrier = decides ? BarRollback() : std::string(); !barrier.empty()) {
+    return FailedPrecondition(kRollbackCannotCross + barrier + "; the updates lost stay lost "
+                              "(reported), and the job goes on");
+  }
   // Shard 0 decides a rollback: only once a loss was found here or a worker asked where to go
   // back to (the others follow shard 0's decision, which a worker completes).
   if (rank_ == 0 && !rollback_owed_ && !rollback_pending_) {
     // (Unavailable: this process may have restarted since the question; the worker asks again.)
     return Unavailable("Rollback: " + who + " asks for a rollback, but no loss was found here "
                        "and no worker asked where to go back to");
-  }
-  if (MembershipChanged()) {
-    return FailedPrecondition("Rollback: the job's membership changed since it started (workers "
-                              "joined or left, or the shard count changed); a rollback across "
-                              "such a change is not supported");
   }
   // What is being written or applied finishes first (it may prune, or be the newest file).
   FinishDeferredApply();
@@ -803,6 +822,14 @@ Status ShardServer::RollBackTo(const std::string& path, const CheckpointHeader& 
   }
   job_failure_ = Status::Ok();
   restored_from_ = path;
+  // The ranks that joined keep the clocks they were named (a checkpoint's load took in the
+  // joins it knew and those this shard knows now; the start, none): a join named past the
+  // clock gone back to is still ahead, and the joiner waits for it as when it was named.
+  for (uint32_t r = 0; r < membership_.max_ranks(); ++r) {
+    if (membership_.Joined(r) && !controller_.InJob(r)) {
+      controller_.Join(r, membership_.join(r), env_->Now());
+    }
+  }
   SettleRollback(h.clock, /*restarted=*/false);
   if (path.empty()) {
     // None taken since the start: the workers' logs are trimmed by none yet (a count of the

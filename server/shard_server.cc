@@ -526,15 +526,15 @@ void ShardServer::RunPeriodic() {
   KeepLeaversDone();
   MaybeSweep();
   CheckWorkers();
-  if (rollback_owed_ && MembershipChanged()) {
-    // Owed before this shard heard of a change of membership that shard 0 had named (or named
-    // since): no rollback crosses it, so none will come. Kept owed, it would stop this shard's
+  if (rollback_owed_ && !BarRollback().empty()) {
+    // Owed before this shard heard of a change no rollback crosses (a change of the shard
+    // count shard 0 had named, or a leaver's end): none will come. Kept owed, it would stop this shard's
     // checkpoints (they wait for the rollback) and the workers' logs would grow until they
     // fail. The loss stays reported.
     rollback_owed_ = false;
-    spdlog::error("shard {}: the rollback the job owed cannot cross its change of membership; "
-                  "the updates lost stay lost (reported), and the job goes on",
-                  rank_);
+    spdlog::error("shard {}: the rollback the job owed cannot go back past {}; the updates lost "
+                  "stay lost (reported), and the job goes on",
+                  rank_, RollbackBarrier());
   }
   MaybeCheckpoint();
   ReportNonfiniteUpdates();
@@ -714,7 +714,7 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
 
 void ShardServer::NoteBehind() {
   if (!controller_.TakeBehind() || !manifest_.RollsBack() || rollback_owed_ ||
-      MembershipChanged()) {
+      !BarRollback().empty()) {
     return;
   }
   // A worker's clock is behind where the others had seen it: two failures overlapped and its
@@ -1612,7 +1612,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
         // worker whose replay is due exits with code 3, which launch does not restart, so
         // this takes a restart by hand or by a scheduler.)
         ++counters_.lost_replays;
-        if (manifest_.RollsBack() && !MembershipChanged()) rollback_owed_ = true;
+        if (manifest_.RollsBack() && BarRollback().empty()) rollback_owed_ = true;
         lost_updates_of_.insert(w);
         spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
                       "pushes it had acknowledged since this shard's checkpoint at clock {} are "
@@ -1987,6 +1987,11 @@ MetricTable ShardServer::Metrics() const {
   m.Counter("rollbacks", "parasol_rollbacks_total",
             "Rollbacks of the job to a checkpoint every shard holds (two failures overlapped).",
             counters_.rollbacks);
+  m.Counter("rollbacks_barred", "parasol_rollbacks_barred_total",
+            "Losses no rollback could undo, as it would go back past a change no rollback "
+            "crosses (a change of the shard count, a leaver that has finished); they stay "
+            "reported.",
+            counters_.rollbacks_barred);
   m.Counter("rolled_back_requests", "parasol_rolled_back_requests_total",
             "Requests refused as of a generation the job rolled back.",
             counters_.rolled_back_requests);

@@ -177,6 +177,9 @@ class ShardServer {
     uint64_t worker_restarts = 0;
     uint64_t lost_replays = 0;
     uint64_t rollbacks = 0;             // Op.Rollback acted on (this process)
+    // Losses no rollback could undo here, as it would go back past a change no rollback
+    // crosses (RollbackBarrier()): refused, or never owed.
+    uint64_t rollbacks_barred = 0;
     uint64_t rolled_back_requests = 0;  // refused as of a rolled-back generation
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
     uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
@@ -644,9 +647,14 @@ class ShardServer {
   // clock, no pending sums, no push record, no replay owed.
   // `restarted`: this process restarted from it (the workers then replay what they did since).
   void SettleRollback(int64_t clock, bool restarted);
-  // Whether workers joined or left, or the shard count changed, since the job started (no
-  // rollback then: the loss is reported as without one).
-  bool MembershipChanged() const;
+  // Why no rollback can be made now, or empty: the shard count changed (rows moved between
+  // shards), or a worker that left the running job has finished (it may have exited, and
+  // could not redo its steps). A join, or a leave not yet reached, is no obstacle: the ranks
+  // keep the clocks they were named, and a leaver still training redoes its steps like anyone.
+  // The loss is then reported as without a rollback.
+  std::string RollbackBarrier() const;
+  // The same, counted (counters_.rollbacks_barred) when it bars one: empty when none.
+  std::string BarRollback();
   // Loads checkpoint `path` with the files it builds on, oldest first.
   Status LoadChain(const std::string& path);
   std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();

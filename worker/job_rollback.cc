@@ -81,12 +81,12 @@ Status JobRollback::MakeOnce(const std::string& why) {
   int64_t clock = std::numeric_limits<int64_t>::max();
   for (uint32_t round = 0;; ++round) {
     PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, Ask(clock, /*stop=*/true));
-    // A change of membership named since this worker greeted the shards (their replies carry
-    // it): no rollback crosses one (PsClient::Connect then reports the loss and goes on).
-    if (c_.MembershipChanged()) {
+    // A change of the shard count named since this worker greeted the shards (their replies
+    // carry it): no rollback crosses it (PsClient::Connect then reports the loss and goes on).
+    if (c_.ShardCountChanged()) {
       return FailedPrecondition("worker " + std::to_string(c_.worker_id_) + ": " + why +
-                                "; the job's membership changed since this worker connected, "
-                                "and no rollback crosses such a change");
+                                "; the shard count changed since this worker connected, and "
+                                "no rollback crosses such a change");
     }
     int64_t lowest = clock;
     bool agree = true;
@@ -127,7 +127,7 @@ Status JobRollback::MakeOnce(const std::string& why) {
   if (!zero.ok()) {
     if (zero.status().code() != StatusCode::kAborted) {
       c_.rollback_gen_ = next - 1;  // not made: the client stays in the generation it was in
-      // Refused, perhaps across a change of membership named since the question (parasol_sim
+      // Refused, perhaps past a change named or reached since the question (parasol_sim
       // --reshard --seed 875): learned, PsClient::Connect reports the loss and goes on.
       if (zero.status().code() == StatusCode::kFailedPrecondition) (void)c_.SyncMembership();
       return zero.status();

@@ -75,8 +75,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   if (c->JobRank() && manifest.RollsBack()) {
     PARASOL_RETURN_IF_ERROR(JobRollback(*c).Follow());
   }
-  // No rollback across a change of membership (the shards refuse it): the loss is reported.
-  const bool rolls_back = c->JobRank() && manifest.RollsBack() && !join;
+  // A joiner rolls back like any rank; what no rollback crosses (a change of the shard count,
+  // a leaver that has finished: ShardServer::RollbackBarrier()) the shards refuse, and the loss
+  // is reported.
+  const bool rolls_back = c->JobRank() && manifest.RollsBack();
   if (Status greeted = c->Handshake(); !greeted.ok()) {
     // A rollback made while this worker greeted the shards: it connects again, in it.
     if (!c->rolled_back_.ok() && rounds + 1 < kMaxRollbackRounds) {
@@ -87,7 +89,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   }
   // Two failures overlapped and updates are lost: a shard's Hello said so, or this worker died
   // between its ticks (lost_step()).
-  if (c->JobRank() && ((!join && c->rollback_needed_) || !c->lost_step_.empty())) {
+  if (c->JobRank() && (c->rollback_needed_ || !c->lost_step_.empty())) {
     std::string why = c->lost_step_;
     if (why.empty()) {
       why = "shard";
@@ -101,7 +103,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
     if (manifest.training.on_overlapping_failure == O::kFail) {
       return FailedPrecondition(why + kOverlapFailNote);
     }
-    if (rolls_back && !c->MembershipChanged()) {
+    if (rolls_back && !c->ShardCountChanged()) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and
       // continues where they all are. Bounded: each round is a rollback or follows one.
       if (rounds + 1 >= kMaxRollbackRounds) {
@@ -113,10 +115,16 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
         c.reset();
         return Connect(manifest, worker_id, key_path, wait_interrupt, join, env, rounds + 1);
       }
-      // A change of membership named since the handshake (the shards' answers told of it): no
-      // rollback crosses it, so the loss stays reported and this worker goes on, as when it
-      // knew of the change at its greeting (parasol_sim --reshard --seed 2168).
-      if (!c->MembershipChanged()) return made;
+      // A change no rollback crosses, named or reached since the handshake (shard 0 refused
+      // it, or the shards' answers told of a change of the shard count): the loss stays
+      // reported and this worker goes on, as when it knew of the change at its greeting
+      // (parasol_sim --reshard --seed 2168).
+      if (!c->ShardCountChanged() && !RefusedAcrossChange(made)) return made;
+      // For good: what bars a rollback stays (a leaver's end, a change of the shard count).
+      // A shard that has not heard of it yet still says a rollback is owed; this client goes
+      // on all the same (parasol_sim --elastic --seed 290: every worker connected again and
+      // again until it gave up).
+      c->rollback_barred_ = true;
       spdlog::error("{}", made.message());
     }
   }
@@ -124,9 +132,13 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
   return c;
 }
 
-bool PsClient::MembershipChanged() const {
-  return relay_.membership().version() != JobMembership(manifest_).version() ||
-         !relay_.membership().server_changes().empty();
+bool PsClient::ShardCountChanged() const {
+  return !relay_.membership().server_changes().empty();
+}
+
+bool PsClient::RefusedAcrossChange(const Status& st) {
+  return st.code() == StatusCode::kFailedPrecondition &&
+         st.message().find(kRollbackCannotCross) != std::string::npos;
 }
 
 Status PsClient::LoadKeys(const std::string& key_path) {
@@ -829,9 +841,9 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
     }
   }
   if (rolling_back_ || !rolled_back_.ok() || !JobRank() || !manifest_.RollsBack()) return;
-  // Across a change of membership no rollback is made (the shards refuse it): the loss stays
-  // reported, and this worker goes on (Connect() above).
-  if (connected_ && reply.rollback_needed && !MembershipChanged()) {
+  // Across a change of the shard count no rollback is made (the shards refuse it): the loss
+  // stays reported, and this worker goes on (Connect() above).
+  if (connected_ && reply.rollback_needed && !ShardCountChanged() && !rollback_barred_) {
     rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": shard " +
                            std::to_string(shard) + " says updates of the job were lost (two "
                            "failures overlapped); the job rolls back, and this worker connects "
@@ -861,6 +873,13 @@ void PsClient::NoteEpoch(uint32_t shard, const Header& reply) {
   // nothing to them (it connects afresh, or greets them next).
   if (reply.server_epoch == 0 || rolling_back_) return;
   ShardRecovery::Noted noted = recovery_.NoteReply(shard, reply);
+  if (noted.restarted && joining_ && !relay_.membership().Joined(worker_id_)) {
+    // A joiner the job has not taken in yet pushed nothing and has no clock on any shard: a
+    // restart owes it no replay (one would be refused, as of a rank not in the job:
+    // parasol_sim --elastic --seed 975). It greets the new process as it did the old.
+    recovery_.NothingOwed(shard);
+    return;
+  }
   if (noted.restarted) {
     spdlog::warn("worker {}: shard {} restarted (its checkpoint is at clock {}); replaying the "
                  "pushes it had not checkpointed",

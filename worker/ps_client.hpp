@@ -393,10 +393,13 @@ class PsClient {
   bool connected_ = false;
   Status rolled_back_;
   void NoteRollback(uint32_t shard, const Header& reply);
-  // Whether workers joined or left, or the shard count changed, since the job started: no
-  // rollback crosses such a change.
-  bool MembershipChanged() const;
+  // Whether the shard count changed since the job started: no rollback crosses such a change.
+  bool ShardCountChanged() const;
+  // Whether `st` is a shard's refusal of a rollback past a change it cannot undo
+  // (ShardServer::RollbackBarrier()).
+  static bool RefusedAcrossChange(const Status& st);
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
+  bool rollback_barred_ = false;  // shard 0 refused this client's rollback: it goes on
   friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
   friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect
   friend class ReplaySender;   // worker/replay_sender.hpp: carries out replays to restarted shards

@@ -60,6 +60,8 @@ class ShardRecovery {
 
   bool logs_pushes() const { return log_pushes_; }
   bool replay_due(uint32_t shard) const { return replay_due_[shard]; }
+  // `shard`'s restart owes no replay (this worker has not been taken into the job yet).
+  void NothingOwed(uint32_t shard) { replay_due_[shard] = false; }
   bool any_replay_due() const;
   // The replay to `shard` begins: it is no longer due; what the log held for it is its.
   std::deque<PushLog::Entry> StartReplay(uint32_t shard);

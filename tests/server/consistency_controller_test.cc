@@ -195,6 +195,39 @@ TEST(ConsistencyControllerTest, ARankCountsFromTheClockItJoinsAt) {
   EXPECT_EQ(c.clocks()[2], 7);
 }
 
+// A rollback past a join: the ranks of the job go back to the rollback's clock, a rank that
+// joins later stays at the clock it was named (it waits for the job to get there, as when it
+// was named), and one that joined before goes back like the others.
+TEST(ConsistencyControllerTest, ARollbackPastAJoinLeavesTheJoinerAtItsClock) {
+  TrainingOptions t;
+  t.consistency = TrainingOptions::Consistency::kBsp;
+  const auto now = std::chrono::steady_clock::now();
+  for (const int64_t back_to : {2, 6, 7}) {
+    SCOPED_TRACE("back to clock " + std::to_string(back_to));
+    ConsistencyController c(t, 2, now, 4);
+    for (uint32_t w : {0u, 1u}) ASSERT_TRUE(c.Advance(w, 0, false, true).ok());
+    c.Join(2, 6, now);
+    c.Join(3, 1, now);
+    for (int64_t k = 1; k <= 8; ++k) {
+      for (uint32_t w : {0u, 1u, 2u, 3u}) {
+        if (k < c.JoinedAt(w) + 1) continue;
+        const Status st = c.Advance(w, k, false, true);
+        ASSERT_TRUE(st.ok()) << "worker " << w << " to " << k << ": " << st.ToString();
+      }
+    }
+    ASSERT_EQ(c.clocks(), (std::vector<int64_t>{8, 8, 8, 8}));
+    c.RollBack(back_to, now);
+    EXPECT_EQ(c.clocks()[0], back_to);
+    EXPECT_EQ(c.clocks()[1], back_to);
+    EXPECT_EQ(c.clocks()[2], std::max<int64_t>(back_to, 6));
+    EXPECT_EQ(c.clocks()[3], back_to);
+    EXPECT_EQ(c.MinClock(), back_to);
+    EXPECT_TRUE(c.ClocksKnown());
+    // The joiner's first step after it is admitted once the others reach its clock.
+    EXPECT_EQ(c.PullAllowed(std::max<int64_t>(back_to, 6)), back_to >= 6);
+  }
+}
+
 // A shard that starts serving at a change of the shard count (clock 500) was ticked by no
 // worker: it notes ticks past its first clock before its commit (and ignores others), then
 // takes every worker at the change's clock at least, those that left or were lost as the

@@ -4,6 +4,8 @@
 //   parasol_sim --seed S [--verbose]      one seed again, every event printed with --verbose
 //   parasol_sim --seed-list S1,S2,...     these seeds (those long runs found, in a ctest)
 // --stop-at-failure: ends at the first failed seed (scripts/sim_mutations.sh).
+// --equal: a seed that ends with a reported loss fails too (seeds found to end equal, such as
+// those whose loss a rollback undoes, stay so).
 // --no-overlap: a fault waits until the one before it is over (no process is killed while
 // another is down or a connection is cut). --no-disk-faults: shards are killed only as before
 // the simulated disk had faults (no deaths at fault points, no crashes of their hosts): the
@@ -41,7 +43,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: parasol_sim [--seeds N] [--first S] [--max-faults K] [--no-overlap] "
                "[--no-disk-faults] [--no-background] [--ssp | --asp | --reshard] [--elastic] "
-               "[--cpu C] [--stop-at-failure]\n"
+               "[--cpu C] [--stop-at-failure] [--equal]\n"
                "       parasol_sim --seed S [--verbose]\n"
                "       parasol_sim --seed-list S1,S2,... [--no-overlap]\n");
 }
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   bool one = false;
   int cpu = -1;
   bool stop_at_failure = false;
+  bool require_equal = false;
   std::vector<uint64_t> list;  // --seed-list
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -116,6 +119,8 @@ int main(int argc, char** argv) {
       base.elastic = true;
     } else if (a == "--stop-at-failure") {
       stop_at_failure = true;
+    } else if (a == "--equal") {
+      require_equal = true;
     } else if (a == "--cpu") {
       cpu = static_cast<int>(value());
     } else if (a == "--verbose") {
@@ -264,6 +269,10 @@ int main(int argc, char** argv) {
   if (base.reshard) {
     std::printf("%llu changes of the shard count finished by the scale tool, which was killed "
                 "%llu times\n", u(reshards), u(tool_kills));
+  }
+  if (require_equal && reported > 0) {
+    std::printf("--equal: %llu seeds ended with a reported loss\n", u(reported));
+    return 1;
   }
   return failed == 0 ? 0 : 1;
 }

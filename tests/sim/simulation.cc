@@ -21,6 +21,7 @@
 #include "common/env.hpp"
 #include "common/manifest.hpp"
 #include "common/placement.hpp"
+#include "common/protocol.hpp"
 #include "common/sharding.hpp"
 #include "common/wire.hpp"
 #include "server/checkpoint.hpp"
@@ -256,7 +257,12 @@ class Sim {
       e.fn();
     }
     seconds_ = std::chrono::duration<double>(now_ - start).count();
-    if (!failure_.empty()) return;
+    if (!failure_.empty()) {
+      // What the shards up at the failure had counted (a loss, a rollback barred) says whether
+      // it is one the job may stop on.
+      for (ShardProc& p : shards_) NoteLost(p);
+      return;
+    }
     // The model, from every shard (each up: a shard down at the end restarts first, and one
     // that died at a fault point is killed, its host with it, and restarts from its disk).
     for (uint32_t s = 0; s < job_.shards; ++s) {
@@ -425,6 +431,7 @@ class Sim {
   }
   Reference& result() { return result_; }
   bool reported_loss() const { return reported_loss_; }
+  bool rollback_barred() const { return rollback_barred_; }
   // Whether a restarted worker found its step's tick on some shards only (it died between its
   // ticks, or failures overlapped): the one loss a single failure may cause.
   bool loss_of_a_step() const { return loss_of_a_step_; }
@@ -599,6 +606,12 @@ class Sim {
     const uint64_t lost = std::stoull(stats.substr(at + 15));
     if (lost > 0) reported_loss_ = true;
     p.lost_replays += lost;
+    // A rollback a shard refused, or never owed, as it would go back past a change no
+    // rollback crosses (ShardServer::RollbackBarrier()).
+    const size_t barred = stats.find("\"rollbacks_barred\":");
+    if (barred != std::string::npos && std::stoull(stats.substr(barred + 19)) > 0) {
+      rollback_barred_ = true;
+    }
   }
 
   void StartWorker(WorkerProc& w) {
@@ -1148,6 +1161,7 @@ class Sim {
   double seconds_ = 0;
   Reference result_;
   bool reported_loss_ = false;
+  bool rollback_barred_ = false;
   bool loss_of_a_step_ = false;
   bool has_tool_ = false;  // workers_.back() is the scale tool
   bool joiner_in_ = false;  // shard 0 has named the joiner's clock
@@ -1330,13 +1344,15 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   // membership): there the job goes on, reporting the loss, or stops saying why.
   auto cannot_roll_back = [](const std::string& what) {
     return what.find("the job cannot roll back") != std::string::npos ||
-           what.find("a rollback across such a change is not supported") != std::string::npos;
+           what.find(kRollbackCannotCross) != std::string::npos;
   };
   // Under SSP nothing rolls back: a loss is acceptable when it was reported, and the job may
   // then stop on a worker's error (not on a hang, a deadlock or a failed check of the
   // simulation's own).
-  // Nor across a change of membership (the shard count, or the workers).
-  const bool changes = job.scale_to > 0 || job.elastic;
+  // Nor across a change of the shard count, nor past the end of a worker that left the
+  // running job (a shard said so: ShardServer::RollbackBarrier()). A join, or a loss before
+  // the leaver finished, rolls back like any.
+  const bool changes = job.scale_to > 0 || (job.elastic && sim.rollback_barred());
   const bool reported_without_rollback = (job.ssp || changes) && sim.reported_loss();
   if (!sim.failure().empty()) {
     // (Not on one of the simulation's own checks, which fail as Internal.)
@@ -1381,8 +1397,8 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   } else if (reported_without_rollback) {
     out.kind = SimOutcome::Kind::kReported;
     out.failure = differs + (job.ssp ? " (a loss was reported; under SSP the job does not roll back)"
-                                     : " (a loss was reported; the membership changed, and the "
-                                       "job does not roll back across that)");
+                                     : " (a loss was reported; the job does not roll back past a "
+                                       "change of the shard count or a leaver's end)");
   } else {
     // Under rollback a reported loss that the job went on with is a failure too.
     out.kind = SimOutcome::Kind::kFailed;
