@@ -1686,7 +1686,7 @@ void ShardServer::CheckpointWhenALeaverIsDone(uint32_t w) {
   // makes the checkpoint instead.
   // Begun in the background after the done tick is answered (KeepLeaversDone()): the worker
   // waits, even with nothing in its push log, for a count past the one that reply carried
-  // (PsClient::SettleLog; parasol_sim --elastic --seed 6191: a leaver that had pushed nothing
+  // (Departure::SettleLog; parasol_sim --elastic --seed 6191: a leaver that had pushed nothing
   // since the last checkpoint exited at once, and a restart from a checkpoint before its done
   // waited for its ticks for ever).
   if (membership_.leave(w) < 0 || !controller_.IsDone(w) ||

@@ -358,11 +358,6 @@ class PsClient {
 
   // A rank of the job (below cluster.max_workers), not a tool.
   bool JobRank() const { return worker_id_ < relay_.membership().max_ranks(); }
-  // A request to shard 0 of op Membership; `done` asks to leave, `count` is Scale's.
-  Status AskShardZero(bool done, uint64_t count, int64_t not_before);
-  // Leave(): waits until each shard from `first` on that holds pushes of this worker has a
-  // durable checkpoint from the clock this worker stopped pushing to it.
-  Status SettleLog(uint32_t first);
   MembershipRelay relay_;  // the job's membership as this worker knows it, and its relay
   bool joining_ = false;  // Hello and Membership requests ask to join (until the handshake ends)
   KeyIndex dedup_;
@@ -401,6 +396,7 @@ class PsClient {
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
   bool rollback_barred_ = false;  // shard 0 refused this client's rollback: it goes on
   friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
+  friend class Departure;      // worker/departure.hpp: leaves, and asks shard 0 about membership
   friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect
   friend class ReplaySender;   // worker/replay_sender.hpp: carries out replays to restarted shards
   // The header of `shard`'s reply to ticket `t`, once it came and while the ticket is not

@@ -115,7 +115,7 @@ TEST_F(NamedClockTest, ANamedClockIsKeptWithoutACheckpointAndARestartStillKnowsI
 
 // A worker that leaves the running job is done at its leave clock: its done tick is answered
 // at once, with no checkpoint written first, and the checkpoint that holds the done (the one
-// it waits for before it exits: PsClient::SettleLog) is begun after that reply, in the
+// it waits for before it exits: Departure::SettleLog) is begun after that reply, in the
 // background, with a count past the one the reply carried.
 TEST_F(NamedClockTest, ALeaversDoneIsAnsweredAtOnceAndACheckpointPastItsCountFollows) {
   ShardZero shard(Checkpoints());
