@@ -67,6 +67,10 @@ Status Departure::SettleLog(uint32_t first) {
   // A replay under way empties the log until its pushes are acknowledged again.
   while (!c_.replay_tickets_.empty() && c_.env_->Now() < until) {
     PARASOL_RETURN_IF_ERROR(c_.Pump(std::chrono::milliseconds(100)));
+    // A rollback undoes what the replay would bring back (the replay goes to a process that no
+    // longer serves its history, and is never answered): the worker connects again instead
+    // (parasol_sim --seed 60791: a leaver replayed into a rolled-back shard until it failed).
+    if (!c_.rolled_back_.ok()) return c_.rolled_back_;
     if (!c_.replay_failure_.ok()) return c_.replay_failure_;
   }
   // One that leaves the running job waits, even with nothing in its log, for a checkpoint that
@@ -88,8 +92,8 @@ Status Departure::SettleLog(uint32_t first) {
       }
       // A plain membership request: answered by any shard, cheaply, with the reply's stamps.
       Result<PsClient::Reply> r = c_.Call(s, c_.NewRequest(Op::Membership, 0), {});
-      if (!c_.replay_failure_.ok()) return c_.replay_failure_;
       if (!c_.rolled_back_.ok()) return c_.rolled_back_;
+      if (!c_.replay_failure_.ok()) return c_.replay_failure_;
       if (r.ok() &&
           (r->header.checkpoint_clock >= stopped || c_.recovery_.DoneHeld(s, r->header)) &&
           !c_.recovery_.replay_due(s) && c_.replay_tickets_.empty()) {
