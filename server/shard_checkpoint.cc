@@ -655,6 +655,15 @@ std::string ShardServer::RollbackBarrier() const {
   if (!membership_.server_changes().empty()) {
     return "a change of the shard count (the rows moved between shards)";
   }
+  return rank_ == 0 ? LeaverBarrier() : std::string();
+}
+
+void ShardServer::OweRollback() {
+  rollback_owed_ = true;
+  rollback_owed_since_ = env_->Now();
+}
+
+std::string ShardServer::LeaverBarrier() const {
   for (uint32_t w = 0; w < membership_.max_ranks(); ++w) {
     if (membership_.leave(w) >= 0 && controller_.IsDone(w)) {
       return "worker " + std::to_string(w) + "'s leave at clock " +
@@ -666,7 +675,11 @@ std::string ShardServer::RollbackBarrier() const {
 
 std::string ShardServer::BarRollback() {
   std::string barrier = RollbackBarrier();
-  if (!barrier.empty()) ++counters_.rollbacks_barred;
+  if (barrier.empty()) return barrier;
+  ++counters_.rollbacks_barred;
+  // The shard that decides a rollback (shard 0; every shard across a change of the shard
+  // count) bars it for the job; another one only for what it knows.
+  if (rank_ == 0 || !membership_.server_changes().empty()) ++counters_.rollbacks_refused;
   return barrier;
 }
 
@@ -684,9 +697,11 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     // checkpoint is taken and none is pruned until the rollback is made.
     // (Not across a change of the shard count, which every shard refuses to go back past. A
     // leaver's end is shard 0's to judge (RollbackBarrier()): another shard that knows of it
-    // keeps the checkpoint all the same, as shard 0 may not know yet and make the rollback.)
+    // keeps the checkpoint all the same, as shard 0 may not know yet and make the rollback.
+    // Shard 0 keeps nothing for a rollback it would refuse: the worker's rollback then ends
+    // in a refusal, and periodic checkpoints go on meanwhile.)
     if (RollbackAboutToMake(req) && controller_.InJob(req.worker_id) &&
-        membership_.server_changes().empty()) {
+        RollbackBarrier().empty()) {
       if (!rollback_pending_) {
         spdlog::warn("shard {}: {} is about to roll the job back; no checkpoint is taken or "
                      "pruned until it has", rank_, who);
@@ -699,7 +714,13 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     SetRollbackRestorableClock(*reply, at.ok() ? at->second.clock : 0);
     return Status::Ok();
   }
-  if (!controller_.InJob(req.worker_id)) {
+  // Shard 0 decides: the others follow its decision, which a worker completes. A follower
+  // takes a rank the membership may hold even before it has heard of its join (a rank that
+  // joined since this shard last learned the membership, or a shard that serves no keys yet
+  // and hears of joins only once it does: parasol_sim --elastic --reshard --seed 393).
+  const bool decides = rank_ == 0 || !membership_.server_changes().empty();
+  if (decides ? !controller_.InJob(req.worker_id)
+              : req.worker_id >= membership_.max_ranks()) {
     return FailedPrecondition("Rollback: " + who + " is not a worker of this job");
   }
   if (req.rollback_gen < rollback_gen_ ||
@@ -715,10 +736,9 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
                               " is not the next one (this shard is at rollback " +
                               std::to_string(rollback_gen_) + ")");
   }
-  // Shard 0 decides: the others follow its decision, which a worker completes. (A leaver
-  // exits only once shard 0 has its done, so a leaver done only elsewhere is still there to
-  // redo its steps.) First: a question asked while the barrier stood set nothing pending here.
-  const bool decides = rank_ == 0 || !membership_.server_changes().empty();
+  // (A leaver exits only once shard 0 has its done, so a leaver done only elsewhere is still
+  // there to redo its steps.) First: a question asked while the barrier stood set nothing
+  // pending here.
   if (const std::string barrier = decides ? BarRollback() : std::string(); !barrier.empty()) {
     return FailedPrecondition(kRollbackCannotCross + barrier + "; the updates lost stay lost "
                               "(reported), and the job goes on");

@@ -526,15 +526,22 @@ void ShardServer::RunPeriodic() {
   KeepLeaversDone();
   MaybeSweep();
   CheckWorkers();
-  if (rollback_owed_ && !BarRollback().empty()) {
-    // Owed before this shard heard of a change no rollback crosses (a change of the shard
-    // count shard 0 had named, or a leaver's end): none will come. Kept owed, it would stop this shard's
-    // checkpoints (they wait for the rollback) and the workers' logs would grow until they
-    // fail. The loss stays reported.
+  // Owed before this shard heard of a change no rollback crosses (a change of the shard count
+  // shard 0 had named, or a leaver's end): none will come. Kept owed, it would stop this
+  // shard's checkpoints (they wait for the rollback) and the workers' logs would grow until
+  // they fail. The loss stays reported. (A leaver's end known here is shard 0's to judge: the
+  // workers ask it within their patience for a request, and it refuses or rolls back.)
+  const auto patience = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) *
+                        (manifest_.cluster.request_retries + 1);
+  std::string barrier;
+  if (rollback_owed_) barrier = BarRollback();
+  if (rollback_owed_ && barrier.empty() && env_->Now() - rollback_owed_since_ > patience) {
+    barrier = LeaverBarrier();
+  }
+  if (!barrier.empty()) {
     rollback_owed_ = false;
     spdlog::error("shard {}: the rollback the job owed cannot go back past {}; the updates lost "
-                  "stay lost (reported), and the job goes on",
-                  rank_, RollbackBarrier());
+                  "stay lost (reported), and the job goes on", rank_, barrier);
   }
   MaybeCheckpoint();
   ReportNonfiniteUpdates();
@@ -719,7 +726,7 @@ void ShardServer::NoteBehind() {
   }
   // A worker's clock is behind where the others had seen it: two failures overlapped and its
   // updates since a checkpoint are lost. Every reply says so until the job has rolled back.
-  rollback_owed_ = true;
+  OweRollback();
   spdlog::error("shard {}: the slowest worker is behind where the others had seen it (two "
                 "failures overlapped); the job rolls back to a checkpoint every shard holds",
                 rank_);
@@ -1059,9 +1066,11 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
 Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const {
   const ServerOptions& o = manifest_.server;
   // While a restored shard waits for the workers' replays, pushes of many clocks arrive before
-  // the clocks that apply them: only the bytes bound them then.
+  // the clocks that apply them: only the bytes bound them then. Nor is a clock older than every
+  // pending one refused: the pending ones wait for it (a joiner's replay ahead of the workers
+  // that redo their steps from the start: parasol_sim --elastic --reshard --seed 646).
   if (!aggregates_.count(clock) && aggregates_.size() >= o.max_pending_clocks &&
-      controller_.ClocksKnown()) {
+      controller_.ClocksKnown() && clock > aggregates_.begin()->first) {
     return ResourceExhausted("push for clock " + std::to_string(clock) + ": " +
                              std::to_string(aggregates_.size()) +
                              " clocks already have pushes being summed (server.max_pending_clocks"
@@ -1302,12 +1311,20 @@ Status ShardServer::MergeMembership(const Header& req) {
                                        [&](const auto& change) { return change.clock == c; });
         }
         if (c < 0 || known) continue;
-        if (c > reach || (slowest != std::numeric_limits<int64_t>::max() && c < slowest)) {
-          return FailedPrecondition("membership names clock " + std::to_string(c) +
-                                    " for worker " + std::to_string(e.worker) +
-                                    ", which shard 0 could not have named now (the workers "
-                                    "here are at clocks " + std::to_string(slowest) + " to " +
-                                    std::to_string(newest) + ")");
+        const bool behind = slowest != std::numeric_limits<int64_t>::max() && c < slowest;
+        if (c > reach || behind) {
+          const std::string what =
+              (e.worker & kServerEntry) ? std::string("a change of the shard count")
+                                        : "worker " + std::to_string(e.worker);
+          // Named behind every worker here: shard 0's clocks are behind this shard's, as it
+          // lost updates (it restarted and the replay it needed could not come).
+          return FailedPrecondition(
+              "membership names clock " + std::to_string(c) + " for " + what +
+              ", which shard 0 could not have named now (the workers here are at clocks " +
+              std::to_string(slowest) + " to " + std::to_string(newest) + ")" +
+              (behind ? "; shard 0 is behind this shard: it lost updates when two failures "
+                        "overlapped, or the entry is not shard 0's"
+                      : ""));
         }
       }
     }
@@ -1612,7 +1629,7 @@ Status ShardServer::HandleHello(const Header& req, const zmq::message_t& identit
         // worker whose replay is due exits with code 3, which launch does not restart, so
         // this takes a restart by hand or by a scheduler.)
         ++counters_.lost_replays;
-        if (manifest_.RollsBack() && BarRollback().empty()) rollback_owed_ = true;
+        if (manifest_.RollsBack() && BarRollback().empty()) OweRollback();
         lost_updates_of_.insert(w);
         spdlog::error("shard {}: worker {} restarted before its replay to this shard ended: the "
                       "pushes it had acknowledged since this shard's checkpoint at clock {} are "
@@ -1992,6 +2009,10 @@ MetricTable ShardServer::Metrics() const {
             "crosses (a change of the shard count, a leaver that has finished); they stay "
             "reported.",
             counters_.rollbacks_barred);
+  m.Counter("rollbacks_refused", "parasol_rollbacks_refused_total",
+            "Of rollbacks_barred, those barred by the shard that decides a rollback (shard 0, "
+            "or any shard across a change of the shard count).",
+            counters_.rollbacks_refused);
   m.Counter("rolled_back_requests", "parasol_rolled_back_requests_total",
             "Requests refused as of a generation the job rolled back.",
             counters_.rolled_back_requests);

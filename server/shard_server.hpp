@@ -180,6 +180,9 @@ class ShardServer {
     // Losses no rollback could undo here, as it would go back past a change no rollback
     // crosses (RollbackBarrier()): refused, or never owed.
     uint64_t rollbacks_barred = 0;
+    // Of them, those barred by the shard that decides (shard 0, or any shard across a change
+    // of the shard count): the job's rollback, not only this shard's view of it.
+    uint64_t rollbacks_refused = 0;
     uint64_t rolled_back_requests = 0;  // refused as of a rolled-back generation
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
     uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
@@ -624,6 +627,7 @@ class ShardServer {
   uint64_t rollback_gen_ = 0;
   int64_t rollback_clock_ = -1;
   bool rollback_owed_ = false;
+  std::chrono::steady_clock::time_point rollback_owed_since_{};
   // A multiple of every_steps reached while another checkpoint was being written (-1: none):
   // counted in checkpoint_steps_skipped once the clock moves on with none begun at it.
   int64_t step_waiting_clock_ = -1;
@@ -652,9 +656,15 @@ class ShardServer {
   // could not redo its steps). A join, or a leave not yet reached, is no obstacle: the ranks
   // keep the clocks they were named, and a leaver still training redoes its steps like anyone.
   // The loss is then reported as without a rollback.
+  // A leaver's end is shard 0's to judge: another shard may know of it before shard 0 does,
+  // when the leaver is still there to redo its steps. So on the others only a change of the
+  // shard count bars a rollback; LeaverBarrier() says what this shard knows of leavers.
   std::string RollbackBarrier() const;
-  // The same, counted (counters_.rollbacks_barred) when it bars one: empty when none.
+  std::string LeaverBarrier() const;
+  // RollbackBarrier(), counted (counters_.rollbacks_barred) when it bars one: empty when none.
   std::string BarRollback();
+  // Owes the job a rollback (every reply says so, rollback_needed, until one is made).
+  void OweRollback();
   // Loads checkpoint `path` with the files it builds on, oldest first.
   Status LoadChain(const std::string& path);
   std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();

@@ -104,6 +104,20 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(const Manifest& manifest,
     if (manifest.training.on_overlapping_failure == O::kFail) {
       return FailedPrecondition(why + kOverlapFailNote);
     }
+    // A step to redo from before a change of the shard count that a shard has passed: the
+    // rows it reads have moved (parasol_sim --reshard --seed 512), and no rollback crosses
+    // the change.
+    if (!c->lost_step_.empty()) {
+      for (const Membership::ServerChange& change : c->relay_.membership().server_changes()) {
+        if (c->clock_ < change.clock && change.clock <= c->furthest_known_clock_) {
+          return FailedPrecondition(
+              why + "; its redo at clock " + std::to_string(c->clock_) + " would read rows " +
+              "that moved between shards at clock " + std::to_string(change.clock) +
+              " (a change of the shard count, which no rollback crosses): the job cannot go on "
+              "from this loss");
+        }
+      }
+    }
     if (rolls_back && !c->ShardCountChanged()) {
       // Rolled back, this process is a new one to the shards: the next connects afresh and
       // continues where they all are. Bounded: each round is a rollback or follows one.

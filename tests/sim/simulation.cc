@@ -606,10 +606,10 @@ class Sim {
     const uint64_t lost = std::stoull(stats.substr(at + 15));
     if (lost > 0) reported_loss_ = true;
     p.lost_replays += lost;
-    // A rollback a shard refused, or never owed, as it would go back past a change no
-    // rollback crosses (ShardServer::RollbackBarrier()).
-    const size_t barred = stats.find("\"rollbacks_barred\":");
-    if (barred != std::string::npos && std::stoull(stats.substr(barred + 19)) > 0) {
+    // A worker's rollback the shard that decides refused, as it would go back past a change
+    // no rollback crosses (ShardServer::RollbackBarrier()).
+    const size_t refused = stats.find("\"rollbacks_refused\":");
+    if (refused != std::string::npos && std::stoull(stats.substr(refused + 20)) > 0) {
       rollback_barred_ = true;
     }
   }
@@ -718,6 +718,13 @@ class Sim {
     Result<std::unique_ptr<PsClient>> connected =
         PsClient::Connect(manifest_, w.rank, "", {}, IsJoiner(w), w.env.get());
     PARASOL_RETURN_IF_ERROR(killed());
+    // A worker that died between its ticks, and whose step cannot be redone (across a change
+    // of the shard count), stops with that loss (PsClient::Connect).
+    if (!connected.ok() && connected.status().message().find(
+                               "restarted after its tick out of step") != std::string::npos) {
+      reported_loss_ = true;
+      loss_of_a_step_ = true;
+    }
     PARASOL_RETURN_IF_ERROR(connected.status());
     PsClient& client = **connected;
     if (IsJoiner(w)) {
@@ -1356,9 +1363,14 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   const bool reported_without_rollback = (job.ssp || changes) && sim.reported_loss();
   if (!sim.failure().empty()) {
     // (Not on one of the simulation's own checks, which fail as Internal.)
+    // Its error names the loss (the updates lost, or the slowest worker behind where the
+    // others had seen it), not some other reason to stop.
+    const bool names_loss = sim.failure().find(" lost") != std::string::npos ||
+                            sim.failure().find("loss") != std::string::npos;
     const bool worker_stopped = sim.failure().rfind("worker ", 0) == 0 &&
                                 sim.failure().find(" failed: ") != std::string::npos &&
-                                sim.failure().find(" failed: Internal: ") == std::string::npos;
+                                sim.failure().find(" failed: Internal: ") == std::string::npos &&
+                                names_loss;
     // Across a change of the shard count, the scale tool too, when it waited for the pushes
     // a shard lost until its time was up. (Its error names the loss when the shard it waited
     // on is the one that lost them; another shard, waiting for the ticks of the worker whose
