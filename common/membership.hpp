@@ -21,6 +21,7 @@
 // Thread-safety: none.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -63,6 +64,9 @@ class Membership {
 
   int64_t join(uint32_t w) const { return w < join_.size() ? join_[w] : -1; }
   int64_t leave(uint32_t w) const { return w < leave_.size() ? leave_[w] : -1; }
+  bool AnyLeave() const {
+    return std::any_of(leave_.begin(), leave_.end(), [](int64_t c) { return c >= 0; });
+  }
   bool Joined(uint32_t w) const { return join(w) >= 0; }
   bool Present(uint32_t w, int64_t clock) const {
     return Joined(w) && join_[w] <= clock && (leave_[w] < 0 || clock < leave_[w]);

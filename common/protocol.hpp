@@ -104,6 +104,10 @@ inline int64_t RollbackRestorableClock(const Header& h) { return h.worker_clock;
 // count changed, or a worker that left has gone): the loss stays reported, and the job goes on.
 inline constexpr const char* kRollbackCannotCross = "Rollback: the job cannot go back past ";
 inline void SetRollbackRestorableClock(Header& h, int64_t clock) { h.worker_clock = clock; }
+// The question's reply from shard 0: whether it would refuse a rollback now (a leaver's end or
+// a change of the shard count it knows of: ShardServer::RollbackBarrier()).
+inline bool RollbackBarred(const Header& reply) { return reply.done; }
+inline void SetRollbackBarred(Header& reply, bool barred) { reply.done = barred; }
 
 // Migrate (the scale tool's export of rows): only the rows updated at this shard clock or
 // later (worker_clock). Its reply: whether the export is complete (done), and where the next

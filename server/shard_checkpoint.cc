@@ -712,6 +712,8 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     // Every shard can go back to the start of the job (clock 0, the tables' initial values).
     Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
     SetRollbackRestorableClock(*reply, at.ok() ? at->second.clock : 0);
+    // (Counted: a worker that hears so goes on without the rollback, PsClient::CheckOwedRollback.)
+    SetRollbackBarred(*reply, !BarRollback().empty());
     return Status::Ok();
   }
   // Shard 0 decides: the others follow its decision, which a worker completes. A follower

@@ -70,6 +70,7 @@ Status Departure::SettleLog(uint32_t first) {
     // A rollback undoes what the replay would bring back (the replay goes to a process that no
     // longer serves its history, and is never answered): the worker connects again instead
     // (parasol_sim --seed 60791: a leaver replayed into a rolled-back shard until it failed).
+    c_.CheckOwedRollback();
     if (!c_.rolled_back_.ok()) return c_.rolled_back_;
     if (!c_.replay_failure_.ok()) return c_.replay_failure_;
   }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -859,11 +860,15 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
   // Across a change of the shard count no rollback is made (the shards refuse it): the loss
   // stays reported, and this worker goes on (Connect() above).
   if (connected_ && reply.rollback_needed && !ShardCountChanged() && !rollback_barred_) {
-    rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": shard " +
-                           std::to_string(shard) + " says updates of the job were lost (two "
-                           "failures overlapped); the job rolls back, and this worker connects "
-                           "again and redoes its steps from where it goes back to");
-    spdlog::warn("{}", rolled_back_.message());
+    // A leaver's end bars a rollback, and shard 0 judges it: another shard may say one is owed
+    // while shard 0 would refuse it. Asked first, so that this client keeps its push log (the
+    // replays it owes restarted shards) when the job goes on without one (parasol_sim
+    // --elastic --reshard --seed 902).
+    if (shard != 0 && relay_.membership().AnyLeave()) {
+      if (!rollback_owed_at_) rollback_owed_at_ = shard;
+      return;
+    }
+    RollBackAfter(shard);
   } else if (reply.rollback_gen > rollback_gen_ || reply.status == StatusCode::kAborted) {
     rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": the job rolled back to "
                            "clock " + std::to_string(reply.rollback_clock) + " (rollback " +
@@ -872,6 +877,36 @@ void PsClient::NoteRollback(uint32_t shard, const Header& reply) {
                            "redoes its steps from there");
     spdlog::warn("{}", rolled_back_.message());
   }
+}
+
+void PsClient::RollBackAfter(uint32_t shard) {
+  rolled_back_ = Aborted("worker " + std::to_string(worker_id_) + ": shard " +
+                         std::to_string(shard) + " says updates of the job were lost (two "
+                         "failures overlapped); the job rolls back, and this worker connects "
+                         "again and redoes its steps from where it goes back to");
+  spdlog::warn("{}", rolled_back_.message());
+}
+
+void PsClient::CheckOwedRollback() {
+  if (!rollback_owed_at_ || rolling_back_ || !rolled_back_.ok()) return;
+  const uint32_t shard = *rollback_owed_at_;
+  rollback_owed_at_.reset();
+  if (rollback_barred_ || ShardCountChanged()) return;
+  Header q = NewRequest(Op::Rollback, 0);
+  q.clock = std::numeric_limits<int64_t>::max();
+  SetRollbackQuestion(q, /*about_to_make=*/false);
+  Result<Reply> zero = Call(0, std::move(q), {});
+  if (!rolled_back_.ok()) return;  // the job rolled back meanwhile (its replies said so)
+  if (zero.ok() && RollbackBarred(zero->header)) {
+    // Shard 0 would refuse: the loss stays reported (by the shard that lost it), and this
+    // client goes on with its log, as one whose rollback shard 0 refused.
+    rollback_barred_ = true;
+    spdlog::error("worker {}: shard {} says updates of the job were lost, and shard 0 bars a "
+                  "rollback (a leaver has finished): the loss stays reported, and the job goes "
+                  "on", worker_id_, shard);
+    return;
+  }
+  RollBackAfter(shard);
 }
 
 std::optional<Header> PsClient::ReplyHeader(Ticket t, uint32_t shard) const {
@@ -968,11 +1003,13 @@ Status PsClient::Wait(Ticket ticket) {
   while (found->outstanding > 0) {
     Status st = Pump(std::chrono::milliseconds(wait_interrupt_ ? 100 : 1000));
     if (!st.ok()) return st;
+    CheckOwedRollback();
     if (!rolled_back_.ok()) return rolled_back_;
     if (!replay_failure_.ok()) return replay_failure_;
     if (!relay_.failure().ok()) return relay_.failure();
     if (wait_interrupt_ && found->outstanding > 0) PARASOL_RETURN_IF_ERROR(wait_interrupt_());
   }
+  CheckOwedRollback();
   if (!rolled_back_.ok()) return rolled_back_;
   if (!replay_failure_.ok()) return replay_failure_;
   if (!relay_.failure().ok()) return relay_.failure();

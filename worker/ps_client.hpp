@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -395,6 +396,12 @@ class PsClient {
   static bool RefusedAcrossChange(const Status& st);
   bool rolling_back_ = false;  // in JobRollback's Follow() or Make()
   bool rollback_barred_ = false;  // shard 0 refused this client's rollback: it goes on
+  // Connected, another shard than shard 0 said a rollback is owed while a worker has a leave
+  // named: shard 0, which judges a leaver's end, is asked before this client drops its push
+  // log to connect again (CheckOwedRollback()).
+  std::optional<uint32_t> rollback_owed_at_;
+  void CheckOwedRollback();
+  void RollBackAfter(uint32_t shard);
   friend class JobRollback;    // worker/job_rollback.hpp: makes and follows rollbacks
   friend class Departure;      // worker/departure.hpp: leaves, and asks shard 0 about membership
   friend class ShardGreeting;  // worker/shard_greeting.hpp: the Hellos of a connect
