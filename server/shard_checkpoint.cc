@@ -658,6 +658,11 @@ std::string ShardServer::RollbackBarrier() const {
   return rank_ == 0 ? LeaverBarrier() : std::string();
 }
 
+std::chrono::milliseconds ShardServer::WorkerPatience() const {
+  return std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) *
+         (manifest_.cluster.request_retries + 1);
+}
+
 void ShardServer::OweRollback() {
   rollback_owed_ = true;
   rollback_owed_since_ = env_->Now();
@@ -713,7 +718,9 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
     SetRollbackRestorableClock(*reply, at.ok() ? at->second.clock : 0);
     // (Counted: a worker that hears so goes on without the rollback, PsClient::CheckOwedRollback.)
-    SetRollbackBarred(*reply, !BarRollback().empty());
+    // (Asked by a peer outside the job, nothing is counted.)
+    SetRollbackBarred(*reply, controller_.InJob(req.worker_id) ? !BarRollback().empty()
+                                                                : !RollbackBarrier().empty());
     return Status::Ok();
   }
   // Shard 0 decides: the others follow its decision, which a worker completes. A follower
@@ -1013,9 +1020,7 @@ void ShardServer::MaybeCheckpoint() {
   const CheckpointOptions& c = manifest_.checkpoint;
   // A rollback asked about and not made within a worker's patience for one request (its
   // maker died): the job goes on as before.
-  const auto patience = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) *
-                        (manifest_.cluster.request_retries + 1);
-  if (rollback_pending_ && env_->Now() - rollback_pending_since_ > patience) {
+  if (rollback_pending_ && env_->Now() - rollback_pending_since_ > WorkerPatience()) {
     rollback_pending_ = false;
     spdlog::warn("shard {}: the rollback asked about was not made; checkpoints go on", rank_);
   }

@@ -531,11 +531,10 @@ void ShardServer::RunPeriodic() {
   // shard's checkpoints (they wait for the rollback) and the workers' logs would grow until
   // they fail. The loss stays reported. (A leaver's end known here is shard 0's to judge: the
   // workers ask it within their patience for a request, and it refuses or rolls back.)
-  const auto patience = std::chrono::milliseconds(manifest_.cluster.request_timeout_ms) *
-                        (manifest_.cluster.request_retries + 1);
   std::string barrier;
   if (rollback_owed_) barrier = BarRollback();
-  if (rollback_owed_ && barrier.empty() && env_->Now() - rollback_owed_since_ > patience) {
+  if (rollback_owed_ && barrier.empty() &&
+      env_->Now() - rollback_owed_since_ > WorkerPatience()) {
     barrier = LeaverBarrier();
   }
   if (!barrier.empty()) {

@@ -665,6 +665,8 @@ class ShardServer {
   std::string BarRollback();
   // Owes the job a rollback (every reply says so, rollback_needed, until one is made).
   void OweRollback();
+  // How long a worker waits on one request, all its attempts together.
+  std::chrono::milliseconds WorkerPatience() const;
   // Loads checkpoint `path` with the files it builds on, oldest first.
   Status LoadChain(const std::string& path);
   std::chrono::steady_clock::time_point last_checkpoint_ = env_->Now();
