@@ -2,7 +2,7 @@
 // the Step rule, and named accessors for the header fields whose meaning depends on the op.
 //
 // The Step rule. A worker gathers a step's requests to one shard into Step messages
-// (PsClient::BeginStep); the shard checks every Step it receives (ShardServer::CheckStep). Both
+// (ShardSession::BeginStep); the shard checks every Step it receives (ShardServer::CheckStep). Both
 // ask the same functions, so what one sends the other accepts:
 //   - a Step holds the pushes of one clock, or the pulls of one clock after at most one tick
 //     to that clock (the tick first, and not a tick that leaves the job);

@@ -2,7 +2,7 @@
 // push is applied once.
 //
 // A push is identified by (worker, clock, index): the clock the worker was on when it pushed
-// and the push's position among that clock's pushes (PsClient numbers them from 0 at every
+// and the push's position among that clock's pushes (ShardSession numbers them from 0 at every
 // tick). The identity is deterministic, so a worker that restarts and recomputes a step sends
 // the very pushes it sent before, and those the shard had applied are answered as duplicates.
 //

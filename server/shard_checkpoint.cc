@@ -717,7 +717,7 @@ Status ShardServer::HandleRollback(const Header& req, Header* reply) {
     // Every shard can go back to the start of the job (clock 0, the tables' initial values).
     Result<std::pair<std::string, CheckpointHeader>> at = CheckpointAtOrBefore(req.clock, false);
     SetRollbackRestorableClock(*reply, at.ok() ? at->second.clock : 0);
-    // (Counted: a worker that hears so goes on without the rollback, PsClient::CheckOwedRollback.)
+    // (Counted: a worker that hears so goes on without the rollback, ShardSession::CheckOwedRollback.)
     // (Asked by a peer outside the job, nothing is counted.)
     SetRollbackBarred(*reply, controller_.InJob(req.worker_id) ? !BarRollback().empty()
                                                                 : !RollbackBarrier().empty());

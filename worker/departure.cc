@@ -11,7 +11,7 @@ namespace parasol {
 
 Status Departure::Leave() {
   c_.left_ = true;
-  const PsClient::Ticket t = c_.NewTicket(Op::Clock, 0);
+  const ShardSession::Ticket t = c_.NewTicket(Op::Clock, 0);
   // The shards serving its clock (which would wait for its pushes); those that served only the
   // clock before have had its tick.
   const uint32_t n = c_.relay_.membership().PlacementAt(c_.clock_).count();
@@ -92,7 +92,7 @@ Status Departure::SettleLog(uint32_t first) {
         break;  // the next shard is asked still
       }
       // A plain membership request: answered by any shard, cheaply, with the reply's stamps.
-      Result<PsClient::Reply> r = c_.Call(s, c_.NewRequest(Op::Membership, 0), {});
+      Result<ShardSession::Reply> r = c_.Call(s, c_.NewRequest(Op::Membership, 0), {});
       if (!c_.rolled_back_.ok()) return c_.rolled_back_;
       if (!c_.replay_failure_.ok()) return c_.replay_failure_;
       if (r.ok() &&
@@ -117,7 +117,7 @@ Status Departure::SettleLog(uint32_t first) {
 }
 
 Status Departure::AskShardZero(bool done, uint64_t count, int64_t not_before) {
-  const PsClient::Ticket t = c_.NewTicket(Op::Membership, 0);
+  const ShardSession::Ticket t = c_.NewTicket(Op::Membership, 0);
   Header h = c_.NewRequest(Op::Membership, 0);
   h.done = done;  // MembershipAsksToLeave
   SetMembershipWorkers(h, count);

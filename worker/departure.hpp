@@ -16,19 +16,19 @@
 // - RequestLeave(), Scale(), AskShardZero(): shard 0 names the clock a rank leaves at, or the
 //   leaves a tool's Scale asks for; the reply brings the membership.
 //
-// PsClient::Leave(), RequestLeave(), Scale() and SyncMembership() call these.
+// ShardSession::Leave(), RequestLeave(), Scale() and SyncMembership() call these.
 #pragma once
 
 #include <cstdint>
 
 #include "common/status.hpp"
-#include "worker/ps_client.hpp"
+#include "worker/shard_session.hpp"
 
 namespace parasol {
 
 class Departure {
  public:
-  explicit Departure(PsClient& client) : c_(client) {}
+  explicit Departure(ShardSession& client) : c_(client) {}
 
   Status Leave();
   Result<int64_t> RequestLeave(int64_t not_before);
@@ -39,7 +39,7 @@ class Departure {
  private:
   Status SettleLog(uint32_t first);
 
-  PsClient& c_;
+  ShardSession& c_;
 };
 
 }  // namespace parasol

@@ -12,7 +12,7 @@
 namespace parasol {
 
 Result<std::vector<Header>> JobRollback::Ask(int64_t clock, bool stop) {
-  const PsClient::Ticket t = c_.NewTicket(Op::Rollback, 0);
+  const ShardSession::Ticket t = c_.NewTicket(Op::Rollback, 0);
   for (uint32_t s = 0; s < c_.num_shards_; ++s) {
     Header h = c_.NewRequest(Op::Rollback, 0);
     h.clock = clock;
@@ -82,7 +82,7 @@ Status JobRollback::MakeOnce(const std::string& why) {
   for (uint32_t round = 0;; ++round) {
     PARASOL_ASSIGN_OR_RETURN(std::vector<Header> shards, Ask(clock, /*stop=*/true));
     // A change of the shard count named since this worker greeted the shards (their replies
-    // carry it): no rollback crosses it (PsClient::Connect then reports the loss and goes on).
+    // carry it): no rollback crosses it (ShardSession::Connect then reports the loss and goes on).
     if (c_.ShardCountChanged()) {
       return FailedPrecondition("worker " + std::to_string(c_.worker_id_) + ": " + why +
                                 "; the shard count changed since this worker connected, and "
@@ -122,13 +122,13 @@ Status JobRollback::MakeOnce(const std::string& why) {
   c_.rollback_gen_ = next;
   Header first = c_.NewRequest(Op::Rollback, 0);
   first.clock = clock;
-  Result<PsClient::Reply> zero = c_.Call(0, std::move(first), {});
+  Result<ShardSession::Reply> zero = c_.Call(0, std::move(first), {});
   int64_t at = clock;
   if (!zero.ok()) {
     if (zero.status().code() != StatusCode::kAborted) {
       c_.rollback_gen_ = next - 1;  // not made: the client stays in the generation it was in
       // Refused, perhaps past a change named or reached since the question (parasol_sim
-      // --reshard --seed 875): learned, PsClient::Connect reports the loss and goes on.
+      // --reshard --seed 875): learned, ShardSession::Connect reports the loss and goes on.
       if (zero.status().code() == StatusCode::kFailedPrecondition) (void)c_.SyncMembership();
       return zero.status();
     }

@@ -14,7 +14,7 @@
 //   clock) and then to the others. The generation is the one after the one the client connected
 //   in, so two workers that find one loss make one rollback.
 //
-// PsClient::Connect() calls both; the client is then discarded and a new one connects.
+// ShardSession::Connect() calls both; the client is then discarded and a new one connects.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +23,13 @@
 
 #include "common/status.hpp"
 #include "common/wire.hpp"
-#include "worker/ps_client.hpp"
+#include "worker/shard_session.hpp"
 
 namespace parasol {
 
 class JobRollback {
  public:
-  explicit JobRollback(PsClient& client) : c_(client) {}
+  explicit JobRollback(ShardSession& client) : c_(client) {}
 
   Status Follow();
   Status Make(const std::string& why);
@@ -42,7 +42,7 @@ class JobRollback {
   Status FollowOnce();
   Status MakeOnce(const std::string& why);
 
-  PsClient& c_;
+  ShardSession& c_;
 };
 
 }  // namespace parasol

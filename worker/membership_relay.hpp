@@ -3,7 +3,7 @@
 // merges what every reply brings, and hands it on to a shard that knows less (on its ticks,
 // Hellos and pulls), with shard 0's MACs of each entry when shard 0 signs them
 // (common/membership_macs.hpp), so that a shard takes only entries shard 0 made. Sends nothing:
-// PsClient calls Note() on each reply and Stamp() on each request.
+// ShardSession calls Note() on each reply and Stamp() on each request.
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@
 // The log is bounded by checkpoint.max_log_bytes: shards checkpoint whenever a worker has
 // pushed half of it (over the shards) to them, so a log past the bound means a shard has not
 // been able to checkpoint; Check() says so, and the worker stops rather than grow.
-// Thread-safety: none; owned by one PsClient.
+// Thread-safety: none; owned by one ShardSession.
 #pragma once
 
 #include <cstdint>

@@ -16,7 +16,7 @@
 namespace parasol {
 
 void ReplaySender::Start(uint32_t shard) {
-  const PsClient::Ticket ticket = c_.NewTicket(Op::Clock, 0);
+  const ShardSession::Ticket ticket = c_.NewTicket(Op::Clock, 0);
   ReplayInputs in;
   in.clock = c_.clock_;
   in.left = c_.left_;

@@ -9,25 +9,25 @@
 //   push goes back into the log. A replay the shard's previous process had not finished gives
 //   back its unacknowledged pushes, merged in clock order. What was in flight to the old process
 //   is sent again after them, under new request ids.
-// - Reap(): drops finished replays. A refused one fails the worker (PsClient::replay_failed()):
+// - Reap(): drops finished replays. A refused one fails the worker (ShardSession::replay_failed()):
 //   going on would lose acknowledged updates.
 #pragma once
 
 #include <cstdint>
 
-#include "worker/ps_client.hpp"
+#include "worker/shard_session.hpp"
 
 namespace parasol {
 
 class ReplaySender {
  public:
-  explicit ReplaySender(PsClient& client) : c_(client) {}
+  explicit ReplaySender(ShardSession& client) : c_(client) {}
 
   void Start(uint32_t shard);
   void Reap();
 
  private:
-  PsClient& c_;
+  ShardSession& c_;
 };
 
 }  // namespace parasol

@@ -1,6 +1,6 @@
 // RequestTracker: a worker's requests on their way, and the tickets that wait on them.
 //
-// A ticket is what a caller of PsClient waits on: one pull, push, tick or tool request, which
+// A ticket is what a caller of ShardSession waits on: one pull, push, tick or tool request, which
 // goes to one or more shards as one request each. A request is tracked from the moment it is
 // sent until its reply: its ticket, its shard, copies of its frames (a resend sends them
 // again, with the same request id and push name), its deadline and its attempts. A ticket is
@@ -9,12 +9,12 @@
 // What a reply means for its request is one table (worker/reply_outcome.hpp): done, retry
 // later, wait for the restore or the replay, or fail. Which requests are due is asked here
 // (Due); resending them, or failing those out of attempts, is the caller's, which owns the
-// sockets (PsClient::Pump). The tracker sends nothing and reads no clock: times are passed in.
+// sockets (ShardSession::Pump). The tracker sends nothing and reads no clock: times are passed in.
 //
 // Map nodes, with their objects and buffers, are kept when a ticket or a request ends and
 // taken by new ones, so a steady stream of steps allocates none.
 //
-// Thread-safety: none (one per PsClient).
+// Thread-safety: none (one per ShardSession).
 #pragma once
 
 #include <chrono>
@@ -118,7 +118,7 @@ class RequestTracker {
   // Failed: its ticket keeps the first failure and has one request fewer outstanding, and the
   // request is forgotten. Returns the ticket.
   TicketState& Fail(TrackedRequest& r, Status status);
-  // Taken out of its ticket without an answer (PsClient's replay sends it under another).
+  // Taken out of its ticket without an answer (ShardSession's replay sends it under another).
   void Withdraw(TrackedRequest& r) { Complete(r); }
   // Gives request `r` the id `id` (a resend the shard must not match with earlier copies).
   void Renumber(TrackedRequest& r, uint64_t id);

@@ -1,7 +1,7 @@
 // Where a worker of the job goes on from, decided from the Hello replies of the shards it
 // greeted: the smallest clock a shard knows it at (a restarted worker redoes the step it died
 // in; its pushes that arrived are answered as duplicates), whether every shard saw it leave, and
-// the newest barrier every shard released. Pure: PsClient's handshake gathers the replies and
+// the newest barrier every shard released. Pure: ShardSession's handshake gathers the replies and
 // acts on the answer.
 #pragma once
 

@@ -13,7 +13,7 @@
 
 namespace parasol {
 
-void ShardGreeting::Collect(PsClient::Ticket t, const std::vector<uint32_t>& shards,
+void ShardGreeting::Collect(ShardSession::Ticket t, const std::vector<uint32_t>& shards,
                             bool known_only, std::vector<Header>& out) const {
   for (uint32_t s : shards) {
     std::optional<Header> h = c_.ReplyHeader(t, s);
@@ -23,7 +23,7 @@ void ShardGreeting::Collect(PsClient::Ticket t, const std::vector<uint32_t>& sha
 
 Result<std::vector<Header>> ShardGreeting::Greet() {
   std::vector<Header> hellos;
-  PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket first, c_.Broadcast(Op::Hello, 0, {0}));
+  PARASOL_ASSIGN_OR_RETURN(ShardSession::Ticket first, c_.Broadcast(Op::Hello, 0, {0}));
   Status greeted = Await(first);
   if (!greeted.ok() && c_.tracker_.ticket(first).outstanding > 0) return greeted;
   if (greeted.ok()) Collect(first, {0}, /*known_only=*/false, hellos);
@@ -47,7 +47,7 @@ Result<std::vector<Header>> ShardGreeting::Greet() {
   std::vector<uint32_t> rest = c_.FirstShards(serving);
   if (!rest.empty()) rest.erase(rest.begin());  // shard 0 is greeted
   if (!rest.empty()) {
-    PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket t, c_.Broadcast(Op::Hello, 0, rest));
+    PARASOL_ASSIGN_OR_RETURN(ShardSession::Ticket t, c_.Broadcast(Op::Hello, 0, rest));
     greeted = Await(t);
     if (!greeted.ok() && c_.tracker_.ticket(t).outstanding > 0) return greeted;
     if (greeted.ok()) Collect(t, rest, /*known_only=*/false, hellos);
@@ -63,7 +63,7 @@ Result<std::vector<Header>> ShardGreeting::Greet() {
          ++s) {
       before.push_back(s);
     }
-    PARASOL_ASSIGN_OR_RETURN(PsClient::Ticket t, c_.Broadcast(Op::Hello, 0, before));
+    PARASOL_ASSIGN_OR_RETURN(ShardSession::Ticket t, c_.Broadcast(Op::Hello, 0, before));
     for (auto& [id, r] : c_.tracker_.requests()) {
       if (r->ticket == t) r->max_attempts = 1;
     }
@@ -82,7 +82,7 @@ Result<std::vector<Header>> ShardGreeting::Greet() {
   return hellos;
 }
 
-Status ShardGreeting::Await(PsClient::Ticket t) {
+Status ShardGreeting::Await(ShardSession::Ticket t) {
   RequestTracker& tracker = c_.tracker_;
   const Manifest& manifest = c_.manifest_;
   Env& env = *c_.env_;

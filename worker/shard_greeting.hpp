@@ -13,7 +13,7 @@
 //   resolve; each answering shard's rank and shard count are checked against the manifest.
 //
 // What the replies mean for the worker (the clock it continues from, a step it lost) is
-// worker/resume_point.hpp's; PsClient::Handshake() applies it.
+// worker/resume_point.hpp's; ShardSession::Handshake() applies it.
 #pragma once
 
 #include <cstdint>
@@ -21,26 +21,26 @@
 
 #include "common/status.hpp"
 #include "common/wire.hpp"
-#include "worker/ps_client.hpp"
+#include "worker/shard_session.hpp"
 
 namespace parasol {
 
 class ShardGreeting {
  public:
-  explicit ShardGreeting(PsClient& client) : c_(client) {}
+  explicit ShardGreeting(ShardSession& client) : c_(client) {}
 
   // The Hello replies' headers: shard 0's first, then the others' that answered.
   Result<std::vector<Header>> Greet();
-  // Waits for ticket `t`'s requests as above; the ticket stays open for PsClient::Wait().
-  Status Await(PsClient::Ticket t);
+  // Waits for ticket `t`'s requests as above; the ticket stays open for ShardSession::Wait().
+  Status Await(ShardSession::Ticket t);
 
  private:
   // The header of each of `shards`' replies to `t` that came (in `shards`' order); none when
   // `awaited` failed. With `known_only`, only replies that know this worker's clock.
-  void Collect(PsClient::Ticket t, const std::vector<uint32_t>& shards, bool known_only,
+  void Collect(ShardSession::Ticket t, const std::vector<uint32_t>& shards, bool known_only,
                std::vector<Header>& out) const;
 
-  PsClient& c_;
+  ShardSession& c_;
 };
 
 }  // namespace parasol

@@ -13,8 +13,8 @@
 // error, never hidden.
 //
 // This class holds that state and decides from each reply; the replay itself (what was in
-// flight, the requests it sends) is PsClient's, which owns the connections.
-// Thread-safety: none; owned by one PsClient.
+// flight, the requests it sends) is ShardSession's, which owns the connections.
+// Thread-safety: none; owned by one ShardSession.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// StepBatch: a step's requests, gathered per shard between PsClient::BeginStep() and
+// StepBatch: a step's requests, gathered per shard between ShardSession::BeginStep() and
 // SendStep(), cut into Step messages by the Step rule (common/protocol.hpp), and the Steps on
 // their way with the requests they carry.
 //
