@@ -879,10 +879,8 @@ std::string TrainingData(const Options& opt, const std::string& dir) {
   return path;
 }
 
-void TrainingRows(const std::string& data, std::vector<Row>* rows,
-                  std::optional<double> torch_rate) {
+void TrainingRows(const std::string& data, std::vector<Row>* rows) {
   for (auto [shards, workers] : {std::pair{1, 1}, std::pair{2, 2}}) {
-    if (torch_rate && shards != 1) continue;
     const std::string summary = LaunchTraining(data, shards, workers, 1024);
     if (summary.empty()) {
       spdlog::error("training bench: the job with {} servers and {} workers failed", shards,
@@ -891,11 +889,6 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
     }
     const std::string tag = std::to_string(shards) + "s" + std::to_string(workers) + "w";
     const double rate = JsonFigure(summary, "/samples_per_second");
-    if (torch_rate) {
-      rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", *torch_rate,
-                       "pytorch_1proc_2threads", std::nullopt});
-      continue;
-    }
     rows->push_back({"train_dlrm_small_b1024_" + tag, rate, "samples/s", std::nullopt, "",
                      std::nullopt});
     // Worker 0's time, by phase, as a share of all of it: its training time and its wait at
@@ -914,7 +907,155 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows,
   }
 }
 
-// Plain PyTorch (bench/torch_dlrm.py, 1 process, 2 threads) on `data`: samples/s, or 0.
+// The feed ceiling: the rows and dense tensors a worker's steps pull and push, handled by one
+// shard in this process (no sockets, no worker), with the job's server settings (its engine
+// threads): dlrm-small's tables, each batch of `data` at `batch`, its distinct keys pulled and
+// then pushed, every dense tensor pulled and pushed. ASP, so no clock holds a request, and each
+// push is applied as it comes (BSP adds the sums' work). Samples/s, or 0.
+double InProcessFeedRate(const std::string& data, uint32_t batch) {
+  Result<Manifest> m = ParseManifest(
+      "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
+      "training: {consistency: asp}\n"
+      "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
+      "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
+      "  dense_optimizer: {kind: adam, lr: 0.001}\n",
+      "bench");
+  if (!m.ok()) {
+    spdlog::error("feed bench: {}", m.status().ToString());
+    return 0;
+  }
+  ShardServer shard(*m, 0);
+  uint64_t replies = 0, refused = 0;
+  std::string refusal;
+  shard.set_reply_sink([&](std::vector<zmq::message_t>& frames) {
+    ++replies;
+    Result<Header> h = frames.size() < 2 ? Result<Header>(Internal("no header"))
+                                         : DecodeHeader(frames[1].data(), frames[1].size());
+    if (!h.ok() || h->status != StatusCode::kOk) {
+      ++refused;
+      refusal = h.ok() ? h->message : h.status().ToString();
+    }
+  });
+  const uint32_t emb = static_cast<uint32_t>(m->FindTable(LayoutOf(m->model).sparse_table));
+  const uint32_t dim = m->tables[emb].dim;
+  uint64_t next = 0, pushes = 0;
+  auto header = [&](Op op, uint32_t table, uint64_t count, uint32_t value_dim) {
+    Header h;
+    h.op = op;
+    h.request_id = ++next;
+    h.worker_id = 0;
+    h.incarnation = 1;
+    h.table_id = table;
+    h.clock = 0;
+    h.key_count = count;
+    h.value_dim = value_dim;
+    h.manifest_hash = m->Fingerprint();
+    return h;
+  };
+  auto values = [&](Header& h, std::vector<zmq::message_t>& frames, uint64_t rows, uint32_t d) {
+    const FramePlan plan = PlanValueFrames(rows, d, m->server.frame_bytes);
+    h.seq = pushes++;  // a push's name: its index among clock 0's, from 0 without gaps
+    h.value_frames = plan.frames;
+    h.rows_per_frame = plan.rows_per_frame;
+    frames[1] = EncodeHeader(h);
+    for (uint32_t f = 0; f < plan.frames; ++f) {
+      std::vector<float> g(plan.RowsInFrame(f, rows) * d, 1e-4f);
+      frames.emplace_back(g.data(), g.size() * sizeof(float));
+    }
+  };
+  // Every message first (not timed), from the batches as a worker reads them.
+  ReaderOptions ro;
+  ro.files = {data};
+  ro.batch_size = batch;
+  ro.deduplicate = true;
+  BatchReader reader(ro);
+  std::vector<std::vector<zmq::message_t>> messages;
+  uint64_t samples = 0;
+  while (true) {
+    Result<std::optional<Batch>> b = reader.Next();
+    if (!b.ok()) {
+      spdlog::error("feed bench: {}", b.status().ToString());
+      return 0;
+    }
+    if (!b->has_value()) break;
+    samples += (*b)->size;
+    const std::vector<uint64_t>& keys = (*b)->distinct.unique;
+    for (Op op : {Op::PullSparse, Op::PushSparse}) {
+      std::vector<zmq::message_t> frames;
+      frames.emplace_back("w0", 2);
+      Header h = header(op, emb, keys.size(), dim);
+      frames.push_back(EncodeHeader(h));
+      frames.emplace_back(keys.data(), keys.size() * sizeof(uint64_t));
+      if (op == Op::PushSparse) values(h, frames, keys.size(), dim);
+      messages.push_back(std::move(frames));
+    }
+    for (uint32_t t = 0; t < m->tables.size(); ++t) {
+      if (m->tables[t].kind != TableKind::kDense) continue;
+      const uint64_t n = m->tables[t].NumElements();
+      for (Op op : {Op::PullDense, Op::PushDense}) {
+        std::vector<zmq::message_t> frames;
+        frames.emplace_back("w0", 2);
+        Header h = header(op, t, n, 1);
+        frames.push_back(EncodeHeader(h));
+        if (op == Op::PushDense) values(h, frames, n, 1);
+        messages.push_back(std::move(frames));
+      }
+    }
+  }
+  const auto a = std::chrono::steady_clock::now();
+  for (auto& frames : messages) shard.HandleMessage(frames);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  if (replies != messages.size() || refused > 0) {
+    spdlog::error("feed bench: the shard answered {} of {} requests, {} refused ({})", replies,
+                  messages.size(), refused, refusal);
+    return 0;
+  }
+  return s > 0 ? samples / s : 0;
+}
+
+// What the parameter-server path can feed a device: a worker's whole step with the model's
+// computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
+// shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
+// 26 fields log-spaced up to 4.6 x 10^7). The ceiling: the shards' in-process rate for the same
+// rows (InProcessFeedRate, one shard with its engine threads), times the shards that have
+// engine-threads' cores of their own on this host (at least 1).
+void FeedRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
+  for (auto [tag, vocabulary] : {std::pair<std::string, uint64_t>{"dlrm_small", 2000000},
+                                 std::pair<std::string, uint64_t>{"vocab1e8", 46000000}}) {
+    GeneratorOptions g;
+    g.rows = opt.quick ? 100000 : 400000;
+    g.vocabulary = vocabulary;
+    const std::string data = dir + "/" + tag + ".tsv";
+    if (Status st = GenerateCriteo(data, g); !st.ok()) {
+      spdlog::error("feed bench: {}", st.ToString());
+      continue;
+    }
+    const double one_shard = InProcessFeedRate(data, 4096);
+    if (one_shard <= 0) continue;
+    const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
+    for (int shards : {1, 2}) {
+      const uint32_t own = std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads)));
+      const std::string summary =
+          LaunchTraining(data, shards, 1, 4096, "worker: {compute: none}\n");
+      if (summary.empty()) {
+        spdlog::error("feed bench: the job with {} shards failed", shards);
+        continue;
+      }
+      rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s",
+                       JsonFigure(summary, "/samples_per_second"), "samples/s",
+                       one_shard * own, "shards_in_process_x" + std::to_string(own),
+                       std::nullopt});
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// PyTorch (bench/torch_dlrm.py, 1 process, 2 threads, tuned: see its comment) on `data`:
+// samples/s, or 0.
 double TorchRate(const std::string& data) {
   const std::string script = std::string(PARASOL_SOURCE_DIR) + "/bench/torch_dlrm.py";
   char tmpl[] = "/tmp/parasol-bench-torch-XXXXXX";
@@ -923,27 +1064,66 @@ double TorchRate(const std::string& data) {
                               "2"},
                              dir + "/torch.log");
   double torch_rate = 0;
+  std::string interaction;
   if (p.ok() && p->Wait(std::chrono::minutes(20))) {
     std::ifstream in(dir + "/torch.log");
     std::string word;
     while (in >> word) {
       if (word == "samples_per_second") in >> torch_rate;
+      if (word == "interaction") in >> interaction;
     }
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (torch_rate <= 0) {
     spdlog::error("torch bench: no figure from {} (is python3-torch installed?)", script);
+  } else {
+    spdlog::info("torch bench: {:.0f} samples/s (interaction: {})", torch_rate, interaction);
   }
   return torch_rate;
 }
 
+// Five pairs of PyTorch and Parasol's 1 server + 1 worker on the same file, each side first in
+// turn, so that a slower minute of the machine falls on both: the median and range of each side
+// and of the pairs' ratios (a pair without both figures is left out; fewer than 3: no rows).
 void TorchRows(const std::string& data, std::vector<Row>* rows) {
-  const double torch_rate = TorchRate(data);
-  if (torch_rate <= 0) return;
-  rows->push_back({"pytorch_dlrm_small_b1024_1proc_2threads", torch_rate, "samples/s",
-                   std::nullopt, "", std::nullopt});
-  TrainingRows(data, rows, torch_rate);
+  constexpr int kPairs = 5;
+  std::vector<double> torch_rates, ours, ratios;
+  for (int i = 0; i < kPairs; ++i) {
+    // Each side goes first in turn.
+    double torch_rate = 0, rate = 0;
+    for (int side = 0; side < 2; ++side) {
+      if ((side == 0) == (i % 2 == 0)) {
+        torch_rate = TorchRate(data);
+      } else {
+        const std::string summary = LaunchTraining(data, 1, 1, 1024);
+        rate = summary.empty() ? 0 : JsonFigure(summary, "/samples_per_second");
+      }
+    }
+    if (torch_rate <= 0 || rate <= 0) {
+      spdlog::error("torch bench: pair {} has no figure (PyTorch {}, Parasol {}); left out",
+                    i + 1, torch_rate, rate);
+      continue;
+    }
+    spdlog::info("torch bench: pair {}: Parasol {:.0f} against PyTorch {:.0f} samples/s", i + 1,
+                 rate, torch_rate);
+    torch_rates.push_back(torch_rate);
+    ours.push_back(rate);
+    ratios.push_back(rate / torch_rate);
+  }
+  if (ratios.size() < 3) {
+    spdlog::error("torch bench: {} of {} pairs have figures; no rows", ratios.size(), kPairs);
+    return;
+  }
+  auto add = [&](const std::string& name, std::vector<double> v, const std::string& unit) {
+    std::sort(v.begin(), v.end());
+    rows->push_back({name, v[v.size() / 2], unit, std::nullopt, "", std::nullopt});
+    rows->push_back({name + "_min", v.front(), unit, std::nullopt, "", std::nullopt});
+    rows->push_back({name + "_max", v.back(), unit, std::nullopt, "", std::nullopt});
+  };
+  add("pytorch_tuned_1proc_2threads", torch_rates, "samples/s");
+  add("train_dlrm_small_b1024_1s1w", ours, "samples/s");
+  add("train_dlrm_small_b1024_1s1w_over_pytorch_tuned", ratios, "x");
 }
 
 // The Python worker (examples/torch_dlrm.py: the model in PyTorch, one thread, its tables on
@@ -953,7 +1133,7 @@ void TorchRows(const std::string& data, std::vector<Row>* rows) {
 void PythonRows(const std::string& data, std::vector<Row>* rows) {
   const double torch_rate = TorchRate(data);
   if (torch_rate > 0) {
-    rows->push_back({"pytorch_dlrm_small_b1024_1proc_2threads", torch_rate, "samples/s",
+    rows->push_back({"pytorch_tuned_1proc_2threads", torch_rate, "samples/s",
                      std::nullopt, "", std::nullopt});
   }
   const std::string cpp = LaunchTraining(data, 1, 1, 1024);
@@ -1929,11 +2109,11 @@ int Main(int argc, char** argv) {
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
                                                    "capacity",    "elastic",  "reshard",
-                                                   "scale",       "huge"};
+                                                   "scale",       "huge",     "feed"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
                          "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard, "
-                         "scale, huge)\n",
+                         "scale, huge, feed)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -1972,11 +2152,12 @@ int Main(int argc, char** argv) {
     } else if (opt.only == "python") {
       PythonRows(data, &rows);  // opt-in: needs the Python module and python3-torch
     } else {
-      TrainingRows(data, &rows, std::nullopt);
+      TrainingRows(data, &rows);
     }
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
+  if (opt.only.empty() || opt.only == "feed") FeedRows(opt, &rows);
   if (opt.only.empty() || opt.only == "elastic") ElasticRows(opt, &rows);
   if (opt.only.empty() || opt.only == "reshard") ReshardRows(opt, **echo, &rows);
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);

@@ -734,6 +734,9 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Unsigned("cache_rows", 0, int64_t{1} << 40, &w->cache_rows));
   PARASOL_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
   PARASOL_RETURN_IF_ERROR(r.Bool("fuse_requests", &w->fuse_requests));
+  int compute = static_cast<int>(w->compute);
+  PARASOL_RETURN_IF_ERROR(r.Choice("compute", {"model", "none"}, &compute));
+  w->compute = static_cast<WorkerOptions::Compute>(compute);
   if (r.Has("command")) {
     // The program a worker role runs instead of the built-in trainer, in the manifest's folder.
     YAML::Node c = r.Child("command");

@@ -249,6 +249,11 @@ struct CheckpointOptions {
 struct WorkerOptions {
   std::string device = "cpu";  // cpu, cuda (device 0) or cuda:N
   bool tf32 = false;           // cuda: let cuBLAS use TF32 tensor cores for fp32 products
+  // model: the step computes the model. none (benchmarks only): it computes nothing, and its
+  // gradients are a fixed pattern of the model's shapes; every pull, push and tick is made as
+  // with the model, so the rate is what the data and parameter-server path can feed a device.
+  enum class Compute { kModel, kNone };
+  Compute compute = Compute::kModel;
   uint32_t blas_threads = 1;   // OpenBLAS threads of a CPU worker
   uint64_t cache_rows = 0;     // ssp: sparse rows kept and reused within the staleness (0: off)
   // A step's pulls travel in one message per shard, and its pushes with the tick in another

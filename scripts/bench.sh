@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks, printing one table: each figure beside the ceilings measured
 # in the same run (memcpy bandwidth, raw ZeroMQ round trip of the same bytes).
-#   scripts/bench.sh [--only ceilings|dense|sparse|optimizer|consistency|training|torch|compute|checkpoint|cache|python|tiered|capacity|elastic]
+#   scripts/bench.sh [--only ceilings|dense|sparse|optimizer|consistency|training|torch|compute|checkpoint|cache|python|tiered|capacity|elastic|reshard|scale|huge|feed]
 #                    [--json FILE] [--quick] [--capacity]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -4,10 +4,16 @@ namespace parasol {
 
 std::unique_ptr<Model> MakeDlrmModel(const Manifest& m, Backend* backend, uint32_t max_batch);
 std::unique_ptr<Model> MakeLrModel(const Manifest& m, Backend* backend, uint32_t max_batch);
+std::unique_ptr<Model> MakeFeedModel(const Manifest& m, Backend* backend, uint32_t max_batch);
 
 Result<std::unique_ptr<Model>> Model::Create(const Manifest& manifest, Backend* backend,
                                              uint32_t max_batch) {
   std::unique_ptr<Model> model;
+  if (manifest.model.kind != ModelOptions::Kind::kNone &&
+      manifest.worker.compute == WorkerOptions::Compute::kNone) {
+    // The tables and buffers of the same kind, and no computation (benchmarks only).
+    return MakeFeedModel(manifest, backend, max_batch);
+  }
   switch (manifest.model.kind) {
     case ModelOptions::Kind::kDlrm:
       if (manifest.data.format != DataOptions::Format::kCriteo) {

@@ -126,9 +126,9 @@ class ShardSession {
 
   // Completes `ticket`: its result, or the first error of any shard, naming the shard.
   Status Wait(Ticket ticket);
-  // Called while Wait() (and Connect's handshake, Collect()) waits, at least every 100 ms: an
-  // error it returns ends the wait with that error and leaves the ticket outstanding (a later
-  // Wait on it completes it). For callers that must react to a signal while they wait (the
+  // Called while Wait() (and Connect's handshake, Settle(), Collect()) waits, at least every
+  // 100 ms: an error it returns ends the wait with that error and leaves the ticket outstanding
+  // (a later Wait on it completes it). For callers that must react to a signal while they wait (the
   // Python module's Ctrl-C). It may also throw; the session is then left as after an error.
   void SetWaitInterrupt(std::function<Status()> check) { wait_interrupt_ = std::move(check); }
   // Waits until every request of `ticket` is answered, without completing it.

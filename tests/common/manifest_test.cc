@@ -365,6 +365,17 @@ TEST(ManifestWorkerTest, DeviceMustBeCpuOrCuda) {
             "job.yaml:4:11: key 'worker.device': expected cpu, cuda or cuda:N, got 'gpu'");
 }
 
+TEST(ManifestWorkerTest, ComputeIsModelOrNone) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\n", "w.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker.compute, WorkerOptions::Compute::kModel);
+  m = ParseManifest("cluster:\n  servers: [a:1]\nworker: {compute: none}\n", "w.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker.compute, WorkerOptions::Compute::kNone);
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  compute: gpu\n"),
+            "job.yaml:4:12: key 'worker.compute': expected one of model|none, got 'gpu'");
+}
+
 TEST(ManifestTrainingTest, BadConsistencyFieldsAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: eventual\n"),
             "job.yaml:4:16: key 'training.consistency': expected one of bsp|ssp|asp, got "

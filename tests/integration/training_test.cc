@@ -126,6 +126,31 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "workers";
     });
 
+// worker.compute: none (the feed benchmark's) leaves the model's computation out and nothing
+// else: the same steps, the same pushes and the same bytes pulled as the model's job, every
+// push of a gradient the shards accept (of each table's shape), and the loss of a probability
+// of 0.5.
+TEST_F(TrainingTest, WithoutComputationAWorkerPullsAndPushesAsWithTheModel) {
+  const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
+  for (const char* model : {kDlrmSmall, kLr}) {
+    Launch with = RunLaunch(dir_, Manifest(1, model, train, eval));
+    ASSERT_EQ(with.status, 0) << with.output;
+    Launch without = RunLaunch(dir_, Manifest(1, model, train, eval) + "worker: {compute: none}\n");
+    ASSERT_EQ(without.status, 0) << without.output;
+    const double steps = JsonAt(with.summary, "/workers/0/steps", -1);
+    EXPECT_EQ(steps, 118) << with.summary;  // 30,000 rows at 256
+    for (const char* field : {"/workers/0/steps", "/workers/0/pushes", "/train_samples",
+                              "/workers/0/pull_bytes_per_step"}) {
+      EXPECT_EQ(JsonAt(without.summary, field, -1), JsonAt(with.summary, field, -2))
+          << field << "\n" << without.summary;
+    }
+    EXPECT_GE(JsonAt(without.summary, "/workers/0/pushes", -1), 2 * steps) << without.summary;
+    EXPECT_NEAR(JsonAt(without.summary, "/eval_logloss", -1), std::log(2.0), 1e-6)
+        << without.summary;
+    EXPECT_LT(JsonAt(with.summary, "/eval_logloss", -1), std::log(2.0) - 0.02) << with.summary;
+  }
+}
+
 // Once its buffers are sized (after kWarmSteps steps), a worker's training thread allocates
 // nothing a step: its client reuses tickets, requests, frame vectors and parsed views, writes
 // sparse payloads straight into ZeroMQ's messages, and the reader recycles batches. The
