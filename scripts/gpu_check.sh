@@ -6,7 +6,9 @@
 #   3. the compute benchmark: dlrm-small steps of the backend alone at batch 4096 and 16384 (fp32
 #      and TF32), each operation's device time per step, each of the model's products in TFLOP/s
 #      against cuBLAS's best algorithm for the same shape;
-#   4. an end-to-end training run with 2 servers and a CUDA worker on this machine.
+#   4. an end-to-end training run with 2 servers and a CUDA worker on this machine, then the same
+#      without evaluation with 1, 2, 4 and 8 servers, at prefetch depth 0 (BSP) and 2 (SSP);
+#   5. the feed benchmark (parasol_bench --only feed) on this machine's cores.
 # Writes gpu_check.log, gpu_check.json (every figure and result) and the step outputs to
 # ${OUT:-build}. Exits non-zero if any step failed.
 #
@@ -144,6 +146,41 @@ data: {train: $work/train.tsv, eval: $work/eval.tsv}
 YAML
 step "end to end" 120 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
 
+# The same training with 1, 2, 4 and 8 shards on this machine's cores, without evaluation: BSP
+# (prefetch depth 0), and SSP with staleness 2 and two steps' pulls in flight (prefetch depth 2).
+for n in 1 2 4 8; do
+  for depth in 0 2; do
+    servers=""
+    for ((i = 0; i < n; ++i)); do servers+="${servers:+, }127.0.0.1:$((47420 + i))"; done
+    if [ "$depth" -eq 0 ]; then
+      training="consistency: bsp"
+    else
+      training="consistency: ssp, staleness: 2, prefetch_depth: 2"
+    fi
+    cat > "$work/job_${n}s_p${depth}.yaml" <<YAML
+cluster:
+  servers: [$servers]
+  workers: 1
+training: {$training, batch_size: 4096, epochs: 1, progress_every: 1h}
+worker: {device: cuda}
+model:
+  kind: dlrm
+  embedding_dim: 16
+  bottom: [64, 16]
+  top: [64, 1]
+  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
+  dense_optimizer: {kind: adam, lr: 0.001}
+data: {train: $work/train.tsv}
+YAML
+    step "end to end ${n}s prefetch $depth" 60 "$bin/parasol" launch \
+      "$work/job_${n}s_p${depth}.yaml" --summary "$out/gpu_e2e_${n}s_p${depth}.json"
+  done
+done
+
+# What the data and parameter-server path can feed the GPU here (the worker's step without the
+# model's computation), with its in-process ceiling.
+step "feed benchmark" 120 "$bin/parasol_bench" --only feed --json "$out/feed.json"
+
 # One JSON of everything: the GPU, each step's exit code and time, the tests that failed, the
 # benchmark rows and the training summary.
 printf '%s\n' "${results[@]}" > "$out/steps.tsv"
@@ -169,6 +206,14 @@ if "testsuites" in tests:
     }
 doc["compute"] = load("compute.json")
 doc["end_to_end"] = load("gpu_train.json")
+doc["end_to_end_shards"] = {}
+for n in (1, 2, 4, 8):
+    for depth in (0, 2):
+        summary = load("gpu_e2e_%ds_p%d.json" % (n, depth))
+        doc["end_to_end_shards"]["gpu_e2e_b4096_%ds_p%d" % (n, depth)] = {
+            k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
+            if k in summary}
+doc["feed"] = load("feed.json")
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(doc, f, indent=1)
 rows = doc["compute"] if isinstance(doc["compute"], list) else doc["compute"].get("rows", [])
