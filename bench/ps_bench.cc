@@ -51,6 +51,7 @@
 #include "kernels/gemm_probe.hpp"
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
+#include "worker/binary_data.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/model.hpp"
@@ -1013,6 +1014,56 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
   return s > 0 ? samples / s : 0;
 }
 
+// A worker's reader alone (one thread, batches of 4096, deduplicated as the trainer's reader
+// does) over `file`: samples/s, or 0.
+double ReaderRate(const std::string& file) {
+  ReaderOptions ro;
+  ro.files = {file};
+  ro.batch_size = 4096;
+  ro.deduplicate = true;
+  const auto a = std::chrono::steady_clock::now();
+  BatchReader reader(ro);
+  uint64_t samples = 0;
+  while (true) {
+    Result<std::optional<Batch>> b = reader.Next();
+    if (!b.ok()) {
+      spdlog::error("reader bench: {}", b.status().ToString());
+      return 0;
+    }
+    if (!b->has_value()) break;
+    samples += (*b)->size;
+    reader.Recycle(std::move(**b));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  return s > 0 ? samples / s : 0;
+}
+
+// The reader over text and over its binary copy (parasol convert), both in the page cache. The
+// ceilings: reading the text file's bytes from the page cache, and copying the binary file's
+// bytes in memory (memcpy), each per row.
+void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row>* rows) {
+  const std::string bin = dir + "/reader.bin";
+  Result<ConvertReport> converted = ConvertCriteo(text, bin, true, DataOptions::OnBadRow::kFail);
+  if (!converted.ok() || converted->rows == 0) {
+    spdlog::error("reader bench: {}", converted.status().ToString());
+    return;
+  }
+  const double n = static_cast<double>(converted->rows);
+  FileReadBandwidth(text);  // into the page cache
+  FileReadBandwidth(bin);
+  const double text_gbs = FileReadBandwidth(text);
+  const double memcpy_gbs = MemcpyBandwidth(256 << 20, 3);
+  const double text_rate = ReaderRate(text), bin_rate = ReaderRate(bin);
+  const double text_bytes = static_cast<double>(std::filesystem::file_size(text));
+  const double bin_bytes = static_cast<double>(std::filesystem::file_size(bin));
+  rows->push_back({"reader_samples_per_s_text", text_rate, "samples/s",
+                   text_gbs * 1e9 / (text_bytes / n), "page_cache_read_per_row", std::nullopt});
+  rows->push_back({"reader_samples_per_s_binary", bin_rate, "samples/s",
+                   memcpy_gbs * 1e9 / (bin_bytes / n), "memcpy_per_row", std::nullopt});
+  std::error_code ec;
+  std::filesystem::remove(bin, ec);
+}
+
 // What the parameter-server path can feed a device: a worker's whole step with the model's
 // computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
 // shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
@@ -1033,21 +1084,30 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       spdlog::error("feed bench: {}", st.ToString());
       continue;
     }
+    if (tag == "dlrm_small") ReaderRows(data, dir, rows);
     const double one_shard = InProcessFeedRate(data, 4096);
     if (one_shard <= 0) continue;
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
+    // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
+    const std::string bin = dir + "/" + tag + ".bin";
+    const bool binary =
+        tag == "dlrm_small" && ConvertCriteo(data, bin, true, DataOptions::OnBadRow::kFail).ok();
     for (int shards : {1, 2}) {
       const uint32_t own = std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads)));
-      const std::string summary =
-          LaunchTraining(data, shards, 1, 4096, "worker: {compute: none}\n");
-      if (summary.empty()) {
-        spdlog::error("feed bench: the job with {} shards failed", shards);
-        continue;
+      for (bool from_bin : {false, true}) {
+        if (from_bin && !binary) continue;
+        const std::string summary = LaunchTraining(from_bin ? bin : data, shards, 1, 4096,
+                                                   "worker: {compute: none}\n");
+        if (summary.empty()) {
+          spdlog::error("feed bench: the job with {} shards failed", shards);
+          continue;
+        }
+        rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s" +
+                             (from_bin ? "_binary" : ""),
+                         JsonFigure(summary, "/samples_per_second"), "samples/s",
+                         one_shard * own, "shards_in_process_x" + std::to_string(own),
+                         std::nullopt});
       }
-      rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s",
-                       JsonFigure(summary, "/samples_per_second"), "samples/s",
-                       one_shard * own, "shards_in_process_x" + std::to_string(own),
-                       std::nullopt});
     }
   }
   std::error_code ec;

@@ -61,4 +61,7 @@ int RunWorker(const std::string& manifest_path, uint32_t rank, const std::string
 int RunGenData(uint64_t rows, const std::string& out, uint64_t seed,
                uint64_t vocabulary = 2000000);
 
+// parasol convert --in TEXT --out BINARY [--no-label] [--on-bad-row skip|fail]
+int RunConvert(const std::string& in, const std::string& out, bool has_label, bool fail_on_bad);
+
 }  // namespace parasol::cli

@@ -15,6 +15,7 @@
 #include "common/manifest.hpp"
 #include "common/metrics_server.hpp"
 #include "worker/backend.hpp"
+#include "worker/binary_data.hpp"
 #include "worker/data_generator.hpp"
 #include "worker/ps_client.hpp"
 #include "worker/trainer.hpp"
@@ -220,6 +221,24 @@ int RunGenData(uint64_t rows, const std::string& out, uint64_t seed, uint64_t vo
   }
   std::printf("wrote %llu Criteo-format rows to %s\n", static_cast<unsigned long long>(rows),
               out.c_str());
+  return 0;
+}
+
+int RunConvert(const std::string& in, const std::string& out, bool has_label, bool fail_on_bad) {
+  Result<ConvertReport> r =
+      ConvertCriteo(in, out, has_label,
+                    fail_on_bad ? DataOptions::OnBadRow::kFail : DataOptions::OnBadRow::kSkip);
+  if (!r.ok()) {
+    spdlog::error("{}", r.status().ToString());
+    return 1;
+  }
+  std::printf("wrote %llu rows of %s to %s (binary)", static_cast<unsigned long long>(r->rows),
+              in.c_str(), out.c_str());
+  if (r->bad_rows > 0) {
+    std::printf("; left out %llu malformed rows, the first at %s",
+                static_cast<unsigned long long>(r->bad_rows), r->first_bad.c_str());
+  }
+  std::printf("\n");
   return 0;
 }
 

@@ -7,7 +7,8 @@
 #      and TF32), each operation's device time per step, each of the model's products in TFLOP/s
 #      against cuBLAS's best algorithm for the same shape;
 #   4. an end-to-end training run with 2 servers and a CUDA worker on this machine, then the same
-#      without evaluation with 1, 2, 4 and 8 servers, at prefetch depth 0 (BSP) and 2 (SSP);
+#      from the data's binary copy without evaluation, with 1, 2, 4 and 8 servers, at prefetch
+#      depth 0 (BSP) and 2 (SSP);
 #   5. the feed benchmark (parasol_bench --only feed) on this machine's cores.
 # Writes gpu_check.log, gpu_check.json (every figure and result) and the step outputs to
 # ${OUT:-build}. Exits non-zero if any step failed.
@@ -146,8 +147,10 @@ data: {train: $work/train.tsv, eval: $work/eval.tsv}
 YAML
 step "end to end" 120 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
 
-# The same training with 1, 2, 4 and 8 shards on this machine's cores, without evaluation: BSP
-# (prefetch depth 0), and SSP with staleness 2 and two steps' pulls in flight (prefetch depth 2).
+# The same training with 1, 2, 4 and 8 shards on this machine's cores, from the data's binary
+# copy (parasol convert) and without evaluation: BSP (prefetch depth 0), and SSP with staleness 2
+# and two steps' pulls in flight (prefetch depth 2).
+step "binary data" 60 "$bin/parasol" convert --in "$work/train.tsv" --out "$work/train.bin"
 for n in 1 2 4 8; do
   for depth in 0 2; do
     servers=""
@@ -170,10 +173,10 @@ model:
   top: [64, 1]
   sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
   dense_optimizer: {kind: adam, lr: 0.001}
-data: {train: $work/train.tsv}
+data: {train: $work/train.bin}
 YAML
     step "end to end ${n}s prefetch $depth" 60 "$bin/parasol" launch \
-      "$work/job_${n}s_p${depth}.yaml" --summary "$out/gpu_e2e_${n}s_p${depth}.json"
+      "$work/job_${n}s_p${depth}.yaml" --summary "$work/gpu_e2e_${n}s_p${depth}.json"
   done
 done
 
@@ -184,12 +187,12 @@ step "feed benchmark" 120 "$bin/parasol_bench" --only feed --json "$out/feed.jso
 # One JSON of everything: the GPU, each step's exit code and time, the tests that failed, the
 # benchmark rows and the training summary.
 printf '%s\n' "${results[@]}" > "$out/steps.tsv"
-python3 - "$out" <<'PY' || echo "gpu_check: could not write gpu_check.json"
+python3 - "$out" "$work" <<'PY' || echo "gpu_check: could not write gpu_check.json"
 import json, os, sys
-out = sys.argv[1]
-def load(name):
+out, work = sys.argv[1], sys.argv[2]
+def load(name, folder=None):
     try:
-        with open(os.path.join(out, name)) as f:
+        with open(os.path.join(folder or out, name)) as f:
             return json.load(f)
     except Exception as e:
         return {"missing": str(e)}
@@ -209,7 +212,7 @@ doc["end_to_end"] = load("gpu_train.json")
 doc["end_to_end_shards"] = {}
 for n in (1, 2, 4, 8):
     for depth in (0, 2):
-        summary = load("gpu_e2e_%ds_p%d.json" % (n, depth))
+        summary = load("gpu_e2e_%ds_p%d.json" % (n, depth), work)
         doc["end_to_end_shards"]["gpu_e2e_b4096_%ds_p%d" % (n, depth)] = {
             k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
             if k in summary}

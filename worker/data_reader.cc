@@ -1,5 +1,7 @@
 #include "worker/data_reader.hpp"
 
+#include "worker/binary_data.hpp"
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -246,24 +248,45 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
   std::ifstream in;
   std::string line;
   bool too_long = false;
+  // A binary file (worker/binary_data.hpp) instead of `in`: its rows are its lines, and a
+  // cursor's line_no is the next row (its offset stays 0).
+  std::unique_ptr<BinaryData> bin;
+  uint64_t bin_row = 0;  // the row next_line(true) took from `bin`
   // The next line of the stream into `line` (skipped when `keep` is false); false at its end.
   auto next_line = [&](bool keep) -> Result<bool> {
     while (cur.epoch < options_.epochs && !options_.files.empty()) {
-      if (!in.is_open()) {
+      if (!in.is_open() && !bin) {
         const std::string& file = options_.files[cur.file];
-        in.clear();
-        in.open(file);
-        if (!in) {
-          return NotFound("cannot read data file '" + file + "': " + std::strerror(errno));
+        if (BinaryData::IsBinary(file)) {
+          PARASOL_ASSIGN_OR_RETURN(bin, BinaryData::Open(file));
+          if (options_.format != DataOptions::Format::kCriteo) {
+            return InvalidArgument("data file '" + file + "' is binary Criteo data (parasol "
+                                   "convert), and data.format is libsvm");
+          }
+          if (bin->has_label() != options_.has_label) {
+            return InvalidArgument(
+                "data file '" + file + "' is binary data " +
+                (bin->has_label() ? "with labels, read here as a file without them"
+                                  : "without labels, read here as a file with them"));
+          }
+        } else {
+          in.clear();
+          in.open(file);
+          if (!in) {
+            return NotFound("cannot read data file '" + file + "': " + std::strerror(errno));
+          }
+          if (cur.offset > 0) in.seekg(cur.offset);
         }
-        if (cur.offset > 0) in.seekg(cur.offset);
       }
-      const bool got = keep ? ReadRow(in, &line, &too_long) : SkipRow(in);
+      const bool got = bin ? cur.line_no < bin->rows()
+                           : (keep ? ReadRow(in, &line, &too_long) : SkipRow(in));
       if (got) {
+        if (bin) bin_row = cur.line_no;
         ++cur.line_no;
         ++cur.pos;
         return true;
       }
+      bin.reset();
       in.close();
       cur.offset = 0;
       cur.line_no = 0;
@@ -331,7 +354,11 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
         break;
       }
       Status st;
-      if (too_long) {
+      if (bin) {
+        // Rows of a binary file were checked when it was written: a failure is a damaged file.
+        st = bin->AppendRow(bin_row, &batch);
+        if (!st.ok()) return Finish(st);
+      } else if (too_long) {
         st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
       } else if (options_.format == DataOptions::Format::kCriteo) {
         st = ParseCriteoRow(line, options_.has_label, &batch);
