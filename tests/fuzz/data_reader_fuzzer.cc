@@ -2,11 +2,19 @@
 // reader's own line reader (with a small row limit, so over-long rows are reached too), and
 // each row is parsed as a Criteo row with and without its label and as a libsvm row. Whatever
 // a parser accepts must leave the batch consistent; whatever it refuses must leave it as it was.
+// Bytes that start as binary data (worker/binary_data.hpp) are also opened as a binary file
+// (through a memfd, no disk) and every row it claims is read: each accepted row must leave the
+// batch consistent, and a refused one (its block's checksum) must leave it as it was.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 
+#include "worker/binary_data.hpp"
 #include "worker/data_reader.hpp"
 
 namespace {
@@ -25,9 +33,41 @@ void CheckBatch(const Batch& b) {
   }
 }
 
+void FuzzBinary(const uint8_t* data, size_t size) {
+  const int fd = ::memfd_create("binary_data", MFD_CLOEXEC);
+  if (fd < 0) return;
+  if (::write(fd, data, size) != static_cast<ssize_t>(size)) {
+    ::close(fd);
+    return;
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  auto file = parasol::BinaryData::Open(path);
+  if (file.ok()) {
+    // Open checked the size against the rows, so every row it claims lies in the file.
+    if ((*file)->rows() > size) std::abort();
+    Batch b;
+    b.Clear();
+    for (uint64_t r = 0; r < (*file)->rows(); ++r) {
+      const uint32_t before = b.size;
+      const parasol::Status st = (*file)->AppendRow(r, &b);
+      if (b.size != before + (st.ok() ? 1 : 0)) std::abort();
+      if (!st.ok() && st.message().find(path) == std::string::npos) std::abort();
+      CheckBatch(b);
+    }
+    if ((*file)->AppendRow((*file)->rows(), &b).ok()) std::abort();  // past the end
+  } else if (file.status().message().find(path) == std::string::npos) {
+    std::abort();  // every refusal names the file
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size >= sizeof(parasol::kBinaryDataMagic) &&
+      std::memcmp(data, parasol::kBinaryDataMagic, sizeof(parasol::kBinaryDataMagic)) == 0) {
+    FuzzBinary(data, size);
+  }
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
   Batch criteo, unlabeled, libsvm;
   criteo.Clear();

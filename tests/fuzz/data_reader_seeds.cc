@@ -1,11 +1,12 @@
 // Writes valid data files as the seed corpus of data_reader_fuzzer: rows of the Criteo
 // generator, the same rows without their labels (Criteo's test-file layout), and as libsvm
-// rows. Usage: fuzz_data_reader_seeds FOLDER
+// rows, and binary copies of the first two. Usage: fuzz_data_reader_seeds FOLDER
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "worker/binary_data.hpp"
 #include "worker/data_generator.hpp"
 
 int main(int argc, char** argv) {
@@ -36,5 +37,12 @@ int main(int argc, char** argv) {
     libsvm << s.str() << "\n";
     crlf << s.str() << "\r\n";
   }
-  return unlabeled && libsvm && crlf ? 0 : 1;
+  unlabeled.close();
+  // Binary copies (parasol convert): blocks of 3 rows, so the last one is short.
+  const auto binary = parasol::ConvertCriteo(dir + "/criteo", dir + "/criteo.bin", true,
+                                             parasol::DataOptions::OnBadRow::kFail, 3);
+  const auto binary_unlabeled =
+      parasol::ConvertCriteo(dir + "/criteo-unlabeled", dir + "/criteo-unlabeled.bin", false,
+                             parasol::DataOptions::OnBadRow::kFail, 3);
+  return unlabeled && libsvm && crlf && binary.ok() && binary_unlabeled.ok() ? 0 : 1;
 }
