@@ -908,6 +908,29 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows) {
   }
 }
 
+// Calls fn on each batch of `file` at `batch_size`, deduplicated as the trainer's reader does;
+// the samples read, or -1 (logged under `what`) when the reader fails.
+int64_t ForEachBatch(const std::string& file, uint32_t batch_size, const char* what,
+                     const std::function<void(const Batch&)>& fn) {
+  ReaderOptions ro;
+  ro.files = {file};
+  ro.batch_size = batch_size;
+  ro.deduplicate = true;
+  BatchReader reader(ro);
+  int64_t samples = 0;
+  while (true) {
+    Result<std::optional<Batch>> b = reader.Next();
+    if (!b.ok()) {
+      spdlog::error("{}: {}", what, b.status().ToString());
+      return -1;
+    }
+    if (!b->has_value()) return samples;
+    samples += (*b)->size;
+    fn(**b);
+    reader.Recycle(std::move(**b));
+  }
+}
+
 // The feed ceiling: the rows and dense tensors a worker's steps pull and push, handled by one
 // shard in this process (no sockets, no worker), with the job's server settings (its engine
 // threads): dlrm-small's tables, each batch of `data` at `batch`, its distinct keys pulled and
@@ -965,22 +988,9 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
     }
   };
   // Every message first (not timed), from the batches as a worker reads them.
-  ReaderOptions ro;
-  ro.files = {data};
-  ro.batch_size = batch;
-  ro.deduplicate = true;
-  BatchReader reader(ro);
   std::vector<std::vector<zmq::message_t>> messages;
-  uint64_t samples = 0;
-  while (true) {
-    Result<std::optional<Batch>> b = reader.Next();
-    if (!b.ok()) {
-      spdlog::error("feed bench: {}", b.status().ToString());
-      return 0;
-    }
-    if (!b->has_value()) break;
-    samples += (*b)->size;
-    const std::vector<uint64_t>& keys = (*b)->distinct.unique;
+  const int64_t samples = ForEachBatch(data, batch, "feed bench", [&](const Batch& b) {
+    const std::vector<uint64_t>& keys = b.distinct.unique;
     for (Op op : {Op::PullSparse, Op::PushSparse}) {
       std::vector<zmq::message_t> frames;
       frames.emplace_back("w0", 2);
@@ -1002,7 +1012,8 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
         messages.push_back(std::move(frames));
       }
     }
-  }
+  });
+  if (samples <= 0) return 0;
   const auto a = std::chrono::steady_clock::now();
   for (auto& frames : messages) shard.HandleMessage(frames);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
@@ -1017,25 +1028,10 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
 // A worker's reader alone (one thread, batches of 4096, deduplicated as the trainer's reader
 // does) over `file`: samples/s, or 0.
 double ReaderRate(const std::string& file) {
-  ReaderOptions ro;
-  ro.files = {file};
-  ro.batch_size = 4096;
-  ro.deduplicate = true;
   const auto a = std::chrono::steady_clock::now();
-  BatchReader reader(ro);
-  uint64_t samples = 0;
-  while (true) {
-    Result<std::optional<Batch>> b = reader.Next();
-    if (!b.ok()) {
-      spdlog::error("reader bench: {}", b.status().ToString());
-      return 0;
-    }
-    if (!b->has_value()) break;
-    samples += (*b)->size;
-    reader.Recycle(std::move(**b));
-  }
+  const int64_t samples = ForEachBatch(file, 4096, "reader bench", [](const Batch&) {});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-  return s > 0 ? samples / s : 0;
+  return samples > 0 && s > 0 ? samples / s : 0;
 }
 
 // The reader over text and over its binary copy (parasol convert), both in the page cache. The

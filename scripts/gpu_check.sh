@@ -129,12 +129,13 @@ step "compute benchmark" 200 "$bin/parasol_bench" --only compute --json "$out/co
 
 step "training data" 60 "$bin/parasol" gen-data --rows 400000 --seed 1 --out "$work/train.tsv"
 step "eval data" 30 "$bin/parasol" gen-data --rows 50000 --seed 2 --out "$work/eval.tsv"
-ports=(47410 47411)
-cat > "$work/job.yaml" <<YAML
+# job_yaml FILE SERVERS TRAINING DATA: a dlrm-small job with one CUDA worker at batch 4096.
+job_yaml() {
+  cat > "$1" <<YAML
 cluster:
-  servers: [127.0.0.1:${ports[0]}, 127.0.0.1:${ports[1]}]
+  servers: [$2]
   workers: 1
-training: {consistency: bsp, batch_size: 4096, epochs: 1, progress_every: 1h}
+training: {$3, batch_size: 4096, epochs: 1, progress_every: 1h}
 worker: {device: cuda}
 model:
   kind: dlrm
@@ -143,8 +144,11 @@ model:
   top: [64, 1]
   sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
   dense_optimizer: {kind: adam, lr: 0.001}
-data: {train: $work/train.tsv, eval: $work/eval.tsv}
+data: {$4}
 YAML
+}
+job_yaml "$work/job.yaml" "127.0.0.1:47410, 127.0.0.1:47411" "consistency: bsp" \
+  "train: $work/train.tsv, eval: $work/eval.tsv"
 step "end to end" 120 "$bin/parasol" launch "$work/job.yaml" --summary "$out/gpu_train.json"
 
 # The same training with 1, 2, 4 and 8 shards on this machine's cores, from the data's binary
@@ -160,21 +164,7 @@ for n in 1 2 4 8; do
     else
       training="consistency: ssp, staleness: 2, prefetch_depth: 2"
     fi
-    cat > "$work/job_${n}s_p${depth}.yaml" <<YAML
-cluster:
-  servers: [$servers]
-  workers: 1
-training: {$training, batch_size: 4096, epochs: 1, progress_every: 1h}
-worker: {device: cuda}
-model:
-  kind: dlrm
-  embedding_dim: 16
-  bottom: [64, 16]
-  top: [64, 1]
-  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}
-  dense_optimizer: {kind: adam, lr: 0.001}
-data: {train: $work/train.bin}
-YAML
+    job_yaml "$work/job_${n}s_p${depth}.yaml" "$servers" "$training" "train: $work/train.bin"
     step "end to end ${n}s prefetch $depth" 60 "$bin/parasol" launch \
       "$work/job_${n}s_p${depth}.yaml" --summary "$work/gpu_e2e_${n}s_p${depth}.json"
   done

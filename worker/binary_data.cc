@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +59,13 @@ bool BinaryData::IsBinary(const std::string& path) {
   in.read(magic, sizeof(magic));
   return in.gcount() == sizeof(magic) &&
          std::memcmp(magic, kBinaryDataMagic, sizeof(magic)) == 0;
+}
+
+bool BinaryData::LooksBinary(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[kHeaderBytes] = {};
+  in.read(head, sizeof(head));
+  return std::memchr(head, '\0', static_cast<size_t>(in.gcount())) != nullptr;
 }
 
 Result<std::unique_ptr<BinaryData>> BinaryData::Open(const std::string& path) {
@@ -144,11 +152,32 @@ Status BinaryData::AppendRow(uint64_t row, Batch* batch) {
   const char* block = data_ + BlockOffset(b);
   if (!checked_[b]) {
     const uint64_t bytes = n * kRowBytes;
+    const std::string where = "binary data file '" + path_ + "': block " + std::to_string(b) +
+                              " (rows " + std::to_string(b * block_rows_) + " to " +
+                              std::to_string(b * block_rows_ + n - 1) + ")";
     if (XXH3_64bits(block, bytes) != Load<uint64_t>(block + bytes)) {
-      return InvalidArgument("binary data file '" + path_ + "': block " + std::to_string(b) +
-                      " (rows " + std::to_string(b * block_rows_) + " to " +
-                      std::to_string(b * block_rows_ + n - 1) +
-                      ") fails its checksum (write it again with `parasol convert`)");
+      return InvalidArgument(where + " fails its checksum (write it again with `parasol "
+                             "convert`)");
+    }
+    // What the text reader could have made: labels 0 or 1 (0 without labels), dense features
+    // log(1 + max(x, 0)): finite and >= 0.
+    for (uint64_t r = 0; r < n; ++r) {
+      const float label = Load<float>(block + r * sizeof(float));
+      if (!(label == 0.0f || (has_label_ && label == 1.0f))) {
+        return InvalidArgument(where + ": row " + std::to_string(b * block_rows_ + r) +
+                               " has label " + std::to_string(label));
+      }
+    }
+    const char* dense = block + n * sizeof(float);
+    for (uint64_t i = 0; i < n * kCriteoDenseFeatures; ++i) {
+      const float x = Load<float>(dense + i * sizeof(float));
+      if (!std::isfinite(x) || x < 0.0f) {
+        return InvalidArgument(where + ": row " +
+                               std::to_string(b * block_rows_ + i / kCriteoDenseFeatures) +
+                               " has dense feature I" +
+                               std::to_string(i % kCriteoDenseFeatures + 1) + " = " +
+                               std::to_string(x) + " (not a log(1 + x) of x >= 0)");
+      }
     }
     checked_[b] = 1;
   }
@@ -173,6 +202,14 @@ Status BinaryData::AppendRow(uint64_t row, Batch* batch) {
 Result<ConvertReport> ConvertCriteo(const std::string& in, const std::string& out, bool has_label,
                                     DataOptions::OnBadRow on_bad_row, uint32_t block_rows) {
   if (block_rows == 0) return InvalidArgument("convert: block_rows must be at least 1");
+  std::error_code same_ec;
+  if (std::filesystem::equivalent(in, out, same_ec)) {
+    return InvalidArgument("convert: '" + out + "' is the text file itself");
+  }
+  if (std::error_code ec; !std::filesystem::is_regular_file(in, ec)) {
+    return NotFound("cannot read data file '" + in + "': " +
+                    (ec ? ec.message() : std::string("not a regular file")));
+  }
   std::ifstream text(in, std::ios::binary);
   if (!text) return NotFound("cannot read data file '" + in + "': " + std::strerror(errno));
   if (BinaryData::IsBinary(in)) {
@@ -212,7 +249,20 @@ Result<ConvertReport> ConvertCriteo(const std::string& in, const std::string& ou
   };
   std::string line;
   bool too_long = false;
-  for (uint64_t line_no = 1; ReadRow(text, &line, &too_long); ++line_no) {
+  uint64_t line_no = 1;
+  // A read error surfaces from the stream buffer as an exception (libstdc++).
+  auto read_row = [&]() -> Result<bool> {
+    try {
+      return ReadRow(text, &line, &too_long);
+    } catch (const std::exception& e) {
+      return IoError("cannot read data file '" + in + "' at line " + std::to_string(line_no) +
+                     ": " + e.what());
+    }
+  };
+  for (;; ++line_no) {
+    Result<bool> got = read_row();
+    if (!got.ok()) return fail(got.status());
+    if (!*got) break;
     Status row = too_long ? InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) +
                                             " bytes")
                           : ParseCriteoRow(line, has_label, &batch);

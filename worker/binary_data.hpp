@@ -11,8 +11,20 @@
 //     the XXH3-64 of the 56 bytes before it (u64);
 //   then block b of the rows [b * block_rows, min(rows, (b + 1) * block_rows)), n rows:
 //     labels f32[n], dense f32[n * 13], keys u64[n * 26], the XXH3-64 of those bytes (u64).
-// A block's checksum is checked the first time a reader takes a row of it: a changed byte, a
-// short file or a bad header is refused with the file (and the block) named.
+// A block is checked the first time a reader takes a row of it: its checksum, and its values
+// (labels 0 or 1, or 0 without labels; dense features finite and >= 0, as the text reader makes
+// them), so a file written by other means cannot feed what text cannot. A changed byte, a short
+// file, a bad header or a value out of range is refused with the file (and the block) named.
+// A file that starts with a NUL-bearing header but not the magic is refused as damaged binary
+// data, not read as text.
+//
+// The file is mapped: a process that cuts it short or rewrites it in place while a worker reads
+// it kills that worker (SIGBUS). `parasol convert` replaces a file by renaming a new one over it,
+// which is safe; do not truncate or overwrite a binary file a job is reading.
+//
+// Malformed text rows are left out of the copy (and counted), so when the text has any, the
+// rows after them sit at other positions than in the text: which worker reads which row, and
+// --trace-rows' positions, differ from the text's. Clean text gives exactly the text's batches.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +46,9 @@ class BinaryData {
   // Whether `path` starts with the magic (a file that cannot be read is not binary: the text
   // reader then says why it cannot read it).
   static bool IsBinary(const std::string& path);
+  // Whether `path` is no text either: a NUL byte in its first 64 bytes (Criteo and libsvm text
+  // have none), as in a binary file whose magic was damaged.
+  static bool LooksBinary(const std::string& path);
   // Maps the file and checks its header and size.
   static Result<std::unique_ptr<BinaryData>> Open(const std::string& path);
   ~BinaryData();

@@ -269,6 +269,10 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
                 (bin->has_label() ? "with labels, read here as a file without them"
                                   : "without labels, read here as a file with them"));
           }
+        } else if (BinaryData::LooksBinary(file)) {
+          return InvalidArgument("data file '" + file + "' is neither text nor binary data of "
+                                 "`parasol convert` (a NUL byte in its first 64 bytes, and no "
+                                 "PARASOLB magic): a damaged binary file?");
         } else {
           in.clear();
           in.open(file);

@@ -1,5 +1,7 @@
 #include "worker/trainer.hpp"
 
+#include "worker/binary_data.hpp"
+
 #include <array>
 #include <cmath>
 #include <chrono>
@@ -102,6 +104,10 @@ double Since(SteadyClock::time_point t) {
 uint64_t EstimateLines(const std::vector<std::string>& files) {
   uint64_t lines = 0;
   for (const std::string& f : files) {
+    if (BinaryData::IsBinary(f)) {  // its header says (worker/binary_data.hpp)
+      if (auto d = BinaryData::Open(f); d.ok()) lines += (*d)->rows();
+      continue;
+    }
     std::error_code ec;
     const uint64_t size = std::filesystem::file_size(f, ec);
     if (ec || size == 0) continue;

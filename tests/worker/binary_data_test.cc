@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -96,10 +101,95 @@ TEST_F(BinaryDataTest, AWorkerReadsTheSameBatchesFromBinaryAsFromText) {
   for (uint32_t rank = 0; rank < 2; ++rank) {
     auto t = ReadBatches(text_, rank, 2, 2);
     auto b = ReadBatches(bin_, rank, 2, 2);
-    ASSERT_TRUE(t.ok() && b.ok());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
     ASSERT_GT(t->size(), 10u);
     ExpectSameBatches(*t, *b);
   }
+}
+
+TEST_F(BinaryDataTest, EvaluationUnlabeledFilesAndMixedListsReadAsTheirText) {
+  ASSERT_TRUE(ConvertCriteo(text_, bin_, true, DataOptions::OnBadRow::kFail, 1000).ok());
+  // Evaluation reads a whole file (ReadAll).
+  uint64_t bad_text = 1, bad_bin = 1;
+  auto t = ReadAll(DataOptions::Format::kCriteo, text_, 512, true, &bad_text);
+  auto b = ReadAll(DataOptions::Format::kCriteo, bin_, 512, true, &bad_bin);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(bad_text, 0u);
+  EXPECT_EQ(bad_bin, 0u);
+  ExpectSameBatches(*t, *b);
+  // A file without labels (Criteo's test layout, 39 fields), written with --no-label.
+  const std::string unlabeled = dir_ + "/test.tsv", unlabeled_bin = dir_ + "/test.bin";
+  {
+    std::ifstream in(text_);
+    std::ofstream out(unlabeled);
+    std::string line;
+    while (std::getline(in, line)) out << line.substr(line.find('\t') + 1) << "\n";
+  }
+  ASSERT_TRUE(
+      ConvertCriteo(unlabeled, unlabeled_bin, false, DataOptions::OnBadRow::kFail, 999).ok());
+  auto ut = ReadAll(DataOptions::Format::kCriteo, unlabeled, 512, false, nullptr);
+  auto ub = ReadAll(DataOptions::Format::kCriteo, unlabeled_bin, 512, false, nullptr);
+  ASSERT_TRUE(ut.ok()) << ut.status().ToString();
+  ASSERT_TRUE(ub.ok()) << ub.status().ToString();
+  ASSERT_EQ(ut->size(), 10u);
+  ExpectSameBatches(*ut, *ub);
+  // data.train as a list of text and binary files, over two epochs.
+  ReaderOptions mixed;
+  mixed.files = {text_, bin_, text_};
+  mixed.batch_size = 300;
+  mixed.epochs = 2;
+  ReaderOptions all_text = mixed;
+  all_text.files = {text_, text_, text_};
+  for (ReaderOptions* o : {&mixed, &all_text}) o->rank = 1, o->workers = 3;
+  BatchReader a(mixed), c(all_text);
+  std::vector<Batch> from_mixed, from_text;
+  for (auto [reader, out] : {std::pair{&a, &from_mixed}, std::pair{&c, &from_text}}) {
+    while (true) {
+      auto next = reader->Next();
+      ASSERT_TRUE(next.ok()) << next.status().ToString();
+      if (!*next) break;
+      out->push_back(std::move(**next));
+    }
+  }
+  ASSERT_GT(from_text.size(), 30u);
+  ExpectSameBatches(from_text, from_mixed);
+}
+
+TEST_F(BinaryDataTest, ValuesTheTextReaderCannotMakeAreRefused) {
+  ASSERT_TRUE(ConvertCriteo(text_, bin_, true, DataOptions::OnBadRow::kFail, 1000).ok());
+  const std::string good = ReadFile(bin_);
+  // Row 1001's label (block 1, its second row) and a dense feature of row 2000, each written
+  // with the block's checksum made again: only the values' check can refuse them.
+  auto rewrite = [&](uint64_t block, uint64_t offset_in_block, float value) {
+    std::string bytes = good;
+    const uint64_t start = 64 + block * BinaryBlockBytes(1000);
+    std::memcpy(&bytes[start + offset_in_block], &value, sizeof(value));
+    const uint64_t sum = XXH3_64bits(bytes.data() + start, 1000 * 264);
+    std::memcpy(&bytes[start + 1000 * 264], &sum, sizeof(sum));
+    std::ofstream(bin_, std::ios::binary | std::ios::trunc) << bytes;
+    auto b = ReadBatches(bin_);
+    return b.ok() ? std::string() : b.status().message();
+  };
+  std::string e = rewrite(1, 1 * sizeof(float), 0.5f);
+  EXPECT_NE(e.find("block 1 (rows 1000 to 1999): row 1001 has label 0.5"), std::string::npos)
+      << e;
+  e = rewrite(2, 1000 * sizeof(float) + 3 * sizeof(float), std::nanf(""));
+  EXPECT_NE(e.find("block 2 (rows 2000 to 2999): row 2000 has dense feature I4 = nan"),
+            std::string::npos)
+      << e;
+  e = rewrite(2, 1000 * sizeof(float), -1.0f);
+  EXPECT_NE(e.find("row 2000 has dense feature I1 = -1"), std::string::npos) << e;
+  // A binary file whose magic was damaged is not read as text.
+  std::string bytes = good;
+  bytes[0] = 'X';
+  std::ofstream(bin_, std::ios::binary | std::ios::trunc) << bytes;
+  auto b = ReadBatches(bin_);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("neither text nor binary data"), std::string::npos)
+      << b.status().ToString();
+  EXPECT_NE(b.status().message().find(bin_), std::string::npos);
 }
 
 TEST_F(BinaryDataTest, MalformedRowsAreLeftOutAndCountedOrEndTheConversion) {
@@ -181,6 +271,14 @@ TEST_F(BinaryDataTest, AFileWithoutLabelsIsNotReadAsOneWithThem) {
   ASSERT_FALSE(l.ok());
   EXPECT_NE(l.status().message().find("data.format is libsvm"), std::string::npos)
       << l.status().ToString();
+  // A folder is no text file, and a text file is not overwritten by its own copy.
+  auto folder = ConvertCriteo(dir_, dir_ + "/x.bin", true, DataOptions::OnBadRow::kFail);
+  ASSERT_FALSE(folder.ok());
+  EXPECT_NE(folder.status().message().find("not a regular file"), std::string::npos)
+      << folder.status().ToString();
+  auto itself = ConvertCriteo(text_, text_, true, DataOptions::OnBadRow::kFail);
+  ASSERT_FALSE(itself.ok());
+  EXPECT_NE(itself.status().message().find("is the text file itself"), std::string::npos);
   // Converting a binary file again is refused.
   auto again = ConvertCriteo(bin_, dir_ + "/again.bin", true, DataOptions::OnBadRow::kFail);
   ASSERT_FALSE(again.ok());
