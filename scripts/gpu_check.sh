@@ -5,10 +5,11 @@
 #   2. compute-sanitizer (memcheck, racecheck) over the kernels' own tests, where it is there;
 #   3. the compute benchmark: dlrm-small steps of the backend alone at batch 4096 and 16384 (fp32
 #      and TF32), each operation's device time per step, each of the model's products in TFLOP/s
-#      against cuBLAS's best algorithm for the same shape;
+#      against the fastest configuration an exhaustive cuBLASLt search finds for the same shape;
 #   4. an end-to-end training run with 2 servers and a CUDA worker on this machine, then the same
 #      from the data's binary copy without evaluation, with 1, 2, 4 and 8 servers, at prefetch
-#      depth 0 (BSP) and 2 (SSP);
+#      depth 0 (BSP) and 2 (SSP), and with 2 and 4 CUDA workers sharing the GPU in front of 8
+#      servers;
 #   5. the feed benchmark (parasol_bench --only feed) on this machine's cores.
 # Writes gpu_check.log, gpu_check.json (every figure and result) and the step outputs to
 # ${OUT:-build}. Exits non-zero if any step failed.
@@ -125,16 +126,17 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
 else
   echo "=== compute-sanitizer: not on this machine, skipped"
 fi
-step "compute benchmark" 200 "$bin/parasol_bench" --only compute --json "$out/compute.json"
+step "compute benchmark" 240 "$bin/parasol_bench" --only compute --json "$out/compute.json"
 
-step "training data" 60 "$bin/parasol" gen-data --rows 400000 --seed 1 --out "$work/train.tsv"
+step "training data" 60 "$bin/parasol" gen-data --rows 1600000 --seed 1 --out "$work/train.tsv"
 step "eval data" 30 "$bin/parasol" gen-data --rows 50000 --seed 2 --out "$work/eval.tsv"
-# job_yaml FILE SERVERS TRAINING DATA: a dlrm-small job with one CUDA worker at batch 4096.
+# job_yaml FILE SERVERS TRAINING DATA [WORKERS]: a dlrm-small job with CUDA workers (one unless
+# WORKERS says otherwise) at batch 4096.
 job_yaml() {
   cat > "$1" <<YAML
 cluster:
   servers: [$2]
-  workers: 1
+  workers: ${5:-1}
 training: {$3, batch_size: 4096, epochs: 1, progress_every: 1h}
 worker: {device: cuda}
 model:
@@ -167,6 +169,22 @@ for n in 1 2 4 8; do
     job_yaml "$work/job_${n}s_p${depth}.yaml" "$servers" "$training" "train: $work/train.bin"
     step "end to end ${n}s prefetch $depth" 60 "$bin/parasol" launch \
       "$work/job_${n}s_p${depth}.yaml" --summary "$work/gpu_e2e_${n}s_p${depth}.json"
+  done
+done
+
+# Several workers on the one GPU, each with its own request path, in front of 8 shards.
+for w in 2 4; do
+  for depth in 0 2; do
+    servers=""
+    for ((i = 0; i < 8; ++i)); do servers+="${servers:+, }127.0.0.1:$((47440 + i))"; done
+    if [ "$depth" -eq 0 ]; then
+      training="consistency: bsp"
+    else
+      training="consistency: ssp, staleness: 2, prefetch_depth: 2"
+    fi
+    job_yaml "$work/job_8s_${w}w_p${depth}.yaml" "$servers" "$training" "train: $work/train.bin" "$w"
+    step "end to end 8s ${w} workers prefetch $depth" 60 "$bin/parasol" launch \
+      "$work/job_8s_${w}w_p${depth}.yaml" --summary "$work/gpu_e2e_8s_${w}w_p${depth}.json"
   done
 done
 
@@ -204,6 +222,12 @@ for n in (1, 2, 4, 8):
     for depth in (0, 2):
         summary = load("gpu_e2e_%ds_p%d.json" % (n, depth), work)
         doc["end_to_end_shards"]["gpu_e2e_b4096_%ds_p%d" % (n, depth)] = {
+            k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
+            if k in summary}
+for w in (2, 4):
+    for depth in (0, 2):
+        summary = load("gpu_e2e_8s_%dw_p%d.json" % (w, depth), work)
+        doc["end_to_end_shards"]["gpu_e2e_b4096_8s_%dw_p%d" % (w, depth)] = {
             k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
             if k in summary}
 doc["feed"] = load("feed.json")
