@@ -1,4 +1,4 @@
-"""Parasol from Python: a parameter-server client on NumPy arrays (README, "From Python").
+"""Parasol from Python: a parameter-server client on NumPy arrays (docs/python-api.md).
 
     import parasol
     manifest = parasol.load_manifest("job.yaml")
@@ -107,22 +107,52 @@ class Client(_Client):
         return False
 
 
+def _installed_next_to_package():
+    """The `parasol` program of the prefix this package is installed in: a `bin/parasol` in a
+    folder above the package's own (PREFIX/lib/python3.X/dist-packages/parasol puts it at
+    PREFIX/bin/parasol), the nearest first; None when there is none."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    while True:
+        up = os.path.dirname(folder)
+        if up == folder:
+            return None
+        folder = up
+        candidate = os.path.join(folder, "bin", "parasol")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+
+
 def find_binary(binary=None):
-    """The `parasol` program: `binary`, $PARASOL_BIN, the build tree's or the installed one, or
-    the one on PATH."""
+    """The `parasol` program. Tried in order: `binary`; $PARASOL_BIN; for a package imported
+    from a build tree, that build's program; for an installed package, the program installed
+    with it (a `bin/parasol` in a folder above the package's, as PREFIX/bin/parasol is for
+    PREFIX/lib/python3.X/dist-packages/parasol), then the path the build meant to install it
+    at; last, `parasol` on PATH. Raises parasol.Error naming every place tried."""
     build, installed = (list(_parasol._binaries) + [None, None])[:2]
     # The build tree's program for the build tree's module; the installed one otherwise.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     from_build = os.path.abspath(getattr(_parasol, "_build_python_dir", "")) == here
-    candidates = [binary, os.environ.get("PARASOL_BIN")] + (
-        [build, installed] if from_build else [installed])
-    for c in candidates:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+    tried = []
+    candidates = [("the argument", binary), ("$PARASOL_BIN", os.environ.get("PARASOL_BIN"))]
+    if from_build:
+        candidates.append(("the build tree's", build))
+    else:
+        candidates.append(("next to the package", _installed_next_to_package()))
+        candidates.append(("the install path", installed))
+    for what, c in candidates:
+        if not c:
+            if what == "next to the package":
+                tried.append("no bin/parasol above " + os.path.dirname(os.path.abspath(__file__)))
+            continue
+        if os.path.isfile(c) and os.access(c, os.X_OK):
             return c
+        tried.append(f"{what} {c}")
     found = shutil.which("parasol")
     if found:
         return found
-    raise Error("cannot find the parasol program: set PARASOL_BIN or put it on PATH")
+    tried.append("PATH")
+    raise Error("cannot find the parasol program (tried: " + "; ".join(tried) +
+                "): pass binary=, set PARASOL_BIN or put it on PATH")
 
 
 def _manifest_path(manifest):

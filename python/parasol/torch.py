@@ -1,4 +1,4 @@
-"""PyTorch modules whose parameters live on Parasol's servers (README, "From Python").
+"""PyTorch modules whose parameters live on Parasol's servers (docs/python-api.md).
 
 ShardedEmbeddingBag / ShardedEmbedding: the table stays on the shards. forward() pulls the
 batch's distinct rows (one request per shard; rows pulled ahead with pull_async() or
