@@ -79,6 +79,8 @@ parasol_install_test_deps() {
 
 parasol_build() {
   local build_type="${1:-Release}"
-  cmake -S "$PARASOL_ROOT" -B "$PARASOL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE="$build_type"
+  # PARASOL_WERROR=ON (the test command sets it under CI) makes warnings errors.
+  cmake -S "$PARASOL_ROOT" -B "$PARASOL_BUILD" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
+    -DPARASOL_WERROR="${PARASOL_WERROR:-OFF}"
   cmake --build "$PARASOL_BUILD" -j "$(nproc)"
 }

@@ -16,8 +16,16 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PARASOL_PACKAGES+=(python3-pytest python3-torch)
 parasol_install_deps
 parasol_install_test_deps
+# Under CI (CI set), compiler warnings are errors.
+if [ -n "${CI:-}" ]; then export PARASOL_WERROR=ON; fi
 parasol_build Release
 # The fuzzers' own build folder (clang, ASan + UBSan); their ctest entries run them.
 bash "$PARASOL_ROOT/scripts/fuzz.sh" build
 cd "$PARASOL_BUILD"
-ctest --output-on-failure -j "$(nproc)" --timeout 600 "${skip_long[@]}" "$@"
+# ctest shows a skipped test only as "(Skipped)": its reason is printed after the run.
+rc=0
+mkdir -p Testing
+ctest --output-on-failure -j "$(nproc)" --timeout 600 "${skip_long[@]}" "$@" 2>&1 |
+  tee Testing/ctest-output.txt || rc=$?
+/usr/bin/python3 "$PARASOL_ROOT/scripts/skip_reasons.py" . Testing/ctest-output.txt || true
+exit "$rc"

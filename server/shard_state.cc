@@ -471,8 +471,9 @@ Status ShardState::SavePending(const CheckpointBlockSink& sink) const {
         if (!sums) continue;
         b.kind = static_cast<uint32_t>(Kind::kPendingDenseOf);
         b.count = dense_[t]->slice().size();
-        const char* p = reinterpret_cast<const char*>(sums);
-        b.bytes.insert(b.bytes.end(), p, p + b.count * sizeof(float));
+        const size_t at = b.bytes.size();
+        b.bytes.resize(at + b.count * sizeof(float));
+        std::memcpy(b.bytes.data() + at, sums, b.count * sizeof(float));
       }
       PARASOL_RETURN_IF_ERROR(sink(b));
     }

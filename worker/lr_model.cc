@@ -61,7 +61,8 @@ class LrModel : public Model {
     // step (which may still read it) must be done.
     if (!shared && (dev_in_.size() * sizeof(float) < sl.layout.size() ||
                     dev_out_.size() * sizeof(float) < out.layout.size())) {
-      backend_->WaitMark(slot ^ 1);
+      // A backend error is sticky: Finish() returns it, and the calls until then are skipped.
+      if (!backend_->WaitMark(slot ^ 1).ok()) return;
       if (dev_in_.size() * sizeof(float) < sl.layout.size()) {
         dev_in_ = backend_->Allocate(sl.layout.size() / sizeof(float) + 1);
       }
@@ -195,7 +196,9 @@ class LrModel : public Model {
                                kCriteoDenseFeatures),
         std::span<const float>(At<float>(outs_[s].host.data(), outs_[s].dense[1]), 1)};
     if (occ_.size() < max_keys) {
-      backend_->WaitMark(s ^ 1);  // the other slot's step may still use them
+      // The other slot's step may still use them. A backend error is sticky: Finish() returns
+      // it.
+      if (!backend_->WaitMark(s ^ 1).ok()) return;
       row_start_ = backend_->Allocate(size_t{max_keys} + 1);
       occ_ = backend_->Allocate(max_keys);
       hot_ = backend_->Allocate(max_keys / kHotRowKeys + 1);

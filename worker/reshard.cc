@@ -195,12 +195,15 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
       uint64_t cursor = 0;
       bool first = true;
       // The next page is read while this one's rows are installed.
-      std::optional<Mover::Pending> next;
+      // (A flag beside a plain Pending rather than an optional: GCC 12 takes the optional's
+      // fields for uninitialized.)
+      Mover::Pending next;
+      bool reading_ahead = false;
       while (true) {
         Result<PsClient::Reply> got =
-            next ? mover.Page(*next)
+            reading_ahead ? mover.Page(next)
                  : mover.Call(s, kExport, t, cursor, 0, nullptr, nullptr, 1, since);
-        next.reset();
+        reading_ahead = false;
         if (!got.ok()) {
           return got.status().WithContext("shard " + std::to_string(s) +
                                           ", reading the rows that move");
@@ -208,7 +211,6 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         PsClient::Reply page = std::move(*got);
         const uint64_t epoch = page.header.server_epoch;
         if (!SameGeneration(page.header, ahead_state, state)) {
-          if (next) mover.Abandon(*next);
           return Status::Ok();
         }
         // Another process than the one read ahead, or than the one this copy began with: read
@@ -264,6 +266,7 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
         }
         if (!page.header.done) {
           next = mover.StartExport(s, t, page.header.offset, since);
+          reading_ahead = true;
           page.frames.clear();  // copied out above
         }
         for (uint32_t d = 0; d < listed; ++d) {
@@ -278,7 +281,7 @@ Status CopyRows(Mover& mover, const Manifest& manifest, const Placement& before,
             state->rolled_back = true;
           }
           if (!installed.ok() || !SameGeneration(installed->header, ahead_state, state)) {
-            if (next) mover.Abandon(*next);
+            if (reading_ahead) mover.Abandon(next);
             if (state->rolled_back) return Status::Ok();
             return installed.status();
           }

@@ -157,8 +157,8 @@ TEST(SlotIndexTest, MatchesAStandardMapWithKeysBesideTheSlots) {
   EXPECT_GE(grew_to, 2048u);  // it grew many times
   for (const auto& [k, v] : ref) ASSERT_EQ(index.Find(k, key_of), v) << k;
   for (uint64_t k = 0; k < 4000; ++k) {
-    if (!ref.count(k)) ASSERT_EQ(index.Find(k, key_of), SlotIndex::kAbsent) << k;
-    if (!ref.count(~k)) ASSERT_EQ(index.Find(~k, key_of), SlotIndex::kAbsent) << ~k;
+    if (!ref.count(k)) { ASSERT_EQ(index.Find(k, key_of), SlotIndex::kAbsent) << k; }
+    if (!ref.count(~k)) { ASSERT_EQ(index.Find(~k, key_of), SlotIndex::kAbsent) << ~k; }
   }
   // Every full bucket holds a slot of the map, once.
   size_t full = 0;

@@ -271,7 +271,7 @@ TEST(WireTest, SixteenBitValuesAreWidenedToTheRoundedValues) {
         // bf16 keeps 8 bits, f16 (scaled) 11: nothing flushed to zero.
         const double rel = dtype == wire::DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
         EXPECT_NEAR(got[d], want, std::abs(want) * rel) << "row " << r << " column " << d;
-        if (want != 0) EXPECT_NE(got[d], 0.0f);
+        if (want != 0) { EXPECT_NE(got[d], 0.0f); }
       }
     }
   }

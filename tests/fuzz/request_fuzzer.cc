@@ -704,7 +704,7 @@ class Session {
     // What the shard will decode: a header it refuses gets an Error reply with request id 0.
     Result<Header> decoded = DecodeHeader(frames[1].data(), frames[1].size());
     if (decoded.ok()) {
-      sent_[h.request_id] = Sent{*decoded, identity, generation_};
+      sent_[h.request_id] = Sent{*decoded, identity, generation_, false, 0, {}};
       const Op op = decoded->op;
       may_wait_ = op == Op::PullSparse || op == Op::PullDense || op == Op::Barrier;
       if (!may_wait_) awaited_ = h.request_id;
@@ -747,7 +747,7 @@ class Session {
     step.clock = parts[0].clock;
     step.key_count = parts.size();
     frames[1] = EncodeHeader(step);
-    Sent& sent = sent_[step.request_id] = Sent{step, identity, generation_};
+    Sent& sent = sent_[step.request_id] = Sent{step, identity, generation_, false, 0, {}};
     for (const Header& p : parts) {
       if (p.request_id < kIdBase || sent_.count(p.request_id)) continue;
       sent_[p.request_id] = Sent{p, identity, generation_, false, step.request_id, {}};

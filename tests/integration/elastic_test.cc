@@ -236,7 +236,7 @@ void RunElasticJob(uint64_t seed, bool kill_joiner) {
       }
     }
   }
-  if (!kill_joiner) EXPECT_EQ(redone, 0u);
+  if (!kill_joiner) { EXPECT_EQ(redone, 0u); }
   if (kill_joiner) {
     EXPECT_NE(ReadFile(run.dir + "/worker2.log").find("resuming at step"), std::string::npos)
         << ReadFile(run.dir + "/worker2.log");

@@ -192,7 +192,7 @@ void ExpectDenseCut(const Manifest& manifest, const std::vector<nlohmann::json>&
       EXPECT_EQ(table["slice_end"].get<uint64_t>() - table["slice_begin"].get<uint64_t>(),
                 want.size())
           << "shard " << r << ", table " << manifest.tables[t].name << ": " << table.dump();
-      if (want.size() > 0) EXPECT_EQ(table["slice_begin"].get<uint64_t>(), want.begin);
+      if (want.size() > 0) { EXPECT_EQ(table["slice_begin"].get<uint64_t>(), want.begin); }
     }
   }
   EXPECT_GT(dense, 0);
@@ -287,7 +287,7 @@ void RunReshardJob(uint64_t seed, Shards mode) {
   EXPECT_GT(ref_rows, 10000u);
   EXPECT_EQ(rows, ref_rows);
   for (const auto& t : stats[2]["tables"]) {
-    if (t["kind"] == "sparse") EXPECT_EQ(t["rows"].get<uint64_t>(), 0u) << stats[2].dump();
+    if (t["kind"] == "sparse") { EXPECT_EQ(t["rows"].get<uint64_t>(), 0u) << stats[2].dump(); }
   }
   ExpectDenseCut(job.manifest, stats, 2);
 

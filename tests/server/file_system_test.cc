@@ -35,7 +35,7 @@ void Write(FileSystem* fs, const std::string& path, const std::string& text, boo
   Result<std::unique_ptr<WritableFile>> f = fs->Create(path);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   ASSERT_TRUE((*f)->Append(text.data(), text.size()).ok());
-  if (sync) ASSERT_TRUE((*f)->Sync().ok());
+  if (sync) { ASSERT_TRUE((*f)->Sync().ok()); }
 }
 
 class FileSystemTest : public ::testing::Test {

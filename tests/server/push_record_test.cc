@@ -34,7 +34,7 @@ TEST(PushRecordTest, ARecomputedStepIsRecognised) {
   PushRecord r;
   for (int64_t c = 0; c <= 7; ++c) {
     ASSERT_TRUE(r.Mark(4, c, 0).ok());
-    if (c < 7) ASSERT_TRUE(r.Mark(4, c, 1).ok());
+    if (c < 7) { ASSERT_TRUE(r.Mark(4, c, 1).ok()); }
   }
   EXPECT_EQ(r.Check(4, 7, 0), V::kApplied);
   EXPECT_EQ(r.Check(4, 7, 1), V::kNew);
@@ -91,7 +91,7 @@ TEST(PushRecordTest, SaveAndLoadRoundTripAndRefuseDamage) {
     for (int k = 0; k < 8; ++k) bad[w * 8 + k] = static_cast<char>(0xff);
     PushRecord t(8, 16);
     ASSERT_TRUE(t.Mark(1, 0, 0).ok());
-    if (!t.Load(bad)) EXPECT_EQ(t.Check(1, 0, 0), V::kApplied);
+    if (!t.Load(bad)) { EXPECT_EQ(t.Check(1, 0, 0), V::kApplied); }
   }
 }
 

@@ -90,7 +90,7 @@ class RestoreOrderTest : public testing::TempDirTest {
       const float* a = table.partition(EngineOfKey(key, 2)).Find(key);
       const float* b = restored.partition(EngineOfKey(key, 2)).Find(key);
       EXPECT_NE(b, nullptr);
-      if (a && b) EXPECT_EQ(std::memcmp(a, b, 17 * sizeof(float)), 0) << "key " << key;
+      if (a && b) { EXPECT_EQ(std::memcmp(a, b, 17 * sizeof(float)), 0) << "key " << key; }
     }
     uint64_t probes = 0;
     for (uint32_t e = 0; e < restored.engines(); ++e) {

@@ -358,7 +358,7 @@ class Sim {
     if (w.drop_at_send > 0 && may_drop && IsPush(frames) && --w.drop_at_send == 0) {
       last_drop_ = now_;
       // Lost on its way, the connection kept (what client.send=drop does to a real worker).
-      // Only pushes: a lost pull is sent again only after training.worker_timeout (README).
+      // Only pushes: a lost pull is sent again only after training.worker_timeout (docs/internals.md).
       Log("worker " + std::to_string(w.rank) + "'s push to shard " + std::to_string(s) +
           " is lost");
       ++counts_.drops;
@@ -1140,7 +1140,8 @@ class Sim {
     std::string s;
     for (const WorkerProc& w : workers_) {
       if (w.state != WorkerProc::State::kDone) {
-        s += (s.empty() ? "" : ",") + (IsTool(w) ? std::string("the scale tool") : std::to_string(w.rank));
+        if (!s.empty()) s += ',';
+        s += IsTool(w) ? std::string("the scale tool") : std::to_string(w.rank);
       }
     }
     return s;
@@ -1347,7 +1348,7 @@ SimOutcome RunSeed(const SimOptions& options, const Reference& reference) {
   const bool overlapped = out.overlaps > 0;
   // The simulated jobs roll back (BSP with every_steps): a loss is acceptable only where no
   // rollback can be made, and only when the job stops saying so.
-  // Nor across a change of the shard count (README: no rollback across a change of
+  // Nor across a change of the shard count (docs/internals.md: no rollback across a change of
   // membership): there the job goes on, reporting the loss, or stops saying why.
   auto cannot_roll_back = [](const std::string& what) {
     return what.find("the job cannot roll back") != std::string::npos ||

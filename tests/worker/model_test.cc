@@ -146,7 +146,7 @@ TEST(ModelTest, DlrmStepTransferPlan) {
   for (uint32_t ids : {3u, 50u}) {
     const Batch batch = MakeBatch(max_batch, 5, ids);
     const BatchKeys keys = DeduplicateKeys(batch.keys);
-    if (last_unique) ASSERT_GT(keys.unique.size(), last_unique);
+    if (last_unique) { ASSERT_GT(keys.unique.size(), last_unique); }
     const std::vector<float> rows(keys.unique.size() * 16, 0.01f);
     const TransferCounts before = backend->transfers();
     ASSERT_TRUE(RunModelStep(**model, batch, keys, rows, dense, /*train=*/true).ok());
