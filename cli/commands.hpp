@@ -64,4 +64,13 @@ int RunGenData(uint64_t rows, const std::string& out, uint64_t seed,
 // parasol convert --in TEXT --out BINARY [--no-label] [--on-bad-row skip|fail]
 int RunConvert(const std::string& in, const std::string& out, bool has_label, bool fail_on_bad);
 
+// parasol manifest explain KEY: a field's type, default and meaning (KEY as tables.dim,
+// tables[].dim or tables[0].dim), or a section's fields; 1 with the nearest paths for an
+// unknown KEY.
+int RunManifestExplain(const std::string& key);
+// parasol manifest reference: the Markdown reference (docs/manifest.md).
+int RunManifestReference();
+// parasol manifest example: the commented example manifest (examples/manifest.yaml).
+int RunManifestExample();
+
 }  // namespace parasol::cli

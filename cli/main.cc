@@ -195,6 +195,10 @@ int Main(int argc, char** argv) {
   render->add_option("--server-cpus", render_options.server_cpus)
       ->capture_default_str()
       ->check(Count(1, 1 << 16));
+  render->add_option("--servers-per-node", render_options.servers_per_node,
+                     "slurm: shards per node (ports of their own each)")
+      ->capture_default_str()
+      ->check(Count(1, 1 << 10));
   render->add_option("--server-memory", render_options.server_memory)->capture_default_str();
   render->add_option("--worker-cpus", render_options.worker_cpus)
       ->capture_default_str()
@@ -252,6 +256,20 @@ int Main(int argc, char** argv) {
       ->capture_default_str()
       ->check(FiniteNumber(0, std::numeric_limits<double>::max()));
 
+  auto* manifest_cmd = app.add_subcommand(
+      "manifest", "describe the manifest's fields (from the table the reference is generated "
+                  "from)");
+  manifest_cmd->require_subcommand(1);
+  std::string field_key;
+  auto* explain = manifest_cmd->add_subcommand(
+      "explain", "print a field's type, default and meaning, or a section's fields");
+  explain->add_option("key", field_key, "e.g. training.batch_size, tables.dim or tables[0].dim")
+      ->required();
+  auto* reference = manifest_cmd->add_subcommand(
+      "reference", "print the Markdown reference of every field (docs/manifest.md)");
+  auto* example = manifest_cmd->add_subcommand(
+      "example", "print a commented manifest naming every field (examples/manifest.yaml)");
+
   std::string key_path;
   for (auto* cmd : {worker_cmd, stats, shutdown, checkpoint, scale}) {
     cmd->add_option("--key", key_path, "this client's CURVE key pair (default security.client_key)");
@@ -270,6 +288,9 @@ int Main(int argc, char** argv) {
     spdlog::set_pattern("[%H:%M:%S.%e] [%l] [worker " + std::to_string(rank) + "] %v");
   }
   if (*keygen) return parasol::cli::RunKeygen(keys_out, key_name, key_count);
+  if (*explain) return parasol::cli::RunManifestExplain(field_key);
+  if (*reference) return parasol::cli::RunManifestReference();
+  if (*example) return parasol::cli::RunManifestExample();
 
   if (*server) return parasol::cli::RunServer(manifest, rank);
   if (*loadgen) return parasol::cli::RunLoadgen(manifest, worker, workload);

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "common/hash.hpp"
+#include "common/manifest_fields.hpp"
 #include "common/model_tables.hpp"
 #include "common/placement.hpp"
 
@@ -103,6 +104,17 @@ Status CheckYamlTree(const YAML::Node& node, const std::string& file, uint64_t* 
   return Status::Ok();
 }
 
+// While ParseManifestRecordingKeys() runs on this thread: where MapReader notes the path of
+// every key it is asked for, list elements as "[]" (tests compare them with the field table of
+// manifest_fields.hpp, so that no field goes undocumented).
+thread_local std::set<std::string>* asked_keys = nullptr;
+
+// "FILE: key 'PATH': WHAT", ended by the explain command for a known key: the form of every
+// error about a key, MapReader's and those checked across sections.
+std::string KeyError(const std::string& where, const std::string& path, const std::string& what) {
+  return where + ": key '" + path + "': " + what + ManifestExplainHint(path);
+}
+
 // Every field any optimizer reads.
 const char* const kOptimizerKeys[] = {"lr",    "weight_decay", "eps",   "initial_accumulator",
                                       "beta1", "beta2",        "bias_correction", "alpha",
@@ -122,10 +134,12 @@ class MapReader {
 
   bool Has(const std::string& key) const {
     asked_.insert(key);  // a key this section knows, present or not (for suggestions)
+    if (asked_keys != nullptr) asked_keys->insert(ManifestFieldKey(PathOf(key)));
     return node_.IsMap() && node_[key].IsDefined();
   }
   YAML::Node Child(const std::string& key) {
     seen_.insert(key);
+    if (asked_keys != nullptr) asked_keys->insert(ManifestFieldKey(PathOf(key)));
     return node_[key];
   }
   std::string PathOf(const std::string& key) const {
@@ -284,6 +298,8 @@ class MapReader {
     return Status::Ok();
   }
 
+  // An unknown key's path has no entry in the field table, so only errors about a known key
+  // end with the explain command.
   Status ErrorAt(const YAML::Node& n, const std::string& path, const std::string& what) const {
     const YAML::Mark m = n.Mark();
     std::string where = file_;
@@ -293,11 +309,7 @@ class MapReader {
       where += ':';
       where += std::to_string(m.column + 1);
     }
-    where += ": key '";
-    where += path;
-    where += "': ";
-    where += what;
-    return InvalidArgument(std::move(where));
+    return InvalidArgument(KeyError(where, path, what));
   }
 
  private:
@@ -347,7 +359,7 @@ Status ParseJob(MapReader& root, JobOptions* job, const std::string& file) {
 
 Status ParseCluster(MapReader& root, ClusterOptions* c, const std::string& file) {
   if (!root.Has("cluster")) {
-    return InvalidArgument(file + ": key 'cluster': missing (cluster.servers is required)");
+    return InvalidArgument(KeyError(file, "cluster", "missing (cluster.servers is required)"));
   }
   YAML::Node node = root.Child("cluster");
   MapReader r(node, "cluster", file);
@@ -608,6 +620,7 @@ Status ParseData(MapReader& root, DataOptions* d, const std::string& file) {
   PARASOL_RETURN_IF_ERROR(r.Choice("on_bad_row", {"skip", "fail"}, &bad));
   d->on_bad_row = static_cast<DataOptions::OnBadRow>(bad);
   PARASOL_RETURN_IF_ERROR(r.Unsigned("queue_batches", 1, 1024, &d->queue_batches));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("reader_threads", 1, 64, &d->reader_threads));
   return r.Finish();
 }
 
@@ -1084,40 +1097,42 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     PARASOL_RETURN_IF_ERROR(ParseMetrics(root, &m.metrics, m.source));
     PARASOL_RETURN_IF_ERROR(ParseCheckpoint(root, &m.checkpoint, m.server.max_request_bytes, m.source));
     if (m.cluster.restart_servers && (m.checkpoint.dir.empty() || !m.checkpoint.restore)) {
-      return InvalidArgument(m.source + ": key 'cluster.restart_servers': a restarted server "
-                             "needs checkpoint.dir with checkpoint.restore: true, or it comes back "
-                             "empty and every update it held is lost");
+      return InvalidArgument(KeyError(m.source, "cluster.restart_servers",
+                                      "a restarted server needs checkpoint.dir with "
+                                      "checkpoint.restore: true, or it comes back empty and "
+                                      "every update it held is lost"));
     }
     if (m.training.on_overlapping_failure == TrainingOptions::OnOverlappingFailure::kRollback &&
         (m.checkpoint.dir.empty() || m.checkpoint.every_steps == 0 ||
          m.training.consistency != TrainingOptions::Consistency::kBsp)) {
-      return InvalidArgument(m.source + ": key 'training.on_overlapping_failure': rollback "
-                             "needs consistency: bsp with checkpoint.dir and "
-                             "checkpoint.every_steps (the shards roll back to a checkpoint they "
-                             "all took at one clock)");
+      return InvalidArgument(KeyError(m.source, "training.on_overlapping_failure",
+                                      "rollback needs consistency: bsp with checkpoint.dir and "
+                                      "checkpoint.every_steps (the shards roll back to a "
+                                      "checkpoint they all took at one clock)"));
     }
     if (m.checkpoint.min_interval_ms < 0) {
       m.checkpoint.min_interval_ms = std::min<int64_t>(1000, m.cluster.request_timeout_ms / 2);
     } else if (!m.checkpoint.dir.empty() &&
                m.checkpoint.min_interval_ms >= m.cluster.request_timeout_ms) {
       // A restarted worker's Hello waits for the next forced checkpoint: within one request.
-      return InvalidArgument(m.source + ": key 'checkpoint.min_interval': " +
-                             std::to_string(m.checkpoint.min_interval_ms) +
-                             " ms must be below cluster.request_timeout (" +
-                             std::to_string(m.cluster.request_timeout_ms) +
-                             " ms), which a restarted worker's Hello may wait it out within");
+      return InvalidArgument(KeyError(
+          m.source, "checkpoint.min_interval",
+          std::to_string(m.checkpoint.min_interval_ms) +
+              " ms must be below cluster.request_timeout (" +
+              std::to_string(m.cluster.request_timeout_ms) +
+              " ms), which a restarted worker's Hello may wait it out within"));
     }
     if (m.server.idle_timeout_ms < 0) {
       m.server.idle_timeout_ms = std::max<int64_t>(60000, 2 * m.cluster.request_timeout_ms);
     } else if (m.server.idle_timeout_ms <= m.cluster.request_timeout_ms ||
                m.server.idle_timeout_ms > 24 * 3600 * 1000) {
       // A tool waiting for its answer sends nothing until its request times out.
-      return InvalidArgument(m.source + ": key 'server.idle_timeout': " +
-                             std::to_string(m.server.idle_timeout_ms) +
-                             " ms must be above cluster.request_timeout (" +
-                             std::to_string(m.cluster.request_timeout_ms) +
-                             " ms), which a client waiting for a reply may stay silent for, and "
-                             "at most 24 h");
+      return InvalidArgument(KeyError(
+          m.source, "server.idle_timeout",
+          std::to_string(m.server.idle_timeout_ms) +
+              " ms must be above cluster.request_timeout (" +
+              std::to_string(m.cluster.request_timeout_ms) +
+              " ms), which a client waiting for a reply may stay silent for, and at most 24 h"));
     }
     PARASOL_RETURN_IF_ERROR(ParseTables(root, &m.tables, m.job, m.source));
     PARASOL_RETURN_IF_ERROR(root.Finish());
@@ -1127,6 +1142,17 @@ Result<Manifest> ParseManifest(const std::string& text, const std::string& sourc
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   return m;
+}
+
+Result<Manifest> ParseManifestRecordingKeys(const std::string& text, const std::string& source,
+                                            std::set<std::string>* asked) {
+  // Restored however the parse ends (an escaped exception included).
+  struct Recording {
+    std::set<std::string>* before;
+    ~Recording() { asked_keys = before; }
+  } recording{asked_keys};
+  asked_keys = asked;
+  return ParseManifest(text, source);
 }
 
 Result<Manifest> LoadManifest(const std::string& path) {

@@ -1,11 +1,13 @@
 // The job manifest: one YAML file that describes a whole job.
 //
 // LoadManifest() parses it into typed option structs once; everything downstream takes these
-// structs, never YAML. Every field has a default (README.md, "Manifest reference"). An unknown
+// structs, never YAML. Every field has a default (common/manifest_fields.cc, the table that
+// docs/manifest.md is generated from; a field read here needs its entry there). An unknown
 // key, a wrong type or a bad value is an error naming the file, line, column and key path.
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -284,6 +286,7 @@ struct DataOptions {
   std::string eval;                       // one file; empty: no evaluation
   OnBadRow on_bad_row = OnBadRow::kSkip;  // skip (and count) malformed rows, or stop on the first
   uint32_t queue_batches = 8;             // batches the reader thread prepares ahead
+  uint32_t reader_threads = 1;            // threads that parse text rows
 };
 
 struct JobOptions {
@@ -330,6 +333,11 @@ inline constexpr size_t kMaxTableNameLength = 128;
 
 Result<Manifest> LoadManifest(const std::string& path);
 Result<Manifest> ParseManifest(const std::string& text, const std::string& source);
+// ParseManifest, adding to *asked the path of every key the parser asked for, present in the
+// text or not ("tables[].optimizer.lr": list elements as "[]"). For tests: what they compare
+// with the field table (common/manifest_fields.hpp). Recorded per thread.
+Result<Manifest> ParseManifestRecordingKeys(const std::string& text, const std::string& source,
+                                            std::set<std::string>* asked);
 
 // "30s", "250ms", "2m", "1h" or a bare number of seconds. Returns milliseconds.
 Result<int64_t> ParseDurationMs(const std::string& text);

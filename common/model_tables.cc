@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/hash.hpp"
+#include "common/manifest_fields.hpp"
 
 namespace parasol {
 namespace {
@@ -57,7 +58,8 @@ Status AddModelTables(Manifest* manifest) {
   for (const TableOptions& t : manifest->tables) {
     if (t.name.rfind("model.", 0) == 0) {
       return InvalidArgument(manifest->source + ": key 'tables': the name '" + t.name +
-                             "' is reserved for the model's own tables");
+                             "' is reserved for the model's own tables" +
+                             ManifestExplainHint("tables"));
     }
   }
   const ModelLayout layout = LayoutOf(m);

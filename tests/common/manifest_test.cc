@@ -143,10 +143,12 @@ TEST(ManifestTest, TablesStoreF32Bf16OrF16ValuesAndState) {
 
 TEST(ManifestTest, MaxWorkersIsAtLeastWorkersAndBounded) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 3\n  max_workers: 2\n"),
-            "job.yaml:4:16: key 'cluster.max_workers': is 2, below cluster.workers (3)");
+            "job.yaml:4:16: key 'cluster.max_workers': is 2, below cluster.workers (3)"
+            " (parasol manifest explain cluster.max_workers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  max_workers: 5000\n"),
             "job.yaml:3:16: key 'cluster.max_workers': is 5000; a job whose size may change "
-            "has at most 2048 worker ranks");
+            "has at most 2048 worker ranks"
+            " (parasol manifest explain cluster.max_workers)");
   auto m = ParseManifest("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 2\n", "job.yaml");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->cluster.max_workers, 2u);  // default: no joins
@@ -160,7 +162,8 @@ TEST(ManifestTest, MaxWorkersIsAtLeastWorkersAndBounded) {
 TEST(ManifestTest, InitialServersIsAtMostTheListedShards) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000, 127.0.0.1:9001]\n  initial_servers: 3\n"),
             "job.yaml:3:20: key 'cluster.initial_servers': is 3, more than the 2 shards "
-            "cluster.servers lists");
+            "cluster.servers lists"
+            " (parasol manifest explain cluster.initial_servers)");
   EXPECT_NE(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  initial_servers: 0\n"), "");
   auto all = ParseManifest("cluster:\n  servers: [127.0.0.1:9000, 127.0.0.1:9001]\n", "job.yaml");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
@@ -207,11 +210,14 @@ TEST(ManifestTest, WorkerCommandIsAProgramOrAListRunInTheManifestsFolder) {
   EXPECT_TRUE(none->worker.command.empty());
   EXPECT_EQ(ErrorOf(head + "worker: {command: []}\n"),
             "job.yaml:3:19: key 'worker.command': expected a program, or a list: program, "
-            "arguments");
+            "arguments"
+            " (parasol manifest explain worker.command)");
   EXPECT_EQ(ErrorOf(head + "worker: {command: [python3, {a: 1}]}\n"),
-            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument");
+            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument"
+            " (parasol manifest explain worker.command)");
   EXPECT_EQ(ErrorOf(head + "worker: {command: [python3, '']}\n"),
-            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument");
+            "job.yaml:3:29: key 'worker.command[1]': expected a program or argument"
+            " (parasol manifest explain worker.command)");
 }
 
 TEST(ManifestTest, UnknownKeyInsideATableNamesTheTable) {
@@ -222,49 +228,63 @@ TEST(ManifestTest, UnknownKeyInsideATableNamesTheTable) {
 
 TEST(ManifestTest, WrongTypeNamesTheLine) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: many\n"),
-            "job.yaml:3:12: key 'cluster.workers': expected an integer, got 'many'");
+            "job.yaml:3:12: key 'cluster.workers': expected an integer, got 'many'"
+            " (parasol manifest explain cluster.workers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: [1]\n"),
-            "job.yaml:3:12: key 'cluster.workers': expected an integer");
+            "job.yaml:3:12: key 'cluster.workers': expected an integer"
+            " (parasol manifest explain cluster.workers)");
 }
 
 TEST(ManifestTest, BadValuesAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 0\n"),
-            "job.yaml:3:12: key 'cluster.workers': value 0 is out of range [1, 1048576]");
+            "job.yaml:3:12: key 'cluster.workers': value 0 is out of range [1, 1048576]"
+            " (parasol manifest explain cluster.workers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [nohost]\n"),
-            "job.yaml:2:13: key 'cluster.servers[0]': expected host:port, got 'nohost'");
+            "job.yaml:2:13: key 'cluster.servers[0]': expected host:port, got 'nohost'"
+            " (parasol manifest explain cluster.servers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:70000]\n"),
-            "job.yaml:2:13: key 'cluster.servers[0]': port must be 1..65535 in 'a:70000'");
+            "job.yaml:2:13: key 'cluster.servers[0]': port must be 1..65535 in 'a:70000'"
+            " (parasol manifest explain cluster.servers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1, a:1]\n"),
-            "job.yaml:2:18: key 'cluster.servers[1]': duplicate server address a:1");
+            "job.yaml:2:18: key 'cluster.servers[1]': duplicate server address a:1"
+            " (parasol manifest explain cluster.servers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\n  connect_timeout: 3 days\n"),
             "job.yaml:3:20: key 'cluster.connect_timeout': unknown duration unit ' days' in "
-            "'3 days' (use ms, s, m or h)");
+            "'3 days' (use ms, s, m or h)"
+            " (parasol manifest explain cluster.connect_timeout)");
   EXPECT_EQ(
       ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: tree\n"),
-      "job.yaml:5:11: key 'tables[0].kind': expected one of sparse|dense, got 'tree'");
+      "job.yaml:5:11: key 'tables[0].kind': expected one of sparse|dense, got 'tree'"
+      " (parasol manifest explain tables.kind)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    optimizer: {lr: -1}\n"),
-            "job.yaml:5:21: key 'tables[0].optimizer.lr': value -1 is out of range [0, 1e+06]");
+            "job.yaml:5:21: key 'tables[0].optimizer.lr': value -1 is out of range [0, 1e+06]"
+            " (parasol manifest explain tables.optimizer.lr)");
 }
 
 TEST(ManifestTest, MissingRequiredFieldsAreNamed) {
   EXPECT_EQ(ErrorOf("job: {name: x}\n"),
-            "job.yaml: key 'cluster': missing (cluster.servers is required)");
+            "job.yaml: key 'cluster': missing (cluster.servers is required)"
+            " (parasol manifest explain cluster)");
   EXPECT_EQ(ErrorOf("cluster:\n  workers: 2\n"),
-            "job.yaml:2:3: key 'cluster.servers': missing: list the shards as host:port");
+            "job.yaml:2:3: key 'cluster.servers': missing: list the shards as host:port"
+            " (parasol manifest explain cluster.servers)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"),
-            "job.yaml:4:5: key 'tables[0].shape': missing: dense tables need a shape");
+            "job.yaml:4:5: key 'tables[0].shape': missing: dense tables need a shape"
+            " (parasol manifest explain tables.shape)");
 }
 
 TEST(ManifestTest, AShapeWhoseProductWrapsAroundIsRefused) {
   // 2^32 x 2^32 is 2^64, which an unchecked product wraps to 0 (under the 2^34 bound).
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
                     "    shape: [4294967296, 4294967296, 3]\n"),
-            "job.yaml:6:12: key 'tables[0].shape': tensor has more than 2^34 elements");
+            "job.yaml:6:12: key 'tables[0].shape': tensor has more than 2^34 elements"
+            " (parasol manifest explain tables.shape)");
 }
 
 TEST(ManifestTest, DuplicateTableNamesAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n  - name: t\n"),
-            "job.yaml:5:11: key 'tables[1].name': duplicate table name 't'");
+            "job.yaml:5:11: key 'tables[1].name': duplicate table name 't'"
+            " (parasol manifest explain tables.name)");
 }
 
 TEST(ManifestTest, YamlSyntaxErrorNamesTheLine) {
@@ -362,7 +382,8 @@ TEST(ManifestWorkerTest, DeviceMustBeCpuOrCuda) {
   EXPECT_EQ(m->worker.device, "cuda:1");
   EXPECT_TRUE(m->worker.tf32);
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  device: gpu\n"),
-            "job.yaml:4:11: key 'worker.device': expected cpu, cuda or cuda:N, got 'gpu'");
+            "job.yaml:4:11: key 'worker.device': expected cpu, cuda or cuda:N, got 'gpu'"
+            " (parasol manifest explain worker.device)");
 }
 
 TEST(ManifestWorkerTest, ComputeIsModelOrNone) {
@@ -373,30 +394,37 @@ TEST(ManifestWorkerTest, ComputeIsModelOrNone) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->worker.compute, WorkerOptions::Compute::kNone);
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  compute: gpu\n"),
-            "job.yaml:4:12: key 'worker.compute': expected one of model|none, got 'gpu'");
+            "job.yaml:4:12: key 'worker.compute': expected one of model|none, got 'gpu'"
+            " (parasol manifest explain worker.compute)");
 }
 
 TEST(ManifestTrainingTest, BadConsistencyFieldsAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: eventual\n"),
             "job.yaml:4:16: key 'training.consistency': expected one of bsp|ssp|asp, got "
-            "'eventual'");
+            "'eventual'"
+            " (parasol manifest explain training.consistency)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  staleness: 2\n"),
-            "job.yaml:4:14: key 'training.staleness': applies to consistency: ssp only");
+            "job.yaml:4:14: key 'training.staleness': applies to consistency: ssp only"
+            " (parasol manifest explain training.staleness)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: ssp\n  staleness: -1\n"),
-            "job.yaml:5:14: key 'training.staleness': value -1 is out of range [0, 1048576]");
+            "job.yaml:5:14: key 'training.staleness': value -1 is out of range [0, 1048576]"
+            " (parasol manifest explain training.staleness)");
 }
 
 TEST(ManifestOptimizerTest, FieldsOfAnotherOptimizerAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n"
                     "    optimizer: {kind: sgd, beta1: 0.9}\n"),
-            "job.yaml:5:28: key 'tables[0].optimizer.beta1': does not apply to optimizer 'sgd'");
+            "job.yaml:5:28: key 'tables[0].optimizer.beta1': does not apply to optimizer 'sgd'"
+            " (parasol manifest explain tables.optimizer.beta1)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
                     "    shape: [4]\n    optimizer: {kind: adagrad_rowwise}\n"),
             "job.yaml:7:16: key 'tables[0].optimizer.kind': adagrad_rowwise keeps one "
-            "accumulator per row: use it on sparse tables");
+            "accumulator per row: use it on sparse tables"
+            " (parasol manifest explain tables.optimizer.kind)");
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    kind: dense\n"
                     "    shape: [4]\n    eviction: {ttl_clocks: 3}\n"),
-            "job.yaml:7:15: key 'tables[0].eviction': applies to sparse tables only");
+            "job.yaml:7:15: key 'tables[0].eviction': applies to sparse tables only"
+            " (parasol manifest explain tables.eviction)");
   Result<Manifest> m = ParseManifest(
       "cluster:\n  servers: [a:1]\ntables:\n  - name: t\n    optimizer: {kind: adam, lr: 0.1, "
       "beta1: 0.8, bias_correction: false}\n    admission: {min_count: 4}\n"
@@ -457,13 +485,15 @@ TEST(ManifestSecurityTest, WorkerKeysDefaultToNone) {
 TEST(ManifestSecurityTest, WorkerKeysNeedOnePairPerWorker) {
   EXPECT_EQ(ErrorOf(std::string(kCurveCluster) + "  worker_keys: [keys/w0]\n"),
             "job.yaml:9:16: key 'security.worker_keys': needs one key pair per worker rank "
-            "(cluster.max_workers, default cluster.workers = 2), found 1");
+            "(cluster.max_workers, default cluster.workers = 2), found 1"
+            " (parasol manifest explain security.worker_keys)");
 }
 
 TEST(ManifestSecurityTest, WorkerKeysNeedCurve) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [127.0.0.1:9000]\n  workers: 1\n"
                     "security:\n  worker_keys: [keys/w0]\n"),
-            "job.yaml:5:16: key 'security.worker_keys': worker keys need curve: true");
+            "job.yaml:5:16: key 'security.worker_keys': worker keys need curve: true"
+            " (parasol manifest explain security.worker_keys)");
 }
 
 TEST(ManifestTest, ServerLimitsHaveDefaultsAndAReplyBudgetMustHoldTheLargestReply) {
