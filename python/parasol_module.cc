@@ -1,5 +1,5 @@
 // The Python module `parasol._parasol`: the manifest, the parameter-server client and the data
-// reader, on NumPy arrays. python/parasol/__init__.py is the public face (README, "From Python").
+// reader, on NumPy arrays. python/parasol/__init__.py is the public face (docs/python-api.md).
 //
 // Every call that waits on the network releases the GIL and takes the client's own lock (a
 // PsClient serves one thread at a time); while it waits, a pending Ctrl-C ends the wait with
@@ -134,28 +134,99 @@ struct Ticket {
   std::optional<Status> failure;  // how its wait failed
 };
 
+// An array's shape as Python prints it: "(2, 8)", "(16,)".
+std::string ShapeOf(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(a.shape(d));
+  }
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+// A shape from its sizes: "(2, 8)", "(16,)".
+std::string ShapeOf(const std::vector<py::ssize_t>& shape) {
+  std::string s = "(";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(shape[d]);
+  }
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
 // The array a pull writes into: `out` itself (never a converted copy, which the caller would
 // not see), or a new one of `shape`.
 FloatArray OutArray(const py::object& out, const std::vector<py::ssize_t>& shape, uint64_t floats,
                     const std::string& table) {
   if (out.is_none()) return FloatArray(shape);
-  const std::string want = "out: expected a writable float32 C-contiguous array of " +
-                           std::to_string(floats) + " floats for table '" + table + "'";
-  if (!py::array_t<float, py::array::c_style>::check_(out)) throw Error(InvalidArgument(want));
+  const std::string want = "out: expected a writable float32 C-contiguous array of shape " +
+                           ShapeOf(shape) + " (" + std::to_string(floats) +
+                           " floats) for table '" + table + "', got ";
+  if (!py::isinstance<py::array>(out)) {
+    throw Error(InvalidArgument(want + std::string(py::str(py::type::of(out).attr("__name__")))));
+  }
+  auto given = py::reinterpret_borrow<py::array>(out);
+  const std::string got = "an array of dtype " + std::string(py::str(given.dtype())) +
+                          " and shape " + ShapeOf(given);
+  if (!py::array_t<float, py::array::c_style>::check_(out)) {
+    throw Error(InvalidArgument(want + got + (given.dtype().is(py::dtype::of<float>())
+                                                  ? ", not C-contiguous"
+                                                  : "")));
+  }
   auto a = py::reinterpret_borrow<FloatArray>(out);
-  if (!a.writeable() || static_cast<uint64_t>(a.size()) != floats) throw Error(InvalidArgument(want));
+  if (!a.writeable()) throw Error(InvalidArgument(want + got + ", read-only"));
+  if (static_cast<uint64_t>(a.size()) != floats) throw Error(InvalidArgument(want + got));
   return a;
 }
 
 // Keys as uint64: unsigned or signed integers (negative ones as their two's complement, as
 // C++ would convert them), never floats or booleans (a silent truncation).
-KeyArray Keys(const py::array& keys) {
-  const char kind = keys.dtype().kind();
-  if (kind != 'u' && kind != 'i') {
-    throw py::type_error(std::string("keys: expected an integer array, got dtype ") +
-                         std::string(py::str(keys.dtype())));
+// `keys` as 64-bit ids: a NumPy integer array, or any sequence of Python integers (a list, a
+// tuple, a range). Anything else (floats, bools, strings) is a TypeError naming the argument.
+KeyArray Keys(const py::object& keys) {
+  py::array array;
+  if (py::isinstance<py::array>(keys)) {
+    array = py::reinterpret_borrow<py::array>(keys);
+  } else {
+    const std::string type = py::str(py::type::of(keys).attr("__name__"));
+    if (py::isinstance<py::str>(keys) || py::isinstance<py::bytes>(keys) ||
+        !py::hasattr(keys, "__len__")) {
+      throw py::type_error("keys: expected a sequence of integers (a list, or a NumPy integer "
+                           "array), got " + type);
+    }
+    try {
+      array = py::array::ensure(keys);
+    } catch (const py::error_already_set&) {
+      array = py::array();
+    }
+    // An integer too large for int64 makes NumPy's array one of objects; ids up to 2^64 - 1
+    // still convert, one by one.
+    if (array && array.dtype().kind() == 'O') {
+      py::list items(keys);
+      KeyArray out(static_cast<py::ssize_t>(items.size()));
+      uint64_t* dst = out.mutable_data();
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (!py::isinstance<py::int_>(items[i]) || py::isinstance<py::bool_>(items[i])) {
+          throw py::type_error("keys: element " + std::to_string(i) + " is " +
+                               std::string(py::str(py::type::of(items[i]).attr("__name__"))) +
+                               ", not an integer");
+        }
+        dst[i] = items[i].cast<uint64_t>();
+      }
+      return out;
+    }
+    if (!array) {
+      throw py::type_error("keys: expected a sequence of integers (a list, or a NumPy integer "
+                           "array), got " + type);
+    }
   }
-  return KeyArray::ensure(keys);
+  const char kind = array.dtype().kind();
+  if (kind != 'u' && kind != 'i') {
+    throw py::type_error(std::string("keys: expected integers, got ") +
+                         (py::isinstance<py::array>(keys) ? "an array of dtype "
+                                                          : "a sequence of dtype ") +
+                         std::string(py::str(array.dtype())));
+  }
+  return KeyArray::ensure(array);
 }
 
 // Refuses a sparse request whose bytes no set of shards would take, before its arrays are
@@ -211,7 +282,7 @@ class Client {
     return Locked([&](PsClient& c) { return TableIdOf(c, table); });
   }
 
-  std::shared_ptr<Ticket> PullSparseAsync(const py::object& table, const py::array& key_array,
+  std::shared_ptr<Ticket> PullSparseAsync(const py::object& table, const py::object& key_array,
                                           const py::object& out, bool prefetch, bool read_only) {
     const KeyArray keys = Keys(key_array);
     return Locked([&](PsClient& c) {
@@ -235,7 +306,7 @@ class Client {
     });
   }
 
-  std::shared_ptr<Ticket> PushSparseAsync(const py::object& table, const py::array& key_array,
+  std::shared_ptr<Ticket> PushSparseAsync(const py::object& table, const py::object& key_array,
                                           const FloatArray& grads) {
     const KeyArray keys = Keys(key_array);
     return Locked([&](PsClient& c) {
@@ -247,9 +318,11 @@ class Client {
       }
       CheckRequestSize(c, t, n, "push_sparse", 8 + uint64_t{4} * t.dim);
       if (static_cast<size_t>(grads.size()) != n * t.dim) {
-        throw Error(InvalidArgument("grads: expected " + std::to_string(n) + " x " +
-                                    std::to_string(t.dim) + " floats for table '" + t.name +
-                                    "', got " + std::to_string(grads.size())));
+        throw Error(InvalidArgument(
+            "grads: expected shape (" + std::to_string(n) + ", " + std::to_string(t.dim) +
+            ") for " + std::to_string(n) + " keys of table '" + t.name + "' (dim " +
+            std::to_string(t.dim) + "), got shape " + ShapeOf(grads) + " (" +
+            std::to_string(grads.size()) + " floats)"));
       }
       auto ticket = NewTicket(py::none());
       const std::span<const uint64_t> k(keys.data(), n);
@@ -282,9 +355,16 @@ class Client {
         throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
       }
       if (static_cast<uint64_t>(grads.size()) != t.NumElements()) {
-        throw Error(InvalidArgument("grads: expected " + std::to_string(t.NumElements()) +
-                                    " floats for table '" + t.name + "', got " +
-                                    std::to_string(grads.size())));
+        std::string want = "(";
+        for (size_t d = 0; d < t.shape.size(); ++d) {
+          if (d) want += ", ";
+          want += std::to_string(t.shape[d]);
+        }
+        want += t.shape.size() == 1 ? ",)" : ")";
+        throw Error(InvalidArgument("grads: expected shape " + want + " for table '" + t.name +
+                                    "' (" + std::to_string(t.NumElements()) +
+                                    " floats), got shape " + ShapeOf(grads) + " (" +
+                                    std::to_string(grads.size()) + " floats)"));
       }
       // The client sends a dense gradient from the caller's memory: a copy of our own, so the
       // caller may change or drop its array at once (as with sparse pushes).

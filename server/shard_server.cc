@@ -1038,9 +1038,19 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
   }
   // BSP: sum into the clock's aggregate; applied once every live worker has passed it.
   if (req.clock < controller_.MinClock()) {
-    return FailedPrecondition(std::string(OpName(req.op)) + " for clock " +
+    if (controller_.MinClock() == std::numeric_limits<int64_t>::max()) {
+      // No worker of the job is still training here: every one finished, left or was lost.
+      return FailedPrecondition(
+          std::string(OpName(req.op)) + " of worker " + std::to_string(req.worker_id) +
+          " for clock " + std::to_string(req.clock) + ": job '" + manifest_.job.name +
+          "' is over on this shard (every worker finished or left it). To train again, start "
+          "fresh servers (with another checkpoint.dir, or none, if they should not restore "
+          "this job), or give the new run another job.name and servers of its own");
+    }
+    return FailedPrecondition(std::string(OpName(req.op)) + " of worker " +
+                              std::to_string(req.worker_id) + " for clock " +
                               std::to_string(req.clock) + " arrived after every worker had " +
-                              "moved past it (shard clock " +
+                              "moved past it (the slowest is at clock " +
                               std::to_string(controller_.MinClock()) + ")");
   }
   // What this push may add: a sum row and its key per sparse row; a dense table's first push

@@ -1,5 +1,6 @@
 """The Python client against the C++ client on the same tables, and its errors."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,8 +122,29 @@ def test_errors_carry_the_cpp_text(tmp_path):
         keys = np.arange(4, dtype=np.uint64)
         with pytest.raises(parasol.Error, match="no table named 'nope'"):
             c.pull_sparse("nope", keys)
-        with pytest.raises(parasol.Error, match="grads: expected 4 x 8 floats"):
+        # Shapes as given and as expected.
+        with pytest.raises(parasol.Error, match=re.escape(
+                "grads: expected shape (4, 8) for 4 keys of table 'emb' (dim 8), got shape (4, 7)")):
             c.push_sparse("emb", keys, np.zeros((4, 7), np.float32))
+        with pytest.raises(parasol.Error, match=re.escape(
+                "grads: expected shape (37, 5) for table 'w' (185 floats), got shape (5, 36) "
+                "(180 floats)")):
+            c.push_dense("w", np.zeros((5, 36), np.float32))
+        with pytest.raises(parasol.Error, match=re.escape(
+                "out: expected a writable float32 C-contiguous array of shape (4, 8) (32 floats) "
+                "for table 'emb', got an array of dtype float32 and shape (4, 7)")):
+            c.pull_sparse("emb", keys, out=np.zeros((4, 7), np.float32))
+        # Keys from any integer sequence; anything else is a TypeError naming the argument.
+        assert np.array_equal(c.pull_sparse("emb", [0, 1, 2, 3]), c.pull_sparse("emb", keys))
+        assert np.array_equal(c.pull_sparse("emb", range(4)), c.pull_sparse("emb", keys))
+        assert c.pull_sparse("emb", (2**64 - 1,)).shape == (1, 8)
+        for bad, why in (([1.5, 2.0], "keys: expected integers, got a sequence of dtype float64"),
+                         ("1234", "keys: expected a sequence of integers"),
+                         (7, "keys: expected a sequence of integers"),
+                         ([1, "x"], "keys: expected integers"),
+                         ([True, False], "keys: expected integers, got a sequence of dtype bool")):
+            with pytest.raises(TypeError, match=re.escape(why)):
+                c.pull_sparse("emb", bad)
         with pytest.raises(parasol.Error, match="is dense"):
             c.pull_sparse("w", keys)
         with pytest.raises(IndexError):
@@ -337,3 +359,21 @@ def test_a_push_interrupted_at_a_random_moment_is_applied_once_or_not_at_all(tmp
     print(f"seed {seed}: rows moved {dict(zip(*np.unique(counts, return_counts=True)))} times")
     if p.returncode != 3:
         assert counts.min() == 10
+
+
+def test_a_script_run_again_against_finished_servers_is_told_what_to_do(tmp_path):
+    path = write_manifest(tmp_path, TABLES, servers=1)
+    m = parasol.load_manifest(path)
+    keys = np.arange(4, dtype=np.uint64)
+    with parasol.local_servers(m):
+        with parasol.Client(m, 0) as c:
+            c.push_sparse("emb", keys, np.ones((4, 8), np.float32))
+            c.tick()
+            c.leave()
+        # The same script again, against the same (long-lived) servers.
+        with parasol.Client(m, 0) as c:
+            with pytest.raises(parasol.Error) as e:
+                c.push_sparse("emb", keys, np.ones((4, 8), np.float32))
+    text = str(e.value)
+    assert "is over on this shard" in text and "start fresh servers" in text, text
+    assert "9223372036854775807" not in text, text
