@@ -629,7 +629,7 @@ std::map<int64_t, double> StepTimes(const std::string& path) {
   return t;
 }
 
-// A job changing size (README "Changing a job's size"): dlrm-small, batch 1024, BSP, one
+// A job changing size (docs/operations.md, "Changing a job's size"): dlrm-small, batch 1024, BSP, one
 // server, two workers (cluster.max_workers 3). Worker 2 joins once the job passes clock 40;
 // worker 1 is sent SIGTERM 60 clocks after the join. From worker 0's step end times:
 // the seconds lost to each change are what the 4 steps from its clock took beyond 4 ordinary
@@ -746,7 +746,7 @@ void ElasticRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
-// A shard added to a running job (README "Changing a job's size"): dlrm-small, batch 1024,
+// A shard added to a running job (docs/operations.md, "Changing a job's size"): dlrm-small, batch 1024,
 // BSP, one worker, 3 shards listed and 2 holding keys, its embedding table filled with 10^7 rows
 // (10^6 with --quick) before training starts. Once the job has trained a while, `parasol scale
 // --servers 3` moves a third of the rows to the third shard while training goes on. Rows: the
@@ -911,11 +911,12 @@ void TrainingRows(const std::string& data, std::vector<Row>* rows) {
 // Calls fn on each batch of `file` at `batch_size`, deduplicated as the trainer's reader does;
 // the samples read, or -1 (logged under `what`) when the reader fails.
 int64_t ForEachBatch(const std::string& file, uint32_t batch_size, const char* what,
-                     const std::function<void(const Batch&)>& fn) {
+                     const std::function<void(const Batch&)>& fn, uint32_t reader_threads = 1) {
   ReaderOptions ro;
   ro.files = {file};
   ro.batch_size = batch_size;
   ro.deduplicate = true;
+  ro.reader_threads = reader_threads;
   BatchReader reader(ro);
   int64_t samples = 0;
   while (true) {
@@ -1025,11 +1026,12 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
   return s > 0 ? samples / s : 0;
 }
 
-// A worker's reader alone (one thread, batches of 4096, deduplicated as the trainer's reader
-// does) over `file`: samples/s, or 0.
-double ReaderRate(const std::string& file) {
+// A worker's reader alone (batches of 4096, deduplicated as the trainer's reader does, with
+// `threads` reader threads: data.reader_threads) over `file`: samples/s, or 0.
+double ReaderRate(const std::string& file, uint32_t threads = 1) {
   const auto a = std::chrono::steady_clock::now();
-  const int64_t samples = ForEachBatch(file, 4096, "reader bench", [](const Batch&) {});
+  const int64_t samples =
+      ForEachBatch(file, 4096, "reader bench", [](const Batch&) {}, threads);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   return samples > 0 && s > 0 ? samples / s : 0;
 }
@@ -1058,6 +1060,12 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
                    text_gbs * 1e9 / (text_bytes / n), "page_cache_read_per_row", std::nullopt});
   rows->push_back({"reader_samples_per_s_binary", bin_rate, "samples/s",
                    memcpy_gbs * 1e9 / (bin_bytes / n), "memcpy_per_row", std::nullopt});
+  // Text with one reader thread per core (data.reader_threads): one reads lines, all parse.
+  const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const double text_all = ReaderRate(text, cores);
+  spdlog::info("reader bench: text with {} reader threads: {:.0f} samples/s", cores, text_all);
+  rows->push_back({"reader_samples_per_s_text_all_cores", text_all, "samples/s",
+                   text_gbs * 1e9 / (text_bytes / n), "page_cache_read_per_row", std::nullopt});
   std::error_code ec;
   std::filesystem::remove(bin, ec);
 }
@@ -1384,11 +1392,19 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
     const bool tf32 = name == "cuda_tf32";
     const int big = gpu ? 8192 : 1024;
     const double peak = GemmTflops(backend.get(), big, big, big, gpu ? 10 : 3);
-    rows->push_back({"gemm_" + std::to_string(big) + "cube_" + name, peak, "TFLOP/s",
+    std::string cube = "gemm_";
+    cube += std::to_string(big);
+    cube += "cube_";
+    cube += name;
+    rows->push_back({cube, peak, "TFLOP/s",
                      std::nullopt, "", std::nullopt});
     for (uint32_t batch : {4096u, 16384u}) {
       if (!gpu && opt.quick && batch > 4096) continue;
-      const std::string tag = "b" + std::to_string(batch) + "_" + name;
+      // (Appended piece by piece: GCC 12 warns, wrongly, of an overlap in "b" + to_string(..).)
+      std::string tag = "b";
+      tag += std::to_string(batch);
+      tag += '_';
+      tag += name;
       std::vector<OpTime> ops;
       double profiled_wall = 0;
       const double rate =

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/key_index.hpp"
@@ -29,6 +30,7 @@ struct Batch {
   int64_t step = -1;
   uint32_t micro = 0;
   uint32_t bad_rows = 0;
+  std::string first_bad;  // "file:line: why" of the first of them, or ""
   // Each sample's line in the stream of every epoch's lines (common/membership.hpp).
   std::vector<uint64_t> positions;
 
@@ -44,6 +46,7 @@ struct Batch {
     step = -1;
     micro = 0;
     bad_rows = 0;
+    first_bad.clear();
     positions.clear();
   }
 };

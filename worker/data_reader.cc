@@ -192,7 +192,6 @@ BatchReader::~BatchReader() {
 }
 
 bool BatchReader::Emit(Batch batch) {
-  if (options_.deduplicate) DeduplicateKeys(batch.keys, dedup_index_, &batch.distinct);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.queue_batches; });
   if (stopping_) return false;
@@ -236,11 +235,117 @@ bool SkipRow(std::istream& in) {
 
 }  // namespace
 
+// One micro-batch on its way: the rows the reading thread took for it (text lines, not yet
+// parsed; binary rows are appended to `batch` as they are read), then parsed, then handed out
+// in the stream's order.
+struct BatchReader::Unit {
+  uint64_t unit = 0;
+  Batch batch;
+  size_t rows = 0;                   // text rows taken: lines[0 .. rows)
+  std::vector<std::string> lines;    // buffers kept from unit to unit
+  std::vector<uint64_t> pos;         // each row's stream position
+  std::vector<uint32_t> file;        // its file
+  std::vector<uint64_t> line_no;     // its line in the file (1-based)
+  std::vector<uint8_t> too_long;     // longer than kMaxRowBytes
+  bool ended = false;                // the data ended in (or before) this unit
+  Status fatal;                      // a read error: the reader stops here
+  Status fail;                       // a malformed row under on_bad_row: fail
+  bool parsed = false;
+
+  void Reset(uint64_t u, Batch b) {
+    unit = u;
+    batch = std::move(b);
+    rows = 0;
+    ended = false;
+    fatal = Status::Ok();
+    fail = Status::Ok();
+    parsed = false;
+  }
+  void Take(std::string& line, uint64_t p, uint32_t f, uint64_t l, bool long_row) {
+    if (rows == lines.size()) {
+      lines.emplace_back();
+      pos.push_back(0);
+      file.push_back(0);
+      line_no.push_back(0);
+      too_long.push_back(0);
+    }
+    lines[rows].swap(line);  // the line's buffer goes to the unit, the unit's old one back
+    pos[rows] = p;
+    file[rows] = f;
+    line_no[rows] = l;
+    too_long[rows] = long_row ? 1 : 0;
+    ++rows;
+  }
+};
+
+void BatchReader::ParseRows(Unit& u) const {
+  const size_t rows = u.rows;
+  u.rows = 0;
+  for (size_t i = 0; i < rows && u.fail.ok(); ++i) {
+    Status st;
+    if (u.too_long[i]) {
+      st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
+    } else if (options_.format == DataOptions::Format::kCriteo) {
+      st = ParseCriteoRow(u.lines[i], options_.has_label, &u.batch);
+    } else {
+      st = ParseLibsvmRow(u.lines[i], &u.batch);
+    }
+    if (st.ok()) {
+      u.batch.positions.push_back(u.pos[i]);
+      continue;
+    }
+    const std::string where = options_.files[u.file[i]] + ":" + std::to_string(u.line_no[i]) +
+                              ": " + st.message();
+    if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {
+      u.fail = InvalidArgument("malformed row at " + where + " (data.on_bad_row: fail)");
+      return;
+    }
+    ++u.batch.bad_rows;
+    if (u.batch.first_bad.empty()) u.batch.first_bad = where;
+  }
+}
+
+void BatchReader::ParseUnit(Unit& u, KeyIndex& dedup) const {
+  ParseRows(u);
+  if (u.fail.ok() && options_.deduplicate) {
+    DeduplicateKeys(u.batch.keys, dedup, &u.batch.distinct);
+  }
+}
+
+bool BatchReader::HandOut(Unit& u) {
+  if (!u.fatal.ok()) {
+    Finish(u.fatal);
+    return false;
+  }
+  if (!u.fail.ok()) {
+    Finish(u.fail);
+    return false;
+  }
+  // A batch that the end of the data left empty is not a step; one that malformed rows left
+  // empty is (the worker's place in the job's steps stays the same).
+  if (u.batch.size > 0 || (!u.ended && u.batch.bad_rows > 0)) {
+    if (!Emit(std::move(u.batch))) return false;
+  } else {
+    Recycle(std::move(u.batch));
+  }
+  {
+    // This unit is out: a Reposition reads on from the next one (never this one again).
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_unit_ = u.unit + 1;
+  }
+  if (u.ended) {
+    Finish(Status::Ok());
+    return false;
+  }
+  return true;
+}
+
 void BatchReader::Run(uint64_t unit, Cursor at) {
   Membership membership;
   {
     std::lock_guard<std::mutex> lock(mu_);
     membership = membership_;
+    reading_unit_ = unit;
   }
   const uint32_t per = std::max<uint32_t>(1, options_.batches_per_step);
   const uint32_t batch_size = std::max<uint32_t>(1, options_.batch_size);
@@ -318,24 +423,121 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
     }
     return c;
   };
+
+  // With data.reader_threads > 1, the other threads parse text rows while this one reads on;
+  // the units are handed out in order. At most threads + 1 units are on their way.
+  const uint32_t parsers = options_.reader_threads > 1 ? options_.reader_threads : 0;
+  std::mutex pmu;
+  std::condition_variable pcv;
+  std::deque<Unit*> todo;                      // guarded by pmu: units to parse
+  std::deque<std::unique_ptr<Unit>> inflight;  // this thread's: units not handed out, in order
+  std::vector<std::unique_ptr<Unit>> spare;    // this thread's: units to reuse
+  bool pool_stop = false;                      // guarded by pmu
+  std::vector<std::thread> pool;
+  std::vector<KeyIndex> indexes(parsers);
+  for (uint32_t i = 0; i < parsers; ++i) {
+    pool.emplace_back([&, i] {
+      while (true) {
+        Unit* u = nullptr;
+        {
+          std::unique_lock<std::mutex> lock(pmu);
+          pcv.wait(lock, [&] { return pool_stop || !todo.empty(); });
+          if (pool_stop) return;
+          u = todo.front();
+          todo.pop_front();
+        }
+        ParseUnit(*u, indexes[i]);
+        {
+          std::lock_guard<std::mutex> lock(pmu);
+          u->parsed = true;
+        }
+        pcv.notify_all();
+      }
+    });
+  }
+  struct PoolStop {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    std::vector<std::thread>& threads;
+    ~PoolStop() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      for (std::thread& t : threads) t.join();
+    }
+  } pool_stop_guard{pmu, pcv, pool_stop, pool};
+  // Hands out the oldest unit once it is parsed (waiting for it when `wait`); false when the
+  // reader is done or stopping.
+  auto hand_out_front = [&](bool wait) -> std::optional<bool> {
+    Unit* front = inflight.front().get();
+    {
+      std::unique_lock<std::mutex> lock(pmu);
+      if (!front->parsed && !wait) return std::nullopt;
+      pcv.wait(lock, [&] { return front->parsed; });
+    }
+    const bool go_on = HandOut(*front);
+    spare.push_back(std::move(inflight.front()));
+    inflight.pop_front();
+    return go_on;
+  };
+  // Queues `u` (parsed here when there are no other threads), and hands out what is ready.
+  auto submit = [&](std::unique_ptr<Unit> u) -> bool {
+    if (parsers == 0 || !u->fatal.ok()) {
+      if (parsers == 0 && u->fatal.ok()) ParseUnit(*u, dedup_index_);
+      u->parsed = true;
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(pmu);
+        todo.push_back(u.get());
+      }
+      pcv.notify_all();
+    }
+    inflight.push_back(std::move(u));
+    const bool last = !inflight.back()->fatal.ok() || inflight.back()->ended;
+    while (!inflight.empty()) {
+      const bool must = last || inflight.size() > parsers;
+      std::optional<bool> r = hand_out_front(must);
+      if (!r) break;
+      if (!*r) return false;
+    }
+    return !last;
+  };
+  auto fresh_unit = [&](uint64_t u) {
+    std::unique_ptr<Unit> unit_ptr;
+    if (!spare.empty()) {
+      unit_ptr = std::move(spare.back());
+      spare.pop_back();
+    } else {
+      unit_ptr = std::make_unique<Unit>();
+    }
+    unit_ptr->Reset(u, Fresh());
+    return unit_ptr;
+  };
+
   for (;; ++unit) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       cursors_[unit] = here();
-      reading_unit_ = unit;
     }
     const auto step = static_cast<int64_t>(unit / per);
     const auto micro = static_cast<uint32_t>(unit % per);
     const StepChunk chunk = ChunkOf(membership, options_.rank, step, batch_size * per);
-    if (chunk.index < 0) return Finish(Status::Ok());  // not present from this step on
+    if (chunk.index < 0) {  // not present from this step on: what was read goes out first
+      while (!inflight.empty()) {
+        if (!*hand_out_front(true)) return;
+      }
+      return Finish(Status::Ok());
+    }
     const uint64_t first = chunk.first + uint64_t{micro} * chunk.ranks * batch_size +
                            static_cast<uint64_t>(chunk.index);
-    Batch batch = Fresh();
-    batch.step = step;
-    batch.micro = micro;
-    bool ended = false;
-    for (uint32_t r = 0; r < batch_size && !ended; ++r) {
+    std::unique_ptr<Unit> u = fresh_unit(unit);
+    u->batch.step = step;
+    u->batch.micro = micro;
+    for (uint32_t r = 0; r < batch_size && !u->ended && u->fatal.ok() && u->fail.ok(); ++r) {
       const uint64_t want = first + uint64_t{r} * chunk.ranks;
       while (cur.pos < want) {
         if ((cur.pos & 4095) == 0) {
@@ -343,59 +545,49 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
           if (stopping_) return;
         }
         Result<bool> skipped = next_line(false);
-        if (!skipped.ok()) return Finish(skipped.status());
+        if (!skipped.ok()) {
+          u->fatal = skipped.status();
+          break;
+        }
         if (!*skipped) {
-          ended = true;
+          u->ended = true;
           break;
         }
       }
-      if (ended) break;
+      if (u->ended || !u->fatal.ok()) break;
       const uint32_t file = cur.file;
       Result<bool> got = next_line(true);
-      if (!got.ok()) return Finish(got.status());
-      if (!*got) {
-        ended = true;
+      if (!got.ok()) {
+        u->fatal = got.status();
         break;
       }
-      Status st;
+      if (!*got) {
+        u->ended = true;
+        break;
+      }
       if (bin) {
-        // Rows of a binary file were checked when it was written: a failure is a damaged file.
-        st = bin->AppendRow(bin_row, &batch);
-        if (!st.ok()) return Finish(st);
-      } else if (too_long) {
-        st = InvalidArgument("row longer than " + std::to_string(kMaxRowBytes) + " bytes");
-      } else if (options_.format == DataOptions::Format::kCriteo) {
-        st = ParseCriteoRow(line, options_.has_label, &batch);
-      } else {
-        st = ParseLibsvmRow(line, &batch);
-      }
-      if (st.ok()) batch.positions.push_back(cur.pos - 1);
-      if (!st.ok()) {
-        const std::string where =
-            options_.files[file] + ":" + std::to_string(cur.line_no) + ": " + st.message();
-        if (options_.on_bad_row == DataOptions::OnBadRow::kFail) {
-          return Finish(InvalidArgument("malformed row at " + where +
-                                        " (data.on_bad_row: fail)"));
+        // The text rows before it in this unit (the end of a text file) go in first.
+        if (u->rows > 0) {
+          ParseRows(*u);
+          if (!u->fail.ok()) break;
         }
-        ++batch.bad_rows;
-        std::lock_guard<std::mutex> lock(mu_);
-        if (first_bad_.empty()) first_bad_ = where;
+        // Rows of a binary file were checked when it was written: a failure is a damaged file.
+        Status st = bin->AppendRow(bin_row, &u->batch);
+        if (!st.ok()) {
+          u->fatal = st;
+          break;
+        }
+        u->batch.positions.push_back(cur.pos - 1);
+      } else {
+        u->Take(line, cur.pos - 1, file, cur.line_no, too_long);
       }
-    }
-    // A batch that the end of the data left empty is not a step; one that malformed rows left
-    // empty is (the worker's place in the job's steps stays the same).
-    if (batch.size > 0 || (!ended && batch.bad_rows > 0)) {
-      if (!Emit(std::move(batch))) return;
-    } else {
-      Recycle(std::move(batch));
     }
     {
-      // This unit is out: a Reposition reads on from the next one (never this one again).
+      // Where the next unit begins (a Reposition may read on from there).
       std::lock_guard<std::mutex> lock(mu_);
       cursors_[unit + 1] = here();
-      reading_unit_ = unit + 1;
     }
-    if (ended) return Finish(Status::Ok());
+    if (!submit(std::move(u))) return;
   }
 }
 
@@ -445,6 +637,7 @@ Result<std::optional<Batch>> BatchReader::Next() {
     queue_.pop_front();
     rows_ += b.size;
     bad_rows_ += b.bad_rows;
+    if (first_bad_.empty() && !b.first_bad.empty()) first_bad_ = b.first_bad;
     // Positions before this batch are not needed again (Reposition reads on from later ones).
     const uint64_t unit =
         static_cast<uint64_t>(b.step) * std::max<uint32_t>(1, options_.batches_per_step) + b.micro;

@@ -69,6 +69,10 @@ struct ReaderOptions {
   // Each batch's keys deduplicated into Batch::distinct on the reader's thread, off the
   // consumer's.
   bool deduplicate = false;
+  // Threads that parse text rows (data.reader_threads): with more than one, one thread reads
+  // the lines and these parse whole batches at once; the batches come out in the same order
+  // and with the same contents whatever the count.
+  uint32_t reader_threads = 1;
 };
 
 // Reads on a thread of its own and hands out full batches (the last of an epoch may be short).
@@ -93,7 +97,7 @@ class BatchReader {
 
   uint64_t bad_rows() const;
   uint64_t rows_read() const;
-  // "file:line: why" of the first malformed row, or "".
+  // "file:line: why" of the first malformed row of the batches taken (Next), or "".
   std::string first_bad_row() const;
 
  private:
@@ -105,8 +109,16 @@ class BatchReader {
     uint64_t line_no = 0;       // lines of the file before `offset`
     uint64_t pos = 0;           // stream position
   };
+  struct Unit;
   // Reads micro-batches from unit `unit` (step x batches_per_step + micro) on, from `at`.
   void Run(uint64_t unit, Cursor at);
+  // Parses a unit's text rows taken so far into its batch (they are then gone from the unit).
+  void ParseRows(Unit& u) const;
+  // Parses a unit's text rows into its batch, and deduplicates its keys with `dedup`.
+  void ParseUnit(Unit& u, KeyIndex& dedup) const;
+  // Hands a parsed unit out (or ends the reader with its error); false when the reader is done
+  // or stopping.
+  bool HandOut(Unit& u);
   // False when the reader is stopping.
   bool Emit(Batch batch);
   // An empty batch: a recycled one (its buffers kept) or a new one.
@@ -129,7 +141,7 @@ class BatchReader {
   uint64_t bad_rows_ = 0;        // guarded by mu_
   uint64_t rows_ = 0;            // guarded by mu_
   std::string first_bad_;        // guarded by mu_
-  KeyIndex dedup_index_;         // the reader thread's
+  KeyIndex dedup_index_;         // the reader thread's (with one reader thread)
   std::thread thread_;
 };
 

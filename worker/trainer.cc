@@ -401,6 +401,7 @@ ReaderOptions TrainReaderOptions(const Manifest& manifest, uint32_t rank, const 
   ro.workers = manifest.cluster.workers;
   ro.on_bad_row = manifest.data.on_bad_row;
   ro.queue_batches = manifest.data.queue_batches;
+  ro.reader_threads = manifest.data.reader_threads;
   ro.deduplicate = true;  // on the reader's thread: each batch's keys arrive deduplicated
   ro.membership = plan;
   ro.start_step = start_step;

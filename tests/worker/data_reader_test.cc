@@ -2,13 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <fstream>
 #include <chrono>
 #include <sstream>
 #include <thread>
 
 #include "tests/support/test_cluster.hpp"
+#include "tests/support/test_seed.hpp"
+#include "worker/binary_data.hpp"
 
 namespace parasol {
 namespace {
@@ -293,6 +297,168 @@ TEST_F(BatchReaderTest, RepositionReadsTheStepsAfterAChangeAsTheNewMembershipSpl
     }
     EXPECT_EQ(tail, want_tail);
     o.start_step = 0;
+  }
+}
+
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// Everything a batch carries, to compare readers with different thread counts.
+struct Whole {
+  int64_t step;
+  uint32_t micro;
+  uint32_t size, bad_rows;
+  std::string first_bad;
+  std::vector<float> labels, dense, values;
+  std::vector<uint64_t> keys, unique, positions;
+  std::vector<uint32_t> offsets, indices;
+  bool operator==(const Whole&) const = default;
+};
+
+// Reads to the end (or the first error), repositioning once at `reposition_step` to `after`.
+struct Outcome {
+  std::vector<Whole> batches;
+  std::string error;
+  uint64_t bad_rows = 0;
+  std::string first_bad;
+};
+
+Outcome ReadWhole(ReaderOptions o, int64_t reposition_step, const Membership& after) {
+  Outcome out;
+  BatchReader r(o);
+  bool repositioned = false;
+  for (int guard = 0; guard < 100000; ++guard) {
+    auto b = r.Next();
+    if (!b.ok()) {
+      out.error = b.status().ToString();
+      break;
+    }
+    if (!*b) break;
+    const Batch& x = **b;
+    out.batches.push_back({x.step, x.micro, x.size, x.bad_rows, x.first_bad, x.labels, x.dense,
+                           x.values,
+                           x.keys, x.distinct.unique, x.positions, x.offsets,
+                           x.distinct.indices});
+    if (!repositioned && reposition_step >= 0 && x.step + 1 == reposition_step &&
+        x.micro + 1 == std::max<uint32_t>(1, o.batches_per_step)) {
+      r.Reposition(after, reposition_step);
+      repositioned = true;
+    }
+  }
+  out.bad_rows = r.bad_rows();
+  out.first_bad = r.first_bad_row();
+  return out;
+}
+
+}  // namespace
+
+// With several parsing threads the reader hands out the same batches, in the same order, as
+// with one: over files, epochs, micro-batches, malformed rows (skipped, or failing), a
+// membership change mid-way (when skipping), a later start, and lists of text and binary
+// files. The rows and the bad ones are drawn from a seed.
+TEST_F(BatchReaderTest, ParsingThreadsHandOutTheSameBatchesAsOne) {
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<std::string> files;
+  for (int f = 0; f < 3; ++f) {
+    files.push_back(dir_ + "/t" + std::to_string(f) + ".tsv");
+    std::ofstream out(files.back());
+    const int rows = 200 + static_cast<int>(rng() % 300);
+    for (int i = 0; i < rows; ++i) {
+      if (rng() % 37 == 0 && (f > 0 || i > 150)) {  // some batches before the first
+        out << "1\tbroken row " << i << "\n";
+        continue;
+      }
+      out << (rng() % 2) << "\t" << (rng() % 100);
+      for (int d = 1; d < 13; ++d) out << "\t" << (rng() % 1000);
+      for (int c = 0; c < 26; ++c) out << "\t" << std::hex << (rng() % 5000) << std::dec;
+      out << "\n";
+    }
+  }
+  // The same list with its middle file as a binary copy (its malformed rows left out): text
+  // rows and binary rows meet inside batches.
+  std::vector<std::string> mixed = files;
+  mixed[1] = dir_ + "/t1.bin";
+  ASSERT_TRUE(ConvertCriteo(files[1], mixed[1], true, DataOptions::OnBadRow::kSkip).ok());
+  Membership before(2, 3);
+  Membership after = before;
+  ASSERT_TRUE(after.SetJoin(2, 4).ok());
+  for (const std::vector<std::string>& list : {files, mixed}) {
+    SCOPED_TRACE(list[1]);
+    for (auto policy : {DataOptions::OnBadRow::kSkip, DataOptions::OnBadRow::kFail}) {
+      for (uint32_t per : {1u, 2u}) {
+        for (int64_t start : {0, 3}) {
+          SCOPED_TRACE("policy " + std::to_string(int(policy)) + ", batches per step " +
+                       std::to_string(per) + ", start step " + std::to_string(start));
+          ReaderOptions o;
+          o.files = list;
+          o.batch_size = 16 + static_cast<uint32_t>(rng() % 48);
+          o.epochs = 2;
+          o.rank = 1;
+          o.membership = before;
+          o.batches_per_step = per;
+          o.start_step = start;
+          o.on_bad_row = policy;
+          o.deduplicate = true;
+          o.queue_batches = 3;
+          // Under on_bad_row: fail a malformed row ends the reader where it is found, in the
+          // batches it reads ahead too, so a membership change after it could not undo it (with
+          // any thread count): the failing runs read without one.
+          const int64_t reposition = policy == DataOptions::OnBadRow::kSkip ? start + 2 : -1;
+          o.reader_threads = 1;
+          const Outcome want = ReadWhole(o, reposition, after);
+          // (A failing run may stop before its first batch when it starts late.)
+          if (policy == DataOptions::OnBadRow::kSkip || (start == 0 && per == 1)) {
+            ASSERT_FALSE(want.batches.empty());
+          }
+          if (policy == DataOptions::OnBadRow::kFail) {
+            EXPECT_NE(want.error.find("on_bad_row: fail"), std::string::npos) << want.error;
+          } else {
+            EXPECT_EQ(want.error, "");
+            EXPECT_GT(want.bad_rows, 0u);
+          }
+          for (uint32_t threads : {2u, 3u, 8u}) {
+            o.reader_threads = threads;
+            const Outcome got = ReadWhole(o, reposition, after);
+            EXPECT_EQ(got.batches.size(), want.batches.size()) << threads << " threads";
+            EXPECT_TRUE(got.batches == want.batches) << threads << " threads";
+            EXPECT_EQ(got.error, want.error) << threads << " threads";
+            EXPECT_EQ(got.bad_rows, want.bad_rows) << threads << " threads";
+            EXPECT_EQ(got.first_bad, want.first_bad) << threads << " threads";
+          }
+        }
+      }
+    }
+  }
+}
+
+// A reader with parsing threads that is dropped while they work stops them (no hang, no use of
+// a freed batch: ASan and TSan builds see it), as does a reposition in the middle of a read.
+TEST_F(BatchReaderTest, ParsingThreadsStopWithTheReader) {
+  std::ofstream out(dir_ + "/big.tsv");
+  for (int i = 0; i < 20000; ++i) out << kRow << "\n";
+  out.close();
+  for (int round = 0; round < 20; ++round) {
+    ReaderOptions o;
+    o.files = {dir_ + "/big.tsv"};
+    o.batch_size = 64;
+    o.epochs = 3;
+    o.reader_threads = 4;
+    o.deduplicate = true;
+    BatchReader r(o);
+    for (int i = 0; i < round; ++i) {
+      auto b = r.Next();
+      ASSERT_TRUE(b.ok() && *b) << i;
+      EXPECT_EQ((*b)->size, 64u);
+      EXPECT_EQ((*b)->step, i);
+    }
+    if (round % 2) r.Reposition(Membership(1, 1), round);
+    if (round % 2) {
+      auto b = r.Next();
+      ASSERT_TRUE(b.ok() && *b);
+      EXPECT_EQ((*b)->step, round);
+    }
   }
 }
 
