@@ -383,6 +383,27 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
   }
   const std::string name = DnsName(m.job.name);
   const size_t servers = m.cluster.servers.size();
+  // Several shards per node: shard i runs on node i / per_node (block distribution), so the
+  // shards that share a node must listen on ports of their own.
+  const size_t per_node = std::max<size_t>(1, std::min<size_t>(o.servers_per_node, servers));
+  if (o.servers_per_node == 0) return InvalidArgument("--servers-per-node must be at least 1");
+  for (size_t i = 0; i < servers; ++i) {
+    for (size_t j = i + 1; j < servers && j / per_node == i / per_node; ++j) {
+      if (m.cluster.servers[i].port == m.cluster.servers[j].port) {
+        return InvalidArgument(
+            manifest_path + ": servers " + std::to_string(i) + " and " + std::to_string(j) +
+            " share a node with --servers-per-node " + std::to_string(o.servers_per_node) +
+            " and both listen on port " + std::to_string(m.cluster.servers[i].port) +
+            ": give the shards of a node ports of their own in cluster.servers");
+      }
+    }
+  }
+  const size_t server_nodes = (servers + per_node - 1) / per_node;
+  // --mem is per node: each shard's memory times the shards of a node ("16G" -> "32G").
+  std::string node_mem = server_mem;
+  if (per_node > 1) {
+    node_mem = std::to_string(std::stoull(server_mem) * per_node) + server_mem.back();
+  }
   // The servers' hosts are filled in at run time: a marker no manifest text can contain goes
   // in now, everything is escaped, and then the markers become the script's variables.
   std::vector<std::string> hosts;
@@ -442,8 +463,9 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
   // Job-wide options (time, account, output, qos, ...) carry over to the later component;
   // per-component ones in these lines (e.g. --constraint) apply to the servers' component.
   for (const std::string& line : o.sbatch_lines) s << "#SBATCH " << line << "\n";
-  s << "#SBATCH --nodes=" << servers << " --ntasks=" << servers << " --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << server_mem << "\n"
+  s << "#SBATCH --nodes=" << server_nodes << " --ntasks=" << servers
+    << " --ntasks-per-node=" << per_node << "\n"
+    << "#SBATCH --cpus-per-task=" << o.server_cpus << " --mem=" << node_mem << "\n"
     << option("--partition", o.partition);
   // The servers listen on the manifest's fixed ports: a node of theirs is theirs alone.
   if (o.exclusive) s << "#SBATCH --exclusive\n";
@@ -472,16 +494,18 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
   }
   s
     << "# The servers' hosts are the nodes of component 0, in rank order, at the address Slurm\n"
-    << "# reaches each node by (NodeAddr; the node's name unless slurm.conf says otherwise).\n"
+    << "# reaches each node by (NodeAddr; the node's name unless slurm.conf says otherwise);\n"
+    << "# each node holds " << per_node << " shard(s), in rank order (block distribution).\n"
     << "SERVER_HOSTS=()\n"
     << "for node in $(scontrol show hostnames \"$SLURM_JOB_NODELIST_HET_GROUP_0\"); do\n"
     << "  addr=$(scontrol show node \"$node\" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 "
        "|| true)\n"
-    << "  SERVER_HOSTS+=(\"${addr:-$node}\")\n"
+    << "  for ((k = 0; k < " << per_node << "; ++k)); do SERVER_HOSTS+=(\"${addr:-$node}\"); done\n"
     << "done\n"
     << "cat > \"$MANIFEST\" <<PARASOL_MANIFEST\n"
     << escaped << "PARASOL_MANIFEST\n\n"
-    << "srun --het-group=0 bash -c 'exec \"$0\" server --manifest \"$1\" --rank \"$SLURM_PROCID\"' "
+    << "srun --het-group=0 --distribution=block bash -c 'exec \"$0\" server --manifest \"$1\" "
+       "--rank \"$SLURM_PROCID\"' "
        "\"$PARASOL\" \"$MANIFEST\" &\n"
     << "servers=$!\n"
     << "status=0\n"

@@ -17,6 +17,11 @@ struct RenderOptions {
   std::string binary = "parasol";          // the program's path in the image / on the nodes
   std::string keys_secret;                 // k8s, set by the renderer: the Secret of the job's keys
   uint32_t server_cpus = 4;
+  // Slurm: shards per node. One shard uses its engine threads (server.engine_threads) and a
+  // request thread; on a node of many cores several shards use them better than one (the
+  // measured layouts are in docs/performance.md). The shards of a node need ports of their
+  // own in cluster.servers.
+  uint32_t servers_per_node = 1;
   std::string server_memory = "16Gi";
   uint32_t worker_cpus = 4;
   std::string worker_memory = "8Gi";

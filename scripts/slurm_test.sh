@@ -152,10 +152,12 @@ EOF
 
 # Renders the job as a user would; submits it unmodified from the submit directory (prints the
 # job id).
-render() {  # NAME
-  "$PARASOL" render slurm "$work/$1.yaml" --binary "$PARASOL" --server-cpus 1 --worker-cpus 1 \
-    --server-memory 256Mi --worker-memory 0.25Gi --time 10 --output "$1-%j.out" \
-    --sbatch "--comment=parasol-test" >"$work/$1.sbatch"
+render() {  # NAME [more render options]
+  local name=$1
+  shift
+  "$PARASOL" render slurm "$work/$name.yaml" --binary "$PARASOL" --server-cpus 1 --worker-cpus 1 \
+    --server-memory 256Mi --worker-memory 0.25Gi --time 10 --output "$name-%j.out" \
+    --sbatch "--comment=parasol-test" "$@" >"$work/$name.sbatch"
 }
 submit() {  # NAME
   (cd "$work/submit" && sbatch --parsable "$work/$1.sbatch")
@@ -170,9 +172,13 @@ wait_job() {  # ID SECONDS
 state_of() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | head -1 | cut -d= -f2; }
 
 # --- A clean run ------------------------------------------------------------------------------
+# The clean run puts both shards on one node (--servers-per-node 2: ports of their own); the
+# run that loses a node below has one shard per node.
 manifest clean 1
-render clean
-grep -q -- '--mem=256M' "$work/clean.sbatch" || fail "server memory not converted to 256M"
+render clean --servers-per-node 2
+grep -q -- '--nodes=1 --ntasks=2 --ntasks-per-node=2' "$work/clean.sbatch" ||
+  fail "the servers' component is not one node of two shards"
+grep -q -- '--mem=512M' "$work/clean.sbatch" || fail "server memory not 2 x 256M for the node"
 grep -q -- '--mem=256M' <(grep -A3 hetjob "$work/clean.sbatch") || fail "worker memory 0.25Gi not 256M"
 job=$(submit clean)
 echo "slurm: submitted job $job"

@@ -228,6 +228,45 @@ TEST_F(ClusterRenderTest, SlurmOptionsBecomeSbatchLines) {
   EXPECT_FALSE(RenderSlurm(dir_ + "/job.yaml", o).ok());
 }
 
+// Several shards per node: the nodes, tasks per node and memory per node follow, each node's
+// address fills as many hosts as it holds shards (block distribution), and shards that would
+// share a node and a port are refused before anything is written.
+TEST_F(ClusterRenderTest, SlurmPlacesSeveralShardsPerNode) {
+  RenderOptions o;
+  o.servers_per_node = 2;
+  o.server_memory = "8Gi";
+  Result<std::string> text = RenderSlurm(dir_ + "/job.yaml", o);  // 3 shards, ports 7000-7002
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const std::string& s = *text;
+  EXPECT_NE(s.find("#SBATCH --nodes=2 --ntasks=3 --ntasks-per-node=2\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("--mem=16G\n"), std::string::npos) << s;  // two shards of 8Gi
+  EXPECT_NE(s.find("for ((k = 0; k < 2; ++k)); do SERVER_HOSTS+="), std::string::npos) << s;
+  EXPECT_NE(s.find("srun --het-group=0 --distribution=block"), std::string::npos) << s;
+  // The script's host list, run with a node list of two nodes, gives n1 n1 n2 (n2 ...).
+  const size_t a = s.find("SERVER_HOSTS=()"), b = s.find("\ndone\n", a) + 6;  // the outer loop's
+  testing::WriteFile(dir_ + "/hosts.sh",
+                     "scontrol() { if [ \"$2\" = hostnames ]; then echo n1; echo n2; fi; }\n" +
+                         s.substr(a, b - a) + "echo \"${SERVER_HOSTS[@]:0:3}\"\n");
+  auto p = Subprocess::Spawn({"/bin/bash", dir_ + "/hosts.sh"}, dir_ + "/hosts.out");
+  ASSERT_TRUE(p.ok());
+  auto st = p->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << testing::ReadFile(dir_ + "/hosts.out");
+  EXPECT_EQ(testing::ReadFile(dir_ + "/hosts.out"), "n1 n1 n2\n");
+  // One per node by default.
+  Result<std::string> one = RenderSlurm(dir_ + "/job.yaml", RenderOptions());
+  ASSERT_TRUE(one.ok());
+  EXPECT_NE(one->find("#SBATCH --nodes=3 --ntasks=3 --ntasks-per-node=1\n"), std::string::npos);
+  // Two shards of one node on one port.
+  testing::WriteFile(dir_ + "/same_port.yaml",
+                     "cluster:\n  servers: [h1:7000, h2:7000, h3:7001]\n  workers: 1\n");
+  Result<std::string> clash = RenderSlurm(dir_ + "/same_port.yaml", o);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.status().message().find("servers 0 and 1 share a node"), std::string::npos)
+      << clash.status().message();
+  o.servers_per_node = 1;  // each on a node of its own: the same port is fine
+  EXPECT_TRUE(RenderSlurm(dir_ + "/same_port.yaml", o).ok());
+}
+
 TEST_F(ClusterRenderTest, SlurmScriptQuotesWhatItCannotTrust) {
   // A job name and manifest strings with shell syntax, a binary path with a space and a quote.
   testing::WriteFile(dir_ + "/odd.yaml",
