@@ -66,7 +66,7 @@ class Optimizer {
   // large ones, a huge learning rate) is not made: the elements keep what they held, a
   // sparse row whole (SparseState()) or a run of at most kGuardRun dense elements. (Values
   // stored in f16 are checked as f32: past 65504 they round to infinity when stored, as the
-  // README says of f16.) Returns how many elements were kept so; nonfinite_kept() counts them all.
+  // docs/concepts.md says of f16.) Returns how many elements were kept so; nonfinite_kept() counts them all.
   uint64_t Apply(float* w, OptimizerState s, const std::byte* grad, uint64_t n,
                  double scale) const;
   static constexpr uint64_t kGuardRun = 256;

@@ -1,6 +1,6 @@
 // PushGate: the one place a shard decides what a push or a tick is.
 //
-// The invariant it keeps (README "How a job survives failures"): every push a worker saw
+// The invariant it keeps (docs/internals.md, "How a job survives failures"): every push a worker saw
 // acknowledged is applied exactly once to the final model, whatever process dies and when. A
 // push's name is (worker, clock, index); the push record (server/push_record.hpp, in every
 // checkpoint) says which names were applied. From that record and what the shard knows of the

@@ -4,7 +4,7 @@
 // worker/replay_sender.hpp carries the plan out; tests/worker/replay_plan_test.cc checks it without
 // a socket.
 //
-// The rule it keeps (README "How a job survives failures"): the restored shard must see every
+// The rule it keeps (docs/internals.md, "How a job survives failures"): the restored shard must see every
 // logged push at the clock it belongs to, and must never be ticked past a clock before it has
 // that clock's pushes. So, for each clock from the checkpoint's to the worker's, a Clock marked
 // replay, then that clock's logged pushes; the last Clock says the worker is caught up. What was

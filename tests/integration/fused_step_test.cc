@@ -140,7 +140,7 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
 }
 
 // A BSP shard answers a tick's pulls once their rows are applied and applies the clock's other
-// rows after the reply, in the background (README "Answering a step's pulls first"); a tiered
+// rows after the reply, in the background (docs/internals.md, "Answering a step's pulls first"); a tiered
 // table is applied whole before the reply. Both train the same model, value for value.
 TEST_F(FusedStepTest, AnsweringPullsBeforeTheRestOfTheApplyTrainsTheModelOfWholeClocks) {
   std::string split_log, whole_log;

@@ -265,7 +265,7 @@ TEST(TieredCheckpointTest, ABackgroundCheckpointHoldsBothTiersAsTheyWereAtItsMom
 }
 
 // A shard whose tiered table grows to 2 million rows (about 190 MB in memory) grows by no more
-// than its 16 MiB budget plus the documented slack (README, "Tables bigger than memory"), and
+// than its 16 MiB budget plus the documented slack (docs/concepts.md, "Tables bigger than memory"), and
 // not with the rows: the second million adds little.
 TEST(TieredMemoryTest, ResidentMemoryStaysWithinTheBudget) {
   TestCluster job(1, 1, Tables("tiered", "{kind: adagrad, lr: 0.05}", 16),
@@ -287,7 +287,7 @@ TEST(TieredMemoryTest, ResidentMemoryStaysWithinTheBudget) {
   const Json t = TableStats(*c, 0);
   EXPECT_EQ(t["rows"].get<uint64_t>(), 2000000u) << t.dump();
   EXPECT_GT(t["disk_rows"].get<uint64_t>(), 1800000u) << t.dump();
-  const uint64_t slack = 112ull << 20;  // measured: about 90 MiB (README)
+  const uint64_t slack = 112ull << 20;  // measured: about 90 MiB (docs/concepts.md)
   std::printf("resident: %.1f MiB before any row, %.1f MiB at 1M rows, %.1f MiB at most (2M "
               "rows); allowed growth: budget 16 MiB + slack %llu MiB\n",
               base / 1048576.0, at_half / 1048576.0, peak / 1048576.0,

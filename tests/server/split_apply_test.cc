@@ -1,5 +1,5 @@
 // A BSP tick that completes a clock: the shard applies first the rows the pulls it is about to
-// answer read, answers them, and applies the clock's other rows after (README "Answering a
+// answer read, answers them, and applies the clock's other rows after (docs/internals.md, "Answering a
 // step's pulls first"). Driven in process through ShardServer::HandleMessage, next to a shard
 // whose table evicts (so it never splits): every reply, held pulls' included, is the same byte
 // for byte, and the counters say which rows went before the reply and which after.
