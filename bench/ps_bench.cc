@@ -1060,7 +1060,7 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
                    text_gbs * 1e9 / (text_bytes / n), "page_cache_read_per_row", std::nullopt});
   rows->push_back({"reader_samples_per_s_binary", bin_rate, "samples/s",
                    memcpy_gbs * 1e9 / (bin_bytes / n), "memcpy_per_row", std::nullopt});
-  // Text with one reader thread per core (data.reader_threads): one reads lines, all parse.
+  // Text with as many parsing threads as cores (data.reader_threads), beside the reading one.
   const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
   const double text_all = ReaderRate(text, cores);
   spdlog::info("reader bench: text with {} reader threads: {:.0f} samples/s", cores, text_all);

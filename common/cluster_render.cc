@@ -205,6 +205,10 @@ void PodSpec(YAML::Emitter& y, const std::string& name, const std::string& comma
 }  // namespace
 
 Result<std::string> RenderKubernetes(const std::string& manifest_path, const RenderOptions& o) {
+  if (o.servers_per_node != 1) {
+    return InvalidArgument("--servers-per-node is for Slurm: Kubernetes places each shard's pod "
+                           "itself (as many on a node as --server-cpus lets fit)");
+  }
   PARASOL_ASSIGN_OR_RETURN(Manifest m, LoadManifest(manifest_path));
   const std::string name = DnsName(m.job.name);
   const std::string service = name + "-server";
@@ -387,6 +391,13 @@ Result<std::string> RenderSlurm(const std::string& manifest_path, const RenderOp
   // shards that share a node must listen on ports of their own.
   const size_t per_node = std::max<size_t>(1, std::min<size_t>(o.servers_per_node, servers));
   if (o.servers_per_node == 0) return InvalidArgument("--servers-per-node must be at least 1");
+  // Every node of the servers holds as many shards (so the host list need not guess how Slurm
+  // spreads an uneven count).
+  if (servers % per_node != 0) {
+    return InvalidArgument("--servers-per-node " + std::to_string(o.servers_per_node) +
+                           " does not divide the " + std::to_string(servers) +
+                           " shards of cluster.servers: each node holds as many");
+  }
   for (size_t i = 0; i < servers; ++i) {
     for (size_t j = i + 1; j < servers && j / per_node == i / per_node; ++j) {
       if (m.cluster.servers[i].port == m.cluster.servers[j].port) {

@@ -264,21 +264,6 @@ class MapReader {
     return best;
   }
 
-  static size_t EditDistance(const std::string& a, const std::string& b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-        diagonal = up;
-      }
-    }
-    return row[b.size()];
-  }
-
   Status ParseInt(const YAML::Node& n, const std::string& path, int64_t lo, int64_t hi,
                   int64_t* out) const {
     if (!n.IsScalar()) return ErrorAt(n, path, "expected an integer");

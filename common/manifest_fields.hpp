@@ -47,6 +47,9 @@ std::string ManifestFieldKey(std::string_view path);
 // and an element of a list field ("cluster.servers[1]" is cluster.servers).
 const ManifestField* FindManifestField(std::string_view path);
 
+// Levenshtein distance between two keys (for "did you mean" suggestions).
+size_t EditDistance(std::string_view a, std::string_view b);
+
 // The known paths nearest to `path` (a typo of a path, or of its last component), at most
 // `count`, nearest first; none that is far off.
 std::vector<std::string> NearestManifestFields(std::string_view path, size_t count);

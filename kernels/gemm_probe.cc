@@ -298,9 +298,9 @@ Result<GemmProbe> ProbeCublasGemm(bool trans_a, bool trans_b, int m, int n, int 
   std::optional<size_t> first_pick;
   for (int i = 0; i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (!first_pick) first_pick = configs.size();
     auto run = lt_run(results[i].algo);
     if (!run()) continue;
+    if (!first_pick) first_pick = configs.size();
     double t = 0;
     PARASOL_RETURN_IF_ERROR(sample(run, 3, &t));
     screened.push_back({t, configs.size()});

@@ -180,53 +180,58 @@ FloatArray OutArray(const py::object& out, const std::vector<py::ssize_t>& shape
 
 // Keys as uint64: unsigned or signed integers (negative ones as their two's complement, as
 // C++ would convert them), never floats or booleans (a silent truncation).
-// `keys` as 64-bit ids: a NumPy integer array, or any sequence of Python integers (a list, a
-// tuple, a range). Anything else (floats, bools, strings) is a TypeError naming the argument.
+// `keys` as 64-bit ids: a NumPy integer array, or any sequence of integers (a list, a tuple, a
+// range; Python or NumPy integers, negative ones as their two's complement, as C++ converts
+// them). Anything else (floats, bools, strings, sets, mappings, iterators) is a TypeError
+// naming the argument; an integer outside [-2^63, 2^64) a ValueError.
 KeyArray Keys(const py::object& keys) {
-  py::array array;
   if (py::isinstance<py::array>(keys)) {
-    array = py::reinterpret_borrow<py::array>(keys);
-  } else {
-    const std::string type = py::str(py::type::of(keys).attr("__name__"));
-    if (py::isinstance<py::str>(keys) || py::isinstance<py::bytes>(keys) ||
-        !py::hasattr(keys, "__len__")) {
-      throw py::type_error("keys: expected a sequence of integers (a list, or a NumPy integer "
-                           "array), got " + type);
+    py::array array = py::reinterpret_borrow<py::array>(keys);
+    const char kind = array.dtype().kind();
+    if (kind != 'u' && kind != 'i') {
+      throw py::type_error("keys: expected integers, got an array of dtype " +
+                           std::string(py::str(array.dtype())));
     }
-    try {
-      array = py::array::ensure(keys);
-    } catch (const py::error_already_set&) {
-      array = py::array();
-    }
-    // An integer too large for int64 makes NumPy's array one of objects; ids up to 2^64 - 1
-    // still convert, one by one.
-    if (array && array.dtype().kind() == 'O') {
-      py::list items(keys);
-      KeyArray out(static_cast<py::ssize_t>(items.size()));
-      uint64_t* dst = out.mutable_data();
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!py::isinstance<py::int_>(items[i]) || py::isinstance<py::bool_>(items[i])) {
-          throw py::type_error("keys: element " + std::to_string(i) + " is " +
-                               std::string(py::str(py::type::of(items[i]).attr("__name__"))) +
-                               ", not an integer");
-        }
-        dst[i] = items[i].cast<uint64_t>();
-      }
-      return out;
-    }
-    if (!array) {
-      throw py::type_error("keys: expected a sequence of integers (a list, or a NumPy integer "
-                           "array), got " + type);
-    }
+    return KeyArray::ensure(array);
   }
-  const char kind = array.dtype().kind();
-  if (kind != 'u' && kind != 'i') {
-    throw py::type_error(std::string("keys: expected integers, got ") +
-                         (py::isinstance<py::array>(keys) ? "an array of dtype "
-                                                          : "a sequence of dtype ") +
-                         std::string(py::str(array.dtype())));
+  const std::string type = py::str(py::type::of(keys).attr("__name__"));
+  if (py::isinstance<py::str>(keys) || py::isinstance<py::bytes>(keys) ||
+      !PySequence_Check(keys.ptr())) {
+    throw py::type_error("keys: expected a sequence of integers (a list, or a NumPy integer "
+                         "array), got " + type);
   }
-  return KeyArray::ensure(array);
+  // Element by element: NumPy would turn [2**63, -1] into floats and [1, True] into [1, 1].
+  py::sequence items = py::reinterpret_borrow<py::sequence>(keys);
+  const size_t n = py::len(items);
+  KeyArray out(static_cast<py::ssize_t>(n));
+  uint64_t* dst = out.mutable_data();
+  const py::module_ numpy = py::module_::import("numpy");
+  const py::object numpy_bool = numpy.attr("bool_"), numpy_integer = numpy.attr("integer");
+  for (size_t i = 0; i < n; ++i) {
+    py::object item = items[i];
+    const bool integer = !py::isinstance<py::bool_>(item) && !py::isinstance(item, numpy_bool) &&
+                         (py::isinstance<py::int_>(item) || py::isinstance(item, numpy_integer));
+    if (!integer) {
+      throw py::type_error("keys: element " + std::to_string(i) + " is " +
+                           std::string(py::str(py::type::of(item).attr("__name__"))) +
+                           ", not an integer");
+    }
+    py::int_ value(item);
+    const unsigned long long u = PyLong_AsUnsignedLongLong(value.ptr());
+    if (!PyErr_Occurred()) {
+      dst[i] = u;
+      continue;
+    }
+    PyErr_Clear();
+    const long long s = PyLong_AsLongLong(value.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error("keys: element " + std::to_string(i) + " (" +
+                            std::string(py::str(item)) + ") is outside [-2^63, 2^64)");
+    }
+    dst[i] = static_cast<uint64_t>(s);
+  }
+  return out;
 }
 
 // Refuses a sparse request whose bytes no set of shards would take, before its arrays are

@@ -2,13 +2,16 @@
 
 #include "worker/binary_data.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <algorithm>
+#include <system_error>
+
+#include <spdlog/spdlog.h>
 
 #include "common/hash.hpp"
 #include "common/model_tables.hpp"
@@ -238,6 +241,9 @@ bool SkipRow(std::istream& in) {
 // One micro-batch on its way: the rows the reading thread took for it (text lines, not yet
 // parsed; binary rows are appended to `batch` as they are read), then parsed, then handed out
 // in the stream's order.
+// The largest line buffer a unit keeps from one row to the next.
+constexpr size_t kKeptLineBytes = size_t{1} << 20;
+
 struct BatchReader::Unit {
   uint64_t unit = 0;
   Batch batch;
@@ -269,7 +275,13 @@ struct BatchReader::Unit {
       line_no.push_back(0);
       too_long.push_back(0);
     }
-    lines[rows].swap(line);  // the line's buffer goes to the unit, the unit's old one back
+    if (long_row) {
+      // Never parsed: its text is not kept, nor the buffer that held it (up to kMaxRowBytes).
+      lines[rows].clear();
+      std::string().swap(line);
+    } else {
+      lines[rows].swap(line);  // the line's buffer goes to the unit, the unit's old one back
+    }
     pos[rows] = p;
     file[rows] = f;
     line_no[rows] = l;
@@ -290,6 +302,8 @@ void BatchReader::ParseRows(Unit& u) const {
     } else {
       st = ParseLibsvmRow(u.lines[i], &u.batch);
     }
+    // A slot keeps its buffer for the next unit's row, unless a long row made it large.
+    if (u.lines[i].capacity() > kKeptLineBytes) std::string().swap(u.lines[i]);
     if (st.ok()) {
       u.batch.positions.push_back(u.pos[i]);
       continue;
@@ -326,6 +340,11 @@ bool BatchReader::HandOut(Unit& u) {
   if (u.batch.size > 0 || (!u.ended && u.batch.bad_rows > 0)) {
     if (!Emit(std::move(u.batch))) return false;
   } else {
+    if (u.batch.bad_rows > 0) {  // the data's last rows, all malformed: still counted
+      std::lock_guard<std::mutex> lock(mu_);
+      bad_rows_ += u.batch.bad_rows;
+      if (first_bad_.empty()) first_bad_ = u.batch.first_bad;
+    }
     Recycle(std::move(u.batch));
   }
   {
@@ -424,9 +443,9 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
     return c;
   };
 
-  // With data.reader_threads > 1, the other threads parse text rows while this one reads on;
-  // the units are handed out in order. At most threads + 1 units are on their way.
-  const uint32_t parsers = options_.reader_threads > 1 ? options_.reader_threads : 0;
+  // With data.reader_threads = N > 1, N threads parse text rows while this one reads on; the
+  // units are handed out in order. At most N + 1 units are on their way.
+  uint32_t parsers = options_.reader_threads > 1 ? options_.reader_threads : 0;
   std::mutex pmu;
   std::condition_variable pcv;
   std::deque<Unit*> todo;                      // guarded by pmu: units to parse
@@ -435,26 +454,6 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
   bool pool_stop = false;                      // guarded by pmu
   std::vector<std::thread> pool;
   std::vector<KeyIndex> indexes(parsers);
-  for (uint32_t i = 0; i < parsers; ++i) {
-    pool.emplace_back([&, i] {
-      while (true) {
-        Unit* u = nullptr;
-        {
-          std::unique_lock<std::mutex> lock(pmu);
-          pcv.wait(lock, [&] { return pool_stop || !todo.empty(); });
-          if (pool_stop) return;
-          u = todo.front();
-          todo.pop_front();
-        }
-        ParseUnit(*u, indexes[i]);
-        {
-          std::lock_guard<std::mutex> lock(pmu);
-          u->parsed = true;
-        }
-        pcv.notify_all();
-      }
-    });
-  }
   struct PoolStop {
     std::mutex& mu;
     std::condition_variable& cv;
@@ -469,6 +468,34 @@ void BatchReader::Run(uint64_t unit, Cursor at) {
       for (std::thread& t : threads) t.join();
     }
   } pool_stop_guard{pmu, pcv, pool_stop, pool};
+  for (uint32_t i = 0; i < parsers; ++i) {
+    try {
+      pool.emplace_back([&, i] {
+        while (true) {
+          Unit* u = nullptr;
+          {
+            std::unique_lock<std::mutex> lock(pmu);
+            pcv.wait(lock, [&] { return pool_stop || !todo.empty(); });
+            if (pool_stop) return;
+            u = todo.front();
+            todo.pop_front();
+          }
+          ParseUnit(*u, indexes[i]);
+          {
+            std::lock_guard<std::mutex> lock(pmu);
+            u->parsed = true;
+          }
+          pcv.notify_all();
+        }
+      });
+    } catch (const std::system_error& e) {
+      // No more threads to be had: parse with those that started (or on this thread).
+      spdlog::warn("data reader: {} of {} parsing threads started ({}); reading on with them",
+                   pool.size(), parsers, e.what());
+      break;
+    }
+  }
+  parsers = static_cast<uint32_t>(pool.size());
   // Hands out the oldest unit once it is parsed (waiting for it when `wait`); false when the
   // reader is done or stopping.
   auto hand_out_front = [&](bool wait) -> std::optional<bool> {

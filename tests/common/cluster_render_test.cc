@@ -235,30 +235,38 @@ TEST_F(ClusterRenderTest, SlurmPlacesSeveralShardsPerNode) {
   RenderOptions o;
   o.servers_per_node = 2;
   o.server_memory = "8Gi";
-  Result<std::string> text = RenderSlurm(dir_ + "/job.yaml", o);  // 3 shards, ports 7000-7002
+  // 3 shards do not split evenly over nodes of 2.
+  Result<std::string> uneven = RenderSlurm(dir_ + "/job.yaml", o);
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_NE(uneven.status().message().find("does not divide the 3 shards"), std::string::npos)
+      << uneven.status().message();
+  EXPECT_FALSE(RenderKubernetes(dir_ + "/job.yaml", o).ok());  // Slurm's option only
+  testing::WriteFile(dir_ + "/four.yaml",
+                     "cluster:\n  servers: [h:7000, h:7001, h:7002, h:7003]\n  workers: 1\n");
+  Result<std::string> text = RenderSlurm(dir_ + "/four.yaml", o);
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   const std::string& s = *text;
-  EXPECT_NE(s.find("#SBATCH --nodes=2 --ntasks=3 --ntasks-per-node=2\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("#SBATCH --nodes=2 --ntasks=4 --ntasks-per-node=2\n"), std::string::npos) << s;
   EXPECT_NE(s.find("--mem=16G\n"), std::string::npos) << s;  // two shards of 8Gi
   EXPECT_NE(s.find("for ((k = 0; k < 2; ++k)); do SERVER_HOSTS+="), std::string::npos) << s;
   EXPECT_NE(s.find("srun --het-group=0 --distribution=block"), std::string::npos) << s;
-  // The script's host list, run with a node list of two nodes, gives n1 n1 n2 (n2 ...).
+  // The script's host list, run with a node list of two nodes, gives n1 n1 n2 n2.
   const size_t a = s.find("SERVER_HOSTS=()"), b = s.find("\ndone\n", a) + 6;  // the outer loop's
   testing::WriteFile(dir_ + "/hosts.sh",
                      "scontrol() { if [ \"$2\" = hostnames ]; then echo n1; echo n2; fi; }\n" +
-                         s.substr(a, b - a) + "echo \"${SERVER_HOSTS[@]:0:3}\"\n");
+                         s.substr(a, b - a) + "echo \"${SERVER_HOSTS[@]}\"\n");
   auto p = Subprocess::Spawn({"/bin/bash", dir_ + "/hosts.sh"}, dir_ + "/hosts.out");
   ASSERT_TRUE(p.ok());
   auto st = p->Wait(std::chrono::seconds(10));
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << testing::ReadFile(dir_ + "/hosts.out");
-  EXPECT_EQ(testing::ReadFile(dir_ + "/hosts.out"), "n1 n1 n2\n");
+  EXPECT_EQ(testing::ReadFile(dir_ + "/hosts.out"), "n1 n1 n2 n2\n");
   // One per node by default.
   Result<std::string> one = RenderSlurm(dir_ + "/job.yaml", RenderOptions());
   ASSERT_TRUE(one.ok());
   EXPECT_NE(one->find("#SBATCH --nodes=3 --ntasks=3 --ntasks-per-node=1\n"), std::string::npos);
   // Two shards of one node on one port.
   testing::WriteFile(dir_ + "/same_port.yaml",
-                     "cluster:\n  servers: [h1:7000, h2:7000, h3:7001]\n  workers: 1\n");
+                     "cluster:\n  servers: [h1:7000, h2:7000, h3:7001, h4:7002]\n  workers: 1\n");
   Result<std::string> clash = RenderSlurm(dir_ + "/same_port.yaml", o);
   ASSERT_FALSE(clash.ok());
   EXPECT_NE(clash.status().message().find("servers 0 and 1 share a node"), std::string::npos)

@@ -138,13 +138,27 @@ def test_errors_carry_the_cpp_text(tmp_path):
         assert np.array_equal(c.pull_sparse("emb", [0, 1, 2, 3]), c.pull_sparse("emb", keys))
         assert np.array_equal(c.pull_sparse("emb", range(4)), c.pull_sparse("emb", keys))
         assert c.pull_sparse("emb", (2**64 - 1,)).shape == (1, 8)
-        for bad, why in (([1.5, 2.0], "keys: expected integers, got a sequence of dtype float64"),
+        assert c.pull_sparse("emb", []).shape == (0, 8)
+        # Ids NumPy would make floats of, NumPy integers, and negative ids (two's complement).
+        assert np.array_equal(c.pull_sparse("emb", [2**63, -1]),
+                              c.pull_sparse("emb", np.array([2**63, 2**64 - 1], np.uint64)))
+        assert np.array_equal(c.pull_sparse("emb", [np.int64(3), np.uint64(2)]),
+                              c.pull_sparse("emb", keys[[3, 2]]))
+        for bad, why in (([1.5, 2.0], "keys: element 0 is float, not an integer"),
+                         (np.array([1.5]), "keys: expected integers, got an array of dtype float64"),
                          ("1234", "keys: expected a sequence of integers"),
                          (7, "keys: expected a sequence of integers"),
-                         ([1, "x"], "keys: expected integers"),
-                         ([True, False], "keys: expected integers, got a sequence of dtype bool")):
+                         ({1, 2}, "keys: expected a sequence of integers (a list, or a NumPy "
+                                  "integer array), got set"),
+                         ({1: 2}, "got dict"),
+                         (iter([1, 2]), "got list_iterator"),
+                         ([1, "x"], "keys: element 1 is str, not an integer"),
+                         ([1, True], "keys: element 1 is bool, not an integer")):
             with pytest.raises(TypeError, match=re.escape(why)):
                 c.pull_sparse("emb", bad)
+        with pytest.raises(ValueError, match=re.escape("keys: element 0 (18446744073709551616) "
+                                                       "is outside [-2^63, 2^64)")):
+            c.pull_sparse("emb", [2**64])
         with pytest.raises(parasol.Error, match="is dense"):
             c.pull_sparse("w", keys)
         with pytest.raises(IndexError):

@@ -433,6 +433,33 @@ TEST_F(BatchReaderTest, ParsingThreadsHandOutTheSameBatchesAsOne) {
   }
 }
 
+// The data's last rows, all malformed, end it in a batch of no rows: still counted and named.
+TEST_F(BatchReaderTest, MalformedLastRowsAreCountedWithAnyThreadCount) {
+  {
+    std::ofstream out(dir_ + "/tail.tsv");
+    for (int i = 0; i < 8; ++i) out << kRow << "\n";
+    out << "1\tbad\n1\tbad too\n";
+  }
+  for (uint32_t threads : {1u, 3u}) {
+    ReaderOptions o;
+    o.files = {dir_ + "/tail.tsv"};
+    o.batch_size = 4;
+    o.reader_threads = threads;
+    BatchReader r(o);
+    uint32_t rows = 0;
+    for (int i = 0; i < 10; ++i) {
+      auto b = r.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      rows += (*b)->size;
+    }
+    EXPECT_EQ(rows, 8u) << threads;
+    EXPECT_EQ(r.bad_rows(), 2u) << threads;
+    EXPECT_EQ(r.first_bad_row(), dir_ + "/tail.tsv:9: expected 40 tab-separated fields, found 2")
+        << threads;
+  }
+}
+
 // A reader with parsing threads that is dropped while they work stops them (no hang, no use of
 // a freed batch: ASan and TSan builds see it), as does a reposition in the middle of a read.
 TEST_F(BatchReaderTest, ParsingThreadsStopWithTheReader) {
