@@ -134,16 +134,7 @@ struct Ticket {
   std::optional<Status> failure;  // how its wait failed
 };
 
-// An array's shape as Python prints it: "(2, 8)", "(16,)".
-std::string ShapeOf(const py::array& a) {
-  std::string s = "(";
-  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
-    if (d) s += ", ";
-    s += std::to_string(a.shape(d));
-  }
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-// A shape from its sizes: "(2, 8)", "(16,)".
+// A shape from its sizes, as Python prints it: "(2, 8)", "(16,)".
 std::string ShapeOf(const std::vector<py::ssize_t>& shape) {
   std::string s = "(";
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -151,6 +142,10 @@ std::string ShapeOf(const std::vector<py::ssize_t>& shape) {
     s += std::to_string(shape[d]);
   }
   return s + (shape.size() == 1 ? ",)" : ")");
+}
+// An array's shape.
+std::string ShapeOf(const py::array& a) {
+  return ShapeOf(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
 }
 
 // The array a pull writes into: `out` itself (never a converted copy, which the caller would
@@ -360,12 +355,8 @@ class Client {
         throw Error(InvalidArgument("table '" + t.name + "' is sparse"));
       }
       if (static_cast<uint64_t>(grads.size()) != t.NumElements()) {
-        std::string want = "(";
-        for (size_t d = 0; d < t.shape.size(); ++d) {
-          if (d) want += ", ";
-          want += std::to_string(t.shape[d]);
-        }
-        want += t.shape.size() == 1 ? ",)" : ")";
+        const std::string want =
+            ShapeOf(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
         throw Error(InvalidArgument("grads: expected shape " + want + " for table '" + t.name +
                                     "' (" + std::to_string(t.NumElements()) +
                                     " floats), got shape " + ShapeOf(grads) + " (" +
