@@ -1154,8 +1154,11 @@ double TorchRate(const std::string& data) {
 // and of the pairs' ratios (a pair without both figures is left out; fewer than 3: no rows).
 // Parsing is left out on both sides: PyTorch's script parses the file before its clock starts,
 // and Parasol's worker reads the file's binary copy (parasol convert, made before the pairs).
+// Threads as PyTorch's: the worker's kernels on 2 threads (worker.compute_threads), as
+// PyTorch's run on its 2 intra-op threads, each kept to a core (the job's shard shares them).
 void TorchRows(const std::string& data, std::vector<Row>* rows) {
   constexpr int kPairs = 5;
+  const std::string worker = "worker: {compute_threads: 2, pin_compute_threads: true}\n";
   const std::string parsed = data + ".pairs.bin";
   Result<ConvertReport> converted =
       ConvertCriteo(data, parsed, true, DataOptions::OnBadRow::kSkip);
@@ -1178,7 +1181,7 @@ void TorchRows(const std::string& data, std::vector<Row>* rows) {
       if ((side == 0) == (i % 2 == 0)) {
         torch_rate = TorchRate(data);
       } else {
-        const std::string summary = LaunchTraining(parsed, 1, 1, 1024);
+        const std::string summary = LaunchTraining(parsed, 1, 1, 1024, worker);
         rate = summary.empty() ? 0 : JsonFigure(summary, "/samples_per_second");
       }
     }
@@ -1395,6 +1398,11 @@ std::string RowName(std::string s) {
 void ComputeRows(const Options& opt, std::vector<Row>* rows) {
   std::vector<std::pair<std::string, std::unique_ptr<Backend>>> backends;
   backends.emplace_back("cpu", MakeCpuBackend(1));
+  // The same with its kernels split over every core (worker.compute_threads).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cores > 1) {
+    backends.emplace_back("cpu_" + std::to_string(cores) + "threads", MakeCpuBackend(1, cores, /*pin=*/true));
+  }
   for (bool tf32 : {false, true}) {
     auto cuda = MakeCudaBackend(0, tf32);
     if (cuda.ok()) {
@@ -1404,7 +1412,7 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
     }
   }
   for (auto& [name, backend] : backends) {
-    const bool gpu = name != "cpu";
+    const bool gpu = name.rfind("cpu", 0) != 0;
     const bool tf32 = name == "cuda_tf32";
     const int big = gpu ? 8192 : 1024;
     const double peak = GemmTflops(backend.get(), big, big, big, gpu ? 10 : 3);
@@ -1414,8 +1422,8 @@ void ComputeRows(const Options& opt, std::vector<Row>* rows) {
     cube += name;
     rows->push_back({cube, peak, "TFLOP/s",
                      std::nullopt, "", std::nullopt});
-    for (uint32_t batch : {4096u, 16384u}) {
-      if (!gpu && opt.quick && batch > 4096) continue;
+    for (uint32_t batch : {1024u, 4096u, 16384u}) {
+      if (gpu ? batch < 4096 : opt.quick && batch > 4096) continue;  // the CPU job's 1024 too
       // (Appended piece by piece: GCC 12 warns, wrongly, of an overlap in "b" + to_string(..).)
       std::string tag = "b";
       tag += std::to_string(batch);

@@ -729,6 +729,8 @@ Status ParseWorker(MapReader& root, WorkerOptions* w, const std::string& file) {
   MapReader r(root.Child("worker"), "worker", file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
   PARASOL_RETURN_IF_ERROR(r.Unsigned("blas_threads", 1, 1024, &w->blas_threads));
+  PARASOL_RETURN_IF_ERROR(r.Unsigned("compute_threads", 1, 256, &w->compute_threads));
+  PARASOL_RETURN_IF_ERROR(r.Bool("pin_compute_threads", &w->pin_compute_threads));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("cache_rows", 0, int64_t{1} << 40, &w->cache_rows));
   PARASOL_RETURN_IF_ERROR(r.Bool("tf32", &w->tf32));
   PARASOL_RETURN_IF_ERROR(r.Bool("fuse_requests", &w->fuse_requests));

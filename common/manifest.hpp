@@ -257,6 +257,9 @@ struct WorkerOptions {
   enum class Compute { kModel, kNone };
   Compute compute = Compute::kModel;
   uint32_t blas_threads = 1;   // OpenBLAS threads of a CPU worker
+  // Threads a CPU worker splits each kernel over (a product's rows, a kernel's samples).
+  uint32_t compute_threads = 1;
+  bool pin_compute_threads = false;  // each compute thread kept to a core of its own
   uint64_t cache_rows = 0;     // ssp: sparse rows kept and reused within the staleness (0: off)
   // A step's pulls travel in one message per shard, and its pushes with the tick in another
   // (false: one message per request, the tick once the pushes are acknowledged).

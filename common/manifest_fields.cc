@@ -401,7 +401,18 @@ std::vector<ManifestField> BuildTable() {
           "so the rate is what the data and parameter-server path can feed a device "
           "(`scripts/bench.sh --only feed`).");
   t.Field("worker.blas_threads", "unsigned integer, 1 to 1024", "1",
-          "OpenBLAS threads of a CPU worker.");
+          "OpenBLAS threads of a CPU worker, for each product.");
+  t.Field("worker.compute_threads", "unsigned integer, 1 to 256", "1",
+          "Threads a CPU worker splits each step's kernels over, its own included: a "
+          "product's rows or columns, the interaction's samples, the gradient rows. Under BSP "
+          "the shards wait while a worker computes, so on a host the job shares, as many as "
+          "its cores (`docs/performance.md`). Each split is the same at every step, so a run "
+          "repeats its results bit for bit at the same count.");
+  t.Field("worker.pin_compute_threads", "true or false", "false",
+          "With `compute_threads` above 1: keep the i-th compute thread (the worker's own first) "
+          "to the i-th core the process may use, so that no two of them queue on one core while "
+          "another is idle. For a host the worker has to itself, or whose cores the job's "
+          "processes share (`launch`); not where other jobs pin to the same cores.");
   t.Field("worker.cache_rows", "unsigned integer, 0 to 2^40", "0",
           "ssp (staleness s >= 1): sparse rows a worker keeps and reuses while the read bound "
           "allows (a row read when the shard's slowest worker was at m answers pulls up to "

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <exception>
 #include <new>
 
 #include "common/fatal.hpp"
@@ -11,9 +12,9 @@ namespace parasol {
 
 EnginePool::EnginePool(uint32_t engines) : engines_(engines == 0 ? 1 : engines) {
   background_ = std::thread([this] { BackgroundLoop(); });
-  if (engines_ == 1) return;  // a single engine runs on the request thread
-  threads_.reserve(engines_);
-  for (uint32_t e = 0; e < engines_; ++e) threads_.emplace_back([this, e] { Loop(e); });
+  // Engine 0 runs on the calling (request) thread, the others on threads of their own.
+  threads_.reserve(engines_ - 1);
+  for (uint32_t e = 1; e < engines_; ++e) threads_.emplace_back([this, e] { Loop(e); });
 }
 
 EnginePool::~EnginePool() {
@@ -39,13 +40,25 @@ void EnginePool::RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inli
     for (uint32_t e = 0; e < engines_; ++e) fn(e);
     return;
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  task_ = &fn;
-  pending_ = engines_;
-  ++generation_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    task_ = &fn;
+    pending_ = engines_ - 1;
+    ++generation_;
+  }
   work_cv_.notify_all();
+  // Engine 0 here, while the others run; they borrow fn, so they finish before this returns
+  // or throws.
+  std::exception_ptr failed;
+  try {
+    fn(0);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   task_ = nullptr;
+  if (failed) std::rethrow_exception(failed);
 }
 
 void EnginePool::Loop(uint32_t engine) {

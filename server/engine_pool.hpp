@@ -2,7 +2,8 @@
 //
 // Each engine owns a disjoint part of every table (sparse keys by EngineOfKey(), dense ranges
 // by position), so the row update path needs no per-row lock: a request is split so that each
-// engine touches only what it owns, and the request thread waits for all of them (fork-join).
+// engine touches only what it owns, and the request thread runs engine 0's part itself while
+// the engine threads run the others, then waits for them (fork-join).
 // Thread-safety: RunOnAll(), StartBackground() and FinishBackground() are called from one
 // thread at a time (the shard's request thread).
 #pragma once

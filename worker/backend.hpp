@@ -220,8 +220,11 @@ class Backend {
   bool profiling_ = false;
 };
 
-// The CPU backend (OpenBLAS with `threads` threads).
-std::unique_ptr<Backend> MakeCpuBackend(int threads = 1);
+// The CPU backend: OpenBLAS with `threads` threads per product, and each kernel (products
+// included) split by rows over `compute_threads` threads, the caller's among them; with `pin`,
+// each of those kept to a core of its own (worker.pin_compute_threads).
+std::unique_ptr<Backend> MakeCpuBackend(int threads = 1, int compute_threads = 1,
+                                        bool pin = false);
 
 // The CUDA backend on device `device` (cuBLAS, TF32 when `tf32`), or an error saying why it
 // cannot run here (no CUDA in this build, no device, ...).

@@ -1,17 +1,26 @@
 // The CPU backend: OpenBLAS for matrix products, plain loops for the rest. It is also the
 // reference the CUDA backend is tested against.
 #include <cblas.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/fatal.hpp"
 #include "kernels/embedding_pool.hpp"
 #include "worker/backend.hpp"
 #include "worker/interaction.hpp"
@@ -229,9 +238,181 @@ void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, c
   }
 }
 
+// Runs fn(chunk, thread) for every chunk 0 .. chunks - 1 and returns when all are done. The
+// calling thread (thread 0) and the helper threads (1 .. threads - 1) take the chunks in turn
+// as they come free, so a thread the system slows down takes fewer; what a chunk computes
+// depends only on the chunk, never on the thread that runs it. A step's kernels come one after
+// another, so while a step is under way (from a Run until EndStep) the helpers wait for the
+// next call by spinning, up to kStepSpin: a thread that slept costs more to wake than most
+// kernels' chunks take. Between steps they sleep, leaving the cores to the shards the job may
+// share them with. With `pin`, thread t (the caller from its first Run on) is kept to the t-th
+// of the cores the process may use: otherwise a scheduler may queue a helper it wakes behind
+// the thread that woke it, on one core, while another sits idle. One caller at a time.
+class ForkJoin {
+ public:
+  ForkJoin(int threads, bool pin) : threads_(std::max(1, threads)), pin_(pin && threads > 1) {
+    if (pin_) {
+      cpu_set_t allowed;
+      CPU_ZERO(&allowed);
+      if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c) {
+          if (CPU_ISSET(c, &allowed)) cores_.push_back(c);
+        }
+      }
+    }
+    helpers_.reserve(threads_ - 1);
+    for (int t = 1; t < threads_; ++t) {
+      helpers_.emplace_back([this, t] { Loop(t); });
+      PinTo(helpers_.back().native_handle(), t);
+    }
+  }
+  ~ForkJoin() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_.store(true);
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : helpers_) t.join();
+  }
+  ForkJoin(const ForkJoin&) = delete;
+  ForkJoin& operator=(const ForkJoin&) = delete;
+
+  int threads() const { return threads_; }
+
+  // fn(chunk, thread) is called as it is, with no copy and nothing allocated (a step's
+  // kernels allocate nothing). REQUIRES: 1 <= chunks <= kMaxChunks.
+  template <typename Fn>
+  void Run(int chunks, const Fn& fn) {
+    if (chunks <= 1 || threads_ == 1) {
+      for (int c = 0; c < chunks; ++c) fn(c, 0);
+      return;
+    }
+    if (pin_ && !caller_pinned_) {
+      // For good: giving the caller its cores back between steps (tried) lets the shards'
+      // threads queue behind it.
+      caller_pinned_ = true;
+      PinTo(pthread_self(), 0);
+    }
+    in_step_.store(true);
+    task_ = &fn;
+    call_ = [](const void* task, int chunk, int thread) {
+      (*static_cast<const Fn*>(task))(chunk, thread);
+    };
+    remaining_.store(chunks);
+    const uint64_t generation = Generation(state_.load()) + 1;
+    // Publishes the task to the spinning helpers, then to the sleeping ones.
+    state_.store(generation << 32 | uint64_t(chunks) << 16);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+    }
+    work_cv_.notify_all();
+    RunChunks(generation, 0);
+    if (!SpinUntil([&] { return remaining_.load() == 0; })) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return remaining_.load() == 0; });
+    }
+  }
+
+  // The step's kernels are all issued: the helpers go to sleep.
+  void EndStep() { in_step_.store(false); }
+
+  static constexpr int kMaxChunks = 0xffff;
+
+ private:
+  static constexpr std::chrono::microseconds kStepSpin{2000};
+
+  // state_: the call's generation (bits 32-63), its chunks (16-31) and the next chunk (0-15).
+  static uint64_t Generation(uint64_t s) { return s >> 32; }
+  static int Chunks(uint64_t s) { return static_cast<int>((s >> 16) & 0xffff); }
+  static int Next(uint64_t s) { return static_cast<int>(s & 0xffff); }
+
+  // Takes and runs chunks of the call `generation` until none is left.
+  void RunChunks(uint64_t generation, int thread) {
+    uint64_t s = state_.load();
+    while (Generation(s) == generation && Next(s) < Chunks(s)) {
+      if (!state_.compare_exchange_weak(s, s + 1)) continue;
+      // The call cannot end while this chunk is not done, so task_ is still its task.
+      try {
+        call_(task_, Next(s), thread);
+      } catch (const std::bad_alloc&) {
+        ExitOutOfMemory("a CPU worker's compute thread");
+      }
+      if (remaining_.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_cv_.notify_one();
+      }
+      s = state_.load();
+    }
+  }
+
+  // Spins until ready(), or the step ends, or kStepSpin has passed; ready()'s last answer.
+  template <typename Ready>
+  bool SpinUntil(Ready ready) const {
+    const auto until = std::chrono::steady_clock::now() + kStepSpin;
+    while (in_step_.load()) {
+      for (int i = 0; i < 64; ++i) {
+        if (ready()) return true;
+        __builtin_ia32_pause();
+      }
+      if (std::chrono::steady_clock::now() >= until) break;
+    }
+    return ready();
+  }
+
+  void PinTo(pthread_t thread, int t) {
+    if (!pin_ || cores_.empty()) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cores_[static_cast<size_t>(t) % cores_.size()], &set);
+    // Refused where the system does not allow it: then the thread runs where it is put.
+    (void)pthread_setaffinity_np(thread, sizeof set, &set);
+  }
+
+  void Loop(int thread) {
+    uint64_t seen = 0;
+    while (true) {
+      auto called = [&] { return stopping_.load() || Generation(state_.load()) != seen; };
+      if (!SpinUntil(called)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, called);
+      }
+      if (stopping_.load()) return;
+      seen = Generation(state_.load());
+      RunChunks(seen, thread);
+    }
+  }
+
+  const int threads_;
+  const bool pin_;
+  std::vector<int> cores_;  // the cores the process may use, with pin_
+  bool caller_pinned_ = false;
+  std::vector<std::thread> helpers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  // The call's task, set by Run before state_ names the call.
+  const void* task_ = nullptr;
+  void (*call_)(const void* task, int chunk, int thread) = nullptr;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int> remaining_{0};  // the call's chunks not done yet
+  std::atomic<bool> in_step_{false};
+  std::atomic<bool> stopping_{false};
+};
+
+// Chunk p's share [begin, end) of n items split into `parts` runs as even as can be.
+inline void PartOf(int64_t n, int parts, int p, int64_t* begin, int64_t* end) {
+  *begin = n * p / parts;
+  *end = n * (p + 1) / parts;
+}
+
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+  // `blas_threads`: OpenBLAS's threads for each product. `compute_threads`: the threads each
+  // step's kernels are split over (by rows of their output: a product's rows or columns, a
+  // kernel's samples or gradient rows), the calling one included.
+  CpuBackend(int blas_threads, int compute_threads, bool pin)
+      : pool_(compute_threads, pin), scratch_(pool_.threads()) {
+    openblas_set_num_threads(std::max(1, blas_threads));
+  }
 
   const char* name() const override { return "cpu"; }
 
@@ -264,6 +445,8 @@ class CpuBackend : public Backend {
     Download(host, src, n * sizeof(float));
   }
   void Fill(float* dst, float value, size_t n) override { std::fill(dst, dst + n, value); }
+  // A mark ends a step's work (everything here is done by then): the compute threads sleep.
+  void Mark(int /*mark*/) override { pool_.EndStep(); }
 
   void ClearOpTimes() override { op_times_.clear(); }
   std::vector<OpTime> OpTimes() const override {
@@ -280,9 +463,25 @@ class CpuBackend : public Backend {
                     trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', lda, ldb, ldc);
     }
     Timed timed(this, name);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                ldc);
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    // Split along the longer side of the output: each part one product of its rows (or
+    // columns) over the whole of k, so every element is the sum it is in one product.
+    const bool by_rows = m >= n;
+    const int parts = Parts(by_rows ? m : n, int64_t(m) * n * k, kGemmMacsPerPart);
+    pool_.Run(parts, [&](int p, int /*thread*/) {
+      int64_t begin, end;
+      PartOf(by_rows ? m : n, parts, p, &begin, &end);
+      const int len = static_cast<int>(end - begin);
+      if (len == 0) return;
+      if (by_rows) {
+        cblas_sgemm(CblasRowMajor, ta, tb, len, n, k, alpha, a + (trans_a ? begin : begin * lda),
+                    lda, b, ldb, beta, c + begin * ldc, ldc);
+      } else {
+        cblas_sgemm(CblasRowMajor, ta, tb, m, len, k, alpha, a, lda,
+                    b + (trans_b ? begin * ldb : begin), ldb, beta, c + begin, ldc);
+      }
+    });
   }
 
   void AddBias(float* y, const float* bias, int rows, int cols) override {
@@ -310,18 +509,48 @@ class CpuBackend : public Backend {
 
   void BiasActivation(float* y, const float* bias, int rows, int cols, bool relu) override {
     Timed timed(this, "bias_activation");
-    AddBias(y, bias, rows, cols);
-    if (relu) Relu(y, y, size_t(rows) * cols);
+    const int parts = Parts(rows, int64_t(rows) * cols, kElementsPerPart);
+    pool_.Run(parts, [&](int p, int /*thread*/) {
+      int64_t begin, end;
+      PartOf(rows, parts, p, &begin, &end);
+      float* part = y + begin * cols;
+      AddBias(part, bias, static_cast<int>(end - begin), cols);
+      if (relu) Relu(part, part, size_t(end - begin) * cols);
+    });
   }
 
   void BiasActivationBackward(float* dpre, float* db, const float* dy, const float* y, int rows,
                               int cols, bool relu) override {
     Timed timed(this, "bias_activation_backward");
-    if (relu) {
-      ReluBackward(dpre, dy, y, size_t(rows) * cols);
-      BiasGrad(db, dpre, rows, cols);
-    } else {
-      BiasGrad(db, dy, rows, cols);
+    const int parts = Parts(rows, int64_t(rows) * cols, kElementsPerPart);
+    if (parts == 1) {
+      if (relu) {
+        ReluBackward(dpre, dy, y, size_t(rows) * cols);
+        BiasGrad(db, dpre, rows, cols);
+      } else {
+        BiasGrad(db, dy, rows, cols);
+      }
+      return;
+    }
+    // Each chunk sums its rows' bias gradient; the chunks' sums are added in order (the same
+    // bits for the same number of chunks).
+    if (bias_parts_.size() < size_t(parts)) bias_parts_.resize(parts);
+    pool_.Run(parts, [&](int p, int /*thread*/) {
+      int64_t begin, end;
+      PartOf(rows, parts, p, &begin, &end);
+      const size_t at = size_t(begin) * cols, n = size_t(end - begin) * cols;
+      std::vector<float>& sum = bias_parts_[p];
+      sum.resize(cols);
+      if (relu) {
+        ReluBackward(dpre + at, dy + at, y + at, n);
+        BiasGrad(sum.data(), dpre + at, static_cast<int>(end - begin), cols);
+      } else {
+        BiasGrad(sum.data(), dy + at, static_cast<int>(end - begin), cols);
+      }
+    });
+    std::copy(bias_parts_[0].begin(), bias_parts_[0].begin() + cols, db);
+    for (int p = 1; p < parts; ++p) {
+      for (int c = 0; c < cols; ++c) db[c] += bias_parts_[p][c];
     }
   }
 
@@ -329,15 +558,20 @@ class CpuBackend : public Backend {
                      const float* values, const uint32_t* offsets, int batch,
                      uint32_t /*row_count*/) override {
     Timed timed(this, "embedding_pool");
-    for (int b = 0; b < batch; ++b) {
-      float* o = out + size_t(b) * dim;
-      std::fill(o, o + dim, 0.0f);
-      for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
-        const float* r = rows + size_t(indices[j]) * dim;
-        const float v = values ? values[j] : 1.0f;
-        for (int d = 0; d < dim; ++d) o[d] += v * r[d];
+    const int parts = Parts(batch, int64_t(batch) * dim, kElementsPerPart);
+    pool_.Run(parts, [&](int p, int /*thread*/) {
+      int64_t begin, end;
+      PartOf(batch, parts, p, &begin, &end);
+      for (int64_t b = begin; b < end; ++b) {
+        float* o = out + size_t(b) * dim;
+        std::fill(o, o + dim, 0.0f);
+        for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) {
+          const float* r = rows + size_t(indices[j]) * dim;
+          const float v = values ? values[j] : 1.0f;
+          for (int d = 0; d < dim; ++d) o[d] += v * r[d];
+        }
       }
-    }
+    });
   }
 
   void EmbeddingPoolBackward(float* drows, const float* dout, int dim, const uint32_t* indices,
@@ -376,40 +610,62 @@ class CpuBackend : public Backend {
     };
     constexpr uint32_t kAhead = 8;
     const int lanes = dim % 4 == 0 && dim <= 16 ? dim / 4 : 0;
-    for (uint32_t u = 0; u < unique; ++u) {
-      float* r = drows + size_t(u) * dim;
-      const uint32_t begin = row_start[u], end = row_start[u + 1];
-      if (lanes > 0) {
-        V4 acc[4] = {V4{}, V4{}, V4{}, V4{}};
+    const int parts = Parts(unique, int64_t(keys) * dim, kElementsPerPart);
+    pool_.Run(parts, [&](int p, int /*thread*/) {
+      int64_t first, last;
+      PartOf(unique, parts, p, &first, &last);
+      for (uint32_t u = static_cast<uint32_t>(first); u < last; ++u) {
+        float* r = drows + size_t(u) * dim;
+        const uint32_t begin = row_start[u], end = row_start[u + 1];
+        if (lanes > 0) {
+          V4 acc[4] = {V4{}, V4{}, V4{}, V4{}};
+          for (uint32_t k = begin; k < end; ++k) {
+            if (k + kAhead < keys) __builtin_prefetch(grad_row(k + kAhead));
+            const float* g = grad_row(k);
+            const V4 v = Broadcast(values ? values[occ[k]] : 1.0f);
+            for (int q = 0; q < lanes; ++q) {
+              acc[q] += v * *reinterpret_cast<const V4U*>(g + 4 * q);
+            }
+          }
+          for (int q = 0; q < lanes; ++q) *reinterpret_cast<V4U*>(r + 4 * q) = acc[q];
+          continue;
+        }
+        std::fill(r, r + dim, 0.0f);
         for (uint32_t k = begin; k < end; ++k) {
           if (k + kAhead < keys) __builtin_prefetch(grad_row(k + kAhead));
           const float* g = grad_row(k);
-          const V4 v = Broadcast(values ? values[occ[k]] : 1.0f);
-          for (int q = 0; q < lanes; ++q) acc[q] += v * *reinterpret_cast<const V4U*>(g + 4 * q);
+          const float v = values ? values[occ[k]] : 1.0f;
+          for (int d = 0; d < dim; ++d) r[d] += v * g[d];
         }
-        for (int q = 0; q < lanes; ++q) *reinterpret_cast<V4U*>(r + 4 * q) = acc[q];
-        continue;
       }
-      std::fill(r, r + dim, 0.0f);
-      for (uint32_t k = begin; k < end; ++k) {
-        if (k + kAhead < keys) __builtin_prefetch(grad_row(k + kAhead));
-        const float* g = grad_row(k);
-        const float v = values ? values[occ[k]] : 1.0f;
-        for (int d = 0; d < dim; ++d) r[d] += v * g[d];
-      }
-    }
+    });
   }
 
   void Interaction(float* out, int out_ld, const float* z, const float* e, int batch, int fields,
                    int dim) override {
     Timed timed(this, "interaction");
-    InteractionForward(out, out_ld, z, e, batch, fields, dim, &scratch_);
+    const int parts = Parts(batch, int64_t(batch) * fields * fields * dim, kElementsPerPart);
+    pool_.Run(parts, [&](int p, int thread) {
+      int64_t begin, end;
+      PartOf(batch, parts, p, &begin, &end);
+      InteractionForward(out + begin * out_ld, out_ld, z + begin * dim,
+                         e + begin * fields * dim, static_cast<int>(end - begin), fields, dim,
+                         &scratch_[thread]);
+    });
   }
 
   void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, const float* z,
                            const float* e, int batch, int fields, int dim) override {
     Timed timed(this, "interaction_backward");
-    parasol::InteractionBackward(dz, de, dout, dout_ld, z, e, batch, fields, dim, &scratch_);
+    const int parts = Parts(batch, int64_t(batch) * fields * fields * dim, kElementsPerPart);
+    pool_.Run(parts, [&](int p, int thread) {
+      int64_t begin, end;
+      PartOf(batch, parts, p, &begin, &end);
+      parasol::InteractionBackward(dz + begin * dim, de + begin * fields * dim,
+                                   dout + begin * dout_ld, dout_ld, z + begin * dim,
+                                   e + begin * fields * dim, static_cast<int>(end - begin),
+                                   fields, dim, &scratch_[thread]);
+    });
   }
 
   void SigmoidBce(float* probs, float* dlogits, double* loss_sum, const float* logits,
@@ -452,8 +708,29 @@ class CpuBackend : public Backend {
     std::chrono::steady_clock::time_point start_;
   };
 
+  // Below these amounts of work (multiply-adds of a product, elements of another kernel) per
+  // part, a kernel is not split further: a part must outweigh waking a thread for it.
+  static constexpr int64_t kGemmMacsPerPart = int64_t{1} << 18;
+  static constexpr int64_t kElementsPerPart = int64_t{1} << 14;
+
+  // Chunks per compute thread, so that a thread slowed down by others leaves its share to
+  // the rest.
+  static constexpr int64_t kChunksPerThread = 4;
+
+  // How many chunks a kernel over `items` independent rows, of `work` in all, is split into:
+  // 1 on one thread (the kernel as it is).
+  int Parts(int64_t items, int64_t work, int64_t per_part) const {
+    if (pool_.threads() == 1) return 1;
+    const int64_t by_work = std::max<int64_t>(1, work / per_part);
+    return static_cast<int>(std::max<int64_t>(
+        1, std::min({int64_t{pool_.threads()} * kChunksPerThread, items, by_work,
+                     int64_t{ForkJoin::kMaxChunks}})));
+  }
+
   std::map<std::string, OpTime> op_times_;
-  InteractionScratch scratch_;  // kept: no allocation per call
+  ForkJoin pool_;
+  std::vector<InteractionScratch> scratch_;     // one per thread; kept: no allocation per call
+  std::vector<std::vector<float>> bias_parts_;  // the chunks' bias gradients
 };
 
 }  // namespace
@@ -471,13 +748,14 @@ double Backend::TimeDevice(const std::function<void()>& work, int repeats, int s
   return times.empty() ? -1 : times[times.size() / 2];
 }
 
-std::unique_ptr<Backend> MakeCpuBackend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> MakeCpuBackend(int threads, int compute_threads, bool pin) {
+  return std::make_unique<CpuBackend>(threads, compute_threads, pin);
 }
 
 Result<std::unique_ptr<Backend>> MakeBackend(const WorkerOptions& options) {
   if (options.device == "cpu") {
-    return MakeCpuBackend(static_cast<int>(options.blas_threads));
+    return MakeCpuBackend(static_cast<int>(options.blas_threads),
+                          static_cast<int>(options.compute_threads), options.pin_compute_threads);
   }
   const int device = options.device == "cuda" ? 0 : std::atoi(options.device.c_str() + 5);
   Result<std::unique_ptr<Backend>> cuda = MakeCudaBackend(device, options.tf32);

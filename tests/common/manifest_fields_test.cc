@@ -76,7 +76,7 @@ std::string Describe(const Manifest& m) {
   list("data.train", d.train);
   const WorkerOptions& w = m.worker;
   s << "worker: " << w.device << " " << w.tf32 << " " << static_cast<int>(w.compute) << " "
-    << w.blas_threads << " " << w.cache_rows << " " << w.fuse_requests << " [" << w.command_dir
+    << w.blas_threads << " " << w.compute_threads << " " << w.pin_compute_threads << " " << w.cache_rows << " " << w.fuse_requests << " [" << w.command_dir
     << "]\n";
   list("worker.command", w.command);
   s << "wire: " << static_cast<int>(m.wire.compression) << "\n";

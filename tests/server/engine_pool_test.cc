@@ -8,12 +8,14 @@
 #include <atomic>
 #include <chrono>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
 namespace parasol {
 namespace {
 
+// Engine 0 runs on the caller (the request thread), every other on a thread of its own.
 TEST(EnginePoolTest, EveryEngineRunsOncePerCallOnItsOwnThread) {
   EnginePool pool(4);
   for (int round = 0; round < 200; ++round) {
@@ -26,7 +28,32 @@ TEST(EnginePoolTest, EveryEngineRunsOncePerCallOnItsOwnThread) {
     EXPECT_EQ(ran, std::vector<int>(4, 1));
     std::set<std::thread::id> distinct(ids.begin(), ids.end());
     EXPECT_EQ(distinct.size(), 4u);
-    EXPECT_EQ(distinct.count(std::this_thread::get_id()), 0u);
+    EXPECT_EQ(ids[0], std::this_thread::get_id());
+  }
+}
+
+// A failure of the caller's own engine reaches the caller only once the other engines, which
+// borrow the task, are done with it; the pool goes on working.
+TEST(EnginePoolTest, ACallersFailureWaitsForTheOtherEngines) {
+  EnginePool pool(3);
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> finished{0};
+    bool threw = false;
+    try {
+      pool.RunOnAll([&](uint32_t e) {
+        if (e == 0) throw std::runtime_error("engine 0 failed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        finished++;
+      });
+    } catch (const std::runtime_error& err) {
+      threw = true;
+      EXPECT_STREQ(err.what(), "engine 0 failed");
+      EXPECT_EQ(finished.load(), 2);
+    }
+    ASSERT_TRUE(threw);
+    std::atomic<int> ran{0};
+    pool.RunOnAll([&](uint32_t) { ran++; });
+    EXPECT_EQ(ran.load(), 3);
   }
 }
 
@@ -84,7 +111,7 @@ TEST(EnginePoolTest, BackgroundWorkRunsWithoutTheCallerAndFinishingRunsNothingTw
       pool.FinishBackground();
       for (const auto& d : work.done) EXPECT_EQ(d.load(), 1);
       // Every engine's work ran on one thread, neither this one nor an engine's; finishing
-      // then called each engine again (on its engine thread, or inline for one engine).
+      // then called each engine again (on its engine thread; engine 0 on this one).
       std::set<std::thread::id> first;
       for (const auto& [e, id] : work.first_on) first.insert(id);
       ASSERT_EQ(work.first_on.size(), engines);
@@ -92,7 +119,7 @@ TEST(EnginePoolTest, BackgroundWorkRunsWithoutTheCallerAndFinishingRunsNothingTw
       EXPECT_EQ(first.count(std::this_thread::get_id()), 0u);
       for (const auto& [e, ids] : work.ran_on) {
         EXPECT_EQ(ids.size(), 2u) << e;
-        EXPECT_EQ(ids.count(std::this_thread::get_id()), engines == 1 ? 1u : 0u) << e;
+        EXPECT_EQ(ids.count(std::this_thread::get_id()), e == 0 ? 1u : 0u) << e;
       }
     }
     pool.FinishBackground();  // nothing started: returns at once

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
 #include <random>
 
 #include "common/key_index.hpp"
@@ -189,6 +192,75 @@ TEST(ModelTest, DlrmRefusesLibsvmData) {
   auto model = Model::Create(*m, backend.get(), 8);
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("libsvm"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// dlrm-small's whole step with its kernels split over 2 and 3 compute threads (pinned or not):
+// the loss and every gradient close to one thread's, and the same bits at every run with the
+// same threads (a BSP run repeats itself bit for bit at a given worker.compute_threads).
+TEST(ModelTest, DlrmStepOnComputeThreadsMatchesOneThread) {
+  const Manifest m = ModelManifest(
+      "  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n");
+  const uint32_t n = 1024;
+  const Batch batch = MakeBatch(n, 7, 5000);
+  const BatchKeys p = DeduplicateKeys(batch.keys);
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  struct Outcome {
+    double loss = 0;
+    std::vector<float> rows;
+    std::vector<std::vector<float>> dense;
+  };
+  auto run = [&](int threads, bool pin) {
+    auto backend = MakeCpuBackend(1, threads, pin);
+    auto model = Model::Create(m, backend.get(), n);
+    EXPECT_TRUE(model.ok());
+    Model& net = **model;
+    std::mt19937_64 r(13);
+    std::vector<float> rows(p.unique.size() * net.sparse_dim());
+    for (auto& x : rows) x = u(r);
+    std::vector<std::vector<float>> params = DenseShapes(net);
+    for (auto& t : params) {
+      for (auto& v : t) v = u(r);
+    }
+    EXPECT_TRUE(RunModelStep(net, batch, p, rows, params, /*train=*/true).ok());
+    Outcome o;
+    o.loss = net.Loss();
+    o.rows.assign(net.RowGrads().begin(), net.RowGrads().end());
+    for (const auto& g : net.DenseGrads()) o.dense.emplace_back(g.begin(), g.end());
+    return o;
+  };
+  const Outcome one = run(1, false);
+  ASSERT_TRUE(std::isfinite(one.loss));
+  auto near = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!(std::abs(a[i] - b[i]) <= 1e-6f + 1e-3f * std::abs(b[i]))) return false;
+    }
+    return true;
+  };
+  for (int threads : {2, 3}) {
+    for (bool pin : {false, true}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + (pin ? " pinned" : ""));
+      const Outcome a = run(threads, pin), b = run(threads, pin);
+      EXPECT_NEAR(a.loss, one.loss, 1e-9 * std::abs(one.loss) + 1e-9);
+      EXPECT_TRUE(near(a.rows, one.rows));
+      ASSERT_EQ(a.dense.size(), one.dense.size());
+      for (size_t t = 0; t < a.dense.size(); ++t) EXPECT_TRUE(near(a.dense[t], one.dense[t])) << t;
+      // Repeatable: the same bits.
+      EXPECT_EQ(a.loss, b.loss);
+      EXPECT_EQ(0, std::memcmp(a.rows.data(), b.rows.data(), a.rows.size() * sizeof(float)));
+      for (size_t t = 0; t < a.dense.size(); ++t) {
+        EXPECT_EQ(0, std::memcmp(a.dense[t].data(), b.dense[t].data(),
+                                 a.dense[t].size() * sizeof(float)));
+      }
+    }
+  }
 }
 
 }  // namespace
