@@ -17,7 +17,10 @@
 #                    [--tiered BYTES] [--wire bf16|f16] [--prefetch-depth K] [--servers 1|2]
 #                    [--vocabulary V] [--full-every N] [--min-table-rows N]
 #                    [--checkpoint-dtype bf16] [--workers 2|3|4] [--overlap] [--together]
-#                    [--rollback] [--kill-launcher]
+#                    [--rollback] [--kill-launcher] [--compute-threads N]
+# --compute-threads N: every run's workers (the undisturbed one's too) split their kernels over N
+# threads, pinned (worker.compute_threads, worker.pin_compute_threads): a restarted worker must
+# give the same bits as one that never stopped.
 # --workers N: the job has N workers (BSP folds a clock's sums in rank order, so any number of
 # workers ends in the same bits whatever the order their pushes arrive in).
 # --overlap: the next kill does not wait for the job to recover from the one before: it comes a
@@ -85,6 +88,7 @@ OVERLAP=""
 TOGETHER=""
 ROLLBACK=""
 KILL_LAUNCHER=""
+COMPUTE_THREADS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
@@ -107,6 +111,7 @@ while [ $# -gt 0 ]; do
     --min-table-rows) MIN_TABLE_ROWS="$2"; shift 2 ;;
     --workers) WORKERS="$2"; shift 2 ;;
     --overlap) OVERLAP=1; shift ;;
+    --compute-threads) COMPUTE_THREADS="$2"; shift 2 ;;
     --together) TOGETHER=1; shift ;;
     --rollback) ROLLBACK=1; shift ;;
     --kill-launcher) KILL_LAUNCHER=1; shift ;;
@@ -246,6 +251,7 @@ data: {train: $work/train.tsv, eval: $work/eval.tsv}
 checkpoint: {dir: $work/$1-ckpt, every_seconds: 1${ROLLBACK:+, every_steps: 20}, keep: 3, full_every: $FULL_EVERY${CKPT_DTYPE:+, dtype: $CKPT_DTYPE}}
 $server
 ${WIRE:+wire: {compression: $WIRE\}}
+${COMPUTE_THREADS:+worker: {compute_threads: $COMPUTE_THREADS, pin_compute_threads: true\}}
 YAML
 }
 
