@@ -193,7 +193,8 @@ std::vector<ManifestField> BuildTable() {
             "over one is refused with an error naming it, see "
             "[Hostile input](operations.md#hostile-input)) and the disk tier of tiered tables.");
   t.Field("server.engine_threads", "unsigned integer, 1 to 256", "2",
-          "Engine threads per shard, each owning a disjoint key set.");
+          "Engines per shard, each owning a disjoint key set: the request thread runs the "
+          "first's part of each request, a thread of its own each of the others'.");
   t.Field("server.max_request_bytes", "size (e.g. 4MiB), at least 1KiB", "1GiB",
           "Payload one request may carry, and of the reply to one pull; larger is refused before "
           "any allocation.");
@@ -401,7 +402,8 @@ std::vector<ManifestField> BuildTable() {
           "so the rate is what the data and parameter-server path can feed a device "
           "(`scripts/bench.sh --only feed`).");
   t.Field("worker.blas_threads", "unsigned integer, 1 to 1024", "1",
-          "OpenBLAS threads of a CPU worker, for each product.");
+          "OpenBLAS threads of a CPU worker, for each product (with `compute_threads` above 1, "
+          "leave it at 1: each compute thread runs its own products).");
   t.Field("worker.compute_threads", "unsigned integer, 1 to 256", "1",
           "Threads a CPU worker splits each step's kernels over, its own included: a "
           "product's rows or columns, the interaction's samples, the gradient rows. Under BSP "
@@ -410,9 +412,10 @@ std::vector<ManifestField> BuildTable() {
           "repeats its results bit for bit at the same count.");
   t.Field("worker.pin_compute_threads", "true or false", "false",
           "With `compute_threads` above 1: keep the i-th compute thread (the worker's own first) "
-          "to the i-th core the process may use, so that no two of them queue on one core while "
-          "another is idle. For a host the worker has to itself, or whose cores the job's "
-          "processes share (`launch`); not where other jobs pin to the same cores.");
+          "to the i-th core the process could use at start, so that no two of them queue on one "
+          "core while another is idle; the reader's threads still run on any. For one worker "
+          "per host, or per set of cores given to it (a container's cpuset, `taskset`): workers "
+          "pinned on one host share its first cores.");
   t.Field("worker.cache_rows", "unsigned integer, 0 to 2^40", "0",
           "ssp (staleness s >= 1): sparse rows a worker keeps and reuses while the read bound "
           "allows (a row read when the shard's slowest worker was at m answers pulls up to "

@@ -102,7 +102,7 @@ void EnginePool::FinishBackground() {
     background_pending_ = false;  // not begun: nothing to stop
     background_cv_.wait(lock, [&] { return !background_running_; });
   }
-  // What the background left (all of it, when it never ran), on the engine threads.
+  // What the background left (all of it, when it never ran), on the engines (engine 0 here).
   static const std::atomic<bool> kNever{false};
   RunOnAll([&](uint32_t e) { background_fn_(e, kNever); });
   background_fn_ = nullptr;

@@ -27,7 +27,9 @@ class EnginePool {
 
   uint32_t size() const { return engines_; }
 
-  // Calls fn(e) once for every engine e and returns when all calls are done. With
+  // Calls fn(e) once for every engine e and returns when all calls are done: engine 0 on the
+  // calling thread, each other on its own thread. An exception from engine 0's call reaches
+  // the caller once the others are done; the others' end the process. With
   // `run_inline`, the caller makes the calls itself, one after another: cheaper for small
   // requests, and still no two calls touch the same engine's data at once.
   void RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inline = false);
@@ -41,8 +43,9 @@ class EnginePool {
   using BackgroundFn = std::function<void(uint32_t engine, const std::atomic<bool>& stop)>;
   void StartBackground(BackgroundFn fn);
   // Stops the background work (waiting only until fn notices), then calls fn(e, never) for
-  // every engine on the engine threads, in parallel at the normal priority, to finish what the
-  // background left. Returns at once when nothing was started.
+  // every engine as RunOnAll does (engine 0 on the caller, the others on their threads), in
+  // parallel at the normal priority, to finish what the background left. Returns at once
+  // when nothing was started.
   void FinishBackground();
 
  private:

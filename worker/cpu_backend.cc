@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iterator>
 #include <map>
@@ -20,6 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "common/cpu_affinity.hpp"
 #include "common/fatal.hpp"
 #include "kernels/embedding_pool.hpp"
 #include "worker/backend.hpp"
@@ -245,25 +249,27 @@ void InteractionBackward(float* dz, float* de, const float* dout, int dout_ld, c
 // another, so while a step is under way (from a Run until EndStep) the helpers wait for the
 // next call by spinning, up to kStepSpin: a thread that slept costs more to wake than most
 // kernels' chunks take. Between steps they sleep, leaving the cores to the shards the job may
-// share them with. With `pin`, thread t (the caller from its first Run on) is kept to the t-th
-// of the cores the process may use: otherwise a scheduler may queue a helper it wakes behind
-// the thread that woke it, on one core, while another sits idle. One caller at a time.
+// share them with. With `pin`, thread t (the caller from its first Run until the pool is
+// destroyed, on that thread) is kept to the t-th of the cores the process could use at start
+// (ProcessCores): otherwise a scheduler may queue a helper it wakes behind the thread that woke
+// it, on one core, while another sits idle. Unpinned helpers may use every one of those cores,
+// whatever their creator's. One caller at a time.
 class ForkJoin {
  public:
   ForkJoin(int threads, bool pin) : threads_(std::max(1, threads)), pin_(pin && threads > 1) {
-    if (pin_) {
-      cpu_set_t allowed;
-      CPU_ZERO(&allowed);
-      if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
-        for (int c = 0; c < CPU_SETSIZE; ++c) {
-          if (CPU_ISSET(c, &allowed)) cores_.push_back(c);
-        }
-      }
+    if (pin_ && static_cast<size_t>(threads_) > ProcessCores().size()) {
+      spdlog::warn("worker.compute_threads is {} but the process has {} cores: pinned threads "
+                   "share cores, and a thread spinning for the next kernel holds up another",
+                   threads_, ProcessCores().size());
     }
     helpers_.reserve(threads_ - 1);
     for (int t = 1; t < threads_; ++t) {
       helpers_.emplace_back([this, t] { Loop(t); });
-      PinTo(helpers_.back().native_handle(), t);
+      if (pin_) {
+        (void)PinThreadToCore(helpers_.back().native_handle(), t);  // refused: runs anywhere
+      } else {
+        (void)UnpinThread(helpers_.back().native_handle());
+      }
     }
   }
   ~ForkJoin() {
@@ -273,6 +279,11 @@ class ForkJoin {
     }
     work_cv_.notify_all();
     for (std::thread& t : helpers_) t.join();
+    // The caller gets its cores back (when it is the thread destroying the pool; a thread that
+    // has ended needs nothing back).
+    if (caller_pinned_ && pthread_equal(caller_, pthread_self())) {
+      (void)pthread_setaffinity_np(caller_, sizeof caller_cores_, &caller_cores_);
+    }
   }
   ForkJoin(const ForkJoin&) = delete;
   ForkJoin& operator=(const ForkJoin&) = delete;
@@ -288,18 +299,20 @@ class ForkJoin {
       return;
     }
     if (pin_ && !caller_pinned_) {
-      // For good: giving the caller its cores back between steps (tried) lets the shards'
-      // threads queue behind it.
-      caller_pinned_ = true;
-      PinTo(pthread_self(), 0);
+      // Until the pool is destroyed: giving the caller its cores back between steps (tried)
+      // let the shards' threads queue behind it.
+      caller_ = pthread_self();
+      CPU_ZERO(&caller_cores_);
+      caller_pinned_ = pthread_getaffinity_np(caller_, sizeof caller_cores_, &caller_cores_) == 0 &&
+                       PinThreadToCore(caller_, 0);
     }
     in_step_.store(true);
-    task_ = &fn;
+    task_ = &fn;  // fn outlives the call: no chunk can throw out of RunChunks (below)
     call_ = [](const void* task, int chunk, int thread) {
       (*static_cast<const Fn*>(task))(chunk, thread);
     };
     remaining_.store(chunks);
-    const uint64_t generation = Generation(state_.load()) + 1;
+    const uint64_t generation = (Generation(state_.load()) + 1) & 0xffffffffu;
     // Publishes the task to the spinning helpers, then to the sleeping ones.
     state_.store(generation << 32 | uint64_t(chunks) << 16);
     {
@@ -331,11 +344,16 @@ class ForkJoin {
     uint64_t s = state_.load();
     while (Generation(s) == generation && Next(s) < Chunks(s)) {
       if (!state_.compare_exchange_weak(s, s + 1)) continue;
-      // The call cannot end while this chunk is not done, so task_ is still its task.
+      // The call cannot end while this chunk is not done, so task_ is still its task. No
+      // chunk may leave the call early on any thread, the caller's included (the others would
+      // go on with a task whose frame is gone): a failure ends the process.
       try {
         call_(task_, Next(s), thread);
       } catch (const std::bad_alloc&) {
         ExitOutOfMemory("a CPU worker's compute thread");
+      } catch (const std::exception& e) {
+        spdlog::critical("a CPU worker's kernel failed: {}", e.what());
+        std::terminate();
       }
       if (remaining_.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -359,15 +377,6 @@ class ForkJoin {
     return ready();
   }
 
-  void PinTo(pthread_t thread, int t) {
-    if (!pin_ || cores_.empty()) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cores_[static_cast<size_t>(t) % cores_.size()], &set);
-    // Refused where the system does not allow it: then the thread runs where it is put.
-    (void)pthread_setaffinity_np(thread, sizeof set, &set);
-  }
-
   void Loop(int thread) {
     uint64_t seen = 0;
     while (true) {
@@ -384,8 +393,9 @@ class ForkJoin {
 
   const int threads_;
   const bool pin_;
-  std::vector<int> cores_;  // the cores the process may use, with pin_
   bool caller_pinned_ = false;
+  pthread_t caller_{};       // with caller_pinned_: the caller, and its cores before
+  cpu_set_t caller_cores_{};
   std::vector<std::thread> helpers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;

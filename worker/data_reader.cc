@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/cpu_affinity.hpp"
 #include "common/hash.hpp"
 #include "common/model_tables.hpp"
 
@@ -360,6 +361,9 @@ bool BatchReader::HandOut(Unit& u) {
 }
 
 void BatchReader::Run(uint64_t unit, Cursor at) {
+  // Started by the training thread, which may be kept to one core (worker.pin_compute_threads):
+  // the reader and its parsing threads run on any of the process's cores.
+  (void)UseProcessCores();
   Membership membership;
   {
     std::lock_guard<std::mutex> lock(mu_);

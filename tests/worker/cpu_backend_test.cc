@@ -1,5 +1,7 @@
 // Every layer's backward pass against finite differences of its forward pass (CPU backend).
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -286,126 +288,138 @@ namespace {
 // row gradients, the bias and activation forward, the activation's backward) have the same
 // bits; the products and the bias gradient (a sum over rows, added part by part) are close,
 // and the same bits at every call with the same threads. With and without pinning, and with
-// more threads than some kernels have rows.
+// more threads than a product has rows. A pinned backend gives the calling thread its cores
+// back when it is destroyed.
 TEST(CpuBackendTest, SplitKernelsMatchOneThread) {
   auto one = MakeCpuBackend(1, 1);
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof before, &before), 0);
   for (int threads : {2, 3, 5}) {
     for (bool pin : {false, true}) {
       SCOPED_TRACE("threads " + std::to_string(threads) + (pin ? " pinned" : ""));
-      auto split = MakeCpuBackend(1, threads, pin);
-      auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-        return a.size() == b.size() &&
-               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-      };
-      auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
-        if (a.size() != b.size()) return false;
-        for (size_t i = 0; i < a.size(); ++i) {
-          if (!(std::abs(a[i] - b[i]) <= 1e-4f * (1.0f + std::abs(b[i])))) return false;
-        }
-        return true;
-      };
+      {
+        auto split = MakeCpuBackend(1, threads, pin);
+        auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() &&
+                 std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+          if (a.size() != b.size()) return false;
+          for (size_t i = 0; i < a.size(); ++i) {
+            if (!(std::abs(a[i] - b[i]) <= 1e-4f * (1.0f + std::abs(b[i])))) return false;
+          }
+          return true;
+        };
 
-      // Products, split by rows (m >= n) and by columns (n > m), every transpose.
-      for (auto [m, n, k] : {std::tuple{700, 70, 90}, std::tuple{20, 900, 64},
-                             std::tuple{3, 2, 4}}) {
-        for (int t = 0; t < 4; ++t) {
-          const bool ta = t & 1, tb = t & 2;
-          SCOPED_TRACE("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                       std::to_string(k) + (ta ? " T" : " N") + (tb ? "T" : "N"));
-          const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
-          const std::vector<float> a = Random(size_t(ta ? k : m) * lda, 31);
-          const std::vector<float> b = Random(size_t(tb ? n : k) * ldb, 32);
-          const std::vector<float> c0 = Random(size_t(m) * ldc, 33);
-          std::vector<float> want = c0, got = c0, again = c0;
-          one->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
-                           want.data(), ldc);
-          split->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
-                             got.data(), ldc);
-          split->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
-                             again.data(), ldc);
-          ASSERT_TRUE(close(got, want));
-          ASSERT_TRUE(same_bits(got, again));
-          // The padding between rows is left as it was.
-          for (int r = 0; r < m; ++r) {
-            ASSERT_EQ(got[size_t(r) * ldc + n], c0[size_t(r) * ldc + n]);
+        // Products, split by rows (m >= n) and by columns (n > m), every transpose.
+        // The last: 3 rows, split 3 ways at most, among up to 5 threads.
+        for (auto [m, n, k] : {std::tuple{700, 70, 90}, std::tuple{20, 900, 64},
+                               std::tuple{3, 2, 200000}}) {
+          for (int t = 0; t < 4; ++t) {
+            const bool ta = t & 1, tb = t & 2;
+            SCOPED_TRACE("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                         std::to_string(k) + (ta ? " T" : " N") + (tb ? "T" : "N"));
+            const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+            const std::vector<float> a = Random(size_t(ta ? k : m) * lda, 31);
+            const std::vector<float> b = Random(size_t(tb ? n : k) * ldb, 32);
+            const std::vector<float> c0 = Random(size_t(m) * ldc, 33);
+            std::vector<float> want = c0, got = c0, again = c0;
+            one->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
+                             want.data(), ldc);
+            split->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
+                               got.data(), ldc);
+            split->GemmStrided(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f,
+                               again.data(), ldc);
+            ASSERT_TRUE(close(got, want));
+            ASSERT_TRUE(same_bits(got, again));
+            // The padding between rows is left as it was.
+            for (int r = 0; r < m; ++r) {
+              ASSERT_EQ(got[size_t(r) * ldc + n], c0[size_t(r) * ldc + n]);
+            }
           }
         }
-      }
 
-      // The interaction, both ways.
-      const int batch = 1500, fields = 26, dim = 16, ld = dim + 27 * 13 + 1;
-      const std::vector<float> z = Random(size_t(batch) * dim, 41);
-      const std::vector<float> e = Random(size_t(batch) * fields * dim, 42);
-      const std::vector<float> dout = Random(size_t(batch) * ld, 43);
-      std::vector<float> want(size_t(batch) * ld), got(want.size(), std::nanf(""));
-      one->Interaction(want.data(), ld, z.data(), e.data(), batch, fields, dim);
-      split->Interaction(got.data(), ld, z.data(), e.data(), batch, fields, dim);
-      ASSERT_TRUE(same_bits(got, want));
-      std::vector<float> dz(z.size()), de(e.size()), want_dz(z.size()), want_de(e.size());
-      one->InteractionBackward(want_dz.data(), want_de.data(), dout.data(), ld, z.data(),
-                               e.data(), batch, fields, dim);
-      split->InteractionBackward(dz.data(), de.data(), dout.data(), ld, z.data(), e.data(),
-                                 batch, fields, dim);
-      ASSERT_TRUE(same_bits(dz, want_dz));
-      ASSERT_TRUE(same_bits(de, want_de));
+        // The interaction, both ways.
+        const int batch = 1500, fields = 26, dim = 16, ld = dim + 27 * 13 + 1;
+        const std::vector<float> z = Random(size_t(batch) * dim, 41);
+        const std::vector<float> e = Random(size_t(batch) * fields * dim, 42);
+        const std::vector<float> dout = Random(size_t(batch) * ld, 43);
+        std::vector<float> want(size_t(batch) * ld), got(want.size(), std::nanf(""));
+        one->Interaction(want.data(), ld, z.data(), e.data(), batch, fields, dim);
+        split->Interaction(got.data(), ld, z.data(), e.data(), batch, fields, dim);
+        ASSERT_TRUE(same_bits(got, want));
+        std::vector<float> dz(z.size()), de(e.size()), want_dz(z.size()), want_de(e.size());
+        one->InteractionBackward(want_dz.data(), want_de.data(), dout.data(), ld, z.data(),
+                                 e.data(), batch, fields, dim);
+        split->InteractionBackward(dz.data(), de.data(), dout.data(), ld, z.data(), e.data(),
+                                   batch, fields, dim);
+        ASSERT_TRUE(same_bits(dz, want_dz));
+        ASSERT_TRUE(same_bits(de, want_de));
 
-      // Pooling, weighted, bags of 1 to 4 keys over 200 rows.
-      std::mt19937_64 rng(44);
-      std::vector<uint32_t> offsets = {0}, indices;
-      for (int b = 0; b < batch; ++b) {
-        const int keys = 1 + static_cast<int>(rng() % 4);
-        for (int j = 0; j < keys; ++j) indices.push_back(static_cast<uint32_t>(rng() % 200));
-        offsets.push_back(static_cast<uint32_t>(indices.size()));
-      }
-      const std::vector<float> rows = Random(size_t(200) * dim, 45);
-      const std::vector<float> values = Random(indices.size(), 46);
-      std::vector<float> pooled(size_t(batch) * dim), want_pooled(pooled.size());
-      one->EmbeddingPool(want_pooled.data(), rows.data(), dim, indices.data(), values.data(),
-                         offsets.data(), batch, 200);
-      split->EmbeddingPool(pooled.data(), rows.data(), dim, indices.data(), values.data(),
-                           offsets.data(), batch, 200);
-      ASSERT_TRUE(same_bits(pooled, want_pooled));
-
-      // Row gradients from the row index of those keys.
-      std::vector<uint32_t> row_start(201), occ(indices.size()), hot(201), key_bags;
-      for (int b = 0; b < batch; ++b) {
-        for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) key_bags.push_back(b);
-      }
-      const uint32_t hot_count = BuildRowIndex(indices.data(), indices.size(), 200,
-                                               row_start.data(), occ.data(), hot.data());
-      const std::vector<float> dpooled = Random(size_t(batch) * dim, 47);
-      std::vector<float> grads(size_t(200) * dim), want_grads(grads.size());
-      one->EmbeddingRowGrad(want_grads.data(), dpooled.data(), dim, row_start.data(), occ.data(),
-                            hot.data(), hot_count, key_bags.data(), values.data(), 200);
-      split->EmbeddingRowGrad(grads.data(), dpooled.data(), dim, row_start.data(), occ.data(),
-                              hot.data(), hot_count, key_bags.data(), values.data(), 200);
-      ASSERT_TRUE(same_bits(grads, want_grads));
-
-      // Bias and activation, forward and backward, with and without the ReLU.
-      for (bool relu : {true, false}) {
-        const int cols = 64;
-        const std::vector<float> y0 = Random(size_t(batch) * cols, 48);
-        const std::vector<float> bias = Random(cols, 49);
-        std::vector<float> y = y0, want_y = y0;
-        one->BiasActivation(want_y.data(), bias.data(), batch, cols, relu);
-        split->BiasActivation(y.data(), bias.data(), batch, cols, relu);
-        ASSERT_TRUE(same_bits(y, want_y));
-        const std::vector<float> dy = Random(y.size(), 50);
-        std::vector<float> dpre(y.size()), want_dpre(y.size()), db(cols), want_db(cols),
-            again_db(cols);
-        one->BiasActivationBackward(want_dpre.data(), want_db.data(), dy.data(), y.data(), batch,
-                                    cols, relu);
-        split->BiasActivationBackward(dpre.data(), db.data(), dy.data(), y.data(), batch, cols,
-                                      relu);
-        split->BiasActivationBackward(dpre.data(), again_db.data(), dy.data(), y.data(), batch,
-                                      cols, relu);
-        if (relu) {
-          ASSERT_TRUE(same_bits(dpre, want_dpre));
+        // Pooling, weighted, bags of 1 to 4 keys over 200 rows, enough bags to split.
+        std::mt19937_64 rng(44);
+        std::vector<uint32_t> offsets = {0}, indices;
+        const int bags = 8192;
+        for (int b = 0; b < bags; ++b) {
+          const int keys = 1 + static_cast<int>(rng() % 4);
+          for (int j = 0; j < keys; ++j) indices.push_back(static_cast<uint32_t>(rng() % 200));
+          offsets.push_back(static_cast<uint32_t>(indices.size()));
         }
-        ASSERT_TRUE(close(db, want_db));
-        ASSERT_TRUE(same_bits(db, again_db));
+        const std::vector<float> rows = Random(size_t(200) * dim, 45);
+        const std::vector<float> values = Random(indices.size(), 46);
+        std::vector<float> pooled(size_t(bags) * dim), want_pooled(pooled.size());
+        one->EmbeddingPool(want_pooled.data(), rows.data(), dim, indices.data(), values.data(),
+                           offsets.data(), bags, 200);
+        split->EmbeddingPool(pooled.data(), rows.data(), dim, indices.data(), values.data(),
+                             offsets.data(), bags, 200);
+        ASSERT_TRUE(same_bits(pooled, want_pooled));
+
+        // Row gradients from the row index of those keys.
+        std::vector<uint32_t> row_start(201), occ(indices.size()), hot(201), key_bags;
+        for (int b = 0; b < bags; ++b) {
+          for (uint32_t j = offsets[b]; j < offsets[b + 1]; ++j) key_bags.push_back(b);
+        }
+        const uint32_t hot_count = BuildRowIndex(indices.data(), indices.size(), 200,
+                                                 row_start.data(), occ.data(), hot.data());
+        const std::vector<float> dpooled = Random(size_t(bags) * dim, 47);
+        std::vector<float> grads(size_t(200) * dim), want_grads(grads.size());
+        one->EmbeddingRowGrad(want_grads.data(), dpooled.data(), dim, row_start.data(), occ.data(),
+                              hot.data(), hot_count, key_bags.data(), values.data(), 200);
+        split->EmbeddingRowGrad(grads.data(), dpooled.data(), dim, row_start.data(), occ.data(),
+                                hot.data(), hot_count, key_bags.data(), values.data(), 200);
+        ASSERT_TRUE(same_bits(grads, want_grads));
+
+        // Bias and activation, forward and backward, with and without the ReLU.
+        for (bool relu : {true, false}) {
+          const int cols = 64;
+          const std::vector<float> y0 = Random(size_t(batch) * cols, 48);
+          const std::vector<float> bias = Random(cols, 49);
+          std::vector<float> y = y0, want_y = y0;
+          one->BiasActivation(want_y.data(), bias.data(), batch, cols, relu);
+          split->BiasActivation(y.data(), bias.data(), batch, cols, relu);
+          ASSERT_TRUE(same_bits(y, want_y));
+          const std::vector<float> dy = Random(y.size(), 50);
+          std::vector<float> dpre(y.size()), want_dpre(y.size()), db(cols), want_db(cols),
+              again_db(cols);
+          one->BiasActivationBackward(want_dpre.data(), want_db.data(), dy.data(), y.data(), batch,
+                                      cols, relu);
+          split->BiasActivationBackward(dpre.data(), db.data(), dy.data(), y.data(), batch, cols,
+                                        relu);
+          split->BiasActivationBackward(dpre.data(), again_db.data(), dy.data(), y.data(), batch,
+                                        cols, relu);
+          if (relu) {
+            ASSERT_TRUE(same_bits(dpre, want_dpre));
+          }
+          ASSERT_TRUE(close(db, want_db));
+          ASSERT_TRUE(same_bits(db, again_db));
+        }
+        split->Mark(0);  // the step's end: the helpers sleep
       }
-      split->Mark(0);  // the step's end: the helpers sleep
+      cpu_set_t after;
+      CPU_ZERO(&after);
+      ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
+      ASSERT_TRUE(CPU_EQUAL(&before, &after)) << "the caller's cores were not given back";
     }
   }
 }
