@@ -195,7 +195,10 @@ class MapReader {
       *out = n.Scalar() == "true";
       return Status::Ok();
     }
-    return ErrorAt(n, PathOf(key), "expected true or false");
+    // Said as the others say it: the value given, when it is one (YAML's yes, on, 1 are not).
+    return ErrorAt(n, PathOf(key),
+                   n.IsScalar() ? "expected true or false, got '" + n.Scalar() + "'"
+                                : std::string("expected true or false"));
   }
 
   Status DurationMs(const std::string& key, int64_t* out) {

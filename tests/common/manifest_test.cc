@@ -398,6 +398,31 @@ TEST(ManifestWorkerTest, ComputeIsModelOrNone) {
             " (parasol manifest explain worker.compute)");
 }
 
+TEST(ManifestWorkerTest, ComputeThreadsAreBoundedAndPinningIsABool) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\n", "w.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker.compute_threads, 1u);
+  EXPECT_FALSE(m->worker.pin_compute_threads);
+  m = ParseManifest(
+      "cluster:\n  servers: [a:1]\nworker: {compute_threads: 8, pin_compute_threads: true}\n",
+      "w.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->worker.compute_threads, 8u);
+  EXPECT_TRUE(m->worker.pin_compute_threads);
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  compute_threads: 0\n"),
+            "job.yaml:4:20: key 'worker.compute_threads': value 0 is out of range [1, 256]"
+            " (parasol manifest explain worker.compute_threads)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  compute_threads: 257\n"),
+            "job.yaml:4:20: key 'worker.compute_threads': value 257 is out of range [1, 256]"
+            " (parasol manifest explain worker.compute_threads)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  pin_compute_threads: maybe\n"),
+            "job.yaml:4:24: key 'worker.pin_compute_threads': expected true or false, got "
+            "'maybe' (parasol manifest explain worker.pin_compute_threads)");
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nworker:\n  pin_compute_threads: [1]\n"),
+            "job.yaml:4:24: key 'worker.pin_compute_threads': expected true or false"
+            " (parasol manifest explain worker.pin_compute_threads)");
+}
+
 TEST(ManifestTrainingTest, BadConsistencyFieldsAreRefused) {
   EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\ntraining:\n  consistency: eventual\n"),
             "job.yaml:4:16: key 'training.consistency': expected one of bsp|ssp|asp, got "
