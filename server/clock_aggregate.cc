@@ -21,6 +21,27 @@ float* ClockAggregate::Part::SparseSum(uint32_t table, uint32_t engine, uint64_t
   return s.sums.data() + size_t{i} * dim;
 }
 
+void ClockAggregate::Part::ReserveSparse(uint32_t table, uint32_t engine, size_t more,
+                                         uint32_t dim) {
+  SparseSums& s = sparse_[table][engine];
+  const size_t n = s.keys.size() + more;
+  s.index.Reserve(n);
+  s.keys.reserve(n);
+  s.sums.reserve(n * dim);
+}
+
+void ClockAggregate::Part::Clear() {
+  for (auto& t : sparse_) {
+    for (SparseSums& s : t) {
+      s.index.Clear();
+      s.keys.clear();
+      s.sums.clear();
+    }
+  }
+  for (auto& d : dense_) d.reset();
+  std::fill(dense_elements_.begin(), dense_elements_.end(), 0);
+}
+
 float* ClockAggregate::Part::DenseSum(uint32_t table, uint64_t elements) {
   if (!dense_[table]) {
     dense_[table] = std::make_unique<float[]>(elements);  // zeroed
@@ -52,13 +73,51 @@ uint64_t ClockAggregate::Part::MemoryBytes() const {
   return n;
 }
 
-ClockAggregate::ClockAggregate(uint32_t tables, uint32_t engines)
-    : tables_(tables), engines_(engines) {}
+ClockAggregate::ClockAggregate(uint32_t tables, uint32_t engines, SpareParts* spares)
+    : tables_(tables), engines_(engines), spares_(spares) {}
 
 ClockAggregate::Part& ClockAggregate::PartOf(int64_t worker) {
   auto it = parts_.find(worker);
-  if (it == parts_.end()) it = parts_.try_emplace(worker, tables_, engines_).first;
-  return it->second;
+  if (it != parts_.end()) return it->second;
+  if (spares_ && !spares_->parts.empty()) {
+    Part& spare = spares_->parts.back();
+    spares_->bytes -= std::min(spares_->bytes, spare.MemoryBytes());
+    it = parts_.try_emplace(worker, std::move(spare)).first;
+    spares_->parts.pop_back();
+    ++spares_->reused;
+    return it->second;
+  }
+  return parts_.try_emplace(worker, tables_, engines_).first->second;
+}
+
+void ClockAggregate::Recycle() {
+  std::vector<Part> done;
+  if (combined_) done.push_back(std::move(*combined_));
+  for (auto& [w, p] : parts_) done.push_back(std::move(p));
+  for (Part& p : rest_) done.push_back(std::move(p));
+  combined_.reset();
+  parts_.clear();
+  rest_.clear();
+  GiveToSpares(done);
+}
+
+void ClockAggregate::EndCombine() {
+  std::vector<Part> done = std::move(rest_);
+  rest_.clear();
+  GiveToSpares(done);
+}
+
+void ClockAggregate::GiveToSpares(std::vector<Part>& done) {
+  if (!spares_) return;
+  for (Part& p : done) {
+    if (p.sparse_.size() != tables_ || (tables_ > 0 && p.sparse_[0].size() != engines_)) continue;
+    if (spares_->parts.size() >= spares_->max_parts) return;
+    p.Clear();  // the sparse buffers' capacity stays, and counts
+    const uint64_t bytes = p.MemoryBytes();
+    if (spares_->bytes + bytes > spares_->max_bytes) continue;
+    spares_->bytes += bytes;
+    spares_->parts.push_back(std::move(p));
+  }
 }
 
 void ClockAggregate::PrepareCombine() {

@@ -16,8 +16,14 @@
 // server.max_pending_bytes, count each worker's), and the fold grows the lowest rank's part
 // to the union of the keys while the others are still held.
 //
-// Thread-safety: PartOf() and PrepareCombine() are called on the request thread; the sums of
-// (table, engine) of a part, and CombineOn(engine), are touched only by that engine.
+// Reuse: a clock's parts, once applied, can go to a SpareParts (Recycle()), their sums cleared
+// and their buffers kept; a later clock's new parts are taken from there. Once the shard has
+// seen a clock as large, a clock's sums need no allocation, no growth (with its copies) and no
+// page faults of fresh memory.
+//
+// Thread-safety: PartOf(), PrepareCombine() and Recycle() are called on the request thread;
+// the sums of (table, engine) of a part, and CombineOn(engine), are touched only by that
+// engine.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +36,8 @@
 #include "common/sharding.hpp"
 
 namespace parasol {
+
+struct SpareParts;
 
 class ClockAggregate {
  public:
@@ -44,6 +52,8 @@ class ClockAggregate {
     // The sum row of `key` in sparse table `table`, owned by `engine`; zeroes when new. The
     // pointer is valid until the next call for the same (table, engine).
     float* SparseSum(uint32_t table, uint32_t engine, uint64_t key, uint32_t dim);
+    // Room for `more` new keys of (table, engine) without growing.
+    void ReserveSparse(uint32_t table, uint32_t engine, size_t more, uint32_t dim);
 
     // Calls fn(key, sum) for every key summed in (table, engine).
     template <typename Fn>
@@ -78,6 +88,9 @@ class ClockAggregate {
 
    private:
     friend class ClockAggregate;
+    // Drops every sum, keeping the sparse sums' buffers (the dense ones are freed).
+    void Clear();
+
     struct SparseSums {
       KeyIndex index{16};
       std::vector<uint64_t> keys;
@@ -88,10 +101,14 @@ class ClockAggregate {
     std::vector<uint64_t> dense_elements_;
   };
 
-  ClockAggregate(uint32_t tables, uint32_t engines);
+  // New parts are taken from `spares` when it has one (it must outlive this aggregate).
+  ClockAggregate(uint32_t tables, uint32_t engines, SpareParts* spares = nullptr);
 
   // The part of `worker` (a rank, or kNoWorker), made when new. Not after PrepareCombine().
   Part& PartOf(int64_t worker);
+  // Once the clock is applied (or dropped): gives its parts to the spares, as far as they
+  // take them, and leaves this aggregate empty.
+  void Recycle();
   // The parts by worker, in rank order (kNoWorker first). Empty once combined.
   const std::map<int64_t, Part>& parts() const { return parts_; }
 
@@ -101,8 +118,8 @@ class ClockAggregate {
   // PrepareCombine() does nothing.
   void PrepareCombine();
   void CombineOn(uint32_t engine);
-  // After every CombineOn(): frees the parts folded in.
-  void EndCombine() { rest_.clear(); }
+  // After every CombineOn(): frees the parts folded in (gives them to the spares).
+  void EndCombine();
   bool combined() const { return combined_ != nullptr; }
   // The combined sums (after PrepareCombine() and every CombineOn()).
   const Part& sums() const { return *combined_; }
@@ -116,12 +133,26 @@ class ClockAggregate {
   uint64_t MemoryBytes() const;
 
  private:
+  // Clears `done` and keeps as many as the spares take; frees the others.
+  void GiveToSpares(std::vector<Part>& done);
+
   uint32_t tables_;
   uint32_t engines_;
+  SpareParts* spares_;
   std::map<int64_t, Part> parts_;
   std::unique_ptr<Part> combined_;
   // While combining: the parts after the first, in rank order (the first became combined_).
   std::vector<Part> rest_;
+};
+
+// Applied clocks' parts, cleared, for the next clocks (ClockAggregate::Recycle()). Bounded:
+// at most max_parts parts of at most max_bytes in all (MemoryBytes()).
+struct SpareParts {
+  size_t max_parts = 4;
+  uint64_t max_bytes = 0;
+  uint64_t bytes = 0;        // what the kept parts hold
+  uint64_t reused = 0;       // parts taken by a later clock, since the start
+  std::vector<ClockAggregate::Part> parts;
 };
 
 // A shard's aggregates of the clocks not yet applied, by clock. Checkpoints hold them

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/optimizer_layout.hpp"
+#include "common/small_copy.hpp"
 
 namespace parasol {
 
@@ -180,25 +181,31 @@ bool AllFinite(const float* v, uint64_t n) {
   return bad == 0;
 }
 
-// What one run's update may change, copied before it so that it can be put back.
+// What one run's update may change, copied before it so that it can be put back. The buffers
+// only grow (a run is at most kGuardRun elements, or one row), and the copies are inline: a
+// shard saves every row it updates.
 struct RunBackup {
   std::vector<float> w, a, b;
   std::vector<uint32_t> step;
   float row_acc = 0;
   uint32_t row_step = 0;
 
+  static void Keep(std::vector<float>& to, const float* from, uint64_t n) {
+    if (to.size() < n) to.resize(n);
+    CopyFloats(to.data(), from, n);
+  }
   void Save(const float* wv, const OptimizerState& s, uint64_t n) {
-    w.assign(wv, wv + n);
-    if (s.a) a.assign(s.a, s.a + n);
-    if (s.b) b.assign(s.b, s.b + n);
+    Keep(w, wv, n);
+    if (s.a) Keep(a, s.a, n);
+    if (s.b) Keep(b, s.b, n);
     if (s.row_acc) row_acc = *s.row_acc;
     if (s.step && s.step_per_element) step.assign(s.step, s.step + n);
     if (s.step && !s.step_per_element) row_step = *s.step;
   }
   void Restore(float* wv, const OptimizerState& s, uint64_t n) const {
-    std::copy(w.begin(), w.begin() + n, wv);
-    if (s.a) std::copy(a.begin(), a.begin() + n, s.a);
-    if (s.b) std::copy(b.begin(), b.begin() + n, s.b);
+    CopyFloats(wv, w.data(), n);
+    if (s.a) CopyFloats(s.a, a.data(), n);
+    if (s.b) CopyFloats(s.b, b.data(), n);
     if (s.row_acc) *s.row_acc = row_acc;
     if (s.step && s.step_per_element) std::copy(step.begin(), step.begin() + n, s.step);
     if (s.step && !s.step_per_element) *s.step = row_step;

@@ -73,6 +73,9 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
       held_count_(membership_.max_ranks(), 0),
       held_worker_bytes_(membership_.max_ranks(), 0),
       reply_dropped_since_(membership_.max_ranks()) {
+  // A clock has a part per worker; what the spares keep is bounded like the pending sums.
+  spare_parts_.max_parts = membership_.max_ranks() + 1;
+  spare_parts_.max_bytes = manifest_.server.max_pending_bytes / 2;
   tables_status_ = ResetTables();
 }
 
@@ -1066,7 +1069,7 @@ Status ShardServer::HandlePush(const Header& req, const PayloadView& p, Header* 
   auto& agg = aggregates_[req.clock];
   if (!agg) {
     agg = std::make_unique<ClockAggregate>(static_cast<uint32_t>(manifest_.tables.size()),
-                                           engines_.size());
+                                           engines_.size(), &spare_parts_);
   }
   return req.op == Op::PushSparse ? AggregatePushSparse(req, p, *agg)
                                   : AggregatePushDense(req, p, *agg);
@@ -1144,6 +1147,7 @@ void ShardServer::ApplyReadyAggregates() {
       continue;
     }
     ApplyAggregate(it->first, *it->second);
+    it->second->Recycle();
     aggregates_.erase(it);
   }
 }
@@ -2064,6 +2068,11 @@ MetricTable ShardServer::Metrics() const {
             counters_.bsp_rows_before_reply.load(), "pass=\"before_reply\"");
   m.Counter("bsp_rows_after_reply", "parasol_bsp_rows_applied_total", "",
             counters_.bsp_rows_after_reply.load(), "pass=\"after_reply\"");
+  m.Counter("bsp_sum_parts_reused", "parasol_bsp_sum_parts_reused_total",
+            "Parts of BSP clocks' sums that took the buffers of a clock applied before.",
+            spare_parts_.reused);
+  m.Gauge("bsp_spare_sum_bytes", "parasol_bsp_spare_sum_bytes",
+          "Bytes of applied clocks' sum buffers kept for the next clocks.", spare_parts_.bytes);
   m.Counter("tick_pushes_checked", "parasol_tick_pushes_checked_total",
             "Pushes ticks named, found applied before they passed.",
             counters_.tick_pushes_checked);

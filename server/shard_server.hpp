@@ -582,6 +582,8 @@ class ShardServer {
   // dense_installed_clock_ (merged: begin -> end).
   std::vector<std::map<uint64_t, uint64_t>> dense_installed_;
   int64_t dense_installed_clock_ = -1;
+  // BSP: applied clocks' sum buffers, for the next clocks' (before the aggregates that use it).
+  SpareParts spare_parts_;
   PendingAggregates aggregates_;  // BSP: by clock; in checkpoints
   // The second pass of a split apply, run before the shard handles anything else.
   std::optional<DeferredApply> deferred_apply_;

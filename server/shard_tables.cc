@@ -11,6 +11,7 @@
 #include "common/hash.hpp"
 #include "common/initializer.hpp"
 #include "common/sharding.hpp"
+#include "common/small_copy.hpp"
 #include "common/transport.hpp"
 #include "server/optimizer.hpp"
 #include "server/shard_server.hpp"
@@ -180,7 +181,7 @@ Status ShardServer::HandlePullSparse(const Header& req, const PayloadView& p, He
                     const float* row =
                         create && mine ? part.FindOrCreate(key, clock) : part.Find(key);
                     if (row) {
-                      std::memcpy(dst, row, out_bytes);
+                      CopyFloats(dst, row, out_floats);
                       return;
                     }
                     // Not admitted yet: the initial value, and no row is created.
@@ -321,6 +322,7 @@ Status ShardServer::AggregatePushSparse(const Header& req, const PayloadView& p,
   ClockAggregate::Part& part = agg.PartOf(req.worker_id);
   engines_.RunOnAll(
       [&](uint32_t e) {
+        part.ReserveSparse(req.table_id, e, engine_positions_[e].size(), dim);
         for (uint32_t i : engine_positions_[e]) {
           float* sum = part.SparseSum(req.table_id, e, p.Key(i), dim);
           const std::byte* g = p.Row(i);
@@ -548,6 +550,7 @@ void ShardServer::FinishDeferredApply() {
       ApplySparseSums(e, d->clock, *d->aggregate, d, /*rest=*/true, d->scale, d->now);
     });
   }
+  deferred_apply_->aggregate->Recycle();
   deferred_apply_.reset();
 }
 

@@ -117,15 +117,17 @@ class SparseTable {
     // admission counts of keys not yet admitted (dropped first while over max_rows).
     void Sweep(size_t max_buckets, uint32_t now);
 
-    // Lookahead for batched access: the index bucket of a key some iterations ahead, then its
-    // row a few iterations later (its bucket is cached by then).
+    // Lookahead for batched access, in three stages some iterations apart: the index bucket
+    // of a key, then (the bucket cached by then) the key of the row in it, then (both cached)
+    // the key's own row, found.
     void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
-    // The row in the key's home bucket, and its key: the key's own row in the common case.
-    // The row's first cache lines (up to 4: an optimizer step reads its state too).
+    // The row's first cache lines (up to 4: an optimizer step reads its state too), found by
+    // a lookup: a key that is not in its home bucket (linear probing moves about a third of
+    // them at the index's fullest) gets its own row loaded, not its home bucket's. Call it
+    // after PrefetchIndex() and PrefetchHomeKey() of the same key, or the lookup waits.
     void PrefetchRow(uint64_t key) const {
-      const uint32_t slot = index_.HomeSlot(key);
+      const uint32_t slot = index_.Find(key, keys());
       if (slot == SlotIndex::kAbsent) return;
-      __builtin_prefetch(&KeyAt(slot));
       // Every line the row touches, from the line its first byte is in.
       const auto first = reinterpret_cast<uintptr_t>(RowAt(slot));
       const uintptr_t end = first + std::min<size_t>(size_t{row_words_} * sizeof(float), 256);
@@ -144,11 +146,13 @@ class SparseTable {
     // keys ahead so that the cache misses of many keys overlap.
     template <typename KeyOf, typename Fn>
     void ForEachKeyAt(size_t n, KeyOf&& key_of, Fn&& fn) {
-      constexpr size_t kIndexAhead = 16, kRowAhead = 8;
+      constexpr size_t kIndexAhead = 24, kKeyAhead = 16, kRowAhead = 8;
       for (size_t j = 0; j < std::min(n, kIndexAhead); ++j) PrefetchIndex(key_of(j));
+      for (size_t j = 0; j < std::min(n, kKeyAhead); ++j) PrefetchHomeKey(key_of(j));
       for (size_t j = 0; j < std::min(n, kRowAhead); ++j) PrefetchRow(key_of(j));
       for (size_t j = 0; j < n; ++j) {
         if (j + kIndexAhead < n) PrefetchIndex(key_of(j + kIndexAhead));
+        if (j + kKeyAhead < n) PrefetchHomeKey(key_of(j + kKeyAhead));
         if (j + kRowAhead < n) PrefetchRow(key_of(j + kRowAhead));
         fn(j, key_of(j));
       }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/sharding.hpp"
@@ -90,6 +91,159 @@ TEST(ClockAggregateTest, AOneWorkerClockIsCombinedWithoutACopyAndAnEmptyOneHasNo
   none.PrepareCombine();
   EXPECT_TRUE(none.sums().SparseKeys(0, 0).empty());
   EXPECT_EQ(none.sums().DenseSumIfAny(0), nullptr);
+}
+
+// Sums of `n` keys from `first` for worker `w` of `agg`, and 8 dense elements.
+void PushSums(ClockAggregate& agg, uint32_t w, uint64_t first, uint64_t n, uint32_t engines) {
+  constexpr uint32_t kDim = 4;
+  for (uint64_t k = first; k < first + n; ++k) {
+    float* sum = agg.PartOf(w).SparseSum(0, EngineOfKey(k, engines), k, kDim);
+    for (uint32_t d = 0; d < kDim; ++d) sum[d] += static_cast<float>(k % 7 + d) * (w + 1.5f);
+  }
+  float* dense = agg.PartOf(w).DenseSum(1, 8);
+  for (uint32_t i = 0; i < 8; ++i) dense[i] += static_cast<float>(i) * (w + 1.5f);
+}
+
+void Combine(ClockAggregate& agg, uint32_t engines) {
+  agg.PrepareCombine();
+  for (uint32_t e = 0; e < engines; ++e) agg.CombineOn(e);
+  agg.EndCombine();
+}
+
+TEST(ClockAggregateTest, AnAppliedClocksPartsAreReusedClearedAndBounded) {
+  constexpr uint32_t kEngines = 2, kDim = 4;
+  SpareParts spares;
+  spares.max_parts = 2;
+  spares.max_bytes = 1ull << 30;
+  std::vector<const float*> buffers(kEngines);
+  {
+    // Clock 0: two workers' sums of 2,000 keys each, 1,000 of them shared.
+    ClockAggregate c0(2, kEngines, &spares);
+    PushSums(c0, 0, 0, 2000, kEngines);
+    PushSums(c0, 1, 1000, 2000, kEngines);
+    Combine(c0, kEngines);
+    ASSERT_EQ(c0.sums().SparseKeys(0, 0).size() + c0.sums().SparseKeys(0, 1).size(), 3000u);
+    for (uint32_t e = 0; e < kEngines; ++e) buffers[e] = c0.sums().SparseSumsOf(0, e);
+    // Worker 1's part went to the spares when it was folded in; the sums once applied.
+    EXPECT_EQ(spares.parts.size(), 1u);
+    c0.Recycle();
+    EXPECT_FALSE(c0.combined());
+    EXPECT_TRUE(c0.parts().empty());
+    EXPECT_EQ(spares.parts.size(), 2u);
+    EXPECT_GT(spares.bytes, 3000u * kDim * sizeof(float));
+  }
+  // Clock 1 takes them: cleared (no keys, no dense sums), with their buffers.
+  ClockAggregate c1(2, kEngines, &spares);
+  ClockAggregate fresh(2, kEngines);  // the same pushes, without spares
+  ClockAggregate::Part& p0 = c1.PartOf(0);
+  EXPECT_EQ(spares.reused, 1u);
+  for (uint32_t e = 0; e < kEngines; ++e) {
+    EXPECT_TRUE(p0.SparseKeys(0, e).empty());
+    EXPECT_EQ(p0.FindSparse(0, e, 5), KeyIndex::kAbsent) << "a key of clock 0";
+  }
+  EXPECT_EQ(p0.DenseSumIfAny(1), nullptr);
+  for (ClockAggregate* agg : {&c1, &fresh}) {
+    PushSums(*agg, 0, 5000, 1500, kEngines);
+    PushSums(*agg, 1, 1500, 1500, kEngines);  // some of clock 0's keys again
+  }
+  EXPECT_EQ(spares.reused, 2u);
+  EXPECT_TRUE(spares.parts.empty());
+  EXPECT_EQ(spares.bytes, 0u);
+  Combine(c1, kEngines);
+  Combine(fresh, kEngines);
+  for (uint32_t e = 0; e < kEngines; ++e) {
+    // The union of clock 1 fits in clock 0's union's buffers: nothing was allocated.
+    EXPECT_EQ(c1.sums().SparseSumsOf(0, e), buffers[e]) << "engine " << e;
+    const auto keys = c1.sums().SparseKeys(0, e), want = fresh.sums().SparseKeys(0, e);
+    ASSERT_EQ(std::vector<uint64_t>(keys.begin(), keys.end()),
+              std::vector<uint64_t>(want.begin(), want.end()));
+    EXPECT_EQ(std::memcmp(c1.sums().SparseSumsOf(0, e), fresh.sums().SparseSumsOf(0, e),
+                          keys.size() * kDim * sizeof(float)),
+              0)
+        << "engine " << e;
+  }
+  ASSERT_NE(c1.sums().DenseSumIfAny(1), nullptr);
+  EXPECT_EQ(std::memcmp(c1.sums().DenseSumIfAny(1), fresh.sums().DenseSumIfAny(1), 8 * 4), 0);
+
+  // The bounds: one part at most; and no part over the bytes.
+  for (const auto& [max_parts, max_bytes, kept] :
+       {std::tuple<size_t, uint64_t, size_t>{1, 1ull << 30, 1}, {4, 64, 0}}) {
+    SpareParts few;
+    few.max_parts = max_parts;
+    few.max_bytes = max_bytes;
+    ClockAggregate agg(2, kEngines, &few);
+    PushSums(agg, 0, 0, 500, kEngines);
+    PushSums(agg, 1, 0, 500, kEngines);
+    Combine(agg, kEngines);
+    agg.Recycle();
+    EXPECT_EQ(few.parts.size(), kept) << max_parts << " parts, " << max_bytes << " bytes";
+    EXPECT_LE(few.bytes, max_bytes);
+  }
+}
+
+// A real shard, two workers, six clocks of pushes of changing keys: the rows are what the
+// formula gives for each clock's own sums, though every clock after the first sums into the
+// buffers of the one before.
+TEST(BspOrderTest, EachClockAppliesItsOwnSumsInTheBuffersOfTheClockBefore) {
+  const std::string manifest =
+      "cluster:\n  servers: [127.0.0.1:1]\n  workers: 2\n"
+      "server:\n  engine_threads: 2\n"
+      "training: {consistency: bsp}\n"
+      "tables:\n"
+      "  - {name: e, kind: sparse, dim: 4, optimizer: {kind: sgd, lr: 1.0}}\n";
+  constexpr uint32_t kDim = 4, kWorkers = 2;
+  constexpr int64_t kClocks = 6;
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < 300; ++i) keys.push_back((i + 1) * 0x9E3779B97F4A7C15ull);
+  testing::InProcessShard shard(manifest, "bsp-reuse");
+  const uint64_t before = shard.Pull(0, 0, keys);
+  ASSERT_TRUE(shard.Answered(before));
+  std::vector<float> want(keys.size() * kDim);
+  std::memcpy(want.data(), shard.Reply(before).data(), want.size() * sizeof(float));
+  for (int64_t clock = 0; clock < kClocks; ++clock) {
+    std::vector<std::vector<float>> sums(keys.size());
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      // Each clock and worker leaves out another third of the keys.
+      std::vector<uint64_t> mine;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if ((i + clock + w) % 3 == 0) continue;
+        mine.push_back(keys[i]);
+        // What InProcessShard::Push sends, summed in rank order from 0.
+        if (sums[i].empty()) sums[i].assign(kDim, 0.0f);
+        const float scale = static_cast<float>((clock + 1) * (w + 1));
+        for (uint32_t d = 0; d < kDim; ++d) {
+          sums[i][d] += scale * 0.01f * static_cast<float>(keys[i] % 13 + d);
+        }
+      }
+      EXPECT_TRUE(shard.Answered(shard.Push(0, clock, mine, w, static_cast<float>((clock + 1) *
+                                                                                  (w + 1)))));
+    }
+    for (uint32_t w = 0; w < kWorkers; ++w) EXPECT_TRUE(shard.Answered(shard.Tick(clock + 1, w)));
+    // SGD at lr 1 on the average over the two workers (Optimizer::Apply's arithmetic).
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (sums[i].empty()) continue;
+      for (uint32_t d = 0; d < kDim; ++d) {
+        float& v = want[i * kDim + d];
+        const double g = static_cast<double>(sums[i][d]) * (1.0 / kWorkers) + 0.0 * v;
+        v = static_cast<float>(v - 1.0 * g);
+      }
+    }
+  }
+  EXPECT_EQ(shard.Stat("bsp_clocks_applied"), static_cast<uint64_t>(kClocks));
+  // Both parts of each clock after the first took the buffers of the clock before.
+  EXPECT_EQ(shard.Stat("bsp_sum_parts_reused"), (kClocks - 1) * kWorkers);
+  const uint64_t after = shard.Pull(0, kClocks, keys);
+  ASSERT_TRUE(shard.Answered(after));
+  ASSERT_EQ(shard.Reply(after).size(), want.size() * sizeof(float));
+  std::vector<float> got(want.size());
+  std::memcpy(got.data(), shard.Reply(after).data(), got.size() * sizeof(float));
+  for (size_t j = 0; j < got.size(); ++j) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[j], 4);
+    std::memcpy(&b, &want[j], 4);
+    ASSERT_EQ(a, b) << "key " << j / kDim << " element " << j % kDim << ": " << got[j]
+                    << " against " << want[j];
+  }
 }
 
 // A real shard, three workers: every order of their pushes and ticks ends in the same rows and
