@@ -355,8 +355,11 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
                                   const std::atomic<bool>* stop) {
   const uint32_t engines = engines_.size();
   // Applies the sums at `count` positions among table t's keys on this engine (positions
-  // null: the first `count`).
-  auto apply = [&](size_t t, const uint32_t* positions, size_t count) {
+  // null: the first `count`); with `until`, stops (checked every kStopEvery keys) once it is
+  // set. Returns the keys applied.
+  constexpr size_t kStopEvery = 64;
+  auto apply = [&](size_t t, const uint32_t* positions, size_t count,
+                   const std::atomic<bool>* until = nullptr) -> size_t {
     SparseTable& table = *sparse_[t];
     SparseTable::Partition& part = table.partition(e);
     part.SetWrite(ClockWrite(clock));
@@ -377,18 +380,23 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
       }
     }
     // With the index buckets and rows of the keys ahead prefetched.
-    part.ForEachKeyAt(
+    const size_t done = part.ForEachKeyAt(
         count, [&](size_t j) { return keys[at(j)]; },
-        [&](size_t j, uint64_t key) {
+        [&](size_t j, uint64_t key) -> bool {
+          if (until && j % kStopEvery == 0 && until->load(std::memory_order_relaxed)) {
+            return false;
+          }
           float* row = part.Find(key);
           if (!row) row = part.CountPush(key, now);
-          if (!row) return;
+          if (!row) return true;
           opt.Apply(row, opt.SparseState(row, dim),
                     reinterpret_cast<const std::byte*>(sums + at(j) * dim), dim, scale);
           SparseTable::Partition::LastClock(row) = now;
           part.Store(row);
+          return true;
         });
     part.Settle();
+    return done;
   };
   if (!split) {
     for (size_t t = 0; t < sparse_.size(); ++t) {
@@ -429,20 +437,19 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
     }
     return;
   }
-  // The second pass, resumed where it stopped, in chunks between which it may stop: small, as
-  // the request thread waits for the one under way at the background's idle priority.
-  constexpr size_t kChunk = 64;
+  // The second pass, resumed where it stopped. It may stop every kStopEvery keys: few, as the
+  // request thread waits for those under way at the background's idle priority. A table's
+  // keys are one walk, so that the prefetches run ahead across those stops.
   DeferredApply::Progress& p = split->progress[e];
   for (; p.table < sparse_.size(); ++p.table, p.next = 0) {
     if (!sparse_[p.table]) continue;
     const std::vector<uint32_t>& later = split->rest[p.table][e];
-    while (p.next < later.size()) {
-      if (stop && stop->load(std::memory_order_relaxed)) return;
-      const size_t n = std::min(kChunk, later.size() - p.next);
-      apply(p.table, later.data() + p.next, n);
-      counters_.bsp_rows_after_reply += n;
-      p.next += n;
-    }
+    if (p.next >= later.size()) continue;
+    const size_t left = later.size() - p.next;
+    const size_t n = apply(p.table, later.data() + p.next, left, stop);
+    counters_.bsp_rows_after_reply += n;
+    p.next += n;
+    if (n < left) return;  // stopped
   }
 }
 

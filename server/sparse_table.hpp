@@ -143,9 +143,11 @@ class SparseTable {
     }
 
     // Calls fn(j, key_of(j)) for j in [0, n), in order, prefetching the index and rows of the
-    // keys ahead so that the cache misses of many keys overlap.
+    // keys ahead so that the cache misses of many keys overlap. `fn` may return bool: false
+    // stops the walk before key j. Returns the keys handled. (The first keys of a walk have
+    // no lead: a caller with many keys walks them in one call.)
     template <typename KeyOf, typename Fn>
-    void ForEachKeyAt(size_t n, KeyOf&& key_of, Fn&& fn) {
+    size_t ForEachKeyAt(size_t n, KeyOf&& key_of, Fn&& fn) {
       constexpr size_t kIndexAhead = 24, kKeyAhead = 16, kRowAhead = 8;
       for (size_t j = 0; j < std::min(n, kIndexAhead); ++j) PrefetchIndex(key_of(j));
       for (size_t j = 0; j < std::min(n, kKeyAhead); ++j) PrefetchHomeKey(key_of(j));
@@ -154,8 +156,13 @@ class SparseTable {
         if (j + kIndexAhead < n) PrefetchIndex(key_of(j + kIndexAhead));
         if (j + kKeyAhead < n) PrefetchHomeKey(key_of(j + kKeyAhead));
         if (j + kRowAhead < n) PrefetchRow(key_of(j + kRowAhead));
-        fn(j, key_of(j));
+        if constexpr (std::is_same_v<std::invoke_result_t<Fn&, size_t, uint64_t>, bool>) {
+          if (!fn(j, key_of(j))) return j;
+        } else {
+          fn(j, key_of(j));
+        }
       }
+      return n;
     }
     // The same over the keys at `positions`: fn(positions[j], key).
     template <typename KeyOf, typename Fn>
