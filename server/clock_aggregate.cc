@@ -21,13 +21,13 @@ float* ClockAggregate::Part::SparseSum(uint32_t table, uint32_t engine, uint64_t
   return s.sums.data() + size_t{i} * dim;
 }
 
-void ClockAggregate::Part::ReserveSparse(uint32_t table, uint32_t engine, size_t more,
+void ClockAggregate::Part::ReserveSparse(uint32_t table, uint32_t engine, size_t keys,
                                          uint32_t dim) {
   SparseSums& s = sparse_[table][engine];
-  const size_t n = s.keys.size() + more;
-  s.index.Reserve(n);
-  s.keys.reserve(n);
-  s.sums.reserve(n * dim);
+  if (!s.keys.empty()) return;
+  s.index.Reserve(keys);
+  s.keys.reserve(keys);
+  s.sums.reserve(keys * dim);
 }
 
 void ClockAggregate::Part::Clear() {
@@ -70,6 +70,18 @@ uint64_t ClockAggregate::Part::MemoryBytes() const {
     }
   }
   for (uint64_t e : dense_elements_) n += e * 4;
+  return n;
+}
+
+uint64_t ClockAggregate::Part::SumBytes() const {
+  uint64_t n = 0;
+  for (const auto& t : sparse_) {
+    for (const auto& s : t) {
+      n += KeyIndex::CapacityFor(s.keys.size()) * (sizeof(uint64_t) + sizeof(uint32_t)) +
+           s.keys.size() * sizeof(uint64_t) + s.sums.size() * sizeof(float);
+    }
+  }
+  for (uint64_t e : dense_elements_) n += e * sizeof(float);
   return n;
 }
 
@@ -181,6 +193,13 @@ void ClockAggregate::ResliceDense(uint32_t table, SliceRange from, SliceRange to
   for (auto& [worker, p] : parts_) p.ResliceDense(table, from, to);
   if (combined_) combined_->ResliceDense(table, from, to);
   for (Part& p : rest_) p.ResliceDense(table, from, to);
+}
+
+uint64_t ClockAggregate::SumBytes() const {
+  uint64_t n = combined_ ? combined_->SumBytes() : 0;
+  for (const auto& [worker, p] : parts_) n += p.SumBytes();
+  for (const Part& p : rest_) n += p.SumBytes();
+  return n;
 }
 
 uint64_t ClockAggregate::MemoryBytes() const {

@@ -52,8 +52,9 @@ class ClockAggregate {
     // The sum row of `key` in sparse table `table`, owned by `engine`; zeroes when new. The
     // pointer is valid until the next call for the same (table, engine).
     float* SparseSum(uint32_t table, uint32_t engine, uint64_t key, uint32_t dim);
-    // Room for `more` new keys of (table, engine) without growing.
-    void ReserveSparse(uint32_t table, uint32_t engine, size_t more, uint32_t dim);
+    // Before the first push to (table, engine): room for its `keys` without growing (a part
+    // taken from the spares usually has it already). Later pushes grow as vectors do.
+    void ReserveSparse(uint32_t table, uint32_t engine, size_t keys, uint32_t dim);
 
     // Calls fn(key, sum) for every key summed in (table, engine).
     template <typename Fn>
@@ -84,7 +85,11 @@ class ClockAggregate {
     // tensor: the elements of both keep their sums, the others start at zero.
     void ResliceDense(uint32_t table, SliceRange from, SliceRange to);
 
+    // The memory held (buffers' capacity, a reused part's included).
     uint64_t MemoryBytes() const;
+    // What the sums themselves take, as a part made for them would: the pending limits count
+    // this, the same whichever part (reused or not) a worker's pushes land in.
+    uint64_t SumBytes() const;
 
    private:
     friend class ClockAggregate;
@@ -131,6 +136,7 @@ class ClockAggregate {
   void ResliceDense(uint32_t table, SliceRange from, SliceRange to);
 
   uint64_t MemoryBytes() const;
+  uint64_t SumBytes() const;  // Part::SumBytes() of every part
 
  private:
   // Clears `done` and keeps as many as the spares take; frees the others.
@@ -146,7 +152,8 @@ class ClockAggregate {
 };
 
 // Applied clocks' parts, cleared, for the next clocks (ClockAggregate::Recycle()). Bounded:
-// at most max_parts parts of at most max_bytes in all (MemoryBytes()).
+// at most max_parts parts of at most max_bytes in all (MemoryBytes()). The pending limits do
+// not count what a reused part holds beyond its sums (SumBytes()).
 struct SpareParts {
   size_t max_parts = 4;
   uint64_t max_bytes = 0;

@@ -96,7 +96,7 @@ bool ShardServer::StagedCheckpointFits() const {
   for (const auto& t : dense_) {
     if (t) bytes += t->MemoryBytes();
   }
-  for (const auto& [c, agg] : aggregates_) bytes += agg->MemoryBytes();
+  for (const auto& [c, agg] : aggregates_) bytes += agg->SumBytes();
   return bytes <= manifest_.checkpoint.copy_below;
 }
 

@@ -75,7 +75,7 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
       reply_dropped_since_(membership_.max_ranks()) {
   // A clock has a part per worker; what the spares keep is bounded like the pending sums.
   spare_parts_.max_parts = membership_.max_ranks() + 1;
-  spare_parts_.max_bytes = manifest_.server.max_pending_bytes / 2;
+  spare_parts_.max_bytes = manifest_.server.max_pending_bytes / 4;
   tables_status_ = ResetTables();
 }
 
@@ -1089,7 +1089,7 @@ Status ShardServer::CheckPendingLimits(int64_t clock, uint64_t new_bytes) const 
                              " = " + std::to_string(o.max_pending_clocks) + ")");
   }
   uint64_t bytes = new_bytes;  // at most: a new sum row and its key per pushed row
-  for (const auto& [c, agg] : aggregates_) bytes += agg->MemoryBytes();
+  for (const auto& [c, agg] : aggregates_) bytes += agg->SumBytes();
   if (bytes > o.max_pending_bytes) {
     return ResourceExhausted("push for clock " + std::to_string(clock) + ": the summed pushes "
                              "would take " + std::to_string(bytes) + " bytes (server." +

@@ -121,13 +121,13 @@ class SparseTable {
     // of a key, then (the bucket cached by then) the key of the row in it, then (both cached)
     // the key's own row, found.
     void PrefetchIndex(uint64_t key) const { index_.Prefetch(key); }
-    // The row's first cache lines (up to 4: an optimizer step reads its state too), found by
-    // a lookup: a key that is not in its home bucket (linear probing moves about a third of
-    // them at the index's fullest) gets its own row loaded, not its home bucket's. Call it
-    // after PrefetchIndex() and PrefetchHomeKey() of the same key, or the lookup waits.
+    // The row's first cache lines (up to 4: an optimizer step reads its state too) when the
+    // key's home bucket holds it, the common case; else nothing (a key further along its
+    // probe run, or absent, would need more keys read than are in cache). Call it after
+    // PrefetchIndex() and PrefetchHomeKey() of the same key: it reads those.
     void PrefetchRow(uint64_t key) const {
-      const uint32_t slot = index_.Find(key, keys());
-      if (slot == SlotIndex::kAbsent) return;
+      const uint32_t slot = index_.HomeSlot(key);
+      if (slot == SlotIndex::kAbsent || KeyAt(slot) != key) return;
       // Every line the row touches, from the line its first byte is in.
       const auto first = reinterpret_cast<uintptr_t>(RowAt(slot));
       const uintptr_t end = first + std::min<size_t>(size_t{row_words_} * sizeof(float), 256);
