@@ -2,18 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 namespace parasol {
 namespace {
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
 
 TEST(SmallCopyTest, CopiesExactlyTheRunBitForBitAndNothingAround) {
   // Every length through three blocks and a tail, from every offset of a 32-byte line: the
@@ -26,13 +21,14 @@ TEST(SmallCopyTest, CopiesExactlyTheRunBitForBitAndNothingAround) {
       for (size_t i = 0; i < src.size(); ++i) {
         uint32_t u = 0x7fc00000u + static_cast<uint32_t>(i * 7919 + n);  // quiet NaNs
         if (i % 3 == 1) u = 0x80000000u;                                  // -0
-        if (i % 3 == 2) u = Bits(static_cast<float>(i) + 0.5f);
+        if (i % 3 == 2) u = std::bit_cast<uint32_t>(static_cast<float>(i) + 0.5f);
         std::memcpy(&src[i], &u, sizeof(u));
       }
       CopyFloats(dst.data() + offset, src.data() + offset, n);
       for (size_t i = 0; i < dst.size(); ++i) {
         const bool inside = i >= offset && i < offset + n;
-        ASSERT_EQ(Bits(dst[i]), inside ? Bits(src[i]) : Bits(kGuard))
+        ASSERT_EQ(std::bit_cast<uint32_t>(dst[i]),
+                  std::bit_cast<uint32_t>(inside ? src[i] : kGuard))
             << "n " << n << " offset " << offset << " element " << i;
       }
     }
