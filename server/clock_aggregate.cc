@@ -124,9 +124,13 @@ void ClockAggregate::GiveToSpares(std::vector<Part>& done) {
   for (Part& p : done) {
     if (p.sparse_.size() != tables_ || (tables_ > 0 && p.sparse_[0].size() != engines_)) continue;
     if (spares_->parts.size() >= spares_->max_parts) return;
+    const uint64_t used = p.SumBytes();
     p.Clear();  // the sparse buffers' capacity stays, and counts
     const uint64_t bytes = p.MemoryBytes();
     if (spares_->bytes + bytes > spares_->max_bytes) continue;
+    // Buffers far larger than the clock just summed in them (one large clock, such as a
+    // restart's replays, then ordinary ones) are freed: every reuse clears the whole index.
+    if (bytes > 4 * used + SpareParts::kSlackBytes) continue;
     spares_->bytes += bytes;
     spares_->parts.push_back(std::move(p));
   }

@@ -155,6 +155,9 @@ class ClockAggregate {
 // at most max_parts parts of at most max_bytes in all (MemoryBytes()). The pending limits do
 // not count what a reused part holds beyond its sums (SumBytes()).
 struct SpareParts {
+  // A part is kept only while its buffers hold at most 4 times what its last clock summed
+  // (plus this), so that one large clock does not leave every later one clearing its index.
+  static constexpr uint64_t kSlackBytes = 64 << 10;
   size_t max_parts = 4;
   uint64_t max_bytes = 0;
   uint64_t bytes = 0;        // what the kept parts hold

@@ -169,6 +169,21 @@ TEST(ClockAggregateTest, AnAppliedClocksPartsAreReusedClearedAndBounded) {
   EXPECT_EQ(c1.SumBytes(), fresh.SumBytes());
   EXPECT_GT(c1.MemoryBytes(), c1.SumBytes());
 
+  // Clock 2, of one worker, sums 20 keys in the part sized for clock 0's 3,000: it is freed,
+  // not kept (its every reuse would clear an index 100 times larger than what it holds). The
+  // other spare, not taken, stays.
+  c1.Recycle();
+  ASSERT_EQ(spares.parts.size(), 2u);
+  const uint64_t other = spares.parts[0].MemoryBytes();
+  {
+    ClockAggregate c2(2, kEngines, &spares);
+    PushSums(c2, 0, 9000, 20, kEngines);
+    Combine(c2, kEngines);
+    c2.Recycle();
+    EXPECT_EQ(spares.parts.size(), 1u) << "the large part summing 20 keys was kept";
+    EXPECT_EQ(spares.bytes, other);
+  }
+
   // The bounds: one part at most; and no part over the bytes.
   for (const auto& [max_parts, max_bytes, kept] :
        {std::tuple<size_t, uint64_t, size_t>{1, 1ull << 30, 1}, {4, 64, 0}}) {
