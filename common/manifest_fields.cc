@@ -215,9 +215,10 @@ std::vector<ManifestField> BuildTable() {
           "bsp: clocks whose pushes are being summed (a job needs 2).");
   t.Field("server.max_pending_bytes", "size (e.g. 4MiB), at least 1KiB", "2GiB",
           "bsp: memory of those sums (each worker's sums of a clock are held apart until the "
-          "clock is applied, so a dense slice counts once per worker that pushed to it). "
-          "Applied clocks' sum buffers, kept for the next clocks, take at most a quarter of "
-          "this on top.");
+          "clock is applied, so a dense slice counts once per worker that pushed to it), "
+          "counted as the sums need it: a part that grows past its first push may hold up to "
+          "twice its sums. Applied clocks' sum buffers, kept for the next clocks, take at most "
+          "a quarter of this on top.");
   t.Field("server.socket_hwm", "unsigned integer, 16 to 16777216", "1000",
           "Messages queued per peer and direction (ZeroMQ high-water marks).");
   t.Field("server.max_queued_reply_bytes",
