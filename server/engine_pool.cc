@@ -3,18 +3,22 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <exception>
 #include <new>
+#include <optional>
 
 #include "common/fatal.hpp"
 
 namespace parasol {
 
-EnginePool::EnginePool(uint32_t engines) : engines_(engines == 0 ? 1 : engines) {
+EnginePool::EnginePool(uint32_t engines, uint32_t threads)
+    : engines_(engines == 0 ? 1 : engines) {
+  const uint32_t helpers = (threads == 0 ? engines_ : std::clamp(threads, 1u, engines_)) - 1;
   background_ = std::thread([this] { BackgroundLoop(); });
-  // Engine 0 runs on the calling (request) thread, the others on threads of their own.
-  threads_.reserve(engines_ - 1);
-  for (uint32_t e = 1; e < engines_; ++e) threads_.emplace_back([this, e] { Loop(e); });
+  // Engine 0 runs on the calling (request) thread; these take the others' parts.
+  threads_.reserve(helpers);
+  for (uint32_t t = 0; t < helpers; ++t) threads_.emplace_back([this] { Loop(); });
 }
 
 EnginePool::~EnginePool() {
@@ -40,28 +44,41 @@ void EnginePool::RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inli
     for (uint32_t e = 0; e < engines_; ++e) fn(e);
     return;
   }
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     task_ = &fn;
-    pending_ = engines_ - 1;
-    ++generation_;
+    next_ = 1;  // engine 0 is this thread's
+    finished_ = 0;
+    generation = ++generation_;
   }
   work_cv_.notify_all();
-  // Engine 0 here, while the others run; they borrow fn, so they finish before this returns
-  // or throws.
+  // Engine 0 here, then every engine no thread has taken yet: a thread that is slow to wake,
+  // or that another task keeps from a core, leaves its engine to this one. The threads borrow
+  // fn, so every engine they took is done before this returns or throws.
   std::exception_ptr failed;
-  try {
-    fn(0);
-  } catch (...) {
-    failed = std::current_exception();
+  for (std::optional<uint32_t> e = 0; e; e = Claim(generation)) {
+    try {
+      fn(*e);
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++finished_;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  done_cv_.wait(lock, [&] { return finished_ == engines_; });
   task_ = nullptr;
   if (failed) std::rethrow_exception(failed);
 }
 
-void EnginePool::Loop(uint32_t engine) {
+std::optional<uint32_t> EnginePool::Claim(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation_ != generation || task_ == nullptr || next_ >= engines_) return std::nullopt;
+  return next_++;
+}
+
+void EnginePool::Loop() {
   uint64_t seen = 0;
   while (true) {
     const std::function<void(uint32_t)>* task = nullptr;
@@ -72,14 +89,15 @@ void EnginePool::Loop(uint32_t engine) {
       seen = generation_;
       task = task_;
     }
-    try {
-      (*task)(engine);
-    } catch (const std::bad_alloc&) {
-      ExitOutOfMemory("a shard's engine thread");
-    }
-    {
+    // The engines not taken yet, one at a time; the task stays valid while one taken here runs.
+    for (std::optional<uint32_t> e = Claim(seen); e; e = Claim(seen)) {
+      try {
+        (*task)(*e);
+      } catch (const std::bad_alloc&) {
+        ExitOutOfMemory("a shard's engine thread");
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (++finished_ == engines_) done_cv_.notify_one();
     }
   }
 }

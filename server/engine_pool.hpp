@@ -2,8 +2,11 @@
 //
 // Each engine owns a disjoint part of every table (sparse keys by EngineOfKey(), dense ranges
 // by position), so the row update path needs no per-row lock: a request is split so that each
-// engine touches only what it owns, and the request thread runs engine 0's part itself while
-// the engine threads run the others, then waits for them (fork-join).
+// engine touches only what it owns. The request thread runs engine 0's part itself, then
+// takes every engine's part that no engine thread has taken yet, while the engine threads
+// take the others, and waits for those under way (fork-join). So one engine's part is never
+// run by two threads at once, and an engine thread that wakes late, or that another process
+// keeps from its core, holds the request up only by the part it has begun.
 // Thread-safety: RunOnAll(), StartBackground() and FinishBackground() are called from one
 // thread at a time (the shard's request thread).
 #pragma once
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -20,7 +24,9 @@ namespace parasol {
 
 class EnginePool {
  public:
-  explicit EnginePool(uint32_t engines);
+  // `threads`: how many threads run the engines' parts, the calling one included (at least 1,
+  // at most `engines`; 0: one per engine).
+  explicit EnginePool(uint32_t engines, uint32_t threads = 0);
   ~EnginePool();
   EnginePool(const EnginePool&) = delete;
   EnginePool& operator=(const EnginePool&) = delete;
@@ -28,8 +34,10 @@ class EnginePool {
   uint32_t size() const { return engines_; }
 
   // Calls fn(e) once for every engine e and returns when all calls are done: engine 0 on the
-  // calling thread, each other on its own thread. An exception from engine 0's call reaches
-  // the caller once the others are done; the others' end the process. With
+  // calling thread, each other on the engine thread that takes it first, or on the calling
+  // thread when it is free before any engine thread has taken it. An exception from a call on
+  // the calling thread reaches the caller once the other calls are done (the first, when
+  // several throw); one on an engine thread ends the process. With
   // `run_inline`, the caller makes the calls itself, one after another: cheaper for small
   // requests, and still no two calls touch the same engine's data at once.
   void RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inline = false);
@@ -49,7 +57,10 @@ class EnginePool {
   void FinishBackground();
 
  private:
-  void Loop(uint32_t engine);
+  void Loop();
+  // The next engine of RunOnAll's call `generation` that no thread has taken, taken now;
+  // nothing when all are taken or that call is over.
+  std::optional<uint32_t> Claim(uint64_t generation);
   void BackgroundLoop();
 
   const uint32_t engines_;
@@ -59,7 +70,8 @@ class EnginePool {
   std::condition_variable done_cv_;
   const std::function<void(uint32_t)>* task_ = nullptr;  // guarded by mu_
   uint64_t generation_ = 0;                              // guarded by mu_
-  uint32_t pending_ = 0;                                 // guarded by mu_
+  uint32_t next_ = 0;      // guarded by mu_: the next engine of task_ not taken
+  uint32_t finished_ = 0;  // guarded by mu_: task_'s calls done
   bool stopping_ = false;                                // guarded by mu_
   std::thread background_;
   std::mutex background_mu_;

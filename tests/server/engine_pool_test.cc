@@ -7,6 +7,7 @@
 #include <mutex>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -15,20 +16,65 @@
 namespace parasol {
 namespace {
 
-// Engine 0 runs on the caller (the request thread), every other on a thread of its own.
-TEST(EnginePoolTest, EveryEngineRunsOncePerCallOnItsOwnThread) {
+// Engine 0 runs on the caller (the request thread); every other once, on the caller or one of
+// the pool's threads. Parts that take a while are shared with the pool's threads.
+TEST(EnginePoolTest, EveryEngineRunsOncePerCallAndEngineZeroOnTheCaller) {
   EnginePool pool(4);
+  std::set<std::thread::id> all;
+  int off_caller = 0;
   for (int round = 0; round < 200; ++round) {
     std::vector<int> ran(4, 0);
     std::vector<std::thread::id> ids(4);
     pool.RunOnAll([&](uint32_t e) {
       ran[e]++;
       ids[e] = std::this_thread::get_id();
+      // Every tenth round, parts long enough for a sleeping thread to wake and take one.
+      if (round % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     });
     EXPECT_EQ(ran, std::vector<int>(4, 1));
-    std::set<std::thread::id> distinct(ids.begin(), ids.end());
-    EXPECT_EQ(distinct.size(), 4u);
     EXPECT_EQ(ids[0], std::this_thread::get_id());
+    all.insert(ids.begin(), ids.end());
+    off_caller += static_cast<int>(std::count_if(
+        ids.begin(), ids.end(), [](std::thread::id id) { return id != std::this_thread::get_id(); }));
+  }
+  EXPECT_LE(all.size(), 4u);  // the caller and the pool's 3 threads, no others
+  EXPECT_GT(off_caller, 0);   // the pool's threads took parts
+}
+
+// A thread that does not get to the parts (here: the pool's one thread, held in the part it
+// took) leaves the parts nobody has taken to the caller, which does not wait for it to take
+// them; the call ends once the held part is done.
+TEST(EnginePoolTest, PartsNoThreadHasTakenAreLeftToTheCaller) {
+  constexpr int kEngines = 5;
+  EnginePool pool(kEngines, /*threads=*/2);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int round = 0; round < 20; ++round) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool taken = false;          // the pool's thread has begun a part
+    bool taken_in_time = false;  // ... and the caller saw it within 60 s
+    bool released = false;       // the held part saw the caller do all the others
+    int on_caller = 0;
+    std::vector<int> ran(kEngines, 0);
+    pool.RunOnAll([&](uint32_t e) {
+      std::unique_lock<std::mutex> lock(mu);
+      ran[e]++;
+      if (std::this_thread::get_id() == caller) {
+        // Engine 0 waits until the pool's thread has taken a part: then it is held there.
+        if (e == 0) taken_in_time = cv.wait_for(lock, std::chrono::seconds(60), [&] { return taken; });
+        ++on_caller;
+        cv.notify_all();
+        return;
+      }
+      taken = true;
+      cv.notify_all();
+      released = cv.wait_for(lock, std::chrono::seconds(60),
+                             [&] { return on_caller == kEngines - 1; });
+    });
+    EXPECT_EQ(ran, std::vector<int>(kEngines, 1)) << "round " << round;
+    EXPECT_TRUE(taken_in_time) << "round " << round;
+    EXPECT_EQ(on_caller, kEngines - 1) << "round " << round;
+    ASSERT_TRUE(released) << "round " << round << ": the caller waited for the held thread";
   }
 }
 
@@ -111,7 +157,8 @@ TEST(EnginePoolTest, BackgroundWorkRunsWithoutTheCallerAndFinishingRunsNothingTw
       pool.FinishBackground();
       for (const auto& d : work.done) EXPECT_EQ(d.load(), 1);
       // Every engine's work ran on one thread, neither this one nor an engine's; finishing
-      // then called each engine again (on its engine thread; engine 0 on this one).
+      // then called each engine again (engine 0 on this thread, the others on whichever
+      // thread took them).
       std::set<std::thread::id> first;
       for (const auto& [e, id] : work.first_on) first.insert(id);
       ASSERT_EQ(work.first_on.size(), engines);
@@ -119,7 +166,9 @@ TEST(EnginePoolTest, BackgroundWorkRunsWithoutTheCallerAndFinishingRunsNothingTw
       EXPECT_EQ(first.count(std::this_thread::get_id()), 0u);
       for (const auto& [e, ids] : work.ran_on) {
         EXPECT_EQ(ids.size(), 2u) << e;
-        EXPECT_EQ(ids.count(std::this_thread::get_id()), e == 0 ? 1u : 0u) << e;
+        if (e == 0) {
+          EXPECT_EQ(ids.count(std::this_thread::get_id()), 1u);
+        }
       }
     }
     pool.FinishBackground();  // nothing started: returns at once
