@@ -60,7 +60,10 @@ inline void DeduplicateKeys(const std::vector<uint64_t>& keys, KeyIndex& index, 
   }
   out->unique.clear();
   out->indices.resize(keys.size());
+  // The bucket of the key 16 ahead is loaded while this one is looked up.
+  constexpr size_t kAhead = 16;
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kAhead < keys.size()) index.Prefetch(keys[i + kAhead]);
     bool inserted = false;
     out->indices[i] =
         index.FindOrInsert(keys[i], static_cast<uint32_t>(out->unique.size()), &inserted);

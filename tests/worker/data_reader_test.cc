@@ -9,6 +9,7 @@
 #include <chrono>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "tests/support/test_cluster.hpp"
 #include "tests/support/test_seed.hpp"
@@ -489,4 +490,38 @@ TEST_F(BatchReaderTest, ParsingThreadsStopWithTheReader) {
   }
 }
 
+}  // namespace parasol
+
+namespace parasol {
+namespace {
+
+// A batch's distinct keys in the order first seen, and each key's place among them, as a map
+// gives them: for every length around the lookahead of the index's prefetch, with one index
+// reused across batches (cleared, or grown for a larger batch), keys repeated and not.
+TEST(DeduplicateKeysTest, FirstSeenOrderAndPlacesMatchAMapForEveryLength) {
+  std::mt19937_64 rng(testing::TestSeed());
+  KeyIndex index(16);
+  BatchKeys out;
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 40; ++n) lengths.push_back(n);
+  for (size_t n : {1000u, 106496u, 17u, 5000u}) lengths.push_back(n);
+  for (size_t n : lengths) {
+    for (uint64_t spread : {uint64_t{3}, uint64_t{50}, ~uint64_t{0}}) {
+      std::vector<uint64_t> keys(n);
+      for (uint64_t& k : keys) k = spread == ~uint64_t{0} ? rng() : rng() % spread;
+      DeduplicateKeys(keys, index, &out);
+      std::unordered_map<uint64_t, uint32_t> place;
+      std::vector<uint64_t> unique;
+      ASSERT_EQ(out.indices.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        auto [it, inserted] = place.emplace(keys[i], static_cast<uint32_t>(unique.size()));
+        if (inserted) unique.push_back(keys[i]);
+        ASSERT_EQ(out.indices[i], it->second) << "n " << n << ", key " << i;
+      }
+      ASSERT_EQ(out.unique, unique) << "n " << n;
+    }
+  }
+}
+
+}  // namespace
 }  // namespace parasol
