@@ -193,8 +193,10 @@ std::vector<ManifestField> BuildTable() {
             "over one is refused with an error naming it, see "
             "[Hostile input](operations.md#hostile-input)) and the disk tier of tiered tables.");
   t.Field("server.engine_threads", "unsigned integer, 1 to 256", "2",
-          "Engines per shard, each owning a disjoint key set: the request thread runs the "
-          "first's part of each request, a thread of its own each of the others'.");
+          "Engines per shard, each owning a disjoint key set, and as many threads: the request "
+          "thread runs the first's part of each request, the others' parts go to the engine "
+          "threads, and any part none of them has begun when the request thread is done with "
+          "its own, the request thread runs too.");
   t.Field("server.max_request_bytes", "size (e.g. 4MiB), at least 1KiB", "1GiB",
           "Payload one request may carry, and of the reply to one pull; larger is refused before "
           "any allocation.");

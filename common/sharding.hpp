@@ -2,7 +2,7 @@
 //
 // Sparse keys go to shards by a strong 64-bit hash of the key (stable: it depends only on the
 // key and the shard count). Dense tensors are cut into contiguous slices whose sizes differ by
-// at most one element. Within a shard, keys are owned by engine threads by an independent hash.
+// at most one element. Within a shard, keys are owned by engines by an independent hash.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 #include <optional>
+#include <utility>
 
 #include "common/fatal.hpp"
 
@@ -50,30 +51,32 @@ void EnginePool::RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inli
     task_ = &fn;
     next_ = 1;  // engine 0 is this thread's
     finished_ = 0;
+    failed_ = nullptr;
     generation = ++generation_;
   }
   work_cv_.notify_all();
   // Engine 0 here, then every engine no thread has taken yet: a thread that is slow to wake,
   // or that another task keeps from a core, leaves its engine to this one. The threads borrow
   // fn, so every engine they took is done before this returns or throws.
-  std::exception_ptr failed;
-  for (std::optional<uint32_t> e = 0; e; e = Claim(generation)) {
-    try {
-      fn(*e);
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ++finished_;
-  }
+  for (std::optional<uint32_t> e = 0; e; e = FinishAndClaim(generation)) RunPart(fn, *e);
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return finished_ == engines_; });
   task_ = nullptr;
-  if (failed) std::rethrow_exception(failed);
+  if (failed_) std::rethrow_exception(std::exchange(failed_, nullptr));
 }
 
-std::optional<uint32_t> EnginePool::Claim(uint64_t generation) {
+void EnginePool::RunPart(const std::function<void(uint32_t)>& fn, uint32_t engine) {
+  try {
+    fn(engine);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_) failed_ = std::current_exception();
+  }
+}
+
+std::optional<uint32_t> EnginePool::FinishAndClaim(uint64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (++finished_ == engines_) done_cv_.notify_one();
   if (generation_ != generation || task_ == nullptr || next_ >= engines_) return std::nullopt;
   return next_++;
 }
@@ -82,23 +85,18 @@ void EnginePool::Loop() {
   uint64_t seen = 0;
   while (true) {
     const std::function<void(uint32_t)>* task = nullptr;
+    std::optional<uint32_t> e;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
       seen = generation_;
       task = task_;
+      // The first engine not taken yet (none when the call is over, or all are taken).
+      if (task_ != nullptr && next_ < engines_) e = next_++;
     }
-    // The engines not taken yet, one at a time; the task stays valid while one taken here runs.
-    for (std::optional<uint32_t> e = Claim(seen); e; e = Claim(seen)) {
-      try {
-        (*task)(*e);
-      } catch (const std::bad_alloc&) {
-        ExitOutOfMemory("a shard's engine thread");
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      if (++finished_ == engines_) done_cv_.notify_one();
-    }
+    // Then the next, until none is left; the task stays valid while one taken here runs.
+    for (; e; e = FinishAndClaim(seen)) RunPart(*task, *e);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -25,7 +26,7 @@ namespace parasol {
 class EnginePool {
  public:
   // `threads`: how many threads run the engines' parts, the calling one included (at least 1,
-  // at most `engines`; 0: one per engine).
+  // at most `engines`; 0: one per engine, as a shard has).
   explicit EnginePool(uint32_t engines, uint32_t threads = 0);
   ~EnginePool();
   EnginePool(const EnginePool&) = delete;
@@ -35,9 +36,9 @@ class EnginePool {
 
   // Calls fn(e) once for every engine e and returns when all calls are done: engine 0 on the
   // calling thread, each other on the engine thread that takes it first, or on the calling
-  // thread when it is free before any engine thread has taken it. An exception from a call on
-  // the calling thread reaches the caller once the other calls are done (the first, when
-  // several throw); one on an engine thread ends the process. With
+  // thread when it is free before any engine thread has taken it. An exception from any call,
+  // on whichever thread, reaches the caller once the other calls are done (the first thrown,
+  // when several are). With
   // `run_inline`, the caller makes the calls itself, one after another: cheaper for small
   // requests, and still no two calls touch the same engine's data at once.
   void RunOnAll(const std::function<void(uint32_t)>& fn, bool run_inline = false);
@@ -51,16 +52,18 @@ class EnginePool {
   using BackgroundFn = std::function<void(uint32_t engine, const std::atomic<bool>& stop)>;
   void StartBackground(BackgroundFn fn);
   // Stops the background work (waiting only until fn notices), then calls fn(e, never) for
-  // every engine as RunOnAll does (engine 0 on the caller, the others on their threads), in
-  // parallel at the normal priority, to finish what the background left. Returns at once
-  // when nothing was started.
+  // every engine as RunOnAll does (engine 0 on the caller, the others on whichever thread
+  // takes them), in parallel at the normal priority, to finish what the background left.
+  // Returns at once when nothing was started.
   void FinishBackground();
 
  private:
   void Loop();
-  // The next engine of RunOnAll's call `generation` that no thread has taken, taken now;
-  // nothing when all are taken or that call is over.
-  std::optional<uint32_t> Claim(uint64_t generation);
+  // Runs fn(engine), keeping the first exception of the call in failed_.
+  void RunPart(const std::function<void(uint32_t)>& fn, uint32_t engine);
+  // Counts a part of RunOnAll's call `generation` as done, then takes the next engine of that
+  // call no thread has taken; nothing when all are taken or the call is over.
+  std::optional<uint32_t> FinishAndClaim(uint64_t generation);
   void BackgroundLoop();
 
   const uint32_t engines_;
@@ -72,6 +75,7 @@ class EnginePool {
   uint64_t generation_ = 0;                              // guarded by mu_
   uint32_t next_ = 0;      // guarded by mu_: the next engine of task_ not taken
   uint32_t finished_ = 0;  // guarded by mu_: task_'s calls done
+  std::exception_ptr failed_;  // guarded by mu_: the first exception of task_'s calls
   bool stopping_ = false;                                // guarded by mu_
   std::thread background_;
   std::mutex background_mu_;

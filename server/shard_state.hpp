@@ -194,8 +194,8 @@ class ShardState {
               bool check_first = true, uint64_t onto = 0);
 
   // Runs fn(e) for every engine e and returns when all are done (the shard's EnginePool).
-  // Set, Load() applies each block of rows on the engines in parallel, each engine its own
-  // partitions' rows; unset, on the calling thread.
+  // Set, Load() applies each block of rows on the engines (in parallel where their threads
+  // are free), each engine its own partitions' rows; unset, on the calling thread.
   using EngineRunner = std::function<void(const std::function<void(uint32_t)>&)>;
   void set_engine_runner(EngineRunner run) { run_engines_ = std::move(run); }
   // What Load() has done so far, readable from any thread while it runs: bytes of the file

@@ -2,8 +2,9 @@
 //
 // A row is created from (table seed, key) when its key is first touched (with admission
 // min_count n > 1: at its n-th push; until then pulls see the initial value and pushes are only
-// counted). The table is split into one Partition per engine thread; a key lives in partition
-// EngineOfKey(key, engines) and only that engine touches it, so no row is ever locked.
+// counted). The table is split into one Partition per engine; a key lives in partition
+// EngineOfKey(key, engines) and only that engine's part of a request touches it, on one thread
+// at a time (EnginePool), so no row is ever locked.
 //
 // Row layout, in large arena blocks (a row never moves while it lives):
 //   [last update clock: uint32][values: dim floats][optimizer state: see optimizer.hpp]

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -100,6 +101,39 @@ TEST(EnginePoolTest, ACallersFailureWaitsForTheOtherEngines) {
     std::atomic<int> ran{0};
     pool.RunOnAll([&](uint32_t) { ran++; });
     EXPECT_EQ(ran.load(), 3);
+  }
+}
+
+// A failure of any other engine, on whichever thread took it, reaches the caller the same
+// way, once the others are done; of two failures, one.
+TEST(EnginePoolTest, AnyEnginesFailureReachesTheCallerOnceTheOthersAreDone) {
+  EnginePool pool(4);
+  for (int round = 0; round < 20; ++round) {
+    std::atomic<int> finished{0};
+    const uint32_t bad = 1 + static_cast<uint32_t>(round % 3);
+    std::string caught;
+    try {
+      pool.RunOnAll([&](uint32_t e) {
+        if (e == bad || (round % 2 && e == 3)) {
+          throw std::runtime_error("engine " + std::to_string(e) + " failed");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        finished++;
+      });
+    } catch (const std::runtime_error& err) {
+      caught = err.what();
+      EXPECT_EQ(finished.load(), (round % 2 && bad != 3) ? 2 : 3) << "round " << round;
+    }
+    if (round % 2 && bad != 3) {
+      EXPECT_TRUE(caught == "engine " + std::to_string(bad) + " failed" ||
+                  caught == "engine 3 failed")
+          << caught;
+    } else {
+      EXPECT_EQ(caught, "engine " + std::to_string(bad) + " failed");
+    }
+    std::atomic<int> ran{0};
+    pool.RunOnAll([&](uint32_t) { ran++; });
+    EXPECT_EQ(ran.load(), 4);
   }
 }
 
