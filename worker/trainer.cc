@@ -205,6 +205,8 @@ std::string TrainReport::ToJson() const {
   s["train_samples"] = train_samples;
   s["train_seconds"] = train_seconds;
   s["samples_per_second"] = samples_per_second;
+  s["samples_per_second_after_warmup"] = samples_per_second_after_warmup;
+  s["seconds_after_warmup"] = seconds_after_warmup;
   s["train_loss"] = last_loss;
   s["bad_rows"] = bad_rows;
   s["nonfinite_steps"] = nonfinite_steps;
@@ -516,6 +518,11 @@ class TrainRun {
   const bool tick_behind_pushes_;
   // Allocations are counted from this step on (TrainReport::allocations_per_step).
   const uint64_t counted_from_;
+  // The steady rate is timed from this step on, from rate_start_ and rate_samples_from_
+  // (TrainReport::samples_per_second_after_warmup).
+  const uint64_t rate_from_;
+  SteadyClock::time_point rate_start_;
+  uint64_t rate_samples_from_ = 0;
   TrainReport report_;
   SteadyClock::time_point start_, last_progress_;
   AllocationWatch warm_;
@@ -564,6 +571,7 @@ TrainRun::TrainRun(Trainer& trainer, const Manifest& manifest, uint32_t rank, Ps
       fuse_(manifest.worker.fuse_requests),
       tick_behind_pushes_(manifest.cluster.servers.size() == 1),
       counted_from_(static_cast<uint64_t>(resume_) + kWarmSteps),
+      rate_from_(static_cast<uint64_t>(resume_) + kRateWarmupSteps),
       warm_(hooks.allocations) {
   // Every key list the trainer hands the client is deduplicated (DeduplicateKeys, GradientSum).
   client_.AssumeUniqueKeys(true);
@@ -644,6 +652,12 @@ Status TrainRun::Tally() {
       warm_.PerStep(report_.steps > counted_from_ ? report_.steps - counted_from_ : 0);
   report_.train_seconds = Since(start_);
   report_.samples_per_second = report_.train_samples / std::max(1e-9, report_.train_seconds);
+  if (report_.steps > rate_from_) {
+    report_.seconds_after_warmup = Since(rate_start_);
+    report_.samples_per_second_after_warmup =
+        static_cast<double>(report_.train_samples - rate_samples_from_) /
+        std::max(1e-9, report_.seconds_after_warmup);
+  }
   report_.bad_rows = reader_.bad_rows();
   report_.pushes = client_.pushes_acknowledged();
   report_.push_log_peak_bytes = client_.push_log_peak_bytes();
@@ -885,6 +899,10 @@ void TrainRun::CountStep(double loss, uint64_t samples) {
         recent_count_;
   }
   if (report_.steps == counted_from_) warm_.Start();
+  if (report_.steps == rate_from_) {
+    rate_start_ = SteadyClock::now();
+    rate_samples_from_ = report_.train_samples;
+  }
 }
 
 Status TrainRun::ReportProgress() {

@@ -39,6 +39,9 @@ struct StepTimes {
 
 // Steps a worker trains before its allocations per step are counted (TrainReport).
 inline constexpr uint64_t kWarmSteps = 10;
+// Steps a worker trains before its steady rate is timed
+// (TrainReport::samples_per_second_after_warmup): as many as bench/torch_dlrm.py's warm-up.
+inline constexpr uint64_t kRateWarmupSteps = 20;
 
 struct TrainReport : StepTimes {
   uint32_t worker = 0;
@@ -46,6 +49,11 @@ struct TrainReport : StepTimes {
   uint64_t train_samples = 0;
   double train_seconds = 0;
   double samples_per_second = 0;
+  // The rate over the steps after this run's first kRateWarmupSteps (its cold ones: rows
+  // created on the shards, buffers sized, caches filled), as a benchmark that warms up
+  // before its clock starts measures; -1: no step after them.
+  double samples_per_second_after_warmup = -1;
+  double seconds_after_warmup = 0;  // the time it is over
   double last_loss = 0;       // mean log loss of the last 100 steps
   uint64_t bad_rows = 0;
   uint64_t nonfinite_steps = 0;  // steps skipped for a non-finite loss or gradient

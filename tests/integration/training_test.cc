@@ -113,6 +113,11 @@ TEST_P(TrainingTest, TheModelLearnsOnGeneratedData) {
   EXPECT_EQ(JsonAt(r.summary, "/train_samples", -1), 30000) << r.summary;
   EXPECT_EQ(JsonAt(r.summary, "/eval_samples", -1), 6000) << r.summary;
   EXPECT_EQ(JsonAt(r.summary, "/bad_rows", -1), 0) << r.summary;
+  // Every worker trained more than 20 steps (118 or 59): its rate after them is timed.
+  for (int w = 0; w < workers; ++w) {
+    const std::string at = "/workers/" + std::to_string(w);
+    EXPECT_GT(JsonAt(r.summary, at + "/samples_per_second_after_warmup", -1), 0) << r.summary;
+  }
   EXPECT_NE(r.output.find("[worker 0] worker 0: "), std::string::npos) << r.output;
   if (workers == 2) {
     EXPECT_NE(r.output.find("[worker 1] worker 1: "), std::string::npos) << r.output;
@@ -173,6 +178,28 @@ TEST_F(TrainingTest, TheTrainingThreadAllocatesNothingAStep) {
     // At most 16 growths in 108 steps (seen: 5 to 7); one allocation a step would be 1.0.
     EXPECT_LE(per_step, 0.15) << r.summary;
   }
+}
+
+// The rate after the warm-up counts the steps after the first 20 only: none in a run of 20,
+// and in a run of 40 the samples of its last 20 (5,120) over a part of the run's time.
+TEST_F(TrainingTest, TheRateAfterTheWarmUpLeavesOutTheFirst20Steps) {
+  const std::string train = *data_dir_ + "/train.tsv", eval = *data_dir_ + "/eval.tsv";
+  Launch twenty = RunLaunch(dir_, Manifest(1, kLr, train, eval, "consistency: bsp, max_steps: 20"));
+  ASSERT_EQ(twenty.status, 0) << twenty.output;
+  EXPECT_EQ(JsonAt(twenty.summary, "/workers/0/steps", -1), 20) << twenty.summary;
+  EXPECT_EQ(JsonAt(twenty.summary, "/workers/0/samples_per_second_after_warmup", 0), -1)
+      << twenty.summary;
+  Launch forty = RunLaunch(dir_, Manifest(1, kLr, train, eval, "consistency: bsp, max_steps: 40"));
+  ASSERT_EQ(forty.status, 0) << forty.output;
+  EXPECT_EQ(JsonAt(forty.summary, "/workers/0/steps", -1), 40) << forty.summary;
+  const double after = JsonAt(forty.summary, "/workers/0/samples_per_second_after_warmup", -1);
+  const double after_seconds = JsonAt(forty.summary, "/workers/0/seconds_after_warmup", -1);
+  const double seconds = JsonAt(forty.summary, "/workers/0/train_seconds", -1);
+  ASSERT_GT(after, 0) << forty.summary;
+  // The last 20 steps' 5,120 samples over a part of the run's time.
+  EXPECT_NEAR(after * after_seconds, 5120, 1) << forty.summary;
+  EXPECT_GT(after_seconds, 0) << forty.summary;
+  EXPECT_LT(after_seconds, seconds) << forty.summary;
 }
 
 TEST_F(TrainingTest, SspWithPrefetchLearnsToo) {
