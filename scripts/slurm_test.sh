@@ -92,6 +92,9 @@ mkdir -p "$work/state" "$work/submit" "$work"/spool/n{1,2,3,4}
   echo "SelectType=select/cons_tres"
   echo "SelectTypeParameters=CR_CPU"
   echo "SchedulerType=sched/backfill"
+  # The rendered job, a heterogeneous one (servers and workers), started only at a backfill
+  # cycle, every 30 s by default (each job waited about 30 s): every second here.
+  echo "SchedulerParameters=bf_interval=1"
   echo "MpiDefault=none"
   echo "ReturnToService=2"
   echo "SlurmdParameters=config_overrides"
