@@ -19,6 +19,7 @@
 #include "common/cluster_render.hpp"
 #include "server/checkpoint.hpp"
 #include "server/model_export.hpp"
+#include "worker/backend.hpp"
 #include "common/transport.hpp"
 #include "common/wire.hpp"
 
@@ -363,6 +364,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // No role keeps a core busy with OpenBLAS threads it does not use (worker/backend.hpp).
+  parasol::EndIdleBlasThreads();
   // Any command: a failed allocation or another escaped exception is reported, not an abort().
   try {
     return Main(argc, argv);

@@ -421,7 +421,10 @@ class CpuBackend : public Backend {
   // kernel's samples or gradient rows), the calling one included.
   CpuBackend(int blas_threads, int compute_threads, bool pin)
       : pool_(compute_threads, pin), scratch_(pool_.threads()) {
-    openblas_set_num_threads(std::max(1, blas_threads));
+    // Only when it changes: the call starts OpenBLAS's pool again after EndIdleBlasThreads.
+    if (openblas_get_num_threads() != std::max(1, blas_threads)) {
+      openblas_set_num_threads(std::max(1, blas_threads));
+    }
   }
 
   const char* name() const override { return "cpu"; }
@@ -756,6 +759,17 @@ double Backend::TimeDevice(const std::function<void()>& work, int repeats, int s
   }
   std::sort(times.begin(), times.end());
   return times.empty() ? -1 : times[times.size() / 2];
+}
+
+// OpenBLAS's own shutdown of its pool (exported, not in its headers); weak, so that a BLAS
+// without it links.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
+void EndIdleBlasThreads() {
+  // One thread first (a later product runs on the caller), then the pool's threads end; the
+  // pool starts again only when a thread count above one is asked for.
+  openblas_set_num_threads(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
 }
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads, int compute_threads, bool pin) {

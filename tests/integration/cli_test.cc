@@ -5,6 +5,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <sstream>
+#include <thread>
+#include <vector>
 
 #include "common/manifest.hpp"
 #include "common/net.hpp"
@@ -98,6 +101,52 @@ TEST_F(CliTest, SigtermStopsAServerCleanly) {
   ASSERT_TRUE(st.has_value()) << "server did not stop on SIGTERM";
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
   EXPECT_NE(ReadFile(dir_ + "/s.log").find("stopped by signal 15"), std::string::npos);
+}
+
+// CPU time (user + system, clock ticks) of each thread of `pid` but its first, from
+// /proc/PID/task/TID/stat; empty if it cannot be read.
+std::vector<long> OtherThreadsTicks(pid_t pid) {
+  std::vector<long> ticks;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    if (task.path().filename() == std::to_string(pid)) continue;
+    std::string stat = ReadFile(task.path().string() + "/stat");
+    const size_t close = stat.rfind(')');  // the name may hold blanks
+    if (close == std::string::npos) continue;
+    std::istringstream in(stat.substr(close + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    ticks.push_back(utime + stime);
+  }
+  return ticks;
+}
+
+// An idle server's threads other than its first take no CPU. Before the program ended
+// OpenBLAS's pool (worker/backend.hpp: EndIdleBlasThreads), the pool's thread spun for about
+// 0.1 s at start: 6-12 ticks (60-120 ms) of a core in every server, worker and launcher.
+TEST_F(CliTest, AnIdleServersThreadsTakeNoCpu) {
+  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1));
+  auto p = Subprocess::Spawn(
+      {PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_ + "/s.log");
+  ASSERT_TRUE(p.ok());
+  // Serving (a stats call answers), then idle for a second.
+  ProcessRun stats = RunParasol({"stats", "--manifest", dir_ + "/m.yaml"}, dir_);
+  ASSERT_TRUE(WIFEXITED(stats.status) && WEXITSTATUS(stats.status) == 0) << stats.output;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const std::vector<long> ticks = OtherThreadsTicks(p->pid());
+  ASSERT_GE(ticks.size(), 3u);  // engine threads, ZeroMQ's, the signal watcher
+  long total = 0;
+  for (long t : ticks) total += t;
+  std::printf("[ figure   ] %zu threads besides the first: %ld ticks of CPU\n", ticks.size(),
+              total);
+  EXPECT_LE(total, 3) << "ticks of the threads besides the first";
+  p->Signal(SIGTERM);
+  ASSERT_TRUE(p->Wait(std::chrono::seconds(20)).has_value());
 }
 
 TEST_F(CliTest, LaunchRunsAWholeCheckedJob) {
