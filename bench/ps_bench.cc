@@ -56,6 +56,7 @@
 #include "worker/data_reader.hpp"
 #include "worker/model.hpp"
 #include "worker/ps_client.hpp"
+#include "worker/trainer.hpp"
 
 namespace parasol::bench {
 namespace {
@@ -1126,8 +1127,9 @@ double TorchRate(const std::string& data) {
   const std::string script = std::string(PARASOL_SOURCE_DIR) + "/bench/torch_dlrm.py";
   char tmpl[] = "/tmp/parasol-bench-torch-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
+  // As many warm-up steps as Parasol's worker leaves out of its rate after the warm-up.
   auto p = Subprocess::Spawn({"/usr/bin/python3", script, data, "--batch", "1024", "--threads",
-                              "2"},
+                              "2", "--warmup", std::to_string(kRateWarmupSteps)},
                              dir + "/torch.log");
   double torch_rate = 0;
   std::string interaction;

@@ -12,8 +12,8 @@ Tuned as a PyTorch user would:
   the full 27 x 27 `bmm` with half thrown away, whichever ran faster on this machine in the
   warm-up (`--interaction auto`, the default; the choice is printed);
 - the file is parsed and every categorical value given an embedding row before the clock
-  starts, and `--warmup` steps (20) run before it too, as Parasol's clock starts after its
-  workers have met.
+  starts, and `--warmup` steps (20) run before it too; Parasol's figure against it is its
+  worker's rate after as many steps (`samples_per_second_after_warmup`).
 
     python3 bench/torch_dlrm.py FILE [--batch 1024] [--threads 2] [--warmup 20]
                                      [--interaction auto|tril|bmm]

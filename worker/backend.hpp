@@ -228,10 +228,12 @@ std::unique_ptr<Backend> MakeCpuBackend(int threads = 1, int compute_threads = 1
 
 // Ends OpenBLAS's thread pool, leaving it one thread (the caller's) until a CPU backend asks for
 // more (worker.blas_threads). The pthread OpenBLAS starts the pool as it loads, a thread for
-// each core, and each of those spins (sched_yield) for about 0.1 s before it sleeps: 60-120 ms
-// of a core in every process of the `parasol` program as it starts, beside the job's threads,
-// where no role uses a second BLAS thread unless blas_threads asks. Its main() calls this
-// first. A BLAS without OpenBLAS's pool shutdown gets only the thread count set.
+// each core but the caller's (or OPENBLAS_NUM_THREADS - 1), and each of those spins
+// (sched_yield) for about 0.1 s before it sleeps: 60-120 ms of a core per thread in every
+// process of the `parasol` program as it starts, beside the job's threads, where no role uses
+// a second BLAS thread unless blas_threads asks (the pool then starts again at its full size,
+// and the threads beyond those asked for sleep after their spin). Its main() calls this first.
+// A BLAS without OpenBLAS's pool shutdown gets only the thread count set.
 void EndIdleBlasThreads();
 
 // The CUDA backend on device `device` (cuBLAS, TF32 when `tf32`), or an error saying why it

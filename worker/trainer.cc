@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -521,7 +522,7 @@ class TrainRun {
   // The steady rate is timed from this step on, from rate_start_ and rate_samples_from_
   // (TrainReport::samples_per_second_after_warmup).
   const uint64_t rate_from_;
-  SteadyClock::time_point rate_start_;
+  std::optional<SteadyClock::time_point> rate_start_;  // once step rate_from_ is done
   uint64_t rate_samples_from_ = 0;
   TrainReport report_;
   SteadyClock::time_point start_, last_progress_;
@@ -652,8 +653,8 @@ Status TrainRun::Tally() {
       warm_.PerStep(report_.steps > counted_from_ ? report_.steps - counted_from_ : 0);
   report_.train_seconds = Since(start_);
   report_.samples_per_second = report_.train_samples / std::max(1e-9, report_.train_seconds);
-  if (report_.steps > rate_from_) {
-    report_.seconds_after_warmup = Since(rate_start_);
+  if (rate_start_ && report_.steps > rate_from_) {
+    report_.seconds_after_warmup = Since(*rate_start_);
     report_.samples_per_second_after_warmup =
         static_cast<double>(report_.train_samples - rate_samples_from_) /
         std::max(1e-9, report_.seconds_after_warmup);

@@ -36,6 +36,7 @@
 #include "worker/data_generator.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/ps_client.hpp"
+#include "worker/trainer.hpp"
 
 namespace parasol {
 namespace {
@@ -240,6 +241,20 @@ void RunElasticJob(uint64_t seed, bool kill_joiner) {
   if (kill_joiner) {
     EXPECT_NE(ReadFile(run.dir + "/worker2.log").find("resuming at step"), std::string::npos)
         << ReadFile(run.dir + "/worker2.log");
+  }
+  // The joiner's (or its restart's) rate after its warm-up: timed from kRateWarmupSteps after
+  // the step it started at, not from step kRateWarmupSteps of the job, which it never took.
+  {
+    const std::string text = ReadFile(run.dir + "/summary2.json");
+    const nlohmann::json s2 = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(s2.is_discarded()) << text;
+    const int64_t first = s2.value("first_step", int64_t{-1});
+    const int64_t steps = s2.value("steps", int64_t{-1});
+    ASSERT_GT(first, 0) << text;
+    ASSERT_GT(steps - first, static_cast<int64_t>(kRateWarmupSteps)) << text;
+    EXPECT_GT(s2.value("samples_per_second_after_warmup", -1.0), 0.0) << text;
+    EXPECT_GT(s2.value("seconds_after_warmup", 0.0), 0.0) << text;
+    EXPECT_LT(s2.value("seconds_after_warmup", 0.0), s2.value("train_seconds", 0.0)) << text;
   }
   uint64_t wrong = 0, first_wrong = 0;
   for (uint64_t p = 0; p < seen.size(); ++p) {
