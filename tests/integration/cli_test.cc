@@ -57,6 +57,20 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = MakeTempDir(); }
   void TearDown() override { RemoveTree(dir_); }
+  // Starts `parasol server` for rank 0 of a 1-server manifest (its log s.log) and returns it
+  // once it serves: a stats call has answered, naming shard 0.
+  Subprocess StartServingServer() {
+    WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1));
+    auto p = Subprocess::Spawn(
+        {PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank", "0"},
+        dir_ + "/s.log");
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return Subprocess();
+    ProcessRun stats = RunParasol({"stats", "--manifest", dir_ + "/m.yaml"}, dir_);
+    EXPECT_TRUE(WIFEXITED(stats.status) && WEXITSTATUS(stats.status) == 0) << stats.output;
+    EXPECT_NE(stats.output.find("\"shard\":0"), std::string::npos) << stats.output;
+    return std::move(*p);
+  }
   std::string dir_;
 };
 
@@ -88,16 +102,10 @@ TEST_F(CliTest, ACudaWorkerWithoutAGpuFailsAtStartSayingWhy) {
 }
 
 TEST_F(CliTest, SigtermStopsAServerCleanly) {
-  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1));
-  auto p = Subprocess::Spawn(
-      {PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_ + "/s.log");
-  ASSERT_TRUE(p.ok());
-  // Wait until it serves: a stats call answers.
-  ProcessRun stats = RunParasol({"stats", "--manifest", dir_ + "/m.yaml"}, dir_);
-  ASSERT_TRUE(WIFEXITED(stats.status) && WEXITSTATUS(stats.status) == 0) << stats.output;
-  EXPECT_NE(stats.output.find("\"shard\":0"), std::string::npos) << stats.output;
-  p->Signal(SIGTERM);
-  auto st = p->Wait(std::chrono::seconds(20));
+  Subprocess p = StartServingServer();
+  ASSERT_FALSE(HasFailure());
+  p.Signal(SIGTERM);
+  auto st = p.Wait(std::chrono::seconds(20));
   ASSERT_TRUE(st.has_value()) << "server did not stop on SIGTERM";
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
   EXPECT_NE(ReadFile(dir_ + "/s.log").find("stopped by signal 15"), std::string::npos);
@@ -130,23 +138,19 @@ std::vector<long> OtherThreadsTicks(pid_t pid) {
 // OpenBLAS's pool (worker/backend.hpp: EndIdleBlasThreads), the pool's thread spun for about
 // 0.1 s at start: 6-12 ticks (60-120 ms) of a core in every server, worker and launcher.
 TEST_F(CliTest, AnIdleServersThreadsTakeNoCpu) {
-  WriteFile(dir_ + "/m.yaml", PortsManifest(1, 1));
-  auto p = Subprocess::Spawn(
-      {PARASOL_BINARY, "server", "--manifest", dir_ + "/m.yaml", "--rank", "0"}, dir_ + "/s.log");
-  ASSERT_TRUE(p.ok());
-  // Serving (a stats call answers), then idle for a second.
-  ProcessRun stats = RunParasol({"stats", "--manifest", dir_ + "/m.yaml"}, dir_);
-  ASSERT_TRUE(WIFEXITED(stats.status) && WEXITSTATUS(stats.status) == 0) << stats.output;
+  Subprocess p = StartServingServer();
+  ASSERT_FALSE(HasFailure());
+  // Idle for a second.
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  const std::vector<long> ticks = OtherThreadsTicks(p->pid());
+  const std::vector<long> ticks = OtherThreadsTicks(p.pid());
   ASSERT_GE(ticks.size(), 3u);  // engine threads, ZeroMQ's, the signal watcher
   long total = 0;
   for (long t : ticks) total += t;
   std::printf("[ figure   ] %zu threads besides the first: %ld ticks of CPU\n", ticks.size(),
               total);
   EXPECT_LE(total, 3) << "ticks of the threads besides the first";
-  p->Signal(SIGTERM);
-  ASSERT_TRUE(p->Wait(std::chrono::seconds(20)).has_value());
+  p.Signal(SIGTERM);
+  ASSERT_TRUE(p.Wait(std::chrono::seconds(20)).has_value());
 }
 
 TEST_F(CliTest, LaunchRunsAWholeCheckedJob) {
