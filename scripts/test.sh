@@ -3,7 +3,7 @@
 # Tests labelled `gpu` skip themselves when no CUDA device is present.
 #   scripts/test.sh [--long] [extra ctest arguments, e.g. -L unit or -R Cluster]
 # Tests labelled `long` (chaos variants, two minutes of resharding) run only with --long; the
-# default run is CI's (28-35 minutes on a fresh clone with 2 cores, about half of it building).
+# default run is CI's (26-30 minutes on a fresh clone with 2 cores, about half of it building).
 set -euo pipefail
 skip_long=(-LE long)
 if [[ ${1:-} == --long ]]; then
