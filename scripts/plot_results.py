@@ -79,7 +79,7 @@ def plots(root):
         "Feed rate on 2 cores: a worker's step without computation (2026-12-05)",
         "samples/s against the shards' in-process rate",
         [(label, feed[n]["value"], feed[n]["ceiling"], None, None) for n, label in names])
-    t = rows_of(os.path.join(res, "torch_pairs_blas_c_2core_2026-12-05.json"))
+    t = rows_of(os.path.join(res, "torch_pairs_blas_d_2core_2026-12-05.json"))
     made["training_vs_pytorch_2core.svg"] = bars_svg(
         "dlrm-small, batch 1024, 2 cores, 2 compute threads each, parsing and 20 warm-up steps left "
         "out: "
