@@ -476,15 +476,17 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
 
 // Trains dlrm-small through `parasol launch` (servers and workers as processes); the summary.
 // `extra`: more manifest sections (e.g. a worker.command).
+// `training`: the consistency fields of the manifest's training map (BSP by default).
 std::string LaunchTraining(const std::string& data, int shards, int workers, int batch,
-                           const std::string& extra = "") {
+                           const std::string& extra = "",
+                           const std::string& training = "consistency: bsp") {
   char tmpl[] = "/tmp/parasol-bench-train-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   std::string y = "cluster:\n  servers:\n";
   const std::vector<uint16_t> ports = *PickFreePorts(shards);
   for (int s = 0; s < shards; ++s) y += "    - 127.0.0.1:" + std::to_string(ports[s]) + "\n";
   y += "  workers: " + std::to_string(workers) + "\n";
-  y += "training: {consistency: bsp, batch_size: " + std::to_string(batch) +
+  y += "training: {" + training + ", batch_size: " + std::to_string(batch) +
        ", epochs: 1, progress_every: 1h}\n";
   y += "model:\n  kind: dlrm\n  embedding_dim: 16\n  bottom: [64, 16]\n  top: [64, 1]\n"
        "  sparse_optimizer: {kind: adagrad, lr: 0.05, eps: 1e-8}\n"
@@ -1074,7 +1076,8 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
 // What the parameter-server path can feed a device: a worker's whole step with the model's
 // computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
 // shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
-// 26 fields log-spaced up to 4.6 x 10^7). The ceiling: the shards' in-process rate for the same
+// 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
+// The ceiling: the shards' in-process rate for the same
 // rows (InProcessFeedRate, one shard with its engine threads), times the shards that have
 // engine-threads' cores of their own on this host (at least 1).
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
@@ -1115,6 +1118,21 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
                          one_shard * own, "shards_in_process_x" + std::to_string(own),
                          std::nullopt});
       }
+      // The binary data under SSP with the next two steps' rows pulled during each step
+      // (training.prefetch_depth: 2), as a GPU worker that may read two clocks behind runs: the
+      // pulls overlap the pushes. The ceiling is the same (its pass is ASP: no clock holds a
+      // request), and the rows named apart from the BSP ones above.
+      if (!binary) continue;
+      const std::string summary =
+          LaunchTraining(bin, shards, 1, 4096, "worker: {compute: none}\n",
+                         "consistency: ssp, staleness: 2, prefetch_depth: 2");
+      if (summary.empty()) {
+        spdlog::error("feed bench: the SSP job with {} shards failed", shards);
+        continue;
+      }
+      rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s_binary_ssp2_depth2",
+                       JsonFigure(summary, "/samples_per_second"), "samples/s", one_shard * own,
+                       "shards_in_process_x" + std::to_string(own), std::nullopt});
     }
   }
   std::error_code ec;

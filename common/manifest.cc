@@ -434,6 +434,9 @@ Status ParseServer(MapReader& root, ServerOptions* s, const std::string& file) {
   MapReader r(root.Child("server"), "server", file);
   PARASOL_RETURN_IF_ERROR(r.CheckIsMap());
   PARASOL_RETURN_IF_ERROR(r.Unsigned("engine_threads", 1, 256, &s->engine_threads));
+  int after = static_cast<int>(s->apply_after_reply);
+  PARASOL_RETURN_IF_ERROR(r.Choice("apply_after_reply", {"auto", "always", "never"}, &after));
+  s->apply_after_reply = static_cast<ServerOptions::ApplyAfterReply>(after);
   PARASOL_RETURN_IF_ERROR(r.Bytes("max_request_bytes", 1024, &s->max_request_bytes));
   PARASOL_RETURN_IF_ERROR(r.Bytes("frame_bytes", 4096, &s->frame_bytes));
   PARASOL_RETURN_IF_ERROR(r.Unsigned("max_held_pulls", 1, 1 << 24, &s->max_held_pulls));

@@ -116,6 +116,11 @@ struct ClusterOptions {
 
 struct ServerOptions {
   uint32_t engine_threads = 2;               // threads per shard that own disjoint key sets
+  // bsp: whether the rows of a clock that the tick's pulls do not read are applied after the
+  // reply, on an idle-priority background thread (kAuto: where the shard's process has more
+  // cores than engine threads; ApplyAfterReply() in server/shard_server.hpp decides).
+  enum class ApplyAfterReply { kAuto, kAlways, kNever };
+  ApplyAfterReply apply_after_reply = ApplyAfterReply::kAuto;
   uint64_t max_request_bytes = 1ull << 30;   // payload bytes one request may carry
   uint64_t frame_bytes = 1ull << 20;         // values travel in frames (and dense requests in chunks) of at most this size
   // What any client can make a shard keep (README, "Hostile input"); a request over a limit

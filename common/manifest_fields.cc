@@ -197,6 +197,16 @@ std::vector<ManifestField> BuildTable() {
           "thread runs the first's part of each request, the others' parts go to the engine "
           "threads, and any part none of them has begun when the request thread is done with "
           "its own, the request thread runs too.");
+  t.Field("server.apply_after_reply", "one of auto|always|never", "auto",
+          "bsp: when a tick completes a clock, the shard applies the rows that the pulls it is "
+          "about to answer read, answers them, and applies the clock's other rows after the "
+          "reply, on a background thread of the lowest priority (`always`), or applies the whole "
+          "clock before the reply (`never`). `auto`: `always` where the shard's process may run "
+          "on more cores than `server.engine_threads`, else `never`: without a core of its own "
+          "the background pass takes the engines' time, and on a host shared with workers "
+          "theirs (see [How it works](internals.md#how-it-works), \"Answering a step's pulls "
+          "first\"). Tables that evict rows or are tiered are applied whole either way. The model "
+          "is the same, bit for bit.");
   t.Field("server.max_request_bytes", "size (e.g. 4MiB), at least 1KiB", "1GiB",
           "Payload one request may carry, and of the reply to one pull; larger is refused before "
           "any allocation.");

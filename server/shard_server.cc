@@ -24,6 +24,7 @@
 #include <cinttypes>
 #include <set>
 
+#include "common/cpu_affinity.hpp"
 #include "common/curve_keys.hpp"
 #include "common/fatal.hpp"
 #include "common/json_text.hpp"
@@ -76,6 +77,9 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
   // A clock has a part per worker; what the spares keep is bounded like the pending sums.
   spare_parts_.max_parts = membership_.max_ranks() + 1;
   spare_parts_.max_bytes = manifest_.server.max_pending_bytes / 4;
+  const size_t cores = ProcessCores().empty() ? std::thread::hardware_concurrency()
+                                              : ProcessCores().size();
+  apply_after_reply_ = ApplyAfterReply(manifest_.server, cores);
   tables_status_ = ResetTables();
 }
 
@@ -2068,6 +2072,7 @@ MetricTable ShardServer::Metrics() const {
             counters_.bsp_rows_before_reply.load(), "pass=\"before_reply\"");
   m.Counter("bsp_rows_after_reply", "parasol_bsp_rows_applied_total", "",
             counters_.bsp_rows_after_reply.load(), "pass=\"after_reply\"");
+  m.JsonOnly("apply_after_reply", apply_after_reply_);
   m.Counter("bsp_sum_parts_reused", "parasol_bsp_sum_parts_reused_total",
             "Parts of BSP clocks' sums that took the buffers of a clock applied before.",
             spare_parts_.reused);

@@ -76,6 +76,11 @@ struct DeferredBspApply {
   bool started = false;  // the second pass runs in the engines' background
 };
 
+// Whether a shard applies a BSP clock in two passes, the second after the reply
+// (server.apply_after_reply): always, never, or (auto) where `cores`, the cores its process may
+// run on (0 where unknown), are more than its engine threads.
+bool ApplyAfterReply(const ServerOptions& options, size_t cores);
+
 // How a shard with tiered tables spends server.memory_budget.
 struct MemoryShares {
   uint64_t disk_cache = 0;         // RocksDB's one cache: blocks read, memtables
@@ -589,6 +594,8 @@ class ShardServer {
   std::optional<DeferredApply> deferred_apply_;
   // Set while a tick is handled: only then may ApplyReadyAggregates() split its last clock.
   bool may_split_apply_ = false;
+  // ApplyAfterReply() for this shard's options and process: false, and no clock is split.
+  bool apply_after_reply_ = false;
   // [table id]: the keys of the sparse pulls a split apply's first pass serves.
   std::vector<std::vector<uint64_t>> pull_keys_;
   std::vector<HeldPull> held_pulls_;

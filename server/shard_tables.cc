@@ -506,7 +506,20 @@ bool ShardServer::TableSplits(const SparseTable& table) {
   return !table.evicts() && !table.partition(0).tiered();
 }
 
+bool ApplyAfterReply(const ServerOptions& options, size_t cores) {
+  switch (options.apply_after_reply) {
+    case ServerOptions::ApplyAfterReply::kAlways:
+      return true;
+    case ServerOptions::ApplyAfterReply::kNever:
+      return false;
+    case ServerOptions::ApplyAfterReply::kAuto:
+      break;
+  }
+  return cores > options.engine_threads;
+}
+
 bool ShardServer::CanSplitApply() const {
+  if (!apply_after_reply_) return false;
   for (const auto& t : sparse_) {
     if (t && TableSplits(*t)) return true;
   }

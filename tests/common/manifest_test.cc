@@ -386,6 +386,27 @@ TEST(ManifestWorkerTest, DeviceMustBeCpuOrCuda) {
             " (parasol manifest explain worker.device)");
 }
 
+TEST(ManifestTest, ApplyAfterReplyIsAutoAlwaysOrNever) {
+  Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\n", "s.yaml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->server.apply_after_reply, ServerOptions::ApplyAfterReply::kAuto);
+  const uint64_t fingerprint = m->Fingerprint();
+  for (const auto& [text, want] :
+       std::vector<std::pair<std::string, ServerOptions::ApplyAfterReply>>{
+           {"auto", ServerOptions::ApplyAfterReply::kAuto},
+           {"always", ServerOptions::ApplyAfterReply::kAlways},
+           {"never", ServerOptions::ApplyAfterReply::kNever}}) {
+    m = ParseManifest("cluster:\n  servers: [a:1]\nserver: {apply_after_reply: " + text + "}\n",
+                      "s.yaml");
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->server.apply_after_reply, want) << text;
+    EXPECT_EQ(m->Fingerprint(), fingerprint) << "the model is the same either way";
+  }
+  EXPECT_EQ(ErrorOf("cluster:\n  servers: [a:1]\nserver:\n  apply_after_reply: yes\n"),
+            "job.yaml:4:22: key 'server.apply_after_reply': expected one of auto|always|never, "
+            "got 'yes' (parasol manifest explain server.apply_after_reply)");
+}
+
 TEST(ManifestWorkerTest, ComputeIsModelOrNone) {
   Result<Manifest> m = ParseManifest("cluster:\n  servers: [a:1]\n", "w.yaml");
   ASSERT_TRUE(m.ok()) << m.status().ToString();

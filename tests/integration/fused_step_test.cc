@@ -57,9 +57,10 @@ class FusedStepTest : public ::testing::Test {
 
   // Trains dlrm (2 servers, 2 workers, BSP); returns the exported model, *log the job's output
   // and `dir_/name.json` its summary. `model_extra`: more fields of the model's section
-  // (", key: value"). `servers`: 1 or 2.
+  // (", key: value"). `servers`: 1 or 2. `after`: server.apply_after_reply.
   Result<ExportedModel> Train(const std::string& name, bool fuse, std::string* log,
-                              const std::string& model_extra = "", int servers = 2) {
+                              const std::string& model_extra = "", int servers = 2,
+                              const std::string& after = "auto") {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     const std::string manifest = dir_ + "/" + name + ".yaml";
     const std::string second = servers == 2 ? ", 127.0.0.1:" + std::to_string(ports[1]) : "";
@@ -71,6 +72,7 @@ class FusedStepTest : public ::testing::Test {
               "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]" +
               model_extra + "}\n"
               "worker: {fuse_requests: " + std::string(fuse ? "true" : "false") + "}\n"
+              "server: {apply_after_reply: " + after + "}\n"
               "data: {train: " + dir_ + "/train.tsv}\n"
               "checkpoint: {dir: " + dir_ + "/" + name + "-ckpt}\n");
     auto job = Subprocess::Spawn(
@@ -140,13 +142,14 @@ TEST_F(FusedStepTest, OneShardsTickGoesBehindThePushesAndTrainsTheSameModel) {
 }
 
 // A BSP shard answers a tick's pulls once their rows are applied and applies the clock's other
-// rows after the reply, in the background (docs/internals.md, "Answering a step's pulls first"); a tiered
+// rows after the reply, in the background (docs/internals.md, "Answering a step's pulls first"),
+// where server.apply_after_reply is `always` (`auto` decides by the host's cores); a tiered
 // table is applied whole before the reply. Both train the same model, value for value.
 TEST_F(FusedStepTest, AnsweringPullsBeforeTheRestOfTheApplyTrainsTheModelOfWholeClocks) {
   std::string split_log, whole_log;
-  auto split = Train("split", true, &split_log);
+  auto split = Train("split", true, &split_log, "", 2, "always");
   ASSERT_TRUE(split.ok()) << split.status().ToString();
-  auto whole = Train("whole", true, &whole_log, ", sparse_storage: tiered");
+  auto whole = Train("whole", true, &whole_log, ", sparse_storage: tiered", 2, "always");
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   // Each run took the path it names, on both shards.
   const std::vector<Json> split_stats = testing::StoppingStats(split_log);

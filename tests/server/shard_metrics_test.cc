@@ -146,7 +146,7 @@ TEST(ShardMetricsTest, TheStatsAndThePrometheusTextOfARealShardAgreeRowByRow) {
       {"consistency", 's'}, {"clock", 'i'}, {"min_clock", 'i'}, {"max_clock", 'i'},
       {"held_pulls", 'i'}, {"pulls_held_total", 'i'}, {"pull_wait_ms_total", 'f'},
       {"bsp_clocks_applied", 'i'}, {"bsp_rows_before_reply", 'i'},
-      {"bsp_rows_after_reply", 'i'}, {"tick_pushes_checked", 'i'}, {"pending_clocks", 'i'},
+      {"bsp_rows_after_reply", 'i'}, {"apply_after_reply", 'b'}, {"tick_pushes_checked", 'i'}, {"pending_clocks", 'i'},
       {"held_bytes", 'i'}, {"open_barriers", 'i'}, {"replies_dropped", 'i'},
       {"queued_reply_bytes", 'i'}, {"warnings_not_logged", 'i'}, {"lost_workers", 'a'},
       {"membership", 'a'}, {"server_changes", 'a'}, {"servers_now", 'i'},

@@ -80,7 +80,7 @@ std::string ManifestText(const SimJob& job, const std::string& dir) {
          "  workers: " + std::to_string(job.workers) +
          (job.elastic ? "\n  max_workers: " + std::to_string(job.workers + 1) : std::string()) +
          "\n  request_timeout: 300ms\n  connect_timeout: 20s\n  request_retries: 40\n"
-         "server: {engine_threads: 2}\n" +
+         "server: {engine_threads: 2, apply_after_reply: always}\n" +
          (job.asp   ? std::string("training: {consistency: asp, worker_timeout: 60s}\n")
           : job.ssp ? "training: {consistency: ssp, staleness: " + std::to_string(job.staleness) +
                           ", worker_timeout: 60s}\n"
