@@ -1077,9 +1077,9 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
 // computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
 // shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
 // 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
-// The ceiling: the shards' in-process rate for the same
-// rows (InProcessFeedRate, one shard with its engine threads), times the shards that have
-// engine-threads' cores of their own on this host (at least 1).
+// The ceiling: the shards' in-process rate for the same rows (InProcessFeedRate, one shard with
+// its engine threads, the best of three passes), times the shards that have engine-threads'
+// cores of their own on this host (at least 1).
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -1095,7 +1095,10 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       continue;
     }
     if (tag == "dlrm_small") ReaderRows(data, dir, rows);
-    const double one_shard = InProcessFeedRate(data, 4096);
+    // The best of three passes, each with a new shard (so each creates its rows, as the job's
+    // one pass does): one pass slowed by other work would understate the ceiling.
+    const double one_shard = std::max(
+        {InProcessFeedRate(data, 4096), InProcessFeedRate(data, 4096), InProcessFeedRate(data, 4096)});
     if (one_shard <= 0) continue;
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
     // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
