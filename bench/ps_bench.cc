@@ -1078,8 +1078,8 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
 // shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
 // 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
 // The ceiling: the shards' in-process rate for the same rows (InProcessFeedRate, one shard with
-// its engine threads, the best of three passes), times the shards that have engine-threads'
-// cores of their own on this host (at least 1).
+// its engine threads, the best of one pass before each job and at least three), times the
+// shards that have engine-threads' cores of their own on this host (at least 1).
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -1095,47 +1095,57 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       continue;
     }
     if (tag == "dlrm_small") ReaderRows(data, dir, rows);
-    // The best of three passes, each with a new shard (so each creates its rows, as the job's
-    // one pass does): one pass slowed by other work would understate the ceiling.
-    const double one_shard = std::max(
-        {InProcessFeedRate(data, 4096), InProcessFeedRate(data, 4096), InProcessFeedRate(data, 4096)});
+    // The ceiling: the best of the in-process passes, one run right before each job and at
+    // least three, each with a new shard (so each creates its rows, as the job's one pass
+    // does). One pass slowed by other work would understate it, and a slower minute of the
+    // machine falls on passes and jobs alike.
+    double one_shard = 0;
+    int passes = 0;
+    auto pass = [&] {
+      one_shard = std::max(one_shard, InProcessFeedRate(data, 4096));
+      ++passes;
+    };
+    pass();
     if (one_shard <= 0) continue;
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
     // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
     const std::string bin = dir + "/" + tag + ".bin";
     const bool binary =
         tag == "dlrm_small" && ConvertCriteo(data, bin, true, DataOptions::OnBadRow::kFail).ok();
-    for (int shards : {1, 2}) {
-      const uint32_t own = std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads)));
-      for (bool from_bin : {false, true}) {
-        if (from_bin && !binary) continue;
-        const std::string summary = LaunchTraining(from_bin ? bin : data, shards, 1, 4096,
-                                                   "worker: {compute: none}\n");
-        if (summary.empty()) {
-          spdlog::error("feed bench: the job with {} shards failed", shards);
-          continue;
-        }
-        rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s" +
-                             (from_bin ? "_binary" : ""),
-                         JsonFigure(summary, "/samples_per_second"), "samples/s",
-                         one_shard * own, "shards_in_process_x" + std::to_string(own),
-                         std::nullopt});
+    struct Job {
+      std::string name;
+      double rate;
+      uint32_t own;  // shards with engine-threads' cores of their own
+    };
+    std::vector<Job> jobs;
+    auto run = [&](const std::string& name, const std::string& file, int shards,
+                   const std::string& training) {
+      pass();
+      const std::string summary =
+          LaunchTraining(file, shards, 1, 4096, "worker: {compute: none}\n", training);
+      if (summary.empty()) {
+        spdlog::error("feed bench: the job {} failed", name);
+        return;
       }
+      jobs.push_back({name, JsonFigure(summary, "/samples_per_second"),
+                      std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads)))});
+    };
+    for (int shards : {1, 2}) {
+      const std::string stem = "feed_" + tag + "_b4096_" + std::to_string(shards) + "s";
+      run(stem, data, shards, "consistency: bsp");
+      if (!binary) continue;
+      run(stem + "_binary", bin, shards, "consistency: bsp");
       // The binary data under SSP with the next two steps' rows pulled during each step
       // (training.prefetch_depth: 2), as a GPU worker that may read two clocks behind runs: the
       // pulls overlap the pushes. The ceiling is the same (its pass is ASP: no clock holds a
-      // request), and the rows named apart from the BSP ones above.
-      if (!binary) continue;
-      const std::string summary =
-          LaunchTraining(bin, shards, 1, 4096, "worker: {compute: none}\n",
-                         "consistency: ssp, staleness: 2, prefetch_depth: 2");
-      if (summary.empty()) {
-        spdlog::error("feed bench: the SSP job with {} shards failed", shards);
-        continue;
-      }
-      rows->push_back({"feed_" + tag + "_b4096_" + std::to_string(shards) + "s_binary_ssp2_depth2",
-                       JsonFigure(summary, "/samples_per_second"), "samples/s", one_shard * own,
-                       "shards_in_process_x" + std::to_string(own), std::nullopt});
+      // request).
+      run(stem + "_binary_ssp2_depth2", bin, shards,
+          "consistency: ssp, staleness: 2, prefetch_depth: 2");
+    }
+    while (passes < 3) pass();
+    for (const Job& j : jobs) {
+      rows->push_back({j.name, j.rate, "samples/s", one_shard * j.own,
+                       "shards_in_process_x" + std::to_string(j.own), std::nullopt});
     }
   }
   std::error_code ec;

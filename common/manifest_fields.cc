@@ -201,10 +201,11 @@ std::vector<ManifestField> BuildTable() {
           "bsp: when a tick completes a clock, the shard applies the rows that the pulls it is "
           "about to answer read, answers them, and applies the clock's other rows after the "
           "reply, on a background thread of the lowest priority (`always`), or applies the whole "
-          "clock before the reply (`never`). `auto`: `always` where the shard's process may run "
-          "on more cores than `server.engine_threads`, else `never`: without a core of its own "
-          "the background pass takes the engines' time, and on a host shared with workers "
-          "theirs (see [How it works](internals.md#how-it-works), \"Answering a step's pulls "
+          "clock before the reply (`never`). `auto`: `always` where the shard's process may keep "
+          "more cores busy than `server.engine_threads` (its CPU affinity, within its cgroup's "
+          "CPU quota), else `never`: without a core of its own the background pass takes the "
+          "engines' time. On a host shared with workers that compute on its cores, it takes "
+          "theirs, and `never` may be faster (see [How it works](internals.md#how-it-works), \"Answering a step's pulls "
           "first\"). Tables that evict rows or are tiered are applied whole either way. The model "
           "is the same, bit for bit.");
   t.Field("server.max_request_bytes", "size (e.g. 4MiB), at least 1KiB", "1GiB",

@@ -77,9 +77,7 @@ ShardServer::ShardServer(const Manifest& manifest, uint32_t rank, Env* env)
   // A clock has a part per worker; what the spares keep is bounded like the pending sums.
   spare_parts_.max_parts = membership_.max_ranks() + 1;
   spare_parts_.max_bytes = manifest_.server.max_pending_bytes / 4;
-  const size_t cores = ProcessCores().empty() ? std::thread::hardware_concurrency()
-                                              : ProcessCores().size();
-  apply_after_reply_ = ApplyAfterReply(manifest_.server, cores);
+  apply_after_reply_ = ApplyAfterReply(manifest_.server, UsableCores());
   tables_status_ = ResetTables();
 }
 

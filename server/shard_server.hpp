@@ -78,7 +78,8 @@ struct DeferredBspApply {
 
 // Whether a shard applies a BSP clock in two passes, the second after the reply
 // (server.apply_after_reply): always, never, or (auto) where `cores`, the cores its process may
-// run on (0 where unknown), are more than its engine threads.
+// keep busy (UsableCores(): its affinity within its cgroup's CPU quota; 0 where unknown), are
+// more than its engine threads.
 bool ApplyAfterReply(const ServerOptions& options, size_t cores);
 
 // How a shard with tiered tables spends server.memory_budget.

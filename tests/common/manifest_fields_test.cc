@@ -49,7 +49,8 @@ std::string Describe(const Manifest& m) {
     << c.restart_workers << "\n";
   list("cluster.worker_hosts", c.worker_hosts);
   const ServerOptions& v = m.server;
-  s << "server: " << v.engine_threads << " " << v.max_request_bytes << " " << v.frame_bytes << " "
+  s << "server: " << v.engine_threads << " " << static_cast<int>(v.apply_after_reply) << " "
+    << v.max_request_bytes << " " << v.frame_bytes << " "
     << v.max_held_pulls << " " << v.max_held_bytes << " " << v.max_pending_clocks << " "
     << v.max_pending_bytes << " " << v.socket_hwm << " " << v.max_queued_reply_bytes << " "
     << v.max_connections << " " << v.idle_timeout_ms << " " << v.memory_budget << " [" << v.disk_dir

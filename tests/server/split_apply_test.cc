@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_affinity.hpp"
 #include "tests/support/in_process_shard.hpp"
 
 namespace parasol {
@@ -144,7 +145,12 @@ TEST(SplitApplyTest, AutoAppliesAfterTheReplyOnlyWithACoreBeyondTheEngineThreads
   EXPECT_TRUE(ApplyAfterReply(o, 1));
   o.apply_after_reply = ServerOptions::ApplyAfterReply::kNever;
   EXPECT_FALSE(ApplyAfterReply(o, 64));
-  for (const auto& [after, want] : std::map<std::string, bool>{{"always", true}, {"never", false}}) {
+  // auto: as the rule gives for the cores this process may keep busy.
+  o.apply_after_reply = ServerOptions::ApplyAfterReply::kAuto;
+  o.engine_threads = 2;
+  const bool here = ApplyAfterReply(o, UsableCores());
+  for (const auto& [after, want] : std::map<std::string, bool>{
+           {"always", true}, {"never", false}, {"auto", here}}) {
     SplitShard s(/*evicting=*/false, after);
     const Json stats = testing::ParseJson(s.StatsText());
     ASSERT_TRUE(stats.contains("apply_after_reply")) << stats.dump();
