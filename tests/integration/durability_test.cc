@@ -64,10 +64,11 @@ class DurabilityTest : public ::testing::Test {
     delete reference_;
   }
 
-  // `servers`: 1 or 2.
+  // `servers`: 1 or 2. `extra`: more sections, appended.
   static std::string ManifestText(const std::string& name,
                                   const std::string& when = "every_seconds: 1",
-                                  int servers = 2, int workers = 2) {
+                                  int servers = 2, int workers = 2,
+                                  const std::string& extra = "") {
     const std::vector<uint16_t> ports = *PickFreePorts(2);
     const std::string second = servers == 2 ? ", 127.0.0.1:" + std::to_string(ports[1]) : "";
     return "job: {name: durability, seed: 5}\n"
@@ -77,18 +78,19 @@ class DurabilityTest : public ::testing::Test {
            "training: {consistency: bsp, batch_size: 64, epochs: 1, worker_timeout: 60s}\n"
            "model: {kind: dlrm, embedding_dim: 8, bottom: [16, 8], top: [16, 1]}\n"
            "data: {train: " + *dir_ + "/train.tsv, eval: " + *dir_ + "/eval.tsv}\n"
-           "checkpoint: {dir: " + *dir_ + "/" + name + "-ckpt, " + when + ", keep: 3}\n";
+           "checkpoint: {dir: " + *dir_ + "/" + name + "-ckpt, " + when + ", keep: 3}\n" +
+           extra;
   }
 
   // Runs the job `name` with PARASOL_FAULTS=`faults` (each fault fires once in the job) and
   // waits for it; *log gets its output.
   static bool RunJob(const std::string& name, const std::string& faults, std::string* log,
                      const std::string& when = "every_seconds: 1", int servers = 2,
-                     int workers = 2) {
+                     int workers = 2, const std::string& extra = "") {
     RemoveTree(*dir_ + "/" + name + "-ckpt");
     RemoveTree(*dir_ + "/" + name + "-marks");
     std::filesystem::create_directories(*dir_ + "/" + name + "-marks");
-    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name, when, servers, workers));
+    WriteFile(*dir_ + "/" + name + ".yaml", ManifestText(name, when, servers, workers, extra));
     if (!faults.empty()) {
       ::setenv("PARASOL_FAULTS", faults.c_str(), 1);
       ::setenv("PARASOL_FAULTS_ONCE", (*dir_ + "/" + name + "-marks").c_str(), 1);
@@ -228,18 +230,32 @@ TEST_F(DurabilityTest, AShardKilledAfterApplyingAPushBeforeAcknowledgingIt) {
 
 // Three workers: a clock's sums are folded in rank order (server/clock_aggregate.hpp), not in
 // the order the pushes arrive, so two undisturbed runs end in the same bits, and so does a run
-// whose shard is killed after applying a push drawn from the printed seed.
+// whose shard is killed after applying a push drawn from the printed seed. The second run and
+// the killed one apply each clock's other rows after the reply (server.apply_after_reply:
+// always), the first as this host's cores decide (whole clocks on 2): the same bits either way.
 TEST_F(DurabilityTest, ThreeWorkersEndInTheSameBitsOnEveryRunAndAfterAShardIsKilled) {
   const std::string every = "every_seconds: 1";
+  const std::string after = "server: {apply_after_reply: always}\n";
   std::string log;
   ASSERT_TRUE(RunJob("three-a", "", &log, every, 2, 3)) << log;
-  ASSERT_TRUE(RunJob("three-b", "", &log, every, 2, 3)) << log;
+  ASSERT_TRUE(RunJob("three-b", "", &log, every, 2, 3, after)) << log;
   const uint64_t seed = Seeds().back();
   const uint64_t n = Draw(seed, 5, 3500);  // of about 4,000 pushes a shard applies
   std::printf("[ seed     ] %llu: shard.applied=kill@%llu\n", (unsigned long long)seed,
               (unsigned long long)n);
   const std::string faults = "shard.applied=kill@" + std::to_string(n);
-  ASSERT_TRUE(RunJob("three-kill", faults, &log, every, 2, 3)) << faults << "\n" << log;
+  ASSERT_TRUE(RunJob("three-kill", faults, &log, every, 2, 3, after)) << faults << "\n" << log;
+  // The killed run took the two passes: its shards' stopping stats say so, and count rows
+  // applied after the reply (a shard restarted near the end may have applied none since).
+  const std::vector<Json> stats = testing::StoppingStats(log);
+  ASSERT_FALSE(stats.empty()) << log;
+  uint64_t after_reply = 0;
+  for (const Json& st : stats) {
+    ASSERT_TRUE(!st.is_discarded() && st.contains("bsp_rows_after_reply")) << log;
+    EXPECT_TRUE(st["apply_after_reply"].get<bool>()) << st.dump();
+    after_reply += st["bsp_rows_after_reply"].get<uint64_t>();
+  }
+  EXPECT_GT(after_reply, 1000u) << log;
   EXPECT_TRUE(std::filesystem::exists(*dir_ + "/three-kill-marks/shard.applied.fired"))
       << faults << " never fired\n" << log;
   ExpectNoReplayRefusedOrLost(log);
