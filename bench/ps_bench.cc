@@ -479,7 +479,8 @@ void ConsistencyRows(const Options& opt, std::vector<Row>* rows) {
 // `training`: the consistency fields of the manifest's training map (BSP by default).
 std::string LaunchTraining(const std::string& data, int shards, int workers, int batch,
                            const std::string& extra = "",
-                           const std::string& training = "consistency: bsp") {
+                           const std::string& training = "consistency: bsp",
+                           std::string* log = nullptr) {
   char tmpl[] = "/tmp/parasol-bench-train-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   std::string y = "cluster:\n  servers:\n";
@@ -504,9 +505,38 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
     s << in.rdbuf();
     summary = s.str();
   }
+  if (log) {
+    std::ifstream in(dir + "/launch.log");
+    std::stringstream s;
+    s << in.rdbuf();
+    *log = s.str();
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return summary;
+}
+
+// The share of a job's training time (the worker's train_seconds) the shards' request threads
+// spent serving, averaged over the shards, from the stats each shard logs as it stops ("shard N
+// stopping: {...}", in a launch's log): near 1, the shards' cores bound the job; well below, the
+// shards wait for the workers or the network. -1 when no shard's stats are in the log.
+double ShardBusyShare(const std::string& log, double train_seconds) {
+  double serving = 0;
+  int shards = 0;
+  const std::string mark = " stopping: {";
+  for (size_t at = log.find(mark); at != std::string::npos; at = log.find(mark, at + 1)) {
+    const size_t begin = at + mark.size() - 1;
+    const size_t end = log.find('\n', begin);
+    const Json j = Json::parse(log.substr(begin, end == std::string::npos ? end : end - begin),
+                               nullptr, false);
+    if (j.is_discarded() || !j.contains("seconds_waiting")) continue;
+    ++shards;
+    for (const char* key : {"seconds_serving_pushes", "seconds_serving_ticks",
+                            "seconds_serving_pulls", "seconds_serving_other"}) {
+      serving += j.value(key, 0.0);
+    }
+  }
+  return shards > 0 && train_seconds > 0 ? serving / (shards * train_seconds) : -1;
 }
 
 
@@ -1116,19 +1146,22 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       std::string name;
       double rate;
       uint32_t own;  // shards with engine-threads' cores of their own
+      double busy;  // the shards' share of the training time spent serving (ShardBusyShare)
     };
     std::vector<Job> jobs;
     auto run = [&](const std::string& name, const std::string& file, int shards,
                    const std::string& training) {
       pass();
+      std::string log;
       const std::string summary =
-          LaunchTraining(file, shards, 1, 4096, "worker: {compute: none}\n", training);
+          LaunchTraining(file, shards, 1, 4096, "worker: {compute: none}\n", training, &log);
       if (summary.empty()) {
         spdlog::error("feed bench: the job {} failed", name);
         return;
       }
       jobs.push_back({name, JsonFigure(summary, "/samples_per_second"),
-                      std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads)))});
+                      std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads))),
+                      ShardBusyShare(log, JsonFigure(summary, "/workers/0/train_seconds"))});
     };
     for (int shards : {1, 2}) {
       const std::string stem = "feed_" + tag + "_b4096_" + std::to_string(shards) + "s";
@@ -1146,6 +1179,16 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     for (const Job& j : jobs) {
       rows->push_back({j.name, j.rate, "samples/s", one_shard * j.own,
                        "shards_in_process_x" + std::to_string(j.own), std::nullopt});
+    }
+    // What bounds each job: the share of its training time its shards' request threads were
+    // serving (the rest they waited for the worker's next message).
+    for (const Job& j : jobs) {
+      if (j.busy < 0) {
+        spdlog::error("feed bench: no shard's stats in the log of {}", j.name);
+        continue;
+      }
+      rows->push_back(
+          {j.name + "_shard_busy_share", j.busy, "share", std::nullopt, "", std::nullopt});
     }
   }
   std::error_code ec;

@@ -315,13 +315,17 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       last_publish_ = env_->Now();
       metrics_->Publish(MetricsText());
     }
+    const auto waiting = env_->Now();
     try {
       zmq::poll(items, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       return Unavailable(std::string("poll failed: ") + e.what());
     }
+    counters_.seconds_waiting += SecondsSince(waiting);
+    const auto periodic = env_->Now();
     RunPeriodic();
+    counters_.seconds_serving[kServeOther] += SecondsSince(periodic);
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -586,11 +590,14 @@ void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
 }
 
 void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
+  const auto start = env_->Now();
+  serving_ = kServeOther;
   HandleOneMessage(frames);
   NoteConnectionSeen(frames);
   // The message is answered: what a split apply left is applied in the background while its
   // sender reads the reply, and finished before anything else is handled.
   StartDeferredApply();
+  counters_.seconds_serving[serving_] += SecondsSince(start);
   for (std::vector<uint64_t>& keys : pull_keys_) {
     keys.clear();
     // A large pull's keys are not held after it.
@@ -679,6 +686,7 @@ void ShardServer::HandleOneMessage(std::vector<zmq::message_t>& frames) {
   }
   const Header& req = *decoded;
   request_well_formed_ = true;
+  serving_ = ServeKindOf(req.op);
   uint64_t bytes = 0;
   for (size_t i = 1; i < frames.size(); ++i) bytes += frames[i].size();
   op_bytes_[static_cast<int>(req.op) & 15] += bytes;
@@ -1920,6 +1928,21 @@ void ShardServer::ReleaseBarriers() {
 
 void ShardServer::ObserveWait(double seconds) { pull_wait_.Observe(seconds); }
 
+ShardServer::ServeKind ShardServer::ServeKindOf(Op op) {
+  switch (op) {
+    case Op::PushSparse:
+    case Op::PushDense:
+      return kServePushes;
+    case Op::Clock:
+      return kServeTicks;
+    case Op::PullSparse:
+    case Op::PullDense:
+      return kServePulls;
+    default:
+      return kServeOther;
+  }
+}
+
 MetricTable ShardServer::Metrics() const {
   MetricTable m;
   m.JsonOnly("shard", rank_);
@@ -2071,6 +2094,23 @@ MetricTable ShardServer::Metrics() const {
   m.Counter("bsp_rows_after_reply", "parasol_bsp_rows_applied_total", "",
             counters_.bsp_rows_after_reply.load(), "pass=\"after_reply\"");
   m.JsonOnly("apply_after_reply", apply_after_reply_);
+  // The request thread's time: the shard's side of the worker's time split (a shard that
+  // mostly waits is bounded by its workers or the network, one that never waits by its cores).
+  static const char* kServed[] = {"pushes", "ticks", "pulls", "other"};
+  m.Counter("seconds_waiting", "parasol_request_thread_seconds_total",
+            "The request thread's time: waiting for a message, and serving pushes, ticks (with "
+            "the BSP clocks they complete, and the pulls behind them), pulls, and the rest "
+            "(periodic work, control requests).",
+            counters_.seconds_waiting, "phase=\"waiting\"");
+  for (int k = 0; k < 4; ++k) {
+    m.Counter(std::string("seconds_serving_") + kServed[k],
+              "parasol_request_thread_seconds_total", "", counters_.seconds_serving[k],
+              std::string("phase=\"") + kServed[k] + "\"");
+  }
+  m.Counter("seconds_applying_clocks", "parasol_bsp_apply_seconds_total",
+            "Seconds the request thread applied BSP clocks before the reply (part of the "
+            "ticks' time).",
+            counters_.seconds_applying_clocks);
   m.Counter("bsp_sum_parts_reused", "parasol_bsp_sum_parts_reused_total",
             "Parts of BSP clocks' sums that took the buffers of a clock applied before.",
             spare_parts_.reused);
@@ -2337,6 +2377,7 @@ void ShardServer::HandleStep(const Header& step, std::vector<zmq::message_t>& fr
   op_counts_[static_cast<int>(Op::Step)]++;
   Result<std::vector<StepPart>> parts =
       CheckStep(step, std::span<const zmq::message_t>(frames).subspan(2));
+  if (parts.ok() && !parts->empty()) serving_ = ServeKindOf((*parts)[0].header.op);
   Status st = parts.status();
   if (st.ok()) st = Admit(step);
   const bool pulls = st.ok() && ((*parts)[0].header.op == Op::PullSparse ||

@@ -192,7 +192,21 @@ class ShardServer {
     uint64_t rolled_back_requests = 0;  // refused as of a rolled-back generation
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
     uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
+    // The request thread's time (steady clock), the shard's side of the worker's time split:
+    // waiting for a message, and serving each kind (ServeKind); of the ticks', applying BSP
+    // clocks before the reply.
+    double seconds_waiting = 0;
+    double seconds_serving[4] = {};  // by ServeKind
+    double seconds_applying_clocks = 0;
   };
+  // What a message asked, for the request thread's time: pushes (a Step of them, or one),
+  // ticks (a Step that starts with one, with the pulls behind it, or a Clock), pulls, other.
+  enum ServeKind : uint8_t { kServePushes = 0, kServeTicks, kServePulls, kServeOther };
+  static ServeKind ServeKindOf(Op op);
+  // Seconds from `t` to now, on this shard's clock (env_).
+  double SecondsSince(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double>(env_->Now() - t).count();
+  }
   struct HeldReply {
     zmq::message_t identity;
     Header request;
@@ -217,6 +231,8 @@ class ShardServer {
   // HandleMessage() as the serve loop calls it: a split apply's second pass is left running
   // in the background (the next message, or the loop's timed work, finishes it).
   void ServeMessage(std::vector<zmq::message_t>& frames);
+  // The kind of the message ServeMessage() serves now (set once its header is decoded).
+  ServeKind serving_ = kServeOther;
   // The message alone, answered (a split apply's second pass not started).
   void HandleOneMessage(std::vector<zmq::message_t>& frames);
   // Its parts, split and checked, or the error naming what is wrong.

@@ -454,6 +454,7 @@ void ShardServer::ApplySparseSums(uint32_t e, int64_t clock, const ClockAggregat
 }
 
 void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApply* split) {
+  const auto start = env_->Now();
   // The average over the workers expected at this clock (live, and not finished before it).
   const double scale = 1.0 / std::max<uint32_t>(1, controller_.ActiveAt(clock));
   const uint32_t now = ShardClock();
@@ -499,6 +500,7 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApp
     }
   });
   ++counters_.bsp_clocks_applied;
+  counters_.seconds_applying_clocks += SecondsSince(start);
   spdlog::debug("shard {}: applied the pushes of clock {}", rank_, clock);
 }
 

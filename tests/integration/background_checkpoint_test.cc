@@ -118,6 +118,7 @@ TEST_P(BackgroundWriteTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChan
   const bool forked = GetParam();
   TestCluster cluster(1, 2, kTables, Extra() + (forked ? "  copy_below: 0\n" : ""));
   cluster.set_faults("checkpoint.write=slow");  // each write takes 500 ms more
+  const auto started = std::chrono::steady_clock::now();
   ASSERT_TRUE(cluster.Start());
   auto a = cluster.Connect(0);
   auto b = cluster.Connect(1);
@@ -181,6 +182,23 @@ TEST_P(BackgroundWriteTest, ACheckpointHoldsTheStateOfItsMomentWhileRowsKeepChan
   auto stats = observer->StatsOf(0);
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(std::stoull(StatsField(*stats, "checkpoints")), checkpoints) << *stats;
+  // The serve loop's request thread waited between the requests, and served pushes and the rest
+  // (the periodic work that begins the checkpoints); each kind at most the shard's lifetime.
+  const double lifetime = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        started).count();
+  double accounted = 0;
+  for (const char* key : {"seconds_waiting", "seconds_serving_pushes", "seconds_serving_pulls",
+                          "seconds_serving_ticks", "seconds_serving_other"}) {
+    const std::string text = StatsField(*stats, key);
+    ASSERT_FALSE(text.empty()) << key << ": " << *stats;
+    const double seconds = std::stod(text);
+    EXPECT_GE(seconds, 0.0) << key;
+    accounted += seconds;
+  }
+  EXPECT_GT(std::stod(StatsField(*stats, "seconds_waiting")), 0.0) << *stats;
+  EXPECT_GT(std::stod(StatsField(*stats, "seconds_serving_pushes")), 0.0) << *stats;
+  EXPECT_GT(std::stod(StatsField(*stats, "seconds_serving_other")), 0.0) << *stats;
+  EXPECT_LE(accounted, lifetime) << *stats;
   const std::string log = cluster.ServerLog(0);
   EXPECT_NE(log.find("in the background"), std::string::npos);
   EXPECT_EQ(log.find("copied, in the background") == std::string::npos, forked) << log;

@@ -146,7 +146,10 @@ TEST(ShardMetricsTest, TheStatsAndThePrometheusTextOfARealShardAgreeRowByRow) {
       {"consistency", 's'}, {"clock", 'i'}, {"min_clock", 'i'}, {"max_clock", 'i'},
       {"held_pulls", 'i'}, {"pulls_held_total", 'i'}, {"pull_wait_ms_total", 'f'},
       {"bsp_clocks_applied", 'i'}, {"bsp_rows_before_reply", 'i'},
-      {"bsp_rows_after_reply", 'i'}, {"apply_after_reply", 'b'}, {"tick_pushes_checked", 'i'}, {"pending_clocks", 'i'},
+      {"bsp_rows_after_reply", 'i'}, {"apply_after_reply", 'b'}, {"seconds_waiting", 'f'},
+      {"seconds_serving_pushes", 'f'}, {"seconds_serving_ticks", 'f'},
+      {"seconds_serving_pulls", 'f'}, {"seconds_serving_other", 'f'},
+      {"seconds_applying_clocks", 'f'}, {"tick_pushes_checked", 'i'}, {"pending_clocks", 'i'},
       {"held_bytes", 'i'}, {"open_barriers", 'i'}, {"replies_dropped", 'i'},
       {"queued_reply_bytes", 'i'}, {"warnings_not_logged", 'i'}, {"lost_workers", 'a'},
       {"membership", 'a'}, {"server_changes", 'a'}, {"servers_now", 'i'},
@@ -192,8 +195,69 @@ TEST(ShardMetricsTest, TheStatsAndThePrometheusTextOfARealShardAgreeRowByRow) {
       "parasol_held_pulls", "parasol_clock_min", "parasol_clock_max",
       "parasol_checkpoint_age_seconds", "parasol_checkpoints_total", "parasol_lost_workers",
       "parasol_table_rows", "parasol_table_bytes", "parasol_evictions_total",
-      "parasol_admission_counted_pushes_total"};
+      "parasol_admission_counted_pushes_total", "parasol_request_thread_seconds_total",
+      "parasol_bsp_apply_seconds_total"};
   for (const char* family : kFamilies) EXPECT_EQ(prom.types.count(family), 1u) << family;
+}
+
+// The request thread's time goes to the kind of message it served: a pull's to pulls, a push's
+// to pushes, a Step that starts with a tick (the tick, then pulls) to ticks, with the BSP clock
+// the tick completes counted, as well, in seconds_applying_clocks. No serve loop runs here, so
+// nothing is waited for.
+TEST(ShardMetricsTest, TheRequestThreadsTimeGoesToTheKindOfMessageItServed) {
+  testing::InProcessShard shard(
+      "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
+      "training: {consistency: bsp}\n"
+      "tables:\n"
+      "  - {name: e, kind: sparse, dim: 16, optimizer: {kind: adagrad, lr: 0.1}}\n",
+      "time split");
+  std::vector<uint64_t> keys(20000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  auto split = [&] {
+    const Json s = testing::ParseJson(shard.StatsText());
+    EXPECT_FALSE(s.is_discarded());
+    std::map<std::string, double> v;
+    for (const char* k : {"seconds_waiting", "seconds_serving_pushes", "seconds_serving_ticks",
+                          "seconds_serving_pulls", "seconds_serving_other",
+                          "seconds_applying_clocks"}) {
+      v[k] = s.at(k).get<double>();
+    }
+    return v;
+  };
+  const auto start = split();
+  for (const auto& [key, seconds] : start) EXPECT_EQ(seconds, 0.0) << key;
+
+  ASSERT_TRUE(shard.Answered(shard.Pull(0, 0, keys)));
+  const auto pulled = split();
+  EXPECT_GT(pulled.at("seconds_serving_pulls"), 0.0);
+  EXPECT_EQ(pulled.at("seconds_serving_pushes"), 0.0);
+  EXPECT_EQ(pulled.at("seconds_serving_ticks"), 0.0);
+
+  ASSERT_TRUE(shard.Answered(shard.Push(0, 0, keys)));
+  const auto pushed = split();
+  EXPECT_GT(pushed.at("seconds_serving_pushes"), 0.0);
+  EXPECT_EQ(pushed.at("seconds_serving_pulls"), pulled.at("seconds_serving_pulls"));
+  EXPECT_EQ(pushed.at("seconds_serving_ticks"), 0.0);
+  EXPECT_EQ(pushed.at("seconds_applying_clocks"), 0.0);  // the clock is not complete yet
+
+  // The tick completes clock 0: its 20,000 sums are applied, then the pulls behind it answered.
+  const std::vector<uint64_t> ids = shard.TickAndPull(1, 1, keys);
+  ASSERT_TRUE(shard.Answered(ids[0]));
+  const auto ticked = split();
+  EXPECT_GT(ticked.at("seconds_serving_ticks"), 0.0);
+  EXPECT_GT(ticked.at("seconds_applying_clocks"), 0.0);
+  EXPECT_LE(ticked.at("seconds_applying_clocks"), ticked.at("seconds_serving_ticks"));
+  EXPECT_EQ(ticked.at("seconds_serving_pulls"), pulled.at("seconds_serving_pulls"));
+  EXPECT_EQ(ticked.at("seconds_serving_pushes"), pushed.at("seconds_serving_pushes"));
+  EXPECT_EQ(ticked.at("seconds_waiting"), 0.0);
+
+  const Scraped prom = Scrape(shard.Metrics());
+  for (const char* phase : {"waiting", "pushes", "ticks", "pulls", "other"}) {
+    EXPECT_EQ(prom.samples.count(std::string("parasol_request_thread_seconds_total{shard=\"0\","
+                                             "phase=\"") + phase + "\"}"),
+              1u)
+        << phase;
+  }
 }
 
 }  // namespace
