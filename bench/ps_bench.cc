@@ -519,8 +519,9 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
 // The share of a job's training time (the worker's train_seconds) the shards' request threads
 // spent serving, averaged over the shards, from the stats each shard logs as it stops ("shard N
 // stopping: {...}", in a launch's log): near 1, the shards' cores bound the job; well below, the
-// shards wait for the workers or the network. -1 when no shard's stats are in the log.
-double ShardBusyShare(const std::string& log, double train_seconds) {
+// shards wait for the workers or the network. -1 unless the log holds the stats of
+// `expected_shards` shards, each once.
+double ShardBusyShare(const std::string& log, int expected_shards, double train_seconds) {
   double serving = 0;
   int shards = 0;
   const std::string mark = " stopping: {";
@@ -536,7 +537,9 @@ double ShardBusyShare(const std::string& log, double train_seconds) {
       serving += j.value(key, 0.0);
     }
   }
-  return shards > 0 && train_seconds > 0 ? serving / (shards * train_seconds) : -1;
+  // Every shard's once (a shard restarted, or one that logged none, would skew the mean).
+  if (shards != expected_shards || train_seconds <= 0) return -1;
+  return serving / (shards * train_seconds);
 }
 
 
@@ -1161,7 +1164,7 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       }
       jobs.push_back({name, JsonFigure(summary, "/samples_per_second"),
                       std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads))),
-                      ShardBusyShare(log, JsonFigure(summary, "/workers/0/train_seconds"))});
+                      ShardBusyShare(log, shards, JsonFigure(summary, "/workers/0/train_seconds"))});
     };
     for (int shards : {1, 2}) {
       const std::string stem = "feed_" + tag + "_b4096_" + std::to_string(shards) + "s";
@@ -1184,7 +1187,7 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     // serving (the rest they waited for the worker's next message).
     for (const Job& j : jobs) {
       if (j.busy < 0) {
-        spdlog::error("feed bench: no shard's stats in the log of {}", j.name);
+        spdlog::error("feed bench: the log of {} lacks a shard's stats", j.name);
         continue;
       }
       rows->push_back(

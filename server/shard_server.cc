@@ -308,6 +308,8 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
     metrics_->Publish(MetricsText());
   }
   zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
+  time_cut_ = env_->Now();
+  serving_ = kServeOther;
   while (!stop.load() && !shutdown_requested_) {
     if (metrics_ && env_->Now() - last_publish_ >
                         std::chrono::milliseconds(250)) {
@@ -315,17 +317,16 @@ Status ShardServer::Serve(const std::atomic<bool>& stop) {
       last_publish_ = env_->Now();
       metrics_->Publish(MetricsText());
     }
-    const auto waiting = env_->Now();
+    CutTime(kServeOther);
     try {
       zmq::poll(items, 1, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
+      CutTime(kServeWaiting);
       if (e.num() == EINTR) continue;
       return Unavailable(std::string("poll failed: ") + e.what());
     }
-    counters_.seconds_waiting += SecondsSince(waiting);
-    const auto periodic = env_->Now();
+    CutTime(kServeWaiting);
     RunPeriodic();
-    counters_.seconds_serving[kServeOther] += SecondsSince(periodic);
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     // Drain what is queued before polling again.
     for (int i = 0; i < 256; ++i) {
@@ -585,19 +586,21 @@ void ShardServer::ReportNonfiniteUpdates() {
 }
 
 void ShardServer::HandleMessage(std::vector<zmq::message_t>& frames) {
+  time_cut_ = env_->Now();  // the time between two calls is the driver's
   ServeMessage(frames);
   FinishDeferredApply();  // an in-process driver reads the shard next
 }
 
 void ShardServer::ServeMessage(std::vector<zmq::message_t>& frames) {
-  const auto start = env_->Now();
+  CutTime(serving_);  // receiving it, and what came before
   serving_ = kServeOther;
   HandleOneMessage(frames);
   NoteConnectionSeen(frames);
   // The message is answered: what a split apply left is applied in the background while its
   // sender reads the reply, and finished before anything else is handled.
   StartDeferredApply();
-  counters_.seconds_serving[serving_] += SecondsSince(start);
+  CutTime(serving_);
+  serving_ = kServeOther;
   for (std::vector<uint64_t>& keys : pull_keys_) {
     keys.clear();
     // A large pull's keys are not held after it.
@@ -1178,6 +1181,19 @@ void ShardServer::ReleaseHeldPulls() {
     (go ? ready : still).push_back(std::move(h));
   }
   held_pulls_ = std::move(still);
+  if (ready.empty()) return;
+  // Answering them is the pulls' time, whatever released them.
+  const ServeKind outer = serving_;
+  CutTime(outer);
+  serving_ = kServePulls;
+  struct Restore {
+    ShardServer* s;
+    ServeKind outer;
+    ~Restore() {
+      s->CutTime(kServePulls);
+      s->serving_ = outer;
+    }
+  } restore{this, outer};
   for (const HeldPull& h : ready) {
     uint64_t bytes = 0;
     for (const zmq::message_t& f : h.frames) bytes += f.size();
@@ -1928,6 +1944,14 @@ void ShardServer::ReleaseBarriers() {
 
 void ShardServer::ObserveWait(double seconds) { pull_wait_.Observe(seconds); }
 
+double ShardServer::CutTime(ServeKind kind) {
+  const auto now = env_->Now();
+  const double seconds = std::max(0.0, std::chrono::duration<double>(now - time_cut_).count());
+  counters_.seconds[kind] += seconds;
+  time_cut_ = now;
+  return seconds;
+}
+
 ShardServer::ServeKind ShardServer::ServeKindOf(Op op) {
   switch (op) {
     case Op::PushSparse:
@@ -2098,18 +2122,19 @@ MetricTable ShardServer::Metrics() const {
   // mostly waits is bounded by its workers or the network, one that never waits by its cores).
   static const char* kServed[] = {"pushes", "ticks", "pulls", "other"};
   m.Counter("seconds_waiting", "parasol_request_thread_seconds_total",
-            "The request thread's time: waiting for a message, and serving pushes, ticks (with "
-            "the BSP clocks they complete, and the pulls behind them), pulls, and the rest "
-            "(periodic work, control requests).",
-            counters_.seconds_waiting, "phase=\"waiting\"");
+            "The request thread's time since the shard began serving: waiting for a message, "
+            "and serving pushes, ticks (with the BSP clocks they complete, and the pulls behind "
+            "them), pulls, and the rest (periodic work, control requests).",
+            counters_.seconds[kServeWaiting], "phase=\"waiting\"");
   for (int k = 0; k < 4; ++k) {
     m.Counter(std::string("seconds_serving_") + kServed[k],
-              "parasol_request_thread_seconds_total", "", counters_.seconds_serving[k],
+              "parasol_request_thread_seconds_total", "", counters_.seconds[k],
               std::string("phase=\"") + kServed[k] + "\"");
   }
   m.Counter("seconds_applying_clocks", "parasol_bsp_apply_seconds_total",
-            "Seconds the request thread applied BSP clocks before the reply (part of the "
-            "ticks' time).",
+            "Of the request thread's time, applying BSP clocks (a tick's, or one a lost "
+            "worker or a change of the shard count completes, and the rest of one applied "
+            "after a reply when the request thread waits for it).",
             counters_.seconds_applying_clocks);
   m.Counter("bsp_sum_parts_reused", "parasol_bsp_sum_parts_reused_total",
             "Parts of BSP clocks' sums that took the buffers of a clock applied before.",

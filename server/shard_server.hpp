@@ -192,21 +192,26 @@ class ShardServer {
     uint64_t rolled_back_requests = 0;  // refused as of a rolled-back generation
     uint64_t stale_replays = 0;  // meant for an earlier process of this shard: dropped
     uint64_t tick_pushes_checked = 0;  // pushes ticks named, found applied before they passed
-    // The request thread's time (steady clock), the shard's side of the worker's time split:
-    // waiting for a message, and serving each kind (ServeKind); of the ticks', applying BSP
-    // clocks before the reply.
-    double seconds_waiting = 0;
-    double seconds_serving[4] = {};  // by ServeKind
+    // The request thread's time, the shard's side of the worker's time split: by what it did
+    // (ServeKind: serving each kind of message, the rest, or waiting for a message), cut at
+    // each change (CutTime()); and, of that time, applying BSP clocks.
+    double seconds[5] = {};  // by ServeKind
     double seconds_applying_clocks = 0;
   };
-  // What a message asked, for the request thread's time: pushes (a Step of them, or one),
-  // ticks (a Step that starts with one, with the pulls behind it, or a Clock), pulls, other.
-  enum ServeKind : uint8_t { kServePushes = 0, kServeTicks, kServePulls, kServeOther };
+  // What the request thread does, for its time: serving pushes (a Step of them, or one), ticks
+  // (a Step that starts with one, with the pulls behind it, or a Clock; and the end of a clock
+  // applied after a reply), pulls (and held pulls when they are answered), other messages and
+  // periodic work, or waiting for a message.
+  enum ServeKind : uint8_t {
+    kServePushes = 0,
+    kServeTicks,
+    kServePulls,
+    kServeOther,
+    kServeWaiting
+  };
   static ServeKind ServeKindOf(Op op);
-  // Seconds from `t` to now, on this shard's clock (env_).
-  double SecondsSince(std::chrono::steady_clock::time_point t) const {
-    return std::chrono::duration<double>(env_->Now() - t).count();
-  }
+  // Gives the request thread's time since the last cut to `kind`; returns it.
+  double CutTime(ServeKind kind);
   struct HeldReply {
     zmq::message_t identity;
     Header request;
@@ -231,8 +236,10 @@ class ShardServer {
   // HandleMessage() as the serve loop calls it: a split apply's second pass is left running
   // in the background (the next message, or the loop's timed work, finishes it).
   void ServeMessage(std::vector<zmq::message_t>& frames);
-  // The kind of the message ServeMessage() serves now (set once its header is decoded).
+  // What the request thread does now (the kind of the message ServeMessage() serves, once its
+  // header is decoded), and when its time was last cut (counters_.seconds).
   ServeKind serving_ = kServeOther;
+  std::chrono::steady_clock::time_point time_cut_{};
   // The message alone, answered (a split apply's second pass not started).
   void HandleOneMessage(std::vector<zmq::message_t>& frames);
   // Its parts, split and checked, or the error naming what is wrong.

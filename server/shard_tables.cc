@@ -500,7 +500,8 @@ void ShardServer::ApplyAggregate(int64_t clock, ClockAggregate& agg, DeferredApp
     }
   });
   ++counters_.bsp_clocks_applied;
-  counters_.seconds_applying_clocks += SecondsSince(start);
+  counters_.seconds_applying_clocks +=
+      std::max(0.0, std::chrono::duration<double>(env_->Now() - start).count());
   spdlog::debug("shard {}: applied the pushes of clock {}", rank_, clock);
 }
 
@@ -564,6 +565,18 @@ void ShardServer::StartDeferredApply() {
 
 void ShardServer::FinishDeferredApply() {
   if (!deferred_apply_) return;
+  // The rest of a clock: the ticks' time, and applying clocks, whatever waits for it.
+  const ServeKind outer = serving_;
+  CutTime(outer);
+  serving_ = kServeTicks;
+  struct Restore {
+    ShardServer* s;
+    ServeKind outer;
+    ~Restore() {
+      s->counters_.seconds_applying_clocks += s->CutTime(kServeTicks);
+      s->serving_ = outer;
+    }
+  } restore{this, outer};
   if (deferred_apply_->started) {
     engines_.FinishBackground();
   } else {
