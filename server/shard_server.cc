@@ -1183,17 +1183,7 @@ void ShardServer::ReleaseHeldPulls() {
   held_pulls_ = std::move(still);
   if (ready.empty()) return;
   // Answering them is the pulls' time, whatever released them.
-  const ServeKind outer = serving_;
-  CutTime(outer);
-  serving_ = kServePulls;
-  struct Restore {
-    ShardServer* s;
-    ServeKind outer;
-    ~Restore() {
-      s->CutTime(kServePulls);
-      s->serving_ = outer;
-    }
-  } restore{this, outer};
+  ServingAs pulls(this, kServePulls);
   for (const HeldPull& h : ready) {
     uint64_t bytes = 0;
     for (const zmq::message_t& f : h.frames) bytes += f.size();

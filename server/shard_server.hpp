@@ -212,6 +212,28 @@ class ShardServer {
   static ServeKind ServeKindOf(Op op);
   // Gives the request thread's time since the last cut to `kind`; returns it.
   double CutTime(ServeKind kind);
+  // While it lives, the request thread's time goes to `kind` (and is added to *also, if given);
+  // the time before it, to what the thread was doing, which it does again after.
+  class ServingAs {
+   public:
+    ServingAs(ShardServer* shard, ServeKind kind, double* also = nullptr)
+        : shard_(shard), kind_(kind), outer_(shard->serving_), also_(also) {
+      shard_->CutTime(outer_);
+      shard_->serving_ = kind_;
+    }
+    ~ServingAs() {
+      const double seconds = shard_->CutTime(kind_);
+      if (also_) *also_ += seconds;
+      shard_->serving_ = outer_;
+    }
+    ServingAs(const ServingAs&) = delete;
+    ServingAs& operator=(const ServingAs&) = delete;
+
+   private:
+    ShardServer* shard_;
+    ServeKind kind_, outer_;
+    double* also_;
+  };
   struct HeldReply {
     zmq::message_t identity;
     Header request;

@@ -566,17 +566,7 @@ void ShardServer::StartDeferredApply() {
 void ShardServer::FinishDeferredApply() {
   if (!deferred_apply_) return;
   // The rest of a clock: the ticks' time, and applying clocks, whatever waits for it.
-  const ServeKind outer = serving_;
-  CutTime(outer);
-  serving_ = kServeTicks;
-  struct Restore {
-    ShardServer* s;
-    ServeKind outer;
-    ~Restore() {
-      s->counters_.seconds_applying_clocks += s->CutTime(kServeTicks);
-      s->serving_ = outer;
-    }
-  } restore{this, outer};
+  ServingAs ticks(this, kServeTicks, &counters_.seconds_applying_clocks);
   if (deferred_apply_->started) {
     engines_.FinishBackground();
   } else {
