@@ -519,8 +519,10 @@ std::string LaunchTraining(const std::string& data, int shards, int workers, int
 // The share of a job's training time (the worker's train_seconds) the shards' request threads
 // spent serving, averaged over the shards, from the stats each shard logs as it stops ("shard N
 // stopping: {...}", in a launch's log): near 1, the shards' cores bound the job; well below, the
-// shards wait for the workers or the network. -1 unless the log holds the stats of
-// `expected_shards` shards, each once.
+// shards wait for the workers or the network. The serving counted includes the little before
+// and after the training (greetings, barriers), so a share a little above what the training
+// alone had, never below. -1 unless the log holds the stats of `expected_shards` shards, each
+// once.
 double ShardBusyShare(const std::string& log, int expected_shards, double train_seconds) {
   double serving = 0;
   int shards = 0;

@@ -524,6 +524,9 @@ uint64_t ShardServer::StateStamp() const {
 }
 
 void ShardServer::RunPeriodic() {
+  // The serve loop has just cut the time before (its wait); an in-process driver's time between
+  // calls is its own.
+  time_cut_ = env_->Now();
   FinishDeferredApply();  // before anything else reads the tables
   // (At most once a second: a scan of up to kMaxPeers accounts.)
   if (peers_.size() > 1024 &&
