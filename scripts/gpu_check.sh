@@ -9,7 +9,9 @@
 #   4. an end-to-end training run with 2 servers and a CUDA worker on this machine, then the same
 #      from the data's binary copy without evaluation, with 1, 2, 4 and 8 servers, at prefetch
 #      depth 0 (BSP) and 2 (SSP), and with 2 and 4 CUDA workers sharing the GPU in front of 8
-#      servers;
+#      servers; for each of these jobs the JSON keeps the workers' time split and the shards'
+#      request threads' time (from the stats each shard logs as it stops), with the share of
+#      the training time the shards spent serving;
 #   5. the feed benchmark (parasol_bench --only feed) on this machine's cores.
 # Writes gpu_check.log, gpu_check.json (every figure and result) and the step outputs to
 # ${OUT:-build}. Exits non-zero if any step failed.
@@ -217,19 +219,57 @@ if "testsuites" in tests:
     }
 doc["compute"] = load("compute.json")
 doc["end_to_end"] = load("gpu_train.json")
+# This log's lines by step ("=== NAME (at most ...)" begins a step's), for the shards' stats
+# each job's shards log as they stop.
+steps, name = {}, None
+try:
+    lines = open(os.path.join(out, "gpu_check.log"), errors="replace").read().splitlines()
+except Exception:
+    lines = []
+for line in lines:
+    if line.startswith("=== "):
+        name = line[4:].split(" (at most")[0]
+        steps[name] = []
+    elif name is not None:
+        steps[name].append(line)
+SPLIT = ("seconds_waiting", "seconds_serving_pushes", "seconds_serving_ticks",
+         "seconds_serving_pulls", "seconds_serving_other", "seconds_applying_clocks")
+def job(step, summary):
+    """A job's rate, its workers' time split, and its shards' request threads' time: summed
+    over the shards, and the share of worker 0's training time they spent serving."""
+    entry = {k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
+             if k in summary}
+    workers = summary.get("workers") or []
+    entry["worker_time_split"] = [w.get("time_split") for w in workers]
+    stats = []
+    for line in steps.get(step, []):
+        at = line.find(" stopping: {")
+        if at < 0:
+            continue
+        try:
+            stats.append(json.loads(line[at + len(" stopping: "):]))
+        except ValueError:
+            pass
+    stats = [s for s in stats if "seconds_waiting" in s]
+    entry["shards_reporting"] = len(stats)
+    if stats:
+        entry["shard_seconds"] = {k: round(sum(s[k] for s in stats), 4) for k in SPLIT}
+        train = workers[0].get("train_seconds") if workers else None
+        if train:
+            serving = sum(s[k] for s in stats for k in SPLIT[1:5])
+            entry["shard_busy_share"] = round(serving / (len(stats) * train), 3)
+    return entry
 doc["end_to_end_shards"] = {}
 for n in (1, 2, 4, 8):
     for depth in (0, 2):
         summary = load("gpu_e2e_%ds_p%d.json" % (n, depth), work)
-        doc["end_to_end_shards"]["gpu_e2e_b4096_%ds_p%d" % (n, depth)] = {
-            k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
-            if k in summary}
+        doc["end_to_end_shards"]["gpu_e2e_b4096_%ds_p%d" % (n, depth)] = job(
+            "end to end %ds prefetch %d" % (n, depth), summary)
 for w in (2, 4):
     for depth in (0, 2):
         summary = load("gpu_e2e_8s_%dw_p%d.json" % (w, depth), work)
-        doc["end_to_end_shards"]["gpu_e2e_b4096_8s_%dw_p%d" % (w, depth)] = {
-            k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
-            if k in summary}
+        doc["end_to_end_shards"]["gpu_e2e_b4096_8s_%dw_p%d" % (w, depth)] = job(
+            "end to end 8s %d workers prefetch %d" % (w, depth), summary)
 doc["feed"] = load("feed.json")
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(doc, f, indent=1)
