@@ -974,8 +974,14 @@ int64_t ForEachBatch(const std::string& file, uint32_t batch_size, const char* w
 // shard in this process (no sockets, no worker), with the job's server settings (its engine
 // threads): dlrm-small's tables, each batch of `data` at `batch`, its distinct keys pulled and
 // then pushed, every dense tensor pulled and pushed. ASP, so no clock holds a request, and each
-// push is applied as it comes (BSP adds the sums' work). Samples/s, or 0.
-double InProcessFeedRate(const std::string& data, uint32_t batch) {
+// push is applied as it comes (BSP adds the sums' work). Samples/s over the whole pass, and
+// over the batches after the first kRateWarmupSteps (handled first, untimed apart: the rows
+// they create are there, as in the job's steady steps); 0 where it failed.
+struct FeedRate {
+  double whole = 0;
+  double steady = 0;
+};
+FeedRate InProcessFeedRate(const std::string& data, uint32_t batch) {
   Result<Manifest> m = ParseManifest(
       "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
       "training: {consistency: asp}\n"
@@ -985,7 +991,7 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
       "bench");
   if (!m.ok()) {
     spdlog::error("feed bench: {}", m.status().ToString());
-    return 0;
+    return {};
   }
   ShardServer shard(*m, 0);
   uint64_t replies = 0, refused = 0;
@@ -1028,7 +1034,11 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
   };
   // Every message first (not timed), from the batches as a worker reads them.
   std::vector<std::vector<zmq::message_t>> messages;
+  size_t warm_messages = 0;  // the messages of the first kRateWarmupSteps batches
+  int64_t warm_samples = 0, batches = 0;
   const int64_t samples = ForEachBatch(data, batch, "feed bench", [&](const Batch& b) {
+    if (static_cast<uint64_t>(batches++) == kRateWarmupSteps) warm_messages = messages.size();
+    if (static_cast<uint64_t>(batches) <= kRateWarmupSteps) warm_samples += b.size;
     const std::vector<uint64_t>& keys = b.distinct.unique;
     for (Op op : {Op::PullSparse, Op::PushSparse}) {
       std::vector<zmq::message_t> frames;
@@ -1052,16 +1062,21 @@ double InProcessFeedRate(const std::string& data, uint32_t batch) {
       }
     }
   });
-  if (samples <= 0) return 0;
+  if (samples <= 0 || warm_messages == 0) return {};
   const auto a = std::chrono::steady_clock::now();
-  for (auto& frames : messages) shard.HandleMessage(frames);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  for (size_t i = 0; i < warm_messages; ++i) shard.HandleMessage(messages[i]);
+  const auto b = std::chrono::steady_clock::now();
+  for (size_t i = warm_messages; i < messages.size(); ++i) shard.HandleMessage(messages[i]);
+  const auto c = std::chrono::steady_clock::now();
   if (replies != messages.size() || refused > 0) {
     spdlog::error("feed bench: the shard answered {} of {} requests, {} refused ({})", replies,
                   messages.size(), refused, refusal);
-    return 0;
+    return {};
   }
-  return s > 0 ? samples / s : 0;
+  const double whole = std::chrono::duration<double>(c - a).count();
+  const double steady = std::chrono::duration<double>(c - b).count();
+  if (whole <= 0 || steady <= 0) return {};
+  return {samples / whole, (samples - warm_samples) / steady};
 }
 
 // A worker's reader alone (batches of 4096, deduplicated as the trainer's reader does, with
@@ -1114,7 +1129,10 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
 // 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
 // The ceiling: the shards' in-process rate for the same rows (InProcessFeedRate, one shard with
 // its engine threads, the best of one pass before each job and at least three), times the
-// shards that have engine-threads' cores of their own on this host (at least 1).
+// shards that have engine-threads' cores of their own on this host (at least 1). Each row is
+// the steady rate, the worker's after its first kRateWarmupSteps steps, against the passes'
+// over the same batches (as a device is fed once the job runs; the torch rows leave the same
+// warm-up out); its _whole_run row is the whole run's against the whole passes'.
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -1134,14 +1152,16 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     // least three, each with a new shard (so each creates its rows, as the job's one pass
     // does). One pass slowed by other work would understate it, and a slower minute of the
     // machine falls on passes and jobs alike.
-    double one_shard = 0;
+    FeedRate one_shard;
     int passes = 0;
     auto pass = [&] {
-      one_shard = std::max(one_shard, InProcessFeedRate(data, 4096));
+      const FeedRate r = InProcessFeedRate(data, 4096);
+      one_shard.whole = std::max(one_shard.whole, r.whole);
+      one_shard.steady = std::max(one_shard.steady, r.steady);
       ++passes;
     };
     pass();
-    if (one_shard <= 0) continue;
+    if (one_shard.whole <= 0) continue;
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
     // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
     const std::string bin = dir + "/" + tag + ".bin";
@@ -1149,7 +1169,8 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
         tag == "dlrm_small" && ConvertCriteo(data, bin, true, DataOptions::OnBadRow::kFail).ok();
     struct Job {
       std::string name;
-      double rate;
+      double rate;    // after the worker's first kRateWarmupSteps steps
+      double whole;   // over the whole run
       uint32_t own;  // shards with engine-threads' cores of their own
       double busy;  // the shards' share of the training time spent serving (ShardBusyShare)
     };
@@ -1164,7 +1185,8 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
         spdlog::error("feed bench: the job {} failed", name);
         return;
       }
-      jobs.push_back({name, JsonFigure(summary, "/samples_per_second"),
+      jobs.push_back({name, JsonFigure(summary, "/workers/0/samples_per_second_after_warmup"),
+                      JsonFigure(summary, "/samples_per_second"),
                       std::max(1u, std::min<uint32_t>(shards, cores / std::max(1u, threads))),
                       ShardBusyShare(log, shards, JsonFigure(summary, "/workers/0/train_seconds"))});
     };
@@ -1181,8 +1203,14 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
           "consistency: ssp, staleness: 2, prefetch_depth: 2");
     }
     while (passes < 3) pass();
+    // The steady rate (after the worker's warm-up steps) against the passes' over the same
+    // batches; the whole run's against the whole passes'.
     for (const Job& j : jobs) {
-      rows->push_back({j.name, j.rate, "samples/s", one_shard * j.own,
+      rows->push_back({j.name, j.rate, "samples/s", one_shard.steady * j.own,
+                       "shards_in_process_x" + std::to_string(j.own), std::nullopt});
+    }
+    for (const Job& j : jobs) {
+      rows->push_back({j.name + "_whole_run", j.whole, "samples/s", one_shard.whole * j.own,
                        "shards_in_process_x" + std::to_string(j.own), std::nullopt});
     }
     // What bounds each job: the share of its training time its shards' request threads were
