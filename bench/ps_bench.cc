@@ -976,7 +976,13 @@ int64_t ForEachBatch(const std::string& file, uint32_t batch_size, const char* w
 // then pushed, every dense tensor pulled and pushed. ASP, so no clock holds a request, and each
 // push is applied as it comes (BSP adds the sums' work). Samples/s over the whole pass, and
 // over the batches after the first kRateWarmupSteps (handled first, untimed apart: the rows
-// they create are there, as in the job's steady steps); 0 where it failed.
+// they create are there, as in the job's steady steps), the latter 0 when fewer than
+// kSteadyBatches follow them; both 0 where the pass failed.
+//
+// kSteadyBatches: three times the reader's queue (data.queue_batches, 8). When the job's
+// steady clock starts, its reader has read up to that many batches ahead, work the window
+// does not count; over this many batches or more it is a small part of the window.
+constexpr int64_t kSteadyBatches = 24;
 struct FeedRate {
   double whole = 0;
   double steady = 0;
@@ -1062,7 +1068,9 @@ FeedRate InProcessFeedRate(const std::string& data, uint32_t batch) {
       }
     }
   });
-  if (samples <= 0 || warm_messages == 0) return {};
+  if (samples <= 0) return {};
+  const bool steady_too = batches - static_cast<int64_t>(kRateWarmupSteps) >= kSteadyBatches;
+  if (!steady_too) warm_messages = messages.size();  // the whole pass, timed as one
   const auto a = std::chrono::steady_clock::now();
   for (size_t i = 0; i < warm_messages; ++i) shard.HandleMessage(messages[i]);
   const auto b = std::chrono::steady_clock::now();
@@ -1075,8 +1083,8 @@ FeedRate InProcessFeedRate(const std::string& data, uint32_t batch) {
   }
   const double whole = std::chrono::duration<double>(c - a).count();
   const double steady = std::chrono::duration<double>(c - b).count();
-  if (whole <= 0 || steady <= 0) return {};
-  return {samples / whole, (samples - warm_samples) / steady};
+  if (whole <= 0) return {};
+  return {samples / whole, steady_too && steady > 0 ? (samples - warm_samples) / steady : 0};
 }
 
 // A worker's reader alone (batches of 4096, deduplicated as the trainer's reader does, with
@@ -1153,15 +1161,25 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     // does). One pass slowed by other work would understate it, and a slower minute of the
     // machine falls on passes and jobs alike.
     FeedRate one_shard;
-    int passes = 0;
+    int passes = 0, tries = 0;  // passes that gave a figure, of those tried
     auto pass = [&] {
+      ++tries;
       const FeedRate r = InProcessFeedRate(data, 4096);
+      if (r.whole <= 0) {
+        spdlog::error("feed bench: an in-process pass over the {} data failed", tag);
+        return;
+      }
       one_shard.whole = std::max(one_shard.whole, r.whole);
       one_shard.steady = std::max(one_shard.steady, r.steady);
       ++passes;
     };
     pass();
     if (one_shard.whole <= 0) continue;
+    if (one_shard.steady <= 0) {
+      spdlog::error("feed bench: {} rows of {} data leave fewer than {} batches of 4096 after "
+                    "the {} warm-up steps: no steady rows, only the _whole_run ones", g.rows, tag,
+                    kSteadyBatches, kRateWarmupSteps);
+    }
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
     // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
     const std::string bin = dir + "/" + tag + ".bin";
@@ -1202,14 +1220,24 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
       run(stem + "_binary_ssp2_depth2", bin, shards,
           "consistency: ssp, staleness: 2, prefetch_depth: 2");
     }
-    while (passes < 3) pass();
+    while (passes < 3 && tries < 6) pass();
     // The steady rate (after the worker's warm-up steps) against the passes' over the same
-    // batches; the whole run's against the whole passes'.
+    // batches; the whole run's against the whole passes'. A figure the job did not give (no
+    // step after its warm-up, a summary without it) is no row.
     for (const Job& j : jobs) {
+      if (one_shard.steady <= 0) break;
+      if (j.rate <= 0) {
+        spdlog::error("feed bench: the job {} gave no rate after its warm-up", j.name);
+        continue;
+      }
       rows->push_back({j.name, j.rate, "samples/s", one_shard.steady * j.own,
-                       "shards_in_process_x" + std::to_string(j.own), std::nullopt});
+                       "shards_in_process_steady_x" + std::to_string(j.own), std::nullopt});
     }
     for (const Job& j : jobs) {
+      if (j.whole <= 0) {
+        spdlog::error("feed bench: the job {} gave no rate", j.name);
+        continue;
+      }
       rows->push_back({j.name + "_whole_run", j.whole, "samples/s", one_shard.whole * j.own,
                        "shards_in_process_x" + std::to_string(j.own), std::nullopt});
     }

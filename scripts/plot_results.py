@@ -68,7 +68,7 @@ def plots(root):
     made["h200_end_to_end_by_shards.svg"] = bars_svg(
         "H200 host: one CUDA worker, dlrm-small, batch 4096, binary data (2026-12-04)",
         "samples/s", bars)
-    feed = rows_of(os.path.join(res, "feed_apply_c_2core_2026-12-05.json"))
+    feed = rows_of(os.path.join(res, "feed_steady_c_2core_2026-12-05.json"))
     names = [("feed_dlrm_small_b4096_1s", "feed, text, 1 shard"),
              ("feed_dlrm_small_b4096_2s", "feed, text, 2 shards"),
              ("feed_dlrm_small_b4096_1s_binary", "feed, binary, 1 shard"),
@@ -78,7 +78,7 @@ def plots(root):
              ("feed_vocab1e8_b4096_1s", "feed, 10^8 ids, 1 shard"),
              ("feed_vocab1e8_b4096_2s", "feed, 10^8 ids, 2 shards")]
     made["feed_2core.svg"] = bars_svg(
-        "Feed rate on 2 cores: a worker's step without computation (2026-12-05)",
+        "Feed rate on 2 cores: a worker's step without computation, after 20 steps (2026-12-05)",
         "samples/s against the shards' in-process rate",
         [(label, feed[n]["value"], feed[n]["ceiling"], None, None) for n, label in names])
     t = rows_of(os.path.join(res, "torch_pairs_apply_e_2core_2026-12-05.json"))
