@@ -240,7 +240,10 @@ def job(step, summary):
     entry = {k: summary.get(k) for k in ("samples_per_second", "train_samples", "missing")
              if k in summary}
     workers = summary.get("workers") or []
-    entry["worker_time_split"] = [w.get("time_split") for w in workers]
+    if not isinstance(workers, list):
+        workers = []
+    entry["worker_time_split"] = [w.get("time_split") if isinstance(w, dict) else None
+                                  for w in workers]
     stats = []
     for line in steps.get(step, []):
         at = line.find(" stopping: {")
@@ -250,12 +253,16 @@ def job(step, summary):
             stats.append(json.loads(line[at + len(" stopping: "):]))
         except ValueError:
             pass
-    stats = [s for s in stats if "seconds_waiting" in s]
+    # Only whole stats count: a line cut short or from another build is left out, not a crash
+    # that would lose the whole JSON.
+    stats = [s for s in stats if isinstance(s, dict) and
+             all(isinstance(s.get(k), (int, float)) for k in SPLIT)]
     entry["shards_reporting"] = len(stats)
     if stats:
         entry["shard_seconds"] = {k: round(sum(s[k] for s in stats), 4) for k in SPLIT}
-        train = workers[0].get("train_seconds") if workers else None
-        if train:
+        first = workers[0] if workers and isinstance(workers[0], dict) else {}
+        train = first.get("train_seconds")
+        if isinstance(train, (int, float)) and train > 0:
             serving = sum(s[k] for s in stats for k in SPLIT[1:5])
             entry["shard_busy_share"] = round(serving / (len(stats) * train), 3)
     return entry
