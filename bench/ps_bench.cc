@@ -532,12 +532,17 @@ double ShardBusyShare(const std::string& log, int expected_shards, double train_
     const size_t end = log.find('\n', begin);
     const Json j = Json::parse(log.substr(begin, end == std::string::npos ? end : end - begin),
                                nullptr, false);
-    if (j.is_discarded() || !j.contains("seconds_waiting")) continue;
-    ++shards;
-    for (const char* key : {"seconds_serving_pushes", "seconds_serving_ticks",
-                            "seconds_serving_pulls", "seconds_serving_other"}) {
-      serving += j.value(key, 0.0);
+    // Only whole stats count (a line cut short, or of another build, is not a shard's).
+    constexpr const char* kKeys[] = {"seconds_serving_pushes", "seconds_serving_ticks",
+                                     "seconds_serving_pulls", "seconds_serving_other"};
+    if (j.is_discarded() || !j.is_object() || !j.contains("seconds_waiting") ||
+        !std::all_of(std::begin(kKeys), std::end(kKeys), [&](const char* key) {
+          return j.contains(key) && j[key].is_number();
+        })) {
+      continue;
     }
+    ++shards;
+    for (const char* key : kKeys) serving += j[key].get<double>();
   }
   // Every shard's once (a shard restarted, or one that logged none, would skew the mean).
   if (shards != expected_shards || train_seconds <= 0) return -1;
