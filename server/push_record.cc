@@ -8,8 +8,11 @@
 namespace parasol {
 namespace {
 constexpr uint64_t kRecordMagic = 0x5053524543524431ull;  // "PSRECRD1"
-// The same, followed by each worker's checksums of applied payloads.
+// The same, followed by each worker's checksums of applied payloads: Checksum64 sums, which
+// a shard no longer computes (their entries are read and dropped), ...
 constexpr uint64_t kRecordMagicWithChecksums = 0x5053524543524432ull;  // "PSRECRD2"
+// ... and XXH3 sums (ShardServer::PushChecksum), written since.
+constexpr uint64_t kRecordMagicWithXxh3 = 0x5053524543524433ull;  // "PSRECRD3"
 constexpr uint64_t kMaxClock = uint64_t{1} << 62;  // clocks are >= 0 and far below this
 }  // namespace
 
@@ -114,7 +117,7 @@ std::vector<char> PushRecord::Save() const {
     out.resize(at + 8);
     std::memcpy(out.data() + at, &v, 8);
   };
-  put(kRecordMagicWithChecksums);
+  put(kRecordMagicWithXxh3);
   put(window_clocks_);
   put(max_out_of_order_);
   // Workers in id order, so equal records give equal bytes.
@@ -153,7 +156,8 @@ bool PushRecord::Load(const std::vector<char>& bytes) {
     return true;
   };
   uint64_t magic = 0, window = 0, out_of_order = 0, count = 0;
-  if (!get(&magic) || (magic != kRecordMagic && magic != kRecordMagicWithChecksums) ||
+  if (!get(&magic) || (magic != kRecordMagic && magic != kRecordMagicWithChecksums &&
+                         magic != kRecordMagicWithXxh3) ||
       !get(&window) || window != window_clocks_ ||
       !get(&out_of_order) || out_of_order != max_out_of_order_ || !get(&count)) {
     return false;
@@ -191,7 +195,7 @@ bool PushRecord::Load(const std::vector<char>& bytes) {
     if (!w.clocks.empty() && w.clocks.rbegin()->first - w.floor >= int64_t(window_clocks_)) {
       return false;
     }
-    if (magic == kRecordMagicWithChecksums) {
+    if (magic == kRecordMagicWithChecksums || magic == kRecordMagicWithXxh3) {
       uint64_t sums = 0;
       if (!get(&sums) || sums > kMaxChecksums) return false;
       std::pair<int64_t, uint64_t> last{std::numeric_limits<int64_t>::min(), 0};
@@ -204,7 +208,12 @@ bool PushRecord::Load(const std::vector<char>& bytes) {
         const std::pair<int64_t, uint64_t> at{static_cast<int64_t>(clock), index};
         if (at.first < w.floor || (k > 0 && at <= last)) return false;  // increasing
         last = at;
-        w.checksums.emplace_hint(w.checksums.end(), at, std::make_pair(sum, incarnation));
+        // A record of an earlier build's shard holds sums of another function: compared with
+        // this one's, every resend of the same process would look like a conflict. Its pushes
+        // stay applied (resends are duplicates); only their payloads go unchecked.
+        if (magic == kRecordMagicWithXxh3) {
+          w.checksums.emplace_hint(w.checksums.end(), at, std::make_pair(sum, incarnation));
+        }
       }
     }
     workers.emplace(static_cast<uint32_t>(id), std::move(w));

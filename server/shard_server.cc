@@ -34,6 +34,10 @@
 #include "server/checkpoint.hpp"
 #include "server/optimizer.hpp"
 
+// Header-only (inlined here), as in server/checkpoint.cc.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace parasol {
 namespace {
 
@@ -1028,10 +1032,19 @@ std::string ShardServer::TableName(uint32_t table_id) const {
 
 uint64_t ShardServer::PushChecksum(const Header& req, const std::vector<zmq::message_t>& frames) {
   // What names the push's effect: its table, place and payload as they travelled.
-  const uint64_t where[4] = {req.table_id, req.key_count, req.offset,
-                             static_cast<uint64_t>(req.dtype)};
-  uint64_t h = Checksum64(where, sizeof(where), static_cast<uint64_t>(req.op));
-  for (size_t f = 2; f < frames.size(); ++f) h = Checksum64(frames[f].data(), frames[f].size(), h);
+  // XXH3: it runs on the request thread for every push's every byte, where Checksum64's serial
+  // multiply chain (about 3 GB/s) took a third of a millisecond of each step of a batch of
+  // 4096 (3.6 MB of pushes) while the engines waited.
+  const uint64_t where[5] = {static_cast<uint64_t>(req.op), req.table_id, req.key_count,
+                             req.offset, static_cast<uint64_t>(req.dtype)};
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, where, sizeof(where));
+  for (size_t f = 2; f < frames.size(); ++f) {
+    if (frames[f].size() > 0) XXH3_64bits_update(&state, frames[f].data(), frames[f].size());
+  }
+  const uint64_t h = XXH3_64bits_digest(&state);
   return h == 0 ? 1 : h;  // 0 means "not checked"
 }
 

@@ -119,6 +119,34 @@ TEST(PushRecordTest, AResendWithAnotherPayloadIsAConflictAndSurvivesSaveAndLoad)
   EXPECT_LE(r.Save().size(), 8u * (4 + 3 + 8 * 3 + 1 + 8 * 4));  // 8 clocks, 8 checksums
 }
 
+TEST(PushRecordTest, AnEarlierBuildsChecksumsAreDroppedAndItsPushesKept) {
+  // Records written before push checksums became XXH3 ("PSRECRD2") hold Checksum64 sums: a
+  // shard restored from one keeps what was applied and checks no payload against them (its
+  // own sum of the same resend differs, which would refuse it as a conflict).
+  PushRecord r(8, 16);
+  ASSERT_TRUE(r.Mark(2, 4, 0, 0xabc, /*incarnation=*/9).ok());
+  ASSERT_TRUE(r.Mark(2, 4, 1, 0xdef, 9).ok());
+  std::vector<char> bytes = r.Save();
+  ASSERT_GE(bytes.size(), 8u);
+  EXPECT_EQ(bytes[0], '3');  // the magic's low byte: "PSRECRD3", little-endian
+  PushRecord now(8, 16);
+  ASSERT_TRUE(now.Load(bytes));
+  EXPECT_EQ(now.Check(2, 4, 0, 0xabd, 9), V::kConflict);  // this build's sums are compared
+  bytes[0] = '2';
+  PushRecord earlier(8, 16);
+  ASSERT_TRUE(earlier.Load(bytes));
+  EXPECT_EQ(earlier.Check(2, 4, 0, 0xabd, 9), V::kApplied);
+  EXPECT_EQ(earlier.Check(2, 4, 1, 0x123, 9), V::kApplied);
+  EXPECT_EQ(earlier.Check(2, 4, 2, 0x123, 9), V::kNew);
+  // Saved again, it is a record of this build's format with no sums.
+  const std::vector<char> again = earlier.Save();
+  EXPECT_EQ(again[0], '3');
+  EXPECT_LT(again.size(), bytes.size());
+  bytes[0] = '4';
+  PushRecord unknown(8, 16);
+  EXPECT_FALSE(unknown.Load(bytes));
+}
+
 TEST(PushRecordTest, ChecksumsPerWorkerAreBounded) {
   PushRecord r(4, 1 << 20);
   const uint64_t n = PushRecord::kMaxChecksums + 100;
