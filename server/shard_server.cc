@@ -1035,8 +1035,15 @@ uint64_t ShardServer::PushChecksum(const Header& req, const std::vector<zmq::mes
   // XXH3: it runs on the request thread for every push's every byte, where Checksum64's serial
   // multiply chain (about 3 GB/s) took a third of a millisecond of each step of a batch of
   // 4096 (3.6 MB of pushes) while the engines waited.
-  const uint64_t where[5] = {static_cast<uint64_t>(req.op), req.table_id, req.key_count,
-                             req.offset, static_cast<uint64_t>(req.dtype)};
+  // Every header field that changes what the payload does: the same f16 bytes under another
+  // scale are another update.
+  const uint64_t where[7] = {static_cast<uint64_t>(req.op),
+                             req.table_id,
+                             req.key_count,
+                             req.offset,
+                             static_cast<uint64_t>(req.dtype),
+                             req.value_dim,
+                             static_cast<uint64_t>(static_cast<int64_t>(req.value_scale))};
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);

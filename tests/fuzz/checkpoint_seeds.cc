@@ -55,7 +55,11 @@ void Train(SmallShard& shard, uint64_t rows) {
     d.RestoreArrays(bytes.data());
   }
   for (uint32_t w = 0; w < 3; ++w) shard.controller().SetClock(w, 4 + w);
-  for (uint64_t seq = 0; seq < 70; seq += 3) (void)shard.record().Mark(seq % 2, int64_t(seq / 4), seq);
+  // Every other push with its payload's checksum (the record's "PSRECRD3" entries).
+  for (uint64_t seq = 0; seq < 70; seq += 3) {
+    (void)shard.record().Mark(seq % 2, int64_t(seq / 4), seq, seq % 2 ? 0 : 0x5eed0000 + seq,
+                              /*incarnation=*/7);
+  }
 }
 
 // BSP sums pending for the slowest worker's clock and the one after it: rows of both sparse

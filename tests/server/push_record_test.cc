@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace parasol {
 namespace {
 
@@ -145,6 +147,39 @@ TEST(PushRecordTest, AnEarlierBuildsChecksumsAreDroppedAndItsPushesKept) {
   bytes[0] = '4';
   PushRecord unknown(8, 16);
   EXPECT_FALSE(unknown.Load(bytes));
+
+  // The earlier format's checksum entries are still checked before they are dropped: the
+  // record ends with their count and two entries of (clock, index, sum, incarnation).
+  bytes[0] = '2';
+  auto word = [](std::vector<char>& b, size_t w, uint64_t v) {
+    std::memcpy(b.data() + w * 8, &v, 8);
+  };
+  const size_t words = bytes.size() / 8;
+  ASSERT_EQ(bytes.size() % 8, 0u);
+  const size_t first = words - 8;  // the first entry's clock
+  struct Damage {
+    const char* what;
+    size_t at;
+    uint64_t value;
+  };
+  const Damage damages[] = {
+      {"a sum of 0", first + 2, 0},
+      {"entries out of order", first + 5, 0},  // the second entry's index below the first's
+      {"more entries than a record holds", first - 1, PushRecord::kMaxChecksums + 1},
+      {"a clock past any", first + 4, uint64_t{1} << 63},
+      {"more entries than the bytes hold", first - 1, 3},
+  };
+  for (const Damage& d : damages) {
+    std::vector<char> bad = bytes;
+    word(bad, d.at, d.value);
+    PushRecord t(8, 16);
+    ASSERT_TRUE(t.Mark(1, 0, 0).ok());
+    EXPECT_FALSE(t.Load(bad)) << d.what;
+    EXPECT_EQ(t.Check(1, 0, 0), V::kApplied) << d.what;  // a refusal changes nothing
+  }
+  std::vector<char> cut(bytes.begin(), bytes.end() - 8);
+  PushRecord t(8, 16);
+  EXPECT_FALSE(t.Load(cut));
 }
 
 TEST(PushRecordTest, ChecksumsPerWorkerAreBounded) {
