@@ -19,6 +19,7 @@
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -1261,6 +1262,28 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// The feed group's reader rows alone, on the same generated data (no jobs, no passes): a
+// look at the data path in seconds.
+void ReaderOnlyRows(const Options& opt, std::vector<Row>* rows) {
+  char tmpl[] = "/tmp/parasol-bench-reader-XXXXXX";
+  if (!::mkdtemp(tmpl)) {
+    spdlog::error("reader bench: no temporary folder: {}", std::strerror(errno));
+    return;
+  }
+  const std::string dir = tmpl;
+  GeneratorOptions g;
+  g.rows = opt.quick ? 100000 : 400000;
+  g.vocabulary = 2000000;  // the feed group's dlrm_small data
+  const std::string data = dir + "/dlrm_small.tsv";
+  if (Status st = GenerateCriteo(data, g); !st.ok()) {
+    spdlog::error("reader bench: {}", st.ToString());
+  } else {
+    ReaderRows(data, dir, rows);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 // PyTorch (bench/torch_dlrm.py, 1 process, 2 threads, tuned: see its comment) on `data`:
 // samples/s, or 0.
 double TorchRate(const std::string& data) {
@@ -2368,11 +2391,12 @@ int Main(int argc, char** argv) {
                                                    "torch",       "compute",     "checkpoint",
                                                    "cache",       "python",   "tiered",
                                                    "capacity",    "elastic",  "reshard",
-                                                   "scale",       "huge",     "feed"};
+                                                   "scale",       "huge",     "feed",
+                                                   "reader"};
   if (!opt.only.empty() && std::find(kGroups.begin(), kGroups.end(), opt.only) == kGroups.end()) {
     std::fprintf(stderr, "unknown group '%s' (ceilings, dense, sparse, optimizer, consistency, "
                          "training, torch, compute, checkpoint, cache, python, tiered, capacity, elastic, reshard, "
-                         "scale, huge, feed)\n",
+                         "scale, huge, feed, reader)\n",
                  opt.only.c_str());
     return 2;
   }
@@ -2417,6 +2441,7 @@ int Main(int argc, char** argv) {
     std::filesystem::remove_all(dir, ec);
   }
   if (opt.only.empty() || opt.only == "feed") FeedRows(opt, &rows);
+  if (opt.only == "reader") ReaderOnlyRows(opt, &rows);  // the feed group's reader rows alone
   if (opt.only.empty() || opt.only == "elastic") ElasticRows(opt, &rows);
   if (opt.only.empty() || opt.only == "reshard") ReshardRows(opt, **echo, &rows);
   if (opt.only.empty() || opt.only == "compute") ComputeRows(opt, &rows);
