@@ -1146,10 +1146,10 @@ TEST(HostileIdlePeersTest, PeersThatReconnectAndSendJunkAtTheCapDoNotLockOutAToo
   if (!RaiseOwnFileLimit(2048)) GTEST_SKIP() << "this process cannot open 800 connections";
   LimitedShard shard("-n 1024", "  workers: 1\n  connect_timeout: 10s\n", "");
   ASSERT_TRUE(shard.started().ok()) << shard.started().ToString();
-  {
-    auto first = PsClient::Connect(shard.manifest(), PsClient::kObserver);  // the shard is up
-    ASSERT_TRUE(first.ok()) << first.status().ToString() << shard.Log();
-  }
+  // The shard is up; this observer stays (heard from, it is never shut for room) and watches
+  // the crowd come in.
+  auto first = PsClient::Connect(shard.manifest(), PsClient::kObserver);
+  ASSERT_TRUE(first.ok()) << first.status().ToString() << shard.Log();
   zmq::context_t ctx(1);
   std::vector<zmq::socket_t> crowd = ConnectCrowd(ctx, shard.port(), 800, /*reconnect=*/true);
   std::atomic<bool> stop{false};
@@ -1163,7 +1163,17 @@ TEST(HostileIdlePeersTest, PeersThatReconnectAndSendJunkAtTheCapDoNotLockOutAToo
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
   });
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // the crowd is in, sending
+  // The crowd is in once the shard holds the cap's connections (on a loaded machine 800
+  // connections take more than a second or two): waited for, at most 60 s.
+  std::string seen;
+  for (int i = 0; i < 600; ++i) {
+    Result<std::vector<std::string>> st = (*first)->Stats();
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    seen = (*st)[0];
+    if (JsonAt(seen, "/connections", 0) >= 768) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(JsonAt(seen, "/connections", 0), 768) << "the crowd never filled the cap: " << seen;
   auto tool = PsClient::Connect(shard.manifest(), PsClient::kObserver);
   auto worker = PsClient::Connect(shard.manifest(), 0);
   Result<std::vector<std::string>> stats = tool.ok() ? (*tool)->Stats()
