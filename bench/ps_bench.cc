@@ -1147,20 +1147,33 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
 // the steady rate, the worker's after its first kRateWarmupSteps steps, against the passes'
 // over the same batches (as a device is fed once the job runs; the torch rows leave the same
 // warm-up out); its _whole_run row is the whole run's against the whole passes'.
+// The feed group's data: `tag`.tsv in `dir`, FeedDataRows generated rows over `vocabulary` ids.
+// Its path, or "" (logged) where it could not be written.
+constexpr uint64_t kDlrmSmallVocabulary = 2000000;
+constexpr uint64_t kVocab1e8Vocabulary = 46000000;  // 26 fields log-spaced up to 4.6 x 10^7
+uint64_t FeedDataRows(const Options& opt) { return opt.quick ? 100000 : 400000; }
+std::string FeedData(const Options& opt, const std::string& dir, const std::string& tag,
+                     uint64_t vocabulary) {
+  GeneratorOptions g;
+  g.rows = FeedDataRows(opt);
+  g.vocabulary = vocabulary;
+  const std::string data = dir + "/" + tag + ".tsv";
+  if (Status st = GenerateCriteo(data, g); !st.ok()) {
+    spdlog::error("feed bench: {}", st.ToString());
+    return "";
+  }
+  return data;
+}
+
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
   const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
-  for (auto [tag, vocabulary] : {std::pair<std::string, uint64_t>{"dlrm_small", 2000000},
-                                 std::pair<std::string, uint64_t>{"vocab1e8", 46000000}}) {
-    GeneratorOptions g;
-    g.rows = opt.quick ? 100000 : 400000;
-    g.vocabulary = vocabulary;
-    const std::string data = dir + "/" + tag + ".tsv";
-    if (Status st = GenerateCriteo(data, g); !st.ok()) {
-      spdlog::error("feed bench: {}", st.ToString());
-      continue;
-    }
+  for (auto [tag, vocabulary] :
+       {std::pair<std::string, uint64_t>{"dlrm_small", kDlrmSmallVocabulary},
+        std::pair<std::string, uint64_t>{"vocab1e8", kVocab1e8Vocabulary}}) {
+    const std::string data = FeedData(opt, dir, tag, vocabulary);
+    if (data.empty()) continue;
     if (tag == "dlrm_small") ReaderRows(data, dir, rows);
     // The ceiling: the best of the in-process passes, one run right before each job and at
     // least three, each with a new shard (so each creates its rows, as the job's one pass
@@ -1183,7 +1196,7 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     if (one_shard.whole <= 0) continue;
     if (one_shard.steady <= 0) {
       spdlog::error("feed bench: {} rows of {} data leave fewer than {} batches of 4096 after "
-                    "the {} warm-up steps: no steady rows, only the _whole_run ones", g.rows, tag,
+                    "the {} warm-up steps: no steady rows, only the _whole_run ones", FeedDataRows(opt), tag,
                     kSteadyBatches, kRateWarmupSteps);
     }
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
@@ -1271,15 +1284,8 @@ void ReaderOnlyRows(const Options& opt, std::vector<Row>* rows) {
     return;
   }
   const std::string dir = tmpl;
-  GeneratorOptions g;
-  g.rows = opt.quick ? 100000 : 400000;
-  g.vocabulary = 2000000;  // the feed group's dlrm_small data
-  const std::string data = dir + "/dlrm_small.tsv";
-  if (Status st = GenerateCriteo(data, g); !st.ok()) {
-    spdlog::error("reader bench: {}", st.ToString());
-  } else {
-    ReaderRows(data, dir, rows);
-  }
+  const std::string data = FeedData(opt, dir, "dlrm_small", kDlrmSmallVocabulary);
+  if (!data.empty()) ReaderRows(data, dir, rows);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
