@@ -1137,16 +1137,6 @@ void ReaderRows(const std::string& text, const std::string& dir, std::vector<Row
   std::filesystem::remove(bin, ec);
 }
 
-// What the parameter-server path can feed a device: a worker's whole step with the model's
-// computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
-// shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
-// 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
-// The ceiling: the shards' in-process rate for the same rows (InProcessFeedRate, one shard with
-// its engine threads, the best of one pass before each job and at least three), times the
-// shards that have engine-threads' cores of their own on this host (at least 1). Each row is
-// the steady rate, the worker's after its first kRateWarmupSteps steps, against the passes'
-// over the same batches (as a device is fed once the job runs; the torch rows leave the same
-// warm-up out); its _whole_run row is the whole run's against the whole passes'.
 // The feed group's data: `tag`.tsv in `dir`, FeedDataRows generated rows over `vocabulary` ids.
 // Its path, or "" (logged) where it could not be written.
 constexpr uint64_t kDlrmSmallVocabulary = 2000000;
@@ -1165,6 +1155,16 @@ std::string FeedData(const Options& opt, const std::string& dir, const std::stri
   return data;
 }
 
+// What the parameter-server path can feed a device: a worker's whole step with the model's
+// computation left out (worker.compute: none), one worker at batch 4096, BSP, with 1 and 2
+// shards, on dlrm-small's generated data and on a vocabulary of about 10^8 ids (the generator's
+// 26 fields log-spaced up to 4.6 x 10^7); dlrm-small's binary copy under SSP with prefetch too.
+// The ceiling: the shards' in-process rate for the same rows (InProcessFeedRate, one shard with
+// its engine threads, the best of one pass before each job and at least three), times the
+// shards that have engine-threads' cores of their own on this host (at least 1). Each row is
+// the steady rate, the worker's after its first kRateWarmupSteps steps, against the passes'
+// over the same batches (as a device is fed once the job runs; the torch rows leave the same
+// warm-up out); its _whole_run row is the whole run's against the whole passes'.
 void FeedRows(const Options& opt, std::vector<Row>* rows) {
   char tmpl[] = "/tmp/parasol-bench-feed-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl) ? tmpl : "/tmp";
@@ -1196,8 +1196,8 @@ void FeedRows(const Options& opt, std::vector<Row>* rows) {
     if (one_shard.whole <= 0) continue;
     if (one_shard.steady <= 0) {
       spdlog::error("feed bench: {} rows of {} data leave fewer than {} batches of 4096 after "
-                    "the {} warm-up steps: no steady rows, only the _whole_run ones", FeedDataRows(opt), tag,
-                    kSteadyBatches, kRateWarmupSteps);
+                    "the {} warm-up steps: no steady rows, only the _whole_run ones",
+                    FeedDataRows(opt), tag, kSteadyBatches, kRateWarmupSteps);
     }
     const uint32_t threads = ServerOptions().engine_threads;  // the job's (the default)
     // dlrm-small's data also from its binary copy (parasol convert): the same rows, unparsed.
