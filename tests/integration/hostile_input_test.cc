@@ -374,6 +374,44 @@ TEST_F(HostileInputTest, AResendWithAnotherPayloadIsRefusedAndATrueDuplicateIsNo
   EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
 }
 
+// A push's name covers what its bytes mean: the same 16-bit values under another scale are
+// another update, refused as a resend with another payload, not answered as a duplicate.
+TEST_F(HostileInputTest, TheSameHalfBytesUnderAnotherScaleAreAnotherPayload) {
+  const uint64_t key = 72;
+  const uint16_t ones[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00};  // 1.0 in IEEE half precision
+  auto send = [&](int16_t scale) {
+    Header h = Push(/*seq=*/6, 1);
+    h.dtype = wire::DType::F16;
+    h.value_scale = scale;  // each value is multiplied by 2^-scale
+    std::vector<zmq::message_t> f = Frames(h);
+    f.push_back(Bytes(&key, 8));
+    f.push_back(Bytes(ones, sizeof(ones)));
+    peer_->Send(std::move(f));
+    return peer_->Reply();
+  };
+  Result<Header> r = send(0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+  r = send(1);  // the same bytes, worth half as much
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition) << r->message;
+  EXPECT_FALSE(r->duplicate);
+  EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
+      << r->message;
+  r = send(0);  // the very push again: a duplicate
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+  EXPECT_TRUE(r->duplicate);
+  std::vector<uint64_t> keys = {key};
+  std::vector<float> row(4);
+  ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
+  EXPECT_EQ(row, std::vector<float>(4, 0.5f));  // 1.0 - 0.5 x 1, once
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonAt((*stats)[0], "/conflicting_resends", -1), 1) << (*stats)[0];
+  EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
+}
+
 TEST_F(HostileInputTest, BadMessagesAreCounted) {
   std::vector<zmq::message_t> f;
   f.push_back(Bytes("nonsense", 8));
