@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <random>
@@ -111,6 +112,35 @@ class HostileInputTest : public ::testing::Test {
   }
 
   // The shard still answers a correct pull with correct values.
+  // send(false) sends a push; send(true), the same push's name (worker, clock, index) with
+  // another payload. The first is applied, the second refused as a resend with another payload,
+  // the first again answered as a duplicate; `key`'s row (1.0 at first, SGD at 0.5, gradient
+  // 1) holds the one update.
+  void ExpectOneApplyOneConflictOneDuplicate(uint64_t key,
+                                             const std::function<Result<Header>(bool)>& send) {
+    Result<Header> r = send(false);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
+    r = send(true);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, StatusCode::kFailedPrecondition) << r->message;
+    EXPECT_FALSE(r->duplicate);
+    EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
+        << r->message;
+    r = send(false);  // the very push again: a duplicate, answered as one
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
+    EXPECT_TRUE(r->duplicate);
+    std::vector<uint64_t> keys = {key};
+    std::vector<float> row(4);
+    ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
+    EXPECT_EQ(row, std::vector<float>(4, 0.5f));  // 1.0 - 0.5 x 1, once
+    auto stats = client_->Stats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(JsonAt((*stats)[0], "/conflicting_resends", -1), 1) << (*stats)[0];
+    EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
+  }
+
   void ExpectShardStillServes() {
     std::vector<uint64_t> keys = {424242};
     std::vector<float> row(4);
@@ -345,33 +375,13 @@ TEST_F(HostileInputTest, AResendWithAnotherPayloadIsRefusedAndATrueDuplicateIsNo
   const uint64_t key = 71;
   const float first[4] = {1, 1, 1, 1};
   const float other[4] = {-8, -8, -8, -8};
-  auto send = [&](const float* grad) {
+  ExpectOneApplyOneConflictOneDuplicate(key, [&](bool another) {
     std::vector<zmq::message_t> f = Frames(Push(/*seq=*/4, 1));
     f.push_back(Bytes(&key, 8));
-    f.push_back(Bytes(grad, 4 * sizeof(float)));
+    f.push_back(Bytes(another ? other : first, 4 * sizeof(float)));
     peer_->Send(std::move(f));
     return peer_->Reply();
-  };
-  Result<Header> r = send(first);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
-  r = send(other);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition);
-  EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
-      << r->message;
-  r = send(first);  // the very push again: a duplicate, answered as one
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
-  EXPECT_TRUE(r->duplicate);
-  std::vector<uint64_t> keys = {key};
-  std::vector<float> row(4);
-  ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
-  EXPECT_EQ(row, std::vector<float>(4, 0.5f));  // 1.0 - 0.5 x 1, once
-  auto stats = client_->Stats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(JsonAt((*stats)[0], "/conflicting_resends", -1), 1) << (*stats)[0];
-  EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
+  });
 }
 
 // A push's name covers what its bytes mean: the same 16-bit values under another scale are
@@ -379,37 +389,16 @@ TEST_F(HostileInputTest, AResendWithAnotherPayloadIsRefusedAndATrueDuplicateIsNo
 TEST_F(HostileInputTest, TheSameHalfBytesUnderAnotherScaleAreAnotherPayload) {
   const uint64_t key = 72;
   const uint16_t ones[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00};  // 1.0 in IEEE half precision
-  auto send = [&](int16_t scale) {
+  ExpectOneApplyOneConflictOneDuplicate(key, [&](bool another) {
     Header h = Push(/*seq=*/6, 1);
     h.dtype = wire::DType::F16;
-    h.value_scale = scale;  // each value is multiplied by 2^-scale
+    h.value_scale = another ? 1 : 0;  // each value times 2^-scale: the same bytes, half as much
     std::vector<zmq::message_t> f = Frames(h);
     f.push_back(Bytes(&key, 8));
     f.push_back(Bytes(ones, sizeof(ones)));
     peer_->Send(std::move(f));
     return peer_->Reply();
-  };
-  Result<Header> r = send(0);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->status, StatusCode::kOk) << r->message;
-  r = send(1);  // the same bytes, worth half as much
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->status, StatusCode::kFailedPrecondition) << r->message;
-  EXPECT_FALSE(r->duplicate);
-  EXPECT_NE(r->message.find("was applied before with another payload"), std::string::npos)
-      << r->message;
-  r = send(0);  // the very push again: a duplicate
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->status, StatusCode::kOk) << r->message;
-  EXPECT_TRUE(r->duplicate);
-  std::vector<uint64_t> keys = {key};
-  std::vector<float> row(4);
-  ASSERT_TRUE(client_->PullSparse(0, keys, row.data()).ok());
-  EXPECT_EQ(row, std::vector<float>(4, 0.5f));  // 1.0 - 0.5 x 1, once
-  auto stats = client_->Stats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(JsonAt((*stats)[0], "/conflicting_resends", -1), 1) << (*stats)[0];
-  EXPECT_EQ(JsonAt((*stats)[0], "/duplicate_pushes", -1), 1) << (*stats)[0];
+  });
 }
 
 TEST_F(HostileInputTest, BadMessagesAreCounted) {
